@@ -1,0 +1,64 @@
+"""The interface every backend offers, and the teacher-forced scoring they share."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol, Sequence
+
+import numpy as np
+
+
+class Query(NamedTuple):
+    """Tokens placed right after a context, followed by the answer to score."""
+
+    prompt: tuple[int, ...]  # the question: e.g. the target key and separator
+    answer: tuple[int, ...]  # the tokens that must follow
+
+
+class Score(NamedTuple):
+    """Teacher-forced result for one query."""
+
+    correct: bool  # every answer token was the argmax given the answer tokens before it
+    logprob: float  # sum of log p(answer token | everything before it)
+    predicted: tuple[int, ...]  # the argmax token at each answer position
+
+
+class Backend(Protocol):
+    """An engine that tokenizes and scores queries against a shared context."""
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, ids: Sequence[int]) -> str: ...
+
+    @property
+    def bos_id(self) -> int | None: ...
+
+    @property
+    def n_ctx_train(self) -> int: ...
+
+    def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
+        """Evaluate `context` once and each query after it; equal to scoring each
+        `context + query.prompt + query.answer` as its own prompt."""
+        ...
+
+
+def positions_to_score(query: Query) -> int:
+    """How many logit rows a query needs: one per answer token, ending before the last token."""
+    return len(query.answer)
+
+
+def score_from_logits(logits: np.ndarray, answer: Sequence[int]) -> Score:
+    """Teacher-forced score from the logit rows that predict each answer token.
+
+    logits: (n_answer, n_vocab), row i predicts answer[i].
+    """
+    logits = np.asarray(logits, dtype=np.float64)  # (n_answer, n_vocab)
+    shifted = logits - logits.max(axis=1, keepdims=True)  # (n_answer, n_vocab)
+    log_norm = np.log(np.exp(shifted).sum(axis=1))  # (n_answer,)
+    answer_arr = np.asarray(answer)  # (n_answer,)
+    token_logprobs = shifted[np.arange(len(answer_arr)), answer_arr] - log_norm  # (n_answer,)
+    predicted = logits.argmax(axis=1)  # (n_answer,)
+    return Score(
+        correct=bool(np.all(predicted == answer_arr)),
+        logprob=float(token_logprobs.sum()),
+        predicted=tuple(int(t) for t in predicted),
+    )

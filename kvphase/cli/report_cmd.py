@@ -1,0 +1,1 @@
+"""`kvphase report`."""

@@ -1,0 +1,21 @@
+"""The library's error types. Only the CLI turns them into messages and exit codes."""
+
+
+class KvphaseError(Exception):
+    """Base class: a problem the user can fix, described in one line."""
+
+
+class ModelFileError(KvphaseError):
+    """The model file is missing, unreadable, not GGUF, or truncated."""
+
+
+class PlanError(KvphaseError):
+    """The requested run cannot be built: impossible length, stride, sample size..."""
+
+
+class BackendError(KvphaseError):
+    """The inference engine refused or failed a request."""
+
+
+class RunFolderError(KvphaseError):
+    """A run folder is missing files or holds a different run."""

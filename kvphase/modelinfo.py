@@ -1,0 +1,163 @@
+"""What a GGUF file says about its model, read from metadata only (no weights, no llama.cpp).
+
+The compression keys follow `src/llama-arch.cpp` of the llama.cpp vendored in
+llama-cpp-python 0.3.36; see PROTOCOL.md for where each stride comes from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvphase.gguf_header import TensorInfo, read_gguf_header
+
+@dataclass(frozen=True)
+class CompressionSpec:
+    """How an architecture compresses its KV cache, as declared in the file's metadata."""
+
+    family: str  # "kpool" (glm5-next), "dsv4" (deepseek4), "msa" (minimax-m3) or "none"
+    stride: int | None  # tokens per compressed entry that sets the phase; None without compression
+    layers: tuple[int, ...] = ()  # layers that carry the compressor or indexer
+    params: dict[str, Any] = field(default_factory=dict)  # family-specific settings, as in the file
+
+    @property
+    def compressed(self) -> bool:
+        return self.family != "none"
+
+    def describe(self) -> str:
+        if not self.compressed:
+            return "none declared (a sweep is a control run with a user-chosen stride)"
+        settings = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.family}: stride {self.stride}; {settings}; layers {_ranges(self.layers)}"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The facts a sweep needs about a model file."""
+
+    path: Path
+    file_size: int  # bytes
+    architecture: str
+    name: str
+    n_params: int
+    quantization: str  # general.file_type, or the most common tensor type
+    context_length: int  # the training context (n_ctx_train)
+    n_layers: int
+    tokenizer_model: str
+    vocab_size: int
+    compression: CompressionSpec
+
+    @property
+    def short_name(self) -> str:
+        """A file-system friendly name for run folders."""
+        stem = self.path.name.removesuffix(".gguf")
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-") or "model"
+
+
+def read_model_info(path: str | Path) -> ModelInfo:
+    """Read a GGUF file's metadata; raise ModelFileError if the file is unusable."""
+    path = Path(path)
+    header = read_gguf_header(path)
+    fields, tensors = header.fields, header.tensors
+    arch = str(fields.get("general.architecture", "unknown"))
+    vocab = fields.get("tokenizer.ggml.tokens_count") or int(fields.get(f"{arch}.vocab_size", 0))
+    n_layers = int(fields.get(f"{arch}.block_count", 0))
+    return ModelInfo(
+        path=path,
+        file_size=header.file_size,
+        architecture=arch,
+        name=str(fields.get("general.name", path.stem)),
+        n_params=sum(t.n_elements for t in tensors),
+        quantization=_quantization(fields, tensors),
+        context_length=int(fields.get(f"{arch}.context_length", 0)),
+        n_layers=n_layers,
+        tokenizer_model=str(fields.get("tokenizer.ggml.model", "unknown")),
+        vocab_size=int(vocab),
+        compression=compression_spec(arch, fields, [t.name for t in tensors], n_layers),
+    )
+
+
+def compression_spec(arch: str, fields: dict[str, Any], tensor_names: list[str], n_layers: int) -> CompressionSpec:
+    """The compression an architecture declares; `none` for architectures without one."""
+    if arch == "glm5-next":
+        kpool = int(fields.get(f"{arch}.attention.indexer.kpool", 0))
+        return CompressionSpec(
+            family="kpool",
+            stride=kpool,
+            layers=_layers_with(tensor_names, "indexer_compressor_ape"),
+            params={
+                "kpool": kpool,
+                "top_k": int(fields.get(f"{arch}.attention.indexer.top_k", 0)),
+                "select_tail": bool(fields.get(f"{arch}.attention.indexer.kpool_select_tail", False)),
+            },
+        )
+    if arch == "deepseek4":
+        ratios = [int(r) for r in np.atleast_1d(fields.get(f"{arch}.attention.compress_ratios", []))]
+        if len(ratios) == 1 and n_layers > 1:
+            ratios = ratios * n_layers
+        compressed = sorted({r for r in ratios if r > 1})
+        return CompressionSpec(
+            family="dsv4",
+            stride=compressed[0] if compressed else None,
+            layers=tuple(i for i, r in enumerate(ratios) if r > 1),
+            params={"compress_ratios": _runs(ratios), "strides": compressed},
+        )
+    if arch == "minimax-m3":
+        block = int(fields.get(f"{arch}.attention.indexer.block_size", 0))
+        return CompressionSpec(
+            family="msa",
+            stride=block,
+            layers=_layers_with(tensor_names, "msa") or _layers_with(tensor_names, "indexer"),
+            params={
+                "block_size": block,
+                "top_k": int(fields.get(f"{arch}.attention.indexer.top_k", 0)),
+                "local_blocks": int(fields.get(f"{arch}.attention.indexer.local_blocks", 0)),
+            },
+        )
+    return CompressionSpec(family="none", stride=None)
+
+
+def _quantization(fields: dict[str, Any], tensors: list[TensorInfo]) -> str:
+    from gguf import GGMLQuantizationType, LlamaFileType
+
+    file_type = fields.get("general.file_type")
+    if file_type is not None:
+        try:
+            return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+        except ValueError:
+            pass
+    counts = Counter(GGMLQuantizationType(t.type_id).name for t in tensors)
+    return counts.most_common(1)[0][0] if counts else "unknown"
+
+
+def _layers_with(tensor_names: list[str], marker: str) -> tuple[int, ...]:
+    found = {int(m.group(1)) for n in tensor_names if marker in n and (m := re.match(r"blk\.(\d+)\.", n))}
+    return tuple(sorted(found))
+
+
+def _runs(values: list[int]) -> str:
+    """Run-length text of a per-layer list: [0, 4, 4, 128] -> '0, 4x2, 128'."""
+    out, i = [], 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}x{j - i}" if j - i > 1 else f"{values[i]}")
+        i = j
+    return ", ".join(out)
+
+
+def _ranges(layers: tuple[int, ...]) -> str:
+    if not layers:
+        return "none"
+    parts, start = [], layers[0]
+    for prev, cur in zip(layers, layers[1:] + (None,)):
+        if cur != prev + 1 if cur is not None else True:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(parts)
