@@ -18,7 +18,7 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
     info = read_model_info(model)
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")
     rows = [
         ("file", str(info.path)),
         ("name", info.name),

@@ -1,1 +1,18 @@
-"""`kvphase report`."""
+"""`kvphase report RUN_DIR`: rebuild a run's summary, report and figure from its files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kvphase.cli import app
+from kvphase.report import REPORT_FILE, build_report
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kvphase sweep`.")) -> None:
+    """Rebuild summary.json, report.md and the figure from config.json and results.csv."""
+    summary = build_report(run_dir)
+    typer.echo(summary.headline())
+    typer.echo(f"Report: {run_dir / REPORT_FILE}")

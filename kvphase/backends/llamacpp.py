@@ -1,0 +1,218 @@
+"""Scoring through llama.cpp's low-level API (llama-cpp-python).
+
+A context is decoded once into sequence 0 with no logits requested. Each group of
+queries then gets copies of that sequence (`llama_memory_seq_cp`: metadata only in a
+unified KV cache, a state copy for recurrent layers), is decoded in one batch with
+logits requested only at the rows that predict answer tokens, and its sequences are
+removed again. That leaves the context untouched for the next group, also for models
+whose recurrent layers cannot roll back part of a sequence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.errors import BackendError, PlanError
+
+CONTEXT_SEQ = 0
+
+
+def _silence_llama_logs() -> None:
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback
+    def _drop(level, text, user_data):  # llama.cpp logs every load step to stderr
+        return None
+
+    llama_cpp.llama_log_set(_drop, ctypes.c_void_p(0))
+    _silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
+
+
+class LlamaCppBackend:
+    """A GGUF model in llama.cpp, scoring teacher-forced queries after a shared context."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        queries_per_batch: int = 16,
+        flash_attn: bool = False,
+    ):
+        import llama_cpp
+
+        self._lc = llama_cpp
+        _silence_llama_logs()
+        llama_cpp.llama_backend_init()
+        self.model_path = Path(model_path)
+        model_params = llama_cpp.llama_model_default_params()
+        self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
+        if not self._model:
+            raise BackendError(f"llama.cpp could not load {self.model_path} (unsupported architecture or corrupt file)")
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.queries_per_batch = max(1, queries_per_batch)
+        self.n_batch = n_batch
+        threads = n_threads or os.cpu_count() or 1
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = self.queries_per_batch + 1
+        params.kv_unified = True
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = 1 if flash_attn else 0
+        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path}")
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, self.queries_per_batch + 1)
+        self._context: tuple[int, ...] = ()
+        self.tokens_evaluated = 0
+
+    # -- tokenizer -------------------------------------------------------------------
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._lc.llama_model_n_ctx_train(self._model)
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        if self._lc.llama_vocab_get_add_bos(self._vocab):
+            return [self._lc.llama_vocab_bos(self._vocab)]
+        return []
+
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        out = (self._lc.llama_token * capacity)()
+        n = self._lc.llama_tokenize(self._vocab, data, len(data), out, capacity, False, False)
+        if n < 0:
+            raise BackendError(f"llama.cpp could not tokenize {text[:40]!r}")
+        return list(out[:n])
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        buffer = ctypes.create_string_buffer(64)
+        pieces = []
+        for token in ids:
+            n = self._lc.llama_token_to_piece(self._vocab, int(token), buffer, len(buffer), 0, False)
+            pieces.append(buffer.raw[: max(n, 0)])
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    # -- scoring ---------------------------------------------------------------------
+
+    def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
+        """Decode `context` once (reusing a common prefix with the previous one), then
+        score the queries after it, several per batch."""
+        if any(not q.prompt or not q.answer for q in queries):
+            raise PlanError("every query needs a non-empty prompt and answer")
+        self._load_context(tuple(context))
+        scores: list[Score] = []
+        for group in self._groups(len(context), queries):
+            scores += self._score_group(len(context), group)
+        return scores
+
+    def _groups(self, n_context: int, queries: Sequence[Query]) -> list[list[Query]]:
+        """Consecutive queries whose tokens fit one batch and the KV cache beside the context."""
+        budget = min(self.n_batch, self.n_ctx - n_context)
+        groups: list[list[Query]] = [[]]
+        used = 0
+        for query in queries:
+            size = len(query.prompt) + len(query.answer) - 1
+            if size > budget:
+                raise PlanError(f"a {size}-token query does not fit beside a {n_context}-token context "
+                                f"in the {self.n_ctx}-token llama.cpp context")
+            if used + size > budget or len(groups[-1]) == self.queries_per_batch:
+                groups.append([])
+                used = 0
+            groups[-1].append(query)
+            used += size
+        return [g for g in groups if g]
+
+    def _load_context(self, context: tuple[int, ...]) -> None:
+        keep = _common_prefix(self._context, context)
+        if keep == len(context):  # the whole context is cached; decode needs at least one new token
+            keep -= 1
+        if not self._lc.llama_memory_seq_rm(self._memory, CONTEXT_SEQ, keep, -1):
+            self._lc.llama_memory_clear(self._memory, True)  # recurrent memory cannot drop a tail
+            keep = 0
+        self._context = ()
+        for start in range(keep, len(context), self.n_batch):
+            chunk = context[start:start + self.n_batch]
+            self._decode([(t, start + i, (CONTEXT_SEQ,), False) for i, t in enumerate(chunk)])
+        self._context = context
+
+    def _score_group(self, n_context: int, queries: Sequence[Query]) -> list[Score]:
+        rows: list[tuple[int, int, tuple[int, ...], bool]] = []
+        for seq, query in enumerate(queries, start=1):
+            self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, seq, -1, -1)
+            tokens = query.prompt + query.answer[:-1]
+            first_scored = len(query.prompt) - 1
+            rows += [(t, n_context + i, (seq,), i >= first_scored) for i, t in enumerate(tokens)]
+        try:
+            self._decode(rows)
+            logits = self._requested_logits(rows)
+        finally:
+            for seq in range(1, len(queries) + 1):
+                self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        scores, row = [], 0
+        for query in queries:
+            n = len(query.answer)
+            scores.append(score_from_logits(logits[row:row + n], query.answer))
+            row += n
+        return scores
+
+    def _decode(self, rows: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+        batch = self._batch
+        batch.n_tokens = len(rows)
+        for i, (token, pos, seqs, want_logits) in enumerate(rows):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = len(seqs)
+            for j, seq in enumerate(seqs):
+                batch.seq_id[i][j] = seq
+            batch.logits[i] = want_logits
+        status = self._lc.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise BackendError(f"llama_decode failed with status {status} on a batch of {len(rows)} tokens")
+        self.tokens_evaluated += len(rows)
+
+    def _requested_logits(self, rows) -> np.ndarray:
+        wanted = [i for i, row in enumerate(rows) if row[3]]
+        out = np.empty((len(wanted), self.n_vocab), dtype=np.float32)  # (n_scored_rows, n_vocab)
+        for k, i in enumerate(wanted):
+            pointer = self._lc.llama_get_logits_ith(self._ctx, i)
+            out[k] = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            self._lc.llama_batch_free(self._batch)
+            self._lc.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            self._lc.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,21 @@
+"""`kvphase make-tiny ARCH OUT.gguf`: a tiny random-weight model of a compressed architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kvphase.cli import app
+from kvphase.tiny import TINY_ARCHS, write_tiny_model
+
+
+@app.command("make-tiny")
+def make_tiny(
+    arch: str = typer.Argument(..., help=f"Architecture: {', '.join(TINY_ARCHS)}."),
+    out: Path = typer.Argument(..., help="Where to write the .gguf file."),
+    seed: int = typer.Option(0, help="Seed of the random weights; the same seed writes the same file."),
+) -> None:
+    """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests and `validate`)."""
+    path = write_tiny_model(arch, out, seed=seed)
+    typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed})")

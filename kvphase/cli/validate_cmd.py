@@ -1,0 +1,71 @@
+"""`kvphase validate MODEL`: are the numpy reference designs equal to llama.cpp's compression?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvphase.capture import EngineSettings
+from kvphase.cli import app
+from kvphase.errors import PlanError
+from kvphase.validate import Tolerances, ValidationReport, validate_model
+
+
+@app.command()
+def validate(
+    model: Path = typer.Argument(..., help="GGUF model of glm5-next or minimax-m3."),
+    tokens: int = typer.Option(64, help="Prompt length (seeded random token ids)."),
+    seed: int = typer.Option(0, help="Seed of the prompt."),
+    split: Optional[List[str]] = typer.Option(
+        None, help="A batch split such as 19,5,11,29 (repeatable); default: three splits incl. decode batches."
+    ),
+    threads: int = typer.Option(2, help="CPU threads for llama.cpp."),
+    gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to a GPU."),
+    keys_tol: float = typer.Option(1e-5, "--keys-tol", help="Max absolute difference of compressed keys."),
+    scores_tol: float = typer.Option(1e-4, "--scores-tol", help="Max score difference, relative to the largest score."),
+    perturb: int = typer.Option(0, help="Deliberately shift the reference's phase by this much (shows a FAIL)."),
+) -> None:
+    """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
+    splits = [_parse_split(s) for s in split] if split else None
+    settings = EngineSettings(n_ctx=-(-(tokens + 16) // 256) * 256, n_threads=threads, n_gpu_layers=gpu_layers)
+    report = validate_model(model, tokens, seed, splits, Tolerances(keys_tol, scores_tol), settings, perturb)
+    _print(report)
+    if not report.passed:
+        raise typer.Exit(1)
+
+
+def _parse_split(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.replace(" ", "").split(",") if part]
+    except ValueError:
+        raise PlanError(f"a batch split is comma-separated token counts such as 19,5,40; got {text!r}") from None
+
+
+def _print(report: ValidationReport) -> None:
+    console = Console()
+    tol = report.tolerances
+    console.print(f"{report.model.name}: {report.architecture} ({report.family}), {report.n_tokens} tokens, "
+                  f"splits {'; '.join(','.join(map(str, s)) for s in report.splits)}")
+    table = Table()
+    for column in ("layer", "keys |d| max / mean", "scores |d| max / mean", "top score", "sets exact", "up to ties", ""):
+        table.add_column(column, justify="right")
+    for layer in report.layers:
+        keys = f"{layer.keys.max:.1e} / {layer.keys.mean:.1e}" if layer.keys.count else "-"
+        table.add_row(
+            str(layer.layer), keys, f"{layer.scores.max:.1e} / {layer.scores.mean:.1e}", f"{layer.score_scale:.3g}",
+            f"{layer.exact}/{layer.rows}", f"{layer.exact + layer.ties}/{layer.rows}",
+            "[green]PASS[/green]" if not layer.failures(tol) else "[red]FAIL[/red]",
+        )
+    console.print(table)
+    console.print(f"tolerances: keys within {tol.keys_abs:g}; scores within {tol.scores_rel:g} x the largest score; "
+                  "selected sets equal except exact ties")
+    for layer in report.layers:
+        for reason in layer.failures(tol):
+            console.print(f"layer {layer.layer}: {reason}")
+        for note in layer.notes[:3] if layer.failures(tol) else []:
+            console.print(f"  {note}")
+    console.print("[bold green]PASS[/bold green]" if report.passed else "[bold red]FAIL[/bold red]")

