@@ -1,0 +1,258 @@
+"""DeepSeek-V4 compressed attention: the ratio-4 overlapped compressor with its lightning
+indexer (CSA) and the ratio-128 compressor (HCA).
+
+Follows src/models/deepseek4.cpp (`build_attention_impl`,
+`build_overlap_compressed_kv_from_state`, `build_hca_compressed_kv_from_state`,
+`build_lid_top_k`, `build_top_k_mask`, `build_csa_lid_attention`, `build_hca_attention`)
+and `dsv4_build_comp_plan` in src/llama-kv-cache-dsv4.cpp (llama-cpp-python 0.3.36):
+
+- Blocks are absolute: block b covers positions [b*ratio, (b+1)*ratio); a token's gate bias
+  is row `pos % ratio` of `attn_compressor_ape` (`*_state_score_ape` = W_gate x + ape row).
+- HCA (ratio 128): per channel, softmax of the gate logits over the block's 128 tokens,
+  weighted sum of W_kv x (`hca_state_compress`, first of three tensors with that name).
+- CSA / indexer (ratio 4, "overlapped"): W_kv x and the gate have 2d channels. Block b
+  mixes 8 rows per channel: the first d channels of the previous block's 4 tokens and the
+  last d channels of its own 4 tokens; block 0's previous half is a zero row with a -inf
+  gate. Softmax over the 8 rows per channel (`csa_state_compress` / `lid_state_compress`).
+- Then RMSNorm with `attn_compressor_norm` (second tensor of that name), RoPE at the
+  block's first position on the last n_rot channels (third), and the compressed cache
+  store (type_k, F16 by default). Blocks are visible to a query at p when b < (p+1)//ratio.
+- CSA: the lightning indexer scores visible blocks as sum_h w_h relu(q_h . k_b) with
+  w = W_proj x / sqrt(d * H) (`lid_weights`, `lid_score_masked`) and keeps the top
+  `indexer.top_k` (`lid_top_k`, unordered in llama.cpp); attention reads those blocks plus
+  the raw sliding window of n_swa tokens (`csa_lid_kq_mask`). HCA reads every visible
+  block plus the raw window (`hca_kq_mask`).
+
+The Hadamard rotation llama.cpp applies to the indexer's q and k (`lid_q_rot`,
+`lid_state_compress_rot`) is orthonormal and applied to both, so it leaves scores unchanged
+up to F32 rounding; this reference omits it. RoPE here has no YaRN ramp (ext_factor = 0).
+
+F16: with `cache_dtype="f16"` the compressed entries (attention and indexer) are rounded
+after RoPE, as the compressed caches store them; the compressor state stays F32. The fused
+lightning indexer (cparams.fused_lid, on by default where supported) keeps q in F32; the
+unfused CPU path multiplies q by the F16 cache directly, which rounds q to F16 as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from kvphase.designs.base import default_query_positions
+from kvphase.designs.windows import (
+    WindowLayout,
+    ambiguous_top_k,
+    check_cache_dtype,
+    check_non_negative,
+    check_positive,
+    check_shape,
+    local_mask,
+    prefix_mask,
+    round_to_cache,
+    rows_to_mask,
+    softmax,
+    top_k_indices,
+)
+
+CSA_RATIO = 4  # llama.cpp: the overlapped compressor with an indexer exists only at ratio 4
+HCA_RATIO = 128
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """ggml_rms_norm times weight (build_norm LLM_NORM_RMS): x / sqrt(mean(x^2) + eps) * weight."""
+    x = np.asarray(x, dtype=np.float32)  # (n, d)
+    mean_square = np.mean(x * x, axis=-1, keepdims=True, dtype=np.float32)  # (n, 1)
+    return (x / np.sqrt(mean_square + np.float32(eps)) * weight).astype(np.float32)  # (n, d)
+
+
+def rope(
+    x: np.ndarray,  # (n, d)
+    positions: np.ndarray,  # (n,)
+    n_rot: int,
+    freq_base: float,
+    offset: int = 0,
+    neox: bool = False,
+    freq_scale: float = 1.0,
+) -> np.ndarray:
+    """ggml_rope_ext without YaRN on channels [offset, offset + n_rot) (ggml_rope_set_offset).
+
+    NORM mode (DeepSeek) rotates adjacent pairs (2i, 2i+1); NEOX rotates (i, i + n_rot/2).
+    theta_i = freq_scale * pos * freq_base^(-2i/n_rot), as ggml_rope_cache_init.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    out = x.copy()  # (n, d)
+    half = n_rot // 2
+    inv_freq = np.float32(freq_base) ** (-2.0 * np.arange(half, dtype=np.float32) / n_rot)  # (half,)
+    theta = np.float32(freq_scale) * np.asarray(positions, np.float32)[:, None] * inv_freq  # (n, half)
+    cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)  # (n, half)
+    section = x[:, offset : offset + n_rot]  # (n, n_rot)
+    if neox:
+        a, b = section[:, :half], section[:, half:]  # (n, half)
+        out[:, offset : offset + half] = a * cos - b * sin
+        out[:, offset + half : offset + n_rot] = a * sin + b * cos
+    else:
+        a, b = section[:, 0::2], section[:, 1::2]  # (n, half)
+        out[:, offset : offset + n_rot : 2] = a * cos - b * sin
+        out[:, offset + 1 : offset + n_rot : 2] = a * sin + b * cos
+    return out  # (n, d)
+
+
+@dataclass(frozen=True)
+class DSV4Selection:
+    """What each query reads in one DSV4 compressed layer."""
+
+    scores: np.ndarray | None  # (n_query, n_blocks) `lid_score_masked` (CSA), None for HCA
+    top_blocks: np.ndarray | None  # (n_query, k) `lid_top_k` as a descending list, -1 padding; None for HCA
+    raw_visible: np.ndarray  # (n_query, n_keys) bool: raw sliding window (+ prefix before `start`)
+    block_visible: np.ndarray  # (n_query, n_blocks) bool: compressed entries read
+    ambiguous: np.ndarray  # (n_query,) bool: a tie at the top-k boundary (always False for HCA)
+
+
+@dataclass(frozen=True)
+class DSV4:
+    """One DeepSeek-V4 compressed layer (src/models/deepseek4.cpp).
+
+    ratio 4 is CSA (overlapped compressor + lightning indexer top-k), any other ratio
+    behaves as HCA (plain compressor, every visible block read); llama.cpp has 4 and 128.
+    """
+
+    ratio: int  # deepseek4.attention.compress_ratios[layer]: 4 (CSA) or 128 (HCA)
+    n_swa: int  # raw sliding window: deepseek4.attention.sliding_window
+    top_k: int = 512  # compressed blocks the CSA indexer keeps: deepseek4.attention.indexer.top_k
+    start: int = 0  # position where block 0 starts; llama.cpp: 0 (blocks are pos // ratio)
+    cache_dtype: str = "f16"  # compressed cache type_k: entries are rounded to it
+
+    def __post_init__(self) -> None:
+        check_positive("DSV4", ratio=self.ratio, n_swa=self.n_swa, top_k=self.top_k)
+        check_non_negative("DSV4", start=self.start)
+        check_cache_dtype("DSV4", self.cache_dtype)
+        if self.ratio < 2:
+            raise ValueError(f"DSV4: expected ratio >= 2 (llama.cpp uses 4 and 128), got {self.ratio}")
+
+    @property
+    def is_csa(self) -> bool:
+        """Overlapped compressor with an indexer: llama.cpp ties both to ratio 4."""
+        return self.ratio == CSA_RATIO
+
+    @property
+    def layout(self) -> WindowLayout:
+        """The blocks' own tokens (the overlapped compressor also reads the block before)."""
+        return WindowLayout(window=self.ratio, stride=self.ratio, start=self.start)
+
+    # -- compressor -----------------------------------------------------------------------
+
+    def gate_logits(self, gate: np.ndarray, ape: np.ndarray) -> np.ndarray:
+        """`*_state_score_ape`: W_gate x plus the ape row of each token's phase (pos - start) % ratio.
+
+        gate: (n_tokens, C) with C = 2d for CSA/indexer, d for HCA; ape: (ratio, C) as numpy reads it.
+        """
+        gate = np.asarray(gate, dtype=np.float32)  # (n_tokens, C)
+        check_shape("DSV4", "ape", ape, (self.ratio, gate.shape[1]))
+        phase = (np.arange(gate.shape[0]) - self.start) % self.ratio  # (n_tokens,)
+        return gate + np.asarray(ape, dtype=np.float32)[phase]  # (n_tokens, C)
+
+    def pool(self, kv: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """First `*_state_compress`: per-channel softmax-weighted sum over each complete block.
+
+        kv, logits: (n_tokens, C) for every position from 0 (`*_state_kv`, `*_state_score_ape`).
+        """
+        kv, logits = np.asarray(kv, np.float32), np.asarray(logits, np.float32)
+        check_shape("DSV4", "logits", logits, kv.shape)
+        members = self.layout.members(self.layout.n_complete(kv.shape[0]))  # (n_blocks, ratio)
+        if not self.is_csa:
+            weights = softmax(logits[members], axis=1)  # (n_blocks, ratio, d)
+            return np.sum(weights * kv[members], axis=1, dtype=np.float32)  # (n_blocks, d)
+
+        d = kv.shape[1] // 2
+        # the previous block's first d channels; before `start` a zero row with a -inf gate
+        prev = members - self.ratio  # (n_blocks, ratio)
+        exists = (prev >= self.start)[:, :, None]  # (n_blocks, ratio, 1)
+        prev_kv = np.where(exists, kv[np.maximum(prev, 0), :d], 0.0)  # (n_blocks, ratio, d)
+        prev_logit = np.where(exists, logits[np.maximum(prev, 0), :d], -np.inf)  # (n_blocks, ratio, d)
+        rows_kv = np.concatenate([prev_kv, kv[members, d:]], axis=1)  # (n_blocks, 2*ratio, d)
+        rows_logit = np.concatenate([prev_logit, logits[members, d:]], axis=1)  # (n_blocks, 2*ratio, d)
+        weights = softmax(rows_logit, axis=1)  # (n_blocks, 2*ratio, d)
+        return np.sum(weights * rows_kv, axis=1, dtype=np.float32)  # (n_blocks, d)
+
+    def block_positions(self, n_blocks: int) -> np.ndarray:
+        """RoPE position of each compressed entry: its block's first position (`state_write_pos`)."""
+        return self.layout.first_positions(n_blocks)  # (n_blocks,)
+
+    def entries(
+        self,
+        kv: np.ndarray,  # (n_tokens, C) `*_state_kv`
+        gate: np.ndarray,  # (n_tokens, C) `*_state_score`
+        ape: np.ndarray,  # (ratio, C) `attn_compressor_ape` / `indexer_compressor_ape`
+        norm_weight: np.ndarray,  # (d,) `attn_compressor_norm` / `indexer_compressor_norm`
+        norm_eps: float,  # deepseek4.attention.layer_norm_rms_epsilon
+        rope_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,  # (x, positions) -> x
+    ) -> np.ndarray:
+        """Compressed cache entries as read back: pool, RMSNorm, RoPE (if given), cache rounding."""
+        pooled = self.pool(kv, self.gate_logits(gate, ape))  # (n_blocks, d)
+        normed = rms_norm(pooled, norm_weight, norm_eps)  # (n_blocks, d)
+        if rope_fn is not None:
+            normed = rope_fn(normed, self.block_positions(len(normed)))  # (n_blocks, d)
+        return round_to_cache(normed, self.cache_dtype)  # (n_blocks, d)
+
+    # -- selection --------------------------------------------------------------------------
+
+    def indexer_scores(
+        self,
+        queries: np.ndarray,  # (n_query, n_head, d_idx) `lid_q_rope` (or `lid_q_rot`)
+        weights: np.ndarray,  # (n_query, n_head) `lid_weights`, already scaled
+        index_keys: np.ndarray,  # (n_blocks, d_idx) indexer entries (see `entries`)
+        query_positions: np.ndarray,  # (n_query,)
+    ) -> np.ndarray:
+        """`lid_score_masked`: sum_h w_h relu(q_h . k_b), -inf for blocks not complete at the query."""
+        n_query, n_head, d = np.shape(queries)
+        check_shape("DSV4", "weights", weights, (n_query, n_head))
+        check_shape("DSV4", "index_keys", index_keys, (None, d))
+        q = np.asarray(queries, np.float32)  # (n_query, n_head, d)
+        kq = np.einsum("thd,bd->thb", q, np.asarray(index_keys, np.float32))  # (n_query, n_head, n_blocks)
+        score = np.sum(np.maximum(kq, 0) * np.asarray(weights, np.float32)[:, :, None], axis=1)  # (n_query, n_blocks)
+        seen = self.layout.window_visible(query_positions, len(index_keys))  # (n_query, n_blocks)
+        return np.where(seen, score, -np.inf).astype(np.float32)  # (n_query, n_blocks)
+
+    def select(
+        self,
+        query_positions: np.ndarray,  # (n_query,)
+        n_keys: int,
+        n_blocks: int,
+        scores: np.ndarray | None = None,  # (n_query, n_blocks) `lid_score_masked`, CSA only
+    ) -> DSV4Selection:
+        """Raw window and compressed blocks each query reads (`csa_lid_kq_mask` / `hca_kq_mask`)."""
+        positions = np.asarray(query_positions)  # (n_query,)
+        raw = local_mask(positions, n_keys, self.n_swa)  # (n_query, n_keys)
+        raw = raw | prefix_mask(positions, n_keys, self.start)  # (n_query, n_keys)
+        complete = self.layout.window_visible(positions, n_blocks)  # (n_query, n_blocks)
+        if not self.is_csa:
+            none = np.zeros(len(positions), dtype=bool)  # (n_query,)
+            return DSV4Selection(None, None, raw, complete, none)
+        if scores is None:
+            raise ValueError("DSV4: expected indexer scores for a ratio-4 (CSA) layer, got None")
+        check_shape("DSV4", "scores", scores, (len(positions), n_blocks))
+        top = top_k_indices(scores, self.top_k)  # (n_query, min(top_k, n_blocks))
+        chosen = rows_to_mask(top, n_blocks) & complete  # (n_query, n_blocks)
+        return DSV4Selection(scores, top, raw, chosen, ambiguous_top_k(scores, self.top_k))
+
+    def forward(
+        self,
+        n_keys: int,
+        query_positions: np.ndarray | None = None,  # (n_query,), default all n_keys positions
+        n_blocks: int | None = None,  # default every complete block of n_keys tokens
+        queries: np.ndarray | None = None,  # (n_query, n_head, d_idx), CSA only
+        weights: np.ndarray | None = None,  # (n_query, n_head), CSA only
+        index_keys: np.ndarray | None = None,  # (n_blocks, d_idx), CSA only
+    ) -> DSV4Selection:
+        """The whole selection: indexer scores (CSA) then `select`."""
+        n_query = n_keys if query_positions is None else len(query_positions)
+        positions = default_query_positions(n_query, n_keys, query_positions)  # (n_query,)
+        n_blocks = self.layout.n_complete(n_keys) if n_blocks is None else n_blocks
+        scores = None
+        if self.is_csa:
+            if queries is None or weights is None or index_keys is None:
+                raise ValueError("DSV4: expected queries, weights and index_keys for a ratio-4 (CSA) layer")
+            scores = self.indexer_scores(queries, weights, index_keys[:n_blocks], positions)  # (n_query, n_blocks)
+        return self.select(positions, n_keys, n_blocks, scores)
