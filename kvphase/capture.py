@@ -13,7 +13,6 @@ caller that needs them rebuilds them from positions.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import re
 from dataclasses import dataclass, field
@@ -209,23 +208,21 @@ def source_chain(t: GgmlTensor, depth: int) -> Iterator[GgmlTensor]:
         yield t
 
 
-@contextlib.contextmanager
-def _quiet_llama() -> Iterator[None]:
-    """Silence llama.cpp's log for the duration (it writes to stderr from C)."""
+_KEEP_ALIVE: list[object] = []  # ctypes callbacks llama.cpp holds pointers to; never freed
+
+
+def _silence_llama() -> None:
+    """Drop llama.cpp's log (it writes to stderr from C); the callback stays installed for the process."""
     import llama_cpp
 
-    @llama_cpp.llama_log_callback
-    def _drop(level, text, user_data):  # noqa: ARG001
-        return None
-
-    llama_cpp.llama_log_set(_drop, ctypes.c_void_p())
-    try:
-        yield
-    finally:
-        pass  # keep the callback alive for the process; llama.cpp may still log on free
+    if any(isinstance(k, llama_cpp.llama_log_callback) for k in _KEEP_ALIVE):
+        return
+    drop = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
+    _KEEP_ALIVE.append(drop)
+    llama_cpp.llama_log_set(drop, ctypes.c_void_p())
 
 
-_KEEP_ALIVE: list[object] = []
+
 
 
 def run_and_capture(
@@ -267,21 +264,21 @@ def run_and_capture(
             return True
 
     c_callback = _EVAL_CALLBACK(callback)
-    with _quiet_llama():
-        llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = settings.n_gpu_layers
-        model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
-        if not model:
-            raise ModelFileError(f"llama.cpp could not load {model_path}")
+    _silence_llama()
+    llama_cpp.llama_backend_init()
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = settings.n_gpu_layers
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
+    if not model:
+        raise ModelFileError(f"llama.cpp could not load {model_path}")
+    try:
+        ctx = _new_context(model, max(split), settings, c_callback)
         try:
-            ctx = _new_context(model, max(split), settings, c_callback)
-            try:
-                _decode_all(ctx, tokens, split, start_pos, run, current, errors)
-            finally:
-                llama_cpp.llama_free(ctx)
+            _decode_all(ctx, tokens, split, start_pos, run, current, errors)
         finally:
-            llama_cpp.llama_model_free(model)
+            llama_cpp.llama_free(ctx)
+    finally:
+        llama_cpp.llama_model_free(model)
     return run
 
 

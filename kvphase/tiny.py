@@ -122,11 +122,6 @@ def glm5_next_spec() -> TinySpec:
     s.key("hyper_connection.count", hc)
     s.key("hyper_connection.sinkhorn_iterations", 3)
     s.key("hyper_connection.epsilon", 1e-6)
-    _common_tensors_glm5(s, kinds, n_embd, n_head, hc, q_lora, kv_lora, k_mla, v_mla, kda_dim, d_conv, n_idx_head, n_idx, kpool)
-    return s
-
-
-def _common_tensors_glm5(s, kinds, n_embd, n_head, hc, q_lora, kv_lora, k_mla, v_mla, kda_dim, d_conv, n_idx_head, n_idx, kpool):
     d_inner = kda_dim * n_head
     for i, kind in enumerate(kinds):
         s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
@@ -162,6 +157,7 @@ def _common_tensors_glm5(s, kinds, n_embd, n_head, hc, q_lora, kv_lora, k_mla, v
             s.tensor(f"blk.{i}.indexer_compressor_gate.weight", (n_embd, n_idx))
             s.tensor(f"blk.{i}.indexer_compressor_ape.weight", (n_idx, kpool), "ape")
         _dense_ffn(s, i, n_embd, 32)
+    return s
 
 
 # --------------------------------------------------------------------------- minimax-m3

@@ -39,6 +39,7 @@ app = typer.Typer(
 from kvphase.cli import inspect_cmd  # noqa: E402,F401
 from kvphase.cli import sweep_cmd  # noqa: E402,F401
 from kvphase.cli import report_cmd  # noqa: E402,F401
+from kvphase.cli import compare_cmd  # noqa: E402,F401
 from kvphase.cli import tiny_cmd  # noqa: E402,F401
 from kvphase.cli import validate_cmd  # noqa: E402,F401
 

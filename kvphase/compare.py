@@ -1,0 +1,196 @@
+"""Several run folders side by side: one table (`comparison.md`, `comparison.csv`) and one
+accuracy-by-residue figure (`comparison.png`). Statistics come from `analysis.summarize`
+on each folder's `results.csv` and `config.json`; this module computes none itself."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from kvphase.analysis import Summary, summarize
+from kvphase.errors import PlanError, RunFolderError
+from kvphase.report import _table, plot_accuracy
+from kvphase.run import SweepPlan, load_plan, load_results
+
+DEFAULT_OUT = Path("reports") / "comparison"
+MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "comparison.csv"
+
+# comparison.csv: one row per run, numbers unformatted
+CSV_COLUMNS = ["label", "run_dir", "model", "backend", "backend_options", "task", "stride", "modulus", "context",
+               "n", "mean_accuracy", "worst_accuracy", "worst_residue", "best_accuracy", "best_residue", "gap",
+               "periodicity", "p_value", "test"]
+
+
+@dataclass(frozen=True)
+class ComparedRun:
+    """One run folder as the comparison sees it."""
+
+    label: str  # the folder name, lengthened with its parents only when two folders share a name
+    run_dir: Path
+    plan: SweepPlan
+    summary: Summary
+
+    @property
+    def design(self) -> str:
+        """`backend` alone, or `backend (key=value, ...)` from config.json's backend_options."""
+        options = ", ".join(f"{k}={_option(v)}" for k, v in self.plan.backend_options.items())
+        return f"{self.plan.backend} ({options})" if options else self.plan.backend
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What `write_comparison` made: the runs, the table, and the files written."""
+
+    runs: list[ComparedRun]
+    table: pd.DataFrame  # CSV_COLUMNS, one row per run
+    markdown: Path
+    figure: Path
+    csv: Path
+
+
+def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
+    """Plan and summary of every folder, in the order given; RunFolderError for a folder that
+    is not a run or has nothing scored, PlanError for no folder or one given twice."""
+    if not run_dirs:
+        raise PlanError("compare needs at least one run folder")
+    paths = [Path(p) for p in run_dirs]
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        if not path.is_dir():
+            raise RunFolderError(f"{path} is not a run folder: no such directory")
+        key = path.resolve()
+        if key in seen:
+            raise PlanError(f"{path} is given twice (also as {seen[key]})")
+        seen[key] = path
+    runs = []
+    for path, label in zip(paths, _labels(paths)):
+        plan = load_plan(path)
+        results = load_results(path)
+        if results.empty:
+            raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
+        runs.append(ComparedRun(label, path, plan, summarize(results, plan.stride, plan.modulus, plan.seed)))
+    return runs
+
+
+def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
+    """One row per run with CSV_COLUMNS; numbers as `summarize` gives them."""
+    rows = []
+    for run in runs:
+        s = run.summary
+        rows.append({
+            "label": run.label,
+            "run_dir": str(run.run_dir),
+            "model": Path(run.plan.model).name,
+            "backend": run.plan.backend,
+            "backend_options": json.dumps(run.plan.backend_options, sort_keys=True),
+            "task": run.plan.task,
+            "stride": run.plan.stride,
+            "modulus": run.plan.modulus,
+            "context": run.plan.context,
+            "n": s.n_targets,
+            "mean_accuracy": s.mean_accuracy,
+            "worst_accuracy": s.worst_accuracy,
+            "worst_residue": s.worst_residue,
+            "best_accuracy": s.best_accuracy,
+            "best_residue": s.best_residue,
+            "gap": s.gap,
+            "periodicity": s.periodicity,
+            "p_value": s.test.p_value,
+            "test": s.test.name,
+        })
+    return pd.DataFrame(rows, columns=CSV_COLUMNS)
+
+
+def display_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
+    """The table a person reads (strings), shared by comparison.md and the terminal."""
+    return pd.DataFrame([{
+        "run": run.label,
+        "model": Path(run.plan.model).name,
+        "backend/design": run.design,
+        "task": run.plan.task,
+        "S": run.plan.stride,
+        "L": run.plan.context,
+        "n": run.summary.n_targets,
+        "mean acc. %": f"{run.summary.mean_accuracy:.2f}",
+        "worst % (residue)": f"{run.summary.worst_accuracy:.2f} (r={run.summary.worst_residue})",
+        "gap (points)": f"{run.summary.gap:.2f}",
+        "periodicity": "n/a" if run.summary.periodicity is None else f"{run.summary.periodicity:.2f}",
+        "p": f"{run.summary.test.p_value:.4g}",
+        "test": run.summary.test.name,
+    } for run in runs])
+
+
+def figure_stride(runs: Sequence[ComparedRun]) -> int:
+    """The one modulus the figure's residue axis can show, checked, and the stride its dotted
+    lines mark: the runs' common stride, or the largest step that divides every run's stride
+    (so each run's cycle boundaries fall on a line)."""
+    moduli = sorted({run.plan.modulus for run in runs})
+    if len(moduli) > 1:
+        listed = ", ".join(f"{run.label}: M={run.plan.modulus}" for run in runs)
+        raise PlanError(f"runs with different moduli cannot share one residue axis ({listed}); "
+                        f"compare runs of one modulus at a time")
+    return math.gcd(*(run.plan.stride for run in runs))
+
+
+def write_comparison(run_dirs: Sequence[Path], out_dir: Path = DEFAULT_OUT) -> Comparison:
+    """Load the runs, then write comparison.md, comparison.png and comparison.csv into out_dir."""
+    runs = load_runs(run_dirs)
+    stride = figure_stride(runs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = comparison_table(runs)
+    paths = out_dir / MARKDOWN_FILE, out_dir / FIGURE_FILE, out_dir / CSV_FILE
+    table.to_csv(paths[2], index=False)
+    plot_accuracy([(run.label, run.summary) for run in runs], stride, paths[1])
+    paths[0].write_text(render_markdown(runs, stride))
+    return Comparison(runs, table, *paths)
+
+
+def render_markdown(runs: Sequence[ComparedRun], stride: int) -> str:
+    """comparison.md: the table, the figure, and each run's headline."""
+    strides = sorted({run.plan.stride for run in runs})
+    lines = [
+        f"# Phase sensitivity: {len(runs)} run(s) compared",
+        "",
+        _table(display_table(runs)),
+        "",
+        "Accuracies in percent; mean over residues; gap = best - worst residue; periodicity = mean over r < S "
+        "of abs(A(r) - A(r+S)) (n/a unless M = 2S); p from each run's own test of homogeneity over residues.",
+        "",
+        f"![accuracy by residue]({FIGURE_FILE})",
+        "",
+    ]
+    if len(strides) > 1:
+        lines += [f"The runs' strides differ ({', '.join(map(str, strides))}): dotted lines in the figure fall "
+                  f"every {stride} positions, a step that divides every stride.", ""]
+    lines += ["## Headlines", ""]
+    lines += [f"- **{run.label}** (`{run.run_dir}`): {run.summary.headline()}" for run in runs]
+    lines += ["", "Numbers per run: `comparison.csv`; each folder's `kvphase report` gives the full detail.", ""]
+    return "\n".join(lines)
+
+
+def _labels(paths: Sequence[Path]) -> list[str]:
+    """Folder names; where two share a name, add parent folders until every label differs."""
+    parts = [p.resolve().parts for p in paths]
+    depth = [1] * len(paths)
+    while True:
+        labels = ["/".join(pp[-d:]) for pp, d in zip(parts, depth)]
+        clashing = {i for i, a in enumerate(labels) for j, b in enumerate(labels) if i != j and a == b}
+        grow = [i for i in clashing if depth[i] < len(parts[i])]
+        if not grow:
+            return labels
+        for i in grow:
+            depth[i] += 1
+
+
+def _option(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+__all__ = ["ComparedRun", "Comparison", "load_runs", "comparison_table", "display_table", "write_comparison",
+           "DEFAULT_OUT", "MARKDOWN_FILE", "FIGURE_FILE", "CSV_FILE"]

@@ -1,0 +1,179 @@
+"""`kvphase compare`: several run folders in one table and one figure, numbers from analysis.summarize.
+
+The run folders are written here (config.json as `kvphase sweep --context 512 --per-residue 8` writes it,
+results.csv with a chosen hit pattern), so no model runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.analysis import summarize
+from kvphase.cli import app
+from kvphase.compare import CSV_FILE, FIGURE_FILE, MARKDOWN_FILE, load_runs
+from kvphase.errors import PlanError
+from kvphase.run import RESULT_COLUMNS, load_plan, load_results
+
+WIDE = {"COLUMNS": "250"}  # so rich does not fold the numbers the tests look for
+
+
+def write_run(folder: Path, hits: list[int], per_residue: int = 16, stride: int = 4, modulus: int = 8,
+              backend: str = "llama.cpp", options: dict | None = None) -> Path:
+    """A run folder whose residue r has hits[r] correct targets out of per_residue."""
+    folder.mkdir(parents=True)
+    config = {"model": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "records", "stride": stride,
+              "modulus": modulus, "context": 512, "per_residue": per_residue, "padding": "prefix", "seed": 0,
+              "control": True, "backend": backend, "backend_options": options or {}}
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    with (folder / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RESULT_COLUMNS)
+        writer.writeheader()
+        for i in range(per_residue * modulus):
+            residue, k = i % modulus, i // modulus
+            pos = 40 + modulus * k + residue
+            writer.writerow({"target_id": i, "context": k, "residue": residue, "phase": pos % stride,
+                             "target_pos": pos, "query_pos": 512, "correct": k < hits[residue],
+                             "logprob": -0.5 - 0.01 * i, "key": f"key{i}", "answer": "Laura",
+                             "predicted": "Laura" if k < hits[residue] else "Alex"})
+    return folder
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    flat = write_run(tmp_path / "flat", [10, 9, 10, 9, 10, 9, 10, 9])
+    dipped = write_run(tmp_path / "dipped", [2, 14, 15, 14, 3, 14, 15, 13], backend="reference",
+                       options={"design": "kpool", "stride": 4})
+    return [flat, dipped]
+
+
+def invoke(args):
+    return CliRunner().invoke(app, ["compare", *map(str, args)], env=WIDE)
+
+
+def test_help():
+    result = CliRunner().invoke(app, ["compare", "--help"])
+    assert result.exit_code == 0
+    assert "[RUN_DIR]..." in result.output and "--out" in result.output
+    assert "reports/comparison" in result.output
+
+
+def test_writes_table_figure_and_csv(two_runs, tmp_path):
+    out = tmp_path / "cmp"
+    result = invoke([*two_runs, "--out", out])
+    assert result.exit_code == 0, result.output
+    assert f"Table: {out / MARKDOWN_FILE}" in result.output
+    assert f"Figure: {out / FIGURE_FILE}" in result.output
+    assert f"CSV: {out / CSV_FILE}" in result.output
+    assert (out / FIGURE_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = pd.read_csv(out / CSV_FILE)
+    assert list(table["label"]) == ["flat", "dipped"]
+    assert list(table["backend"]) == ["llama.cpp", "reference"]
+    markdown = (out / MARKDOWN_FILE).read_text()
+    assert f"![accuracy by residue]({FIGURE_FILE})" in markdown
+    assert "| flat | SmolLM2-135M-Instruct.Q4_1.gguf | llama.cpp | records | 4 | 512 | 128 |" in markdown
+    assert "reference (design=kpool, stride=4)" in markdown and "reference (design=kpool, stride=4)" in result.output
+
+
+def test_numbers_equal_analysis_summarize(two_runs, tmp_path):
+    out = tmp_path / "cmp"
+    result = invoke([*two_runs, "--out", out])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / CSV_FILE, keep_default_na=False).set_index("label")
+    for folder in two_runs:
+        plan = load_plan(folder)
+        expected = summarize(load_results(folder), plan.stride, plan.modulus, plan.seed)
+        row = table.loc[folder.name]
+        assert row["n"] == expected.n_targets
+        assert row["mean_accuracy"] == expected.mean_accuracy
+        assert row["worst_accuracy"] == expected.worst_accuracy
+        assert row["worst_residue"] == expected.worst_residue
+        assert row["gap"] == expected.gap
+        assert row["periodicity"] == expected.periodicity
+        assert row["p_value"] == pytest.approx(expected.test.p_value, rel=1e-12)
+        assert row["test"] == expected.test.name
+        # and the terminal shows the same numbers
+        assert f"{expected.mean_accuracy:.2f}" in result.output
+        assert f"{expected.worst_accuracy:.2f} (r={expected.worst_residue})" in result.output
+        assert f"{expected.test.p_value:.4g}" in result.output
+
+
+def test_small_runs_show_the_permutation_p_value(tmp_path):
+    # 8 targets per residue: the permutation p-value path, as `kvphase sweep --per-residue 8` gives
+    folder = write_run(tmp_path / "small", [3, 5, 6, 5, 4, 6, 5, 5], per_residue=8)
+    result = invoke([folder, "--out", tmp_path / "cmp"])
+    assert result.exit_code == 0, result.output
+    (run,) = load_runs([folder])
+    assert "permutation" in run.summary.test.name
+    assert f"{run.summary.test.p_value:.4g}" in result.output
+
+
+def test_default_out_is_reports_comparison(two_runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = invoke(two_runs)
+    assert result.exit_code == 0, result.output
+    for name in (MARKDOWN_FILE, FIGURE_FILE, CSV_FILE):
+        assert (tmp_path / "reports" / "comparison" / name).is_file()
+
+
+def _one_line_error(result, *fragments):
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_a_folder_that_is_not_a_run(two_runs, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_error(invoke([two_runs[0], empty, "--out", tmp_path / "cmp"]), "is not a run folder", "config.json")
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_a_missing_folder(tmp_path):
+    _one_line_error(invoke([tmp_path / "nope", "--out", tmp_path / "cmp"]), "no such directory")
+
+
+def test_a_run_with_no_results(tmp_path):
+    folder = write_run(tmp_path / "fresh", [0] * 8)
+    (folder / "results.csv").write_text("")
+    _one_line_error(invoke([folder, "--out", tmp_path / "cmp"]), "has no scored targets")
+
+
+def test_no_folder(tmp_path):
+    _one_line_error(invoke(["--out", tmp_path / "cmp"]), "at least one run folder")
+
+
+def test_different_moduli(tmp_path):
+    a = write_run(tmp_path / "m8", [8] * 8)
+    b = write_run(tmp_path / "m16", [8] * 16, stride=8, modulus=16)
+    _one_line_error(invoke([a, b, "--out", tmp_path / "cmp"]), "different moduli", "m16: M=16")
+
+
+def test_a_folder_given_twice(two_runs, tmp_path):
+    _one_line_error(invoke([two_runs[0], two_runs[0], "--out", tmp_path / "cmp"]), "given twice")
+
+
+def test_different_strides_share_a_figure(tmp_path):
+    a = write_run(tmp_path / "s4", [8] * 8)
+    b = write_run(tmp_path / "s2", [8] * 8, stride=2)
+    result = invoke([a, b, "--out", tmp_path / "cmp"])
+    assert result.exit_code == 0, result.output
+    assert "strides differ (2, 4)" in (tmp_path / "cmp" / MARKDOWN_FILE).read_text()
+
+
+def test_same_folder_names_get_distinct_labels(tmp_path):
+    a = write_run(tmp_path / "a" / "run", [8] * 8)
+    b = write_run(tmp_path / "b" / "run", [9] * 8)
+    assert [run.label for run in load_runs([a, b])] == ["a/run", "b/run"]
+
+
+def test_library_raises_domain_errors():
+    with pytest.raises(PlanError, match="at least one run folder"):
+        load_runs([])

@@ -1,0 +1,86 @@
+"""Tiny random-weight models: written fast and reproducibly, loaded and run by real llama.cpp."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.capture import EngineSettings, by_name, run_and_capture
+from kvphase.cli import app
+from kvphase.errors import PlanError
+from kvphase.modelinfo import read_model_info
+from kvphase.tiny import TINY_ARCHS, write_tiny_model
+
+ARCHS = sorted(TINY_ARCHS)
+# per architecture: a compression tensor llama.cpp must compute, and the spec `inspect` shows
+EXPECTED = {
+    "glm5-next": ("indexer_pool_k", "kpool", 4, (0, 2)),
+    "minimax-m3": ("msa_bs", "msa", 4, (1, 2)),
+    "deepseek4": ("lid_top_k", "dsv4", 4, (1, 2)),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_model_is_small_fast_and_reproducible(arch, tmp_path):
+    started = time.perf_counter()
+    a = write_tiny_model(arch, tmp_path / "a.gguf", seed=1)
+    assert time.perf_counter() - started < 1.0
+    b = write_tiny_model(arch, tmp_path / "b.gguf", seed=1)
+    c = write_tiny_model(arch, tmp_path / "c.gguf", seed=2)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+    assert a.stat().st_size < 1_000_000
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_model_declares_its_compression(arch, tmp_path):
+    _, family, stride, layers = EXPECTED[arch]
+    info = read_model_info(write_tiny_model(arch, tmp_path / "m.gguf"))
+    assert info.architecture == arch
+    assert info.compression.family == family
+    assert info.compression.stride == stride
+    assert info.compression.layers == layers
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_model_loads_and_decodes_in_llama_cpp(arch, tmp_path):
+    name, _, _, layers = EXPECTED[arch]
+    path = write_tiny_model(arch, tmp_path / "m.gguf")
+    tokens = np.arange(40) % 64
+    run = run_and_capture(path, tokens.tolist(), [30, 1, 9], by_name([name]), EngineSettings(n_ctx=256))
+    assert [u.index for u in run.ubatches] == [0, 1, 2]
+    assert layers[0] in run.layers(name)
+    for ub in run.ubatches:
+        assert np.isfinite(run.get(name, layers[0], ub.index)).any()
+
+
+def test_unknown_architecture_is_a_plan_error(tmp_path):
+    with pytest.raises(PlanError, match="no tiny model for architecture 'llama'"):
+        write_tiny_model("llama", tmp_path / "m.gguf")
+
+
+def test_make_tiny_cli_writes_a_model_inspect_can_read(tmp_path):
+    out = tmp_path / "glm.gguf"
+    result = CliRunner().invoke(app, ["make-tiny", "glm5-next", str(out), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and out.exists()
+    shown = CliRunner().invoke(app, ["inspect", str(out)])
+    assert shown.exit_code == 0, shown.output
+    assert "kpool: stride 4" in shown.output
+    assert "top_k=8" in shown.output
+
+
+def test_make_tiny_cli_rejects_an_unknown_architecture(tmp_path):
+    result = CliRunner().invoke(app, ["make-tiny", "nope", str(tmp_path / "x.gguf")])
+    assert result.exit_code == 1
+    assert "no tiny model for architecture 'nope'" in result.output
+
+
+def test_make_tiny_help():
+    result = CliRunner().invoke(app, ["make-tiny", "--help"])
+    assert result.exit_code == 0
+    assert "glm5-next" in result.output
