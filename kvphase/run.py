@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import platform
 import time
@@ -70,9 +71,9 @@ def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
     """Create the folder and its config, or check that an existing one holds the same plan."""
     config_path = run_dir / CONFIG_FILE
     if config_path.exists():
-        existing = json.loads(config_path.read_text())
-        if SweepPlan(**existing).comparable() != plan.comparable():
-            differing = sorted(k for k, v in plan.comparable().items() if SweepPlan(**existing).comparable().get(k) != v)
+        existing = load_plan(run_dir).comparable()
+        if existing != plan.comparable():
+            differing = sorted(k for k, v in plan.comparable().items() if existing.get(k) != v)
             raise RunFolderError(f"{run_dir} holds a different run (differs in: {', '.join(differing)}); "
                                  f"choose another --out or delete the folder")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -94,7 +95,8 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     path = run_dir / RESULTS_FILE
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame(columns=RESULT_COLUMNS)
-    frame = pd.read_csv(path, keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
+    text = _complete_lines(path.read_bytes()).decode("utf-8")
+    frame = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
     missing = set(RESULT_COLUMNS) - set(frame.columns)
     if missing:
         raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
@@ -122,11 +124,15 @@ class ResultWriter:
         self._file.close()
 
 
+def _complete_lines(data: bytes) -> bytes:
+    """A crash mid-write can leave half a row; only whole lines count."""
+    return data[: data.rfind(b"\n") + 1]
+
+
 def _drop_partial_last_line(path: Path) -> None:
-    """A crash mid-write can leave half a row; cut it so the file stays valid CSV."""
     data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
+    if _complete_lines(data) != data:
+        path.write_bytes(_complete_lines(data))
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Scoring through llama.cpp's low-level API (llama-cpp-python).
 
-A context is decoded once into sequence 0 with no logits requested. Each group of
-queries then gets copies of that sequence (`llama_memory_seq_cp`: metadata only in a
-unified KV cache, a state copy for recurrent layers), is decoded in one batch with
-logits requested only at the rows that predict answer tokens, and its sequences are
-removed again. That leaves the context untouched for the next group, also for models
-whose recurrent layers cannot roll back part of a sequence.
+A context is decoded once into sequence 0 with no logits requested. Each query then
+gets a copy of that sequence (`llama_memory_seq_cp`: metadata only in a unified KV
+cache, a state copy for recurrent layers), is decoded with logits requested only at the
+rows that predict answer tokens, and its sequence is removed again. That leaves the
+context untouched for the next query, also for models whose recurrent layers cannot
+roll back part of a sequence.
+
+One query per decode is the default: with several queries' sequences in one batch,
+llama.cpp 0.3.36 gave some queries log-probabilities up to 0.19 away from the same
+query scored as its own prompt (tests/test_scoring.py checks the default).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class LlamaCppBackend:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_batch: int = 512,
-        queries_per_batch: int = 16,
+        queries_per_batch: int = 1,
         flash_attn: bool = False,
     ):
         import llama_cpp
@@ -139,14 +143,17 @@ class LlamaCppBackend:
         return [g for g in groups if g]
 
     def _load_context(self, context: tuple[int, ...]) -> None:
-        keep = _common_prefix(self._context, context)
-        if keep == len(context):  # the whole context is cached; decode needs at least one new token
-            keep -= 1
-        if not self._lc.llama_memory_seq_rm(self._memory, CONTEXT_SEQ, keep, -1):
-            self._lc.llama_memory_clear(self._memory, True)  # recurrent memory cannot drop a tail
-            keep = 0
+        """Decode the context into sequence 0 in n_batch chunks from position 0.
+
+        A cached context is reused only when it is the same one: decoding a partial tail
+        would change the batch shapes, and llama.cpp's quantized kernels round differently
+        by batch shape, so scores would drift from a separate prompt's.
+        """
+        if context == self._context:
+            return
+        self._lc.llama_memory_seq_rm(self._memory, -1, -1, -1)
         self._context = ()
-        for start in range(keep, len(context), self.n_batch):
+        for start in range(0, len(context), self.n_batch):
             chunk = context[start:start + self.n_batch]
             self._decode([(t, start + i, (CONTEXT_SEQ,), False) for i, t in enumerate(chunk)])
         self._context = context
@@ -208,11 +215,3 @@ class LlamaCppBackend:
             self.close()
         except Exception:
             pass
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

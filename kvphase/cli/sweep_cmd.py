@@ -19,7 +19,7 @@ from kvphase.errors import PlanError
 from kvphase.modelinfo import ModelInfo, read_model_info
 from kvphase.report import REPORT_FILE, build_report
 from kvphase.run import SweepPlan, SweepProgress, default_run_dir, execute_sweep
-from kvphase.tasks import available_tasks
+from kvphase.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
 QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
@@ -74,6 +74,7 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
     plan.probe_settings  # validates stride, modulus, sample size and padding now, before any model loads
+    load_task(task)
     return plan
 
 

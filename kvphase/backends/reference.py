@@ -1,0 +1,124 @@
+"""Scoring through the numpy reference transformer, with llama.cpp's tokenizer.
+
+The context is evaluated once into a KV cache (reusing the prefix it shares with the
+previous context); each query runs after it and the cache is rolled back. Tokens come
+from llama.cpp's own vocabulary (`Llama(vocab_only=True)`), so prompts are identical
+to the llama.cpp backend's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.errors import BackendError, PlanError
+from kvphase.reference.model import AttentionPolicy, Transformer
+from kvphase.reference.policy import make_policy
+
+__all__ = ["ReferenceBackend", "make_policy"]
+
+
+class ReferenceBackend:
+    """A llama-family GGUF model in numpy, optionally under a KV-compression policy."""
+
+    def __init__(self, model_path: str | Path, policy: AttentionPolicy | None = None):
+        import llama_cpp
+
+        self.model_path = Path(model_path)
+        self.model = Transformer.from_gguf(self.model_path, policy=policy)
+        self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)
+        self._cache = self.model.new_cache()
+        self._context: tuple[int, ...] = ()
+        self._policy_key: object = None
+        self.tokens_evaluated = 0
+
+    @property
+    def policy(self) -> AttentionPolicy:
+        return self.model.policy
+
+    # -- tokenizer -------------------------------------------------------------------
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.model.config.n_ctx_train
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = self._vocab.token_bos()
+        return bos if bos >= 0 else None
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        """What llama.cpp puts before a prompt: BOS when the vocabulary asks for it."""
+        import llama_cpp
+
+        vocab = llama_cpp.llama_model_get_vocab(self._vocab.model)
+        return [self.bos_id] if llama_cpp.llama_vocab_get_add_bos(vocab) and self.bos_id is not None else []
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self._vocab.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._vocab.detokenize([int(t) for t in ids]).decode("utf-8", errors="replace")
+
+    # -- scoring ---------------------------------------------------------------------
+
+    def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
+        """Evaluate `context` once, then each query after it with the cache rolled back
+        in between; equal to scoring each `context + query` as its own prompt."""
+        if any(not q.prompt or not q.answer for q in queries):
+            raise PlanError("every query needs a non-empty prompt and answer")
+        self._load_context(tuple(int(t) for t in context))
+        n = len(self._context)
+        scores = []
+        for query in queries:
+            tokens = tuple(query.prompt) + tuple(query.answer[:-1])
+            first_scored = len(query.prompt) - 1
+            try:
+                logits = self._forward(tokens, range(first_scored, len(tokens)))  # (n_answer, n_vocab)
+            finally:
+                self._cache.truncate(n)
+            scores.append(score_from_logits(logits, query.answer))
+        return scores
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Every row's next-token logits for one prompt from position 0: (n_tokens, n_vocab)."""
+        self._cache.truncate(0)
+        self._context = ()
+        return self._forward(tuple(int(t) for t in tokens), None)
+
+    def _load_context(self, context: tuple[int, ...]) -> None:
+        # a per-context policy (randomized offsets) changes every cached state
+        key = self.policy.begin(context) if hasattr(self.policy, "begin") else None
+        keep = _common_prefix(self._context, context) if key == self._policy_key else 0
+        self._policy_key = key
+        self._cache.truncate(min(keep, self._cache.n))
+        self._context = ()
+        if keep < len(context):
+            self._forward(context[keep:], [])
+        self._context = context
+
+    def _forward(self, tokens: tuple[int, ...], rows) -> np.ndarray:
+        try:
+            out = self.model.forward(tokens, self._cache, logits_for=rows)
+        except MemoryError as exc:
+            raise BackendError(f"the reference model ran out of memory on {len(tokens)} tokens") from exc
+        self.tokens_evaluated += len(tokens)
+        return out
+
+    def close(self) -> None:
+        vocab = getattr(self, "_vocab", None)
+        if vocab is not None:
+            vocab.close()
+            self._vocab = None
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,190 @@
+"""Attention policies for the reference transformer: dense, or a chunked-compression design
+from `kvphase.designs` applied post hoc per layer and per KV head, with the offset fixes.
+
+The fixes nobody has measured (PROTOCOL.md, "Open fixes"): the window start `start` of a
+design can be staggered across layers, across KV heads, or both, or drawn at random per
+context (seeded). A design is wrapped, not copied, the way kvpress's ChunkPress wraps a
+press: `CompressedAttention` asks the design which entries each query may read and runs
+attention over them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from kvphase.designs import DESIGNS, BlockTopK, CompressedKV, KPool, MeanPool
+from kvphase.errors import PlanError
+from kvphase.reference.model import DenseAttention
+
+STAGGER_MODES = ("none", "layer", "head", "layer_head")
+
+
+@dataclass(frozen=True)
+class PostHocKPool:
+    """GLM5's k-pool selection driven by the model's own attention (no trained indexer).
+
+    The KV head's query heads act as the indexer heads with equal weights, its keys as the
+    indexer keys, and the pooling gate is uniform (zero gate and zero ape), so a pool's key
+    is the mean of its keys. Selection, tail and prefix follow `designs.kpool.KPool`.
+    """
+
+    kpool: KPool
+
+    @property
+    def start(self) -> int:
+        return self.kpool.start
+
+    def with_start(self, start: int) -> PostHocKPool:
+        return PostHocKPool(dataclasses.replace(self.kpool, start=start))
+
+    def compress(self, queries, keys, values, query_positions=None) -> CompressedKV:
+        n_query, n_group, head_dim = queries.shape  # queries of one KV head: (n_query, n_group, head_dim)
+        n_keys = keys.shape[0]
+        if keys.shape[1] != 1:
+            raise ValueError(f"PostHocKPool: expected the keys of one KV head, got {keys.shape[1]} heads")
+        weights = KPool.scale_weights(np.ones((n_query, n_group), np.float32), head_dim)  # (n_query, n_group)
+        zeros = np.zeros((n_keys, head_dim), np.float32)  # (n_keys, head_dim)
+        ape = np.zeros((self.kpool.kpool, head_dim), np.float32)  # (kpool, head_dim)
+        selection = self.kpool.forward(queries, weights, keys[:, 0], zeros, ape, query_positions)
+        positions = np.arange(n_keys)  # (n_keys,)
+        return CompressedKV(keys, values, selection.visible, positions, positions)
+
+
+def design_stride(design) -> int:
+    """The number of tokens between window starts, which sets the phase."""
+    inner = design.kpool if isinstance(design, PostHocKPool) else design
+    for name in ("stride", "block_size", "kpool"):
+        if hasattr(inner, name):
+            return int(getattr(inner, name))
+    raise ValueError(f"cannot tell the stride of {type(design).__name__}")
+
+
+def _with_start(design, start: int):
+    if isinstance(design, PostHocKPool):
+        return design.with_start(start)
+    return dataclasses.replace(design, start=start)
+
+
+def masked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.ndarray, scale: float) -> np.ndarray:
+    """Softmax attention of one KV head's query heads over the entries each query may read.
+
+    q: (n_group, n_query, head_dim); k, v: (n_entries, head_dim); visible: (n_query, n_entries).
+    A query that may read nothing gets a zero output (as `designs.attend`).
+    """
+    scores = (q @ k.T) * scale  # (n_group, n_query, n_entries)
+    scores = np.where(visible[None], scores, -np.inf)  # (n_group, n_query, n_entries)
+    peak = scores.max(axis=-1, keepdims=True)  # (n_group, n_query, 1)
+    probs = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))  # (n_group, n_query, n_entries)
+    total = probs.sum(axis=-1, keepdims=True)  # (n_group, n_query, 1)
+    probs /= np.where(total > 0, total, 1.0)
+    return probs @ v  # (n_group, n_query, head_dim)
+
+
+class CompressedAttention:
+    """A post-hoc design on chosen layers, with its start offset set per layer and KV head.
+
+    stagger: "none" (every head uses the design's start), "layer" (start + layer * step),
+    "head" (start + kv_head * step), "layer_head" (start + (layer * n_head_kv + kv_head) * step),
+    all modulo the stride. randomize: draw each (layer, KV head) start uniformly in
+    [0, stride) per context, from `seed` and the context's tokens (set by `begin`).
+    """
+
+    def __init__(
+        self,
+        design,
+        stagger: str = "none",
+        stagger_step: int = 1,
+        randomize: bool = False,
+        seed: int = 0,
+        layers: Sequence[int] | None = None,
+    ):
+        if stagger not in STAGGER_MODES:
+            raise ValueError(f"expected stagger to be one of {STAGGER_MODES}, got {stagger!r}")
+        if randomize and stagger != "none":
+            raise ValueError(f"randomize draws every offset itself; expected stagger 'none', got {stagger!r}")
+        self.design, self.stagger, self.stagger_step = design, stagger, int(stagger_step)
+        self.randomize, self.seed = randomize, int(seed)
+        self.layers = None if layers is None else frozenset(int(i) for i in layers)
+        self.stride = design_stride(design)
+        self._context_key = 0
+        self._designs: dict[tuple[int, int], object] = {}
+
+    def begin(self, context: Sequence[int]) -> int:
+        """Called by the backend before a context; returns a key that changes when offsets do."""
+        if not self.randomize:
+            return 0
+        self._context_key = zlib.crc32(np.asarray(context, dtype=np.int64).tobytes())
+        self._designs.clear()
+        return self._context_key
+
+    def start(self, layer: int, kv_head: int, n_head_kv: int) -> int:
+        """The window start of one KV head of one layer."""
+        if self.randomize:
+            rng = np.random.default_rng([self.seed, self._context_key, layer, kv_head])
+            return int(rng.integers(self.stride))
+        if self.stagger == "none":
+            return self.design.start
+        index = {"layer": layer, "head": kv_head, "layer_head": layer * n_head_kv + kv_head}[self.stagger]
+        return (self.design.start + index * self.stagger_step) % self.stride
+
+    def _design(self, layer: int, kv_head: int, n_head_kv: int):
+        key = (layer, kv_head)
+        if key not in self._designs:
+            self._designs[key] = _with_start(self.design, self.start(layer, kv_head, n_head_kv))
+        return self._designs[key]
+
+    def attend(self, layer, q, k, v, q_pos, scale):
+        if self.layers is not None and layer not in self.layers:
+            return DenseAttention().attend(layer, q, k, v, q_pos, scale)
+        n_head_kv = k.shape[0]
+        out = np.empty_like(q)  # (n_head_kv, n_group, n_q, head_dim)
+        for h in range(n_head_kv):
+            design = self._design(layer, h, n_head_kv)
+            queries = q[h].transpose(1, 0, 2)  # (n_q, n_group, head_dim)
+            cache = design.compress(queries, k[h][:, None], v[h][:, None], q_pos)  # one KV head
+            visible = cache.visible if cache.visible.ndim == 2 else cache.visible[:, 0]  # (n_q, n_entries)
+            out[h] = masked_attention(q[h], cache.keys[:, 0], cache.values[:, 0], visible, scale)
+        return out
+
+
+# design name -> (constructor, its option names)
+POLICY_DESIGNS = {
+    "meanpool": (MeanPool, ("window", "stride", "local_window", "start")),
+    "blocktopk": (BlockTopK, ("block_size", "top_k", "local_window", "start")),
+    "kpool": (lambda **kw: PostHocKPool(KPool(cache_dtype="f32", **kw)), ("kpool", "top_k", "select_tail", "start")),
+}
+POLICY_OPTIONS = ("stagger", "stagger_step", "randomize", "seed", "layers")
+
+
+def make_policy(design: str = "dense", **options):
+    """Build an attention policy by design name, for `kvphase sweep --backend reference --design NAME`.
+
+    Designs: "dense" (no options); "meanpool" (window, stride, local_window=0, start=0);
+    "blocktopk" (block_size, top_k, local_window=0, start=0); "kpool" (kpool, top_k,
+    select_tail=True, start=0; the model's own queries act as the indexer).
+    Offset fixes for every design: stagger="none"|"layer"|"head"|"layer_head",
+    stagger_step=1, randomize=False, seed=0; layers=None (all) or the layers to compress.
+    Raises PlanError for an unknown design or option, or a value the design rejects.
+    """
+    if design == "dense":
+        if options:
+            raise PlanError(f"design 'dense' takes no options, got {sorted(options)}")
+        return DenseAttention()
+    if design not in POLICY_DESIGNS:
+        known = ["dense", *POLICY_DESIGNS]
+        hint = " (it needs weights a llama-family model lacks)" if design in DESIGNS else ""
+        raise PlanError(f"the reference backend runs designs {known}, got {design!r}{hint}")
+    build, names = POLICY_DESIGNS[design]
+    unknown = sorted(set(options) - set(names) - set(POLICY_OPTIONS))
+    if unknown:
+        raise PlanError(f"design {design!r} takes {list(names) + list(POLICY_OPTIONS)}, got unknown {unknown}")
+    try:
+        made = build(**{k: v for k, v in options.items() if k in names})
+        return CompressedAttention(made, **{k: v for k, v in options.items() if k in POLICY_OPTIONS})
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"design {design!r}: {exc}") from None

@@ -1,0 +1,45 @@
+"""A backend with the llama.cpp backend's interface and no model, for fast unit tests
+(in the spirit of simonw/llm's MockModel)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from kvphase.backends.base import Query, Score
+
+
+class CharBackend:
+    """One token per character, so segment tokenization always joins cleanly.
+
+    A target is 'correct' when its first answer token is even: deterministic, and about
+    half of the targets. `interrupt_after` raises KeyboardInterrupt on that score() call.
+    """
+
+    def __init__(self, prefix_ids: Sequence[int] = (), interrupt_after: int | None = None):
+        self._prefix = list(prefix_ids)
+        self.interrupt_after = interrupt_after
+        self.calls = 0
+        self.scored: list[Query] = []
+        self.tokens_evaluated = 0
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        return self._prefix
+
+    @property
+    def n_ctx_train(self) -> int:
+        return 1 << 16
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
+        self.calls += 1
+        if self.interrupt_after is not None and self.calls > self.interrupt_after:
+            raise KeyboardInterrupt
+        self.tokens_evaluated += len(context)
+        self.scored += list(queries)
+        return [Score(q.answer[0] % 2 == 0, -float(q.answer[0] % 7), tuple(q.answer)) for q in queries]

@@ -1,0 +1,101 @@
+"""The command line as a user meets it: exit codes, one-line errors, the files a sweep writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.cli import app
+
+runner = CliRunner()
+
+
+def _one_line_error(result, fragment):
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
+    assert fragment in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["inspect", "sweep", "report", "compare", "validate", "make-tiny"])
+def test_help(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_inspect_default_model(default_model):
+    result = runner.invoke(app, ["inspect", str(default_model)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for expected in ["llama", "Q4_1", "8192 tokens", "gpt2", "none declared"]:
+        assert expected in result.output
+
+
+def test_missing_file(tmp_path):
+    _one_line_error(runner.invoke(app, ["inspect", str(tmp_path / "nope.gguf")]), "model file not found")
+    _one_line_error(runner.invoke(app, ["sweep", str(tmp_path / "nope.gguf")]), "model file not found")
+
+
+def test_not_gguf(tmp_path):
+    path = tmp_path / "notes.gguf"
+    path.write_text("hello, not a model")
+    _one_line_error(runner.invoke(app, ["sweep", str(path)]), "not a GGUF file")
+
+
+@pytest.mark.parametrize("keep", [100_000, 50_000_000])
+def test_truncated_gguf(tmp_path, default_model, keep):
+    path = tmp_path / "cut.gguf"
+    with default_model.open("rb") as src, path.open("wb") as dst:
+        dst.write(src.read(keep))
+    _one_line_error(runner.invoke(app, ["sweep", str(path)]), "truncated GGUF file")
+    _one_line_error(runner.invoke(app, ["inspect", str(path)]), "truncated GGUF file")
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--context", "9000"], "--context 9000 does not fit"),
+    (["--context", "0"], "--context must be a positive"),
+    (["--stride", "1"], "--stride must be at least 2"),
+    (["--per-residue", "0"], "--per-residue must be at least 1"),
+    (["--modulus", "6"], "multiple of the stride"),
+    (["--task", "riddles"], "unknown task 'riddles'"),
+])
+def test_impossible_options(default_model, options, fragment, tmp_path):
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
+                    fragment)
+
+
+def test_unknown_padding_is_a_usage_error(default_model):
+    result = runner.invoke(app, ["sweep", str(default_model), "--padding", "sideways"])
+    assert result.exit_code == 2 and "sideways" in result.output
+
+
+def test_report_on_a_folder_that_is_not_a_run(tmp_path):
+    _one_line_error(runner.invoke(app, ["report", str(tmp_path)]), "config.json is missing")
+
+
+def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_path):
+    out = tmp_path / "run"
+    args = ["sweep", "--context", "512", "--per-residue", "8", "--out", str(out), "--quiet", "--threads", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Report:" in result.output
+    for name in ["config.json", "results.csv", "summary.json", "report.md", "accuracy_by_residue.png",
+                 "manifest.json"]:
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_targets"] == 64 and len(summary["per_residue"]) == 8
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["model"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and len(manifest["model"]["sha256"]) == 64
+    assert manifest["tokens_evaluated"] > 512
+    report_text = (out / "report.md").read_text()
+    shutil.copy(out / "results.csv", tmp_path / "results.bak")
+    for name in ["summary.json", "report.md", "accuracy_by_residue.png"]:
+        (out / name).unlink()
+    rebuilt = runner.invoke(app, ["report", str(out)])
+    assert rebuilt.exit_code == 0 and (out / "report.md").read_text() == report_text
+    again = runner.invoke(app, args)  # everything is done: nothing is scored twice
+    assert again.exit_code == 0
+    assert (out / "results.csv").read_text() == (tmp_path / "results.bak").read_text()

@@ -1,0 +1,138 @@
+"""Probe layout on the real tokenizer: exact residues, one query position, matched moments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvphase.errors import PlanError
+from kvphase.probes import ProbeSettings, RecordMaker, build_probes, plan_slots
+from kvphase.tasks import load_task
+from tests.fakes import CharBackend
+
+MODES = ["prefix", "in-sequence"]
+
+
+def _settings(mode, context=1024, stride=4, modulus=8, per_residue=16, seed=0):
+    return ProbeSettings(context, stride, modulus, per_residue, mode, seed)
+
+
+def _moments(contexts, modulus):
+    positions = {r: [] for r in range(modulus)}
+    for context in contexts:
+        for target in context.targets:
+            positions[target.residue].append(target.position)
+    means = np.array([np.mean(p) for p in positions.values()])
+    sds = np.array([np.std(p) for p in positions.values()])
+    counts = np.array([len(p) for p in positions.values()])
+    return means, sds, counts
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("task", ["records", "passkey"])
+def test_targets_sit_at_their_residue_and_queries_share_one_position(llama_backend, mode, task):
+    settings = _settings(mode)
+    contexts = build_probes(load_task(task), llama_backend, settings)
+    maker = RecordMaker(load_task(task), llama_backend)
+    assert {len(c.tokens) for c in contexts} == {settings.context_length}
+    for context in contexts:
+        for target in context.targets:
+            assert target.position % settings.modulus == target.residue
+            assert target.position % settings.stride == target.phase
+            record = maker.make(target.key, target.answer)
+            assert context.tokens[target.position:target.position + len(record.ids)] == record.ids
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_matched_position_moments(llama_backend, mode):
+    contexts = build_probes(load_task("records"), llama_backend, _settings(mode, per_residue=32))
+    means, sds, counts = _moments(contexts, 8)
+    assert set(counts) == {32}
+    assert means.max() - means.min() <= 0.5, f"per-residue means {means}"
+    assert (sds.max() - sds.min()) / sds.max() <= 0.02, f"per-residue SDs {sds}"
+
+
+def test_query_asks_for_a_key_present_once_in_its_context(llama_backend):
+    contexts = build_probes(load_task("records"), llama_backend, _settings("in-sequence"))
+    maker = RecordMaker(load_task("records"), llama_backend)
+    for context in contexts[:5]:
+        body = context.tokens
+        for target in context.targets:
+            key_ids = maker.ids(f" {target.key}") + maker.ids(":")
+            starts = [i for i in range(len(body) - len(key_ids)) if body[i:i + len(key_ids)] == key_ids]
+            # once in the records, and possibly once more among the demonstrations
+            assert target.position in starts and len(starts) <= 2
+            assert target.query.prompt == key_ids
+            assert target.query.answer == maker.ids(f" {target.answer}")
+
+
+def test_prefix_padding_moves_distractors_with_the_target(llama_backend):
+    """Back-to-back records: the distance from the target to its neighbour is one record."""
+    contexts = build_probes(load_task("records"), llama_backend, _settings("prefix"))
+    maker = RecordMaker(load_task("records"), llama_backend)
+    context = contexts[0]
+    target = context.targets[0]
+    after = target.position + len(maker.make(target.key, target.answer).ids)
+    assert maker.ids("\n")[0] == context.tokens[after - 1]
+
+
+def test_in_sequence_gaps_vary(llama_backend):
+    """Distractor phases are independent of the target: gaps between records differ."""
+    contexts = build_probes(load_task("records"), llama_backend, _settings("in-sequence"))
+    newline = llama_backend.tokenize("\n")[0]
+    colon = llama_backend.tokenize(":")[0]
+    tokens = contexts[0].tokens
+    colons = [i for i, t in enumerate(tokens) if t == colon]
+    newlines = [i for i, t in enumerate(tokens) if t == newline]
+    gaps = {c - max(n for n in newlines if n < c) for c in colons[5:40]}
+    assert len(gaps) > 3
+
+
+def test_long_context_uses_multi_token_keys(llama_backend):
+    task = load_task("records")
+    contexts = build_probes(task, llama_backend, _settings("prefix", context=2048, per_residue=8))
+    keys = [t.key for c in contexts for t in c.targets]
+    assert all(" " in k for k in keys)  # "modifier animal": more keys than single words give
+    for context in contexts:
+        assert len({t.key for t in context.targets}) == len(context.targets)
+
+
+def test_bos_is_placed_first_and_counted():
+    backend = CharBackend(prefix_ids=[1])
+    contexts = build_probes(load_task("records"), backend, _settings("prefix", context=1200, per_residue=4))
+    assert all(c.tokens[0] == 1 for c in contexts)
+    for context in contexts:
+        for target in context.targets:
+            assert backend.detokenize(context.tokens[target.position:]).startswith(f" {target.key}:")
+
+
+def test_words_that_merge_across_a_segment_boundary_are_dropped():
+    class MergingTokenizer(CharBackend):
+        """Merges 'ox:' into one token, as a BPE might."""
+
+        def tokenize(self, text):
+            ids = super().tokenize(text.replace("ox:", "\x01"))
+            return ids
+
+    maker = RecordMaker(load_task("records"), MergingTokenizer())
+    assert "fox" not in maker.single_keys and "ox" not in maker.single_keys
+    assert "cat" in maker.single_keys
+
+
+def test_plan_slots_equalizes_means_exactly_when_n_is_a_multiple_of_m():
+    slots = plan_slots(100, 900, 8, 16).reshape(8, 16)
+    assert np.ptp(slots.mean(axis=1)) == 0
+    assert all((slots[r] % 8 == r).all() for r in range(8))
+
+
+def test_impossible_settings_raise_plan_errors(llama_backend):
+    with pytest.raises(PlanError, match="stride must be at least 2"):
+        _settings("prefix", stride=1)
+    with pytest.raises(PlanError, match="per-residue must be at least 1"):
+        _settings("prefix", per_residue=0)
+    with pytest.raises(PlanError, match="multiple of the stride"):
+        _settings("prefix", modulus=6)
+    with pytest.raises(PlanError, match="unknown padding"):
+        _settings("sideways")
+    with pytest.raises(PlanError, match="no room for targets"):
+        build_probes(load_task("records"), llama_backend, _settings("prefix", context=64))

@@ -1,0 +1,57 @@
+"""Shared-context scoring equals scoring each context + query as its own prompt (real model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvphase.backends.base import Query, score_from_logits
+from kvphase.probes import ProbeSettings, build_probes
+from kvphase.tasks import load_task
+
+
+def _separate_prompt_scores(model_path, context, queries):
+    """Each prompt on its own through llama-cpp-python's high-level API, all logits kept."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(model_path), n_ctx=1024, n_threads=2, logits_all=True, verbose=False)
+    scores = []
+    for query in queries:
+        tokens = list(context) + list(query.prompt) + list(query.answer[:-1])
+        llm.reset()
+        llm.eval(tokens)
+        first = len(context) + len(query.prompt) - 1
+        logits = np.array(llm.scores[first:first + len(query.answer)])  # (n_answer, n_vocab)
+        scores.append(score_from_logits(logits, query.answer))
+    return scores
+
+
+@pytest.mark.parametrize("task", ["records", "passkey"])
+def test_shared_context_equals_separate_prompts(default_model, llama_backend, task):
+    settings = ProbeSettings(512, 4, 8, 8, "in-sequence", seed=3)
+    context = build_probes(load_task(task), llama_backend, settings)[0]
+    queries = [t.query for t in context.targets][:8]
+    shared = llama_backend.score(context.tokens, queries)
+    separate = _separate_prompt_scores(default_model, context.tokens, queries)
+    assert [s.correct for s in shared] == [s.correct for s in separate]
+    diffs = np.abs(np.array([s.logprob for s in shared]) - np.array([s.logprob for s in separate]))
+    assert diffs.max() <= 1e-3, f"logprob differences: max {diffs.max():.2e}, mean {diffs.mean():.2e}"
+
+
+def test_rescoring_reuses_the_cached_context_and_gives_the_same_scores(llama_backend):
+    context = tuple(llama_backend.tokenize(" The grass is green. The sky is blue." * 20))
+    queries = [Query(tuple(llama_backend.tokenize(" The sky is")), tuple(llama_backend.tokenize(" blue.")))] * 3
+    first = llama_backend.score(context, queries)
+    evaluated = llama_backend.tokens_evaluated
+    again = llama_backend.score(context, queries)
+    assert llama_backend.tokens_evaluated - evaluated < len(context)  # the context was kept
+    assert first == again
+    assert first[0].correct  # a repeated sentence is easy to continue
+
+
+def test_teacher_forced_score_from_logits_by_hand():
+    logits = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]))
+    score = score_from_logits(logits, [0, 2])
+    assert score.correct and score.predicted == (0, 2)
+    assert score.logprob == pytest.approx(np.log(0.7) + np.log(0.6))
+    assert not score_from_logits(logits, [1, 2]).correct
