@@ -38,8 +38,7 @@ class ComparedRun:
     @property
     def design(self) -> str:
         """`backend` alone, or `backend (key=value, ...)` from config.json's backend_options."""
-        options = ", ".join(f"{k}={_option(v)}" for k, v in self.plan.backend_options.items())
-        return f"{self.plan.backend} ({options})" if options else self.plan.backend
+        return self.plan.describe_backend()
 
 
 @dataclass(frozen=True)
@@ -186,10 +185,6 @@ def _labels(paths: Sequence[Path]) -> list[str]:
             return labels
         for i in grow:
             depth[i] += 1
-
-
-def _option(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 __all__ = ["ComparedRun", "Comparison", "load_runs", "comparison_table", "display_table", "write_comparison",

@@ -73,6 +73,8 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     if plan.control:
         lines += [f"This is a **control run**: the model declares no KV-cache compression, so the stride "
                   f"S = {plan.stride} is the user's choice and no phase effect is expected from compression.", ""]
+    elif plan.backend == "reference":
+        lines += [f"Compression applied post hoc by the numpy reference model: {plan.describe_backend()}.", ""]
     lines += [
         "## Over residues",
         "",
@@ -106,7 +108,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
         "## How this was measured",
         "",
         f"- Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
-        f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.backend}.",
+        f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.describe_backend()}.",
         f"- Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
         f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue; "
         f"{plan.padding} padding; seed {plan.seed}.",

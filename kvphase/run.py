@@ -46,7 +46,14 @@ class SweepPlan:
     seed: int
     control: bool  # True when the model declares no compression and the stride is the user's
     backend: str = "llama.cpp"
-    backend_options: dict = field(default_factory=dict)
+    backend_options: dict = field(default_factory=dict)  # the reference backend's design and its options
+
+    def describe_backend(self) -> str:
+        """`backend` alone, or `backend (key=value, ...)` with the reference design's options."""
+        if not self.backend_options:
+            return self.backend
+        options = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in self.backend_options.items())
+        return f"{self.backend} ({options})"
 
     def __post_init__(self) -> None:
         if self.context < 1:
@@ -64,7 +71,13 @@ class SweepPlan:
 
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
-    return Path("reports") / f"{info.short_name}-{plan.task}-S{plan.stride}-L{plan.context}"
+    """reports/<model>-<task>-S<stride>-L<context>, plus the reference design and its options."""
+    name = f"{info.short_name}-{plan.task}-S{plan.stride}-L{plan.context}"
+    if plan.backend == "reference":
+        options = plan.backend_options
+        name += "-ref-" + "-".join([str(options.get("design", "dense"))] + [
+            f"{k}{v}" for k, v in sorted(options.items()) if k in ("stagger", "randomize", "local_window") and v])
+    return Path("reports") / name
 
 
 def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
@@ -207,6 +220,7 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
                   "name": info.name, "architecture": info.architecture, "quantization": info.quantization},
         "compression": asdict(info.compression),
         "backend": plan.backend,
+        "backend_options": plan.backend_options,
         "versions": {"kvphase": __version__, "llama-cpp-python": llama_cpp.__version__, "numpy": numpy.__version__,
                      "pandas": pd.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "system": platform.system(), "node": platform.node(),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from kvphase.defaults import default_model_path
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # BLAS threads beside llama.cpp's would fight over 2 cores
+
+import pytest  # noqa: E402
+
+from kvphase.defaults import default_model_path  # noqa: E402
 
 
 @pytest.fixture(scope="session")

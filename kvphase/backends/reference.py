@@ -32,12 +32,17 @@ class ReferenceBackend:
         self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)
         self._cache = self.model.new_cache()
         self._context: tuple[int, ...] = ()
-        self._policy_key: object = None
+        self._policy_key: tuple | None = None
         self.tokens_evaluated = 0
 
     @property
     def policy(self) -> AttentionPolicy:
         return self.model.policy
+
+    @policy.setter
+    def policy(self, policy: AttentionPolicy) -> None:
+        """Swap the attention policy; the cached context is evaluated again under it."""
+        self.model.policy = policy
 
     # -- tokenizer -------------------------------------------------------------------
 
@@ -91,9 +96,11 @@ class ReferenceBackend:
         return self._forward(tuple(int(t) for t in tokens), None)
 
     def _load_context(self, context: tuple[int, ...]) -> None:
-        # a per-context policy (randomized offsets) changes every cached state
-        key = self.policy.begin(context) if hasattr(self.policy, "begin") else None
-        keep = _common_prefix(self._context, context) if key == self._policy_key else 0
+        # another policy, or a per-context one (randomized offsets), changes every cached state
+        policy = self.policy
+        key = (policy, policy.begin(context) if hasattr(policy, "begin") else None)
+        same = self._policy_key is not None and key[0] is self._policy_key[0] and key[1] == self._policy_key[1]
+        keep = _common_prefix(self._context, context) if same else 0
         self._policy_key = key
         self._cache.truncate(min(keep, self._cache.n))
         self._context = ()

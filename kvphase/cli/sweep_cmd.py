@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -23,11 +25,17 @@ from kvphase.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
 QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
+REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
 
 
 class Padding(str, Enum):
     prefix = "prefix"
     in_sequence = "in-sequence"
+
+
+class BackendName(str, Enum):
+    llama_cpp = "llama.cpp"
+    reference = "reference"
 
 
 @app.command()
@@ -43,10 +51,18 @@ def sweep(
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    backend: BackendName = typer.Option(BackendName.llama_cpp, help="llama.cpp, or the numpy reference model."),
+    design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable "
+                                     "(window, local_window, top_k, start, stagger, randomize, ...)."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     info = read_model_info(model if model is not None else default_model_path())
     plan = make_plan(info, stride, modulus, context, per_residue, padding.value, task, seed)
+    if backend is BackendName.reference:
+        plan = with_reference_design(plan, design, parse_options(option))
+    elif design != "dense" or option:
+        raise PlanError("--design and --option apply to --backend reference only")
     run_dir = out or default_run_dir(info, plan)
     console = Console(stderr=True, quiet=quiet)
     if plan.control:
@@ -78,7 +94,40 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     return plan
 
 
+def parse_options(pairs: list[str]) -> dict:
+    """KEY=VALUE strings to a dict; values are read as JSON when they parse (4, true, [0, 2])."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PlanError(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip().replace("-", "_")] = value
+    return options
+
+
+def with_reference_design(plan: SweepPlan, design: str, options: dict) -> SweepPlan:
+    """The plan with the reference design filled in: its stride defaults to the sweep's."""
+    from kvphase.reference.policy import make_policy
+
+    defaults = {"meanpool": {"window": plan.stride, "stride": plan.stride},
+                "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
+                "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
+    options = {**defaults, **options}
+    make_policy(design, **options)  # an unknown design or option fails here, before any weights load
+    return replace(plan, backend="reference", backend_options={"design": design, **options},
+                   control=plan.control and design == "dense")
+
+
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int]):
+    """The engine a plan names."""
+    if plan.backend == "reference":
+        from kvphase.backends.reference import ReferenceBackend
+        from kvphase.reference.policy import make_policy
+
+        return ReferenceBackend(info.path, policy=make_policy(**plan.backend_options))
     from kvphase.backends.llamacpp import LlamaCppBackend
 
     return LlamaCppBackend(info.path, n_ctx=plan.context + 16 * QUERY_ROOM, n_threads=threads or os.cpu_count())

@@ -1,0 +1,88 @@
+"""Speed of a sweep on the default model, as ratios measured in one run.
+
+1. targets/s: kvphase (one context evaluation serves many teacher-forced queries) against a
+   naive loop that evaluates one full prompt per target and generates the answer greedily
+   (same targets, same model, same threads);
+2. context tokens/s: kvphase's context decoding against llama.cpp's raw decode
+   (llama-cpp-python's `Llama.eval`) of the same tokens.
+
+Run: `make bench` (or `python bench/bench_sweep.py --context 1024 --per-residue 8`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    import llama_cpp
+
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.defaults import default_model_path
+    from kvphase.probes import ProbeSettings, build_probes
+    from kvphase.tasks import load_task
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--per-residue", type=int, default=8)
+    parser.add_argument("--naive-targets", type=int, default=12, help="targets timed in the naive loop")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+
+    model = default_model_path()
+    backend = LlamaCppBackend(model, n_ctx=args.context + 1024, n_threads=args.threads)
+    contexts = build_probes(load_task("records"), backend,
+                            ProbeSettings(args.context, 4, 8, args.per_residue, "prefix", seed=0))
+    targets = [(c, t) for c in contexts for t in c.targets]
+
+    start = time.perf_counter()
+    context_seconds = 0.0
+    for context in contexts:
+        t0 = time.perf_counter()
+        backend._load_context(context.tokens)
+        context_seconds += time.perf_counter() - t0
+        backend.score(context.tokens, [t.query for t in context.targets])
+    kvphase_rate = len(targets) / (time.perf_counter() - start)
+    kvphase_tokens_rate = len(contexts) * args.context / context_seconds
+
+    llm = llama_cpp.Llama(str(model), n_ctx=args.context + 1024, n_threads=args.threads,
+                          n_threads_batch=args.threads, n_batch=512, verbose=False)
+    picks = np.random.default_rng(0).choice(len(targets), size=min(args.naive_targets, len(targets)), replace=False)
+    start = time.perf_counter()
+    correct_naive = 0
+    for i in picks:
+        context, target = targets[int(i)]
+        llm.reset()
+        llm.eval(list(context.tokens) + list(target.query.prompt))
+        generated = []
+        for _ in target.query.answer:
+            last = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)  # logits of the last decoded token
+            token = int(np.argmax(np.ctypeslib.as_array(last, shape=(llm.n_vocab(),))))
+            generated.append(token)
+            llm.eval([token])
+        correct_naive += tuple(generated) == target.query.answer
+    naive_rate = len(picks) / (time.perf_counter() - start)
+
+    raw_tokens = list(contexts[0].tokens)
+    start = time.perf_counter()
+    repeats = 3
+    for _ in range(repeats):
+        llm.reset()
+        llm.eval(raw_tokens)
+    raw_rate = repeats * len(raw_tokens) / (time.perf_counter() - start)
+
+    print(f"default model, context {args.context} tokens, {len(targets)} targets in {len(contexts)} contexts, "
+          f"{args.threads} threads")
+    print(f"{'measure':<44}{'kvphase':>12}{'baseline':>12}{'ratio':>9}")
+    print(f"{'targets/s (vs one prompt per target, greedy)':<44}{kvphase_rate:>12.2f}{naive_rate:>12.2f}"
+          f"{kvphase_rate / naive_rate:>9.1f}")
+    print(f"{'context tokens/s (vs llama.cpp raw decode)':<44}{kvphase_tokens_rate:>12.1f}{raw_rate:>12.1f}"
+          f"{kvphase_tokens_rate / raw_rate:>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
