@@ -6,7 +6,9 @@ take llama.cpp's gather path). `capture` records the compression's intermediate 
 the reference design of the model's family recomputes them from the captured inputs, and
 each layer reports how far the two are apart:
 
-- compressed keys (k-pool pooled keys): max / mean absolute difference;
+- compressed keys (k-pool pooled keys; deepseek4's compressed entries, pooled and finished, and
+  its compressed caches as read back, plus the per-token gate logits with the per-phase bias):
+  max / mean absolute difference;
 - indexer scores: max / mean absolute difference, judged relative to the largest score;
 - selected sets (pools or blocks, and the tokens they expose): exact agreement, and
   agreement up to exact score ties at the top-k boundary (llama.cpp's top-k is not stable).
@@ -25,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvphase.capture import CaptureRun, EngineSettings, GgmlTensor, op_name, run_and_capture, source_chain, split_name, tensor_name
-from kvphase.errors import PlanError
+from kvphase.errors import BackendError, PlanError
 from kvphase.gguf_header import read_gguf_header
 from kvphase.modelinfo import ModelInfo, read_model_info
 
@@ -64,6 +66,7 @@ class LayerCheck:
 
     layer: int
     keys: Diff = field(default_factory=Diff)  # compressed keys
+    gates: Diff = field(default_factory=Diff)  # per-token gate logits incl. the per-phase bias (deepseek4)
     scores: Diff = field(default_factory=Diff)  # finite indexer / block scores
     score_scale: float = 0.0  # largest |finite score| llama.cpp produced
     mask_mismatch: int = 0  # scores finite in one and -inf in the other
@@ -71,6 +74,7 @@ class LayerCheck:
     exact: int = 0  # identical selected sets
     ties: int = 0  # sets that differ only among exactly tied scores
     notes: list[str] = field(default_factory=list)  # the first few mismatches, for the user
+    uncompared: list[str] = field(default_factory=list)  # what this layer should have compared but could not
 
     @property
     def mismatched(self) -> int:
@@ -82,7 +86,9 @@ class LayerCheck:
 
     def failures(self, tol: Tolerances) -> list[str]:
         """Why this layer fails; empty when it passes."""
-        out = []
+        out = [f"not compared: {text}" for text in self.uncompared]
+        if self.gates.count and self.gates.max > tol.keys_abs:
+            out.append(f"gate logits differ by up to {self.gates.max:.3g} (mean {self.gates.mean:.3g}), tolerance {tol.keys_abs:g}")
         if self.keys.count and self.keys.max > tol.keys_abs:
             out.append(f"keys differ by up to {self.keys.max:.3g} (mean {self.keys.mean:.3g}), tolerance {tol.keys_abs:g}")
         if self.scores.count and self.scores.max > tol.scores_rel * max(self.score_scale, 1e-30):
@@ -182,6 +188,11 @@ class FamilyCheck:
     """How one compression family is captured and compared; one instance per model."""
 
     names: tuple[str, ...] = ()  # llama.cpp tensor names (without the layer) to capture
+    default_tokens: int = 64  # prompt length when the caller names none
+
+    def uncompared(self, n_tokens: int) -> dict[int, list[str]]:
+        """Per layer, what a prompt of n_tokens is too short to compare (the layer then FAILs)."""
+        return {}
 
     def want(self, name: str, layer: int, t: GgmlTensor) -> tuple[str, int] | None:
         return (name, layer) if layer >= 0 and name in self.names else None
@@ -300,6 +311,14 @@ class KPoolCheck(FamilyCheck):
         return out
 
 
+def _first(run: CaptureRun, name: str, layer: int, ubatch: int) -> np.ndarray:
+    """The first capture of a reused name (llama.cpp's unfused indexer names a permuted view the same)."""
+    found = run.all(name, layer, ubatch)
+    if not found:
+        raise BackendError(f"llama.cpp computed no tensor {name}-{layer} in ubatch {ubatch}")
+    return found[0].array
+
+
 def _live(x: np.ndarray) -> np.ndarray:
     """Scores that are not masked: finite and above -FLT_MAX/2 (ggml's max pool starts from -FLT_MAX)."""
     return np.isfinite(x) & (x > -1e37)
@@ -394,7 +413,223 @@ class MSACheck(FamilyCheck):
                        f"{sorted(theirs)}" + ("" if tokens_equal else ", selected tokens differ"))
 
 
-FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": MSACheck}
+def hadamard(n: int) -> np.ndarray:
+    """llama.cpp's orthonormal Walsh-Hadamard matrix (`ggml_gen_hadamard`, src/llama-kv-cache.cpp)."""
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h * np.float32(1.0 / np.sqrt(n))).astype(np.float32)  # (n, n), symmetric
+
+
+def hadamard_rotate(x: np.ndarray) -> np.ndarray:
+    """`llama_mul_mat_hadamard` with the rotation `build_input_k_rot` picks: the largest power of two
+    (at least 64) dividing the row width, applied to each chunk of that many channels."""
+    x = np.asarray(x, np.float32)  # (n, d)
+    d = x.shape[-1]
+    n = 64
+    while d % (2 * n) == 0:
+        n *= 2
+    if d % n:
+        raise PlanError(f"a Hadamard rotation of width {n} does not divide rows of {d} channels")
+    return (x.reshape(-1, n) @ hadamard(n).T).reshape(x.shape).astype(np.float32)  # (n, d)
+
+
+@dataclass(frozen=True)
+class _Compressor:
+    """One of the three compressors of a deepseek4 layer, as llama.cpp names its tensors."""
+
+    prefix: str  # "csa" / "lid" (ratio 4) or "hca" (ratio 128)
+    weights: str  # the GGUF tensors: "attn" (attn_compressor_*) or "indexer" (indexer_compressor_*)
+    cache: str  # the node that reads its compressed cache back: csa_comp_k, hca_comp_k, lid_k
+
+
+_CSA = (_Compressor("csa", "attn", "csa_comp_k"), _Compressor("lid", "indexer", "lid_k"))
+_HCA = (_Compressor("hca", "attn", "hca_comp_k"),)
+
+
+class DSV4Check(FamilyCheck):
+    """deepseek4: the compressors, lightning indexer and block masks of `src/models/deepseek4.cpp`
+    against `designs.dsv4.DSV4`.
+
+    The compressor keeps state across ubatches (`dsv4_build_comp_plan` in
+    src/llama-kv-cache-dsv4.cpp): a block that completes in one ubatch reads tokens of earlier
+    ones. So the per-token `*_state_kv` / `*_state_score` of every ubatch are joined, and the
+    reference pools them from position 0. llama.cpp names five nodes `*_state_compress`; they
+    are told apart by op: CONT is the pooled entry, ROPE the finished one (after RMSNorm).
+    A ubatch writes its completed blocks first; CSA pads with dummy blocks (and HCA writes one
+    when none completes) that go to the cache's last cell and are never read.
+
+    The indexer's Hadamard rotation (`lid_q_rot`, `lid_k`) is orthonormal and on both sides;
+    the scores are recomputed from the unrotated `lid_q_rope` and the reference entries, and
+    the cache read-back (`lid_k`, and `*_comp_k` where llama.cpp rotates that cache too) is
+    compared with the rotated reference entries.
+
+    The raw sliding window lives in a ring of cells whose positions are not graph nodes; only
+    its size per query (min(p + 1, n_swa) cells) is checked. Attention itself (sinks, output
+    path) is not compared.
+    """
+
+    def __init__(self, info: ModelInfo, ape_roll: int = 0):
+        from kvphase.designs.dsv4 import DSV4
+
+        fields = read_gguf_header(info.path).fields
+        arch = info.architecture
+        ratios = [int(r) for r in np.atleast_1d(fields.get(f"{arch}.attention.compress_ratios", []))]
+        if len(ratios) == 1:
+            ratios = ratios * info.n_layers
+        self.path = info.path
+        self.ape_roll = ape_roll  # a deliberately wrong reference: every per-phase bias rolled by this many offsets
+        self.eps = float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
+        self.n_rot = int(fields.get(f"{arch}.rope.dimension_count", 0))
+        self.rope_base = float(fields.get(f"{arch}.attention.compress_rope_freq_base", 10000.0))
+        factor = float(fields.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+        self.freq_scale = 1.0 / factor if factor > 0 else 1.0
+        self.yarn = str(fields.get(f"{arch}.rope.scaling.type", "none")).lower() == "yarn"
+        n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
+        top_k = int(fields.get(f"{arch}.attention.indexer.top_k", 512))
+        self.designs = {
+            i: DSV4(ratio=r, n_swa=n_swa, top_k=top_k, cache_dtype="f32") for i, r in enumerate(ratios) if r > 1
+        }
+        self.default_tokens = max([64] + [2 * r + 32 for r in ratios])  # two HCA blocks and a tail
+        self.names = tuple(
+            f"{c.prefix}_{part}" for c in _CSA + _HCA
+            for part in ("state_kv", "state_score", "state_score_ape", "state_compress", "state_compress_rot")
+        ) + ("csa_comp_k", "hca_comp_k", "lid_k", "lid_q_rope", "lid_weights", "lid_score_masked", "lid_top_k",
+             "csa_top_k_mask", "csa_lid_kq_mask", "hca_kq_mask")
+        self._tensors: dict[str, np.ndarray] = {}
+
+    def uncompared(self, n_tokens: int) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for layer, design in self.designs.items():
+            if n_tokens < design.ratio:
+                out.setdefault(layer, []).append(
+                    f"no ratio-{design.ratio} block completes within {n_tokens} tokens, so this layer's "
+                    f"compressor and cache were not compared; use --tokens {2 * design.ratio + 32} or more"
+                )
+            if self.yarn:
+                out.setdefault(layer, []).append(
+                    "the model's RoPE uses YaRN scaling (rope.scaling.type = yarn), which designs/dsv4.py does "
+                    "not model, so its compressed entries and indexer scores cannot match"
+                )
+        return out
+
+    def tensor(self, name: str) -> np.ndarray:
+        if name not in self._tensors:
+            t = read_model_tensor(self.path, name)
+            if name.endswith("_ape.weight"):  # (ratio, C): one row per phase
+                t = np.roll(t, self.ape_roll, axis=0)
+            self._tensors[name] = t
+        return self._tensors[name]
+
+    def compare(self, run: CaptureRun, checks: dict[int, LayerCheck]) -> None:
+        for layer, design in sorted(self.designs.items()):
+            check = checks.setdefault(layer, LayerCheck(layer))
+            entries = {c.prefix: self._compare_compressor(run, layer, design, c, check)
+                       for c in (_CSA if design.is_csa else _HCA)}
+            for ub in run.ubatches:
+                if design.is_csa:
+                    self._compare_indexer(run, layer, design, ub, entries["lid"], check)
+                else:
+                    self._compare_hca_mask(run, layer, design, ub, check)
+
+    # -- compressors ---------------------------------------------------------------------------
+
+    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        from kvphase.designs.dsv4 import rope
+
+        d = x.shape[1]
+        return rope(x, positions, self.n_rot, self.rope_base, offset=d - self.n_rot, freq_scale=self.freq_scale)
+
+    def _compare_compressor(self, run, layer, design, comp: _Compressor, check: LayerCheck) -> np.ndarray:
+        """Gate logits, pooled and finished entries, and the cache read-back of one compressor."""
+        ape = self.tensor(f"blk.{layer}.{comp.weights}_compressor_ape.weight")  # (ratio, C)
+        norm = self.tensor(f"blk.{layer}.{comp.weights}_compressor_norm.weight")  # (d,)
+        width = ape.shape[1]  # C = 2d (overlapped) or d
+        d = norm.shape[-1]
+        joined = lambda name: np.concatenate([_rows(run.get(name, layer, u.index), width) for u in run.ubatches])
+        kv, gate = joined(f"{comp.prefix}_state_kv"), joined(f"{comp.prefix}_state_score")  # (n, C), (n, C)
+        logits = design.gate_logits(gate, ape)  # (n, C)
+        pooled = design.pool(kv, logits)  # (n_blocks, d)
+        entries = design.entries(kv, gate, ape, norm, self.eps, self._rope)  # (n_blocks, d)
+        for ub in run.ubatches:
+            pos = ub.positions
+            check.gates.add(_rows(run.get(f"{comp.prefix}_state_score_ape", layer, ub.index), width), logits[pos])
+            first, last = design.layout.n_complete(int(pos[0])), design.layout.n_complete(int(pos[-1]) + 1)
+            nodes = run.all(f"{comp.prefix}_state_compress", layer, ub.index)
+            by_op = {t.op: t.array for t in nodes}
+            if "CONT" not in by_op or "ROPE" not in by_op:
+                check.note(f"ubatch {ub.index}: {comp.prefix}_state_compress nodes {[t.op for t in nodes]}, "
+                           "expected CONT (pooled) and ROPE (finished)")
+                check.mask_mismatch += 1
+                continue
+            if last > first:  # the blocks this ubatch completes come first, dummies after
+                check.keys.add(_rows(by_op["CONT"], d)[: last - first], pooled[first:last])
+                check.keys.add(_rows(by_op["ROPE"], d)[: last - first], entries[first:last])
+            if last:  # the cache as the attention / indexer reads it back
+                rotated = run.find(f"{comp.prefix}_state_compress_rot", layer, ub.index) is not None
+                cache = _rows(_first(run, comp.cache, layer, ub.index), d)[:last]  # (last, d)
+                check.keys.add(cache, hadamard_rotate(entries[:last]) if rotated else entries[:last])
+        return entries
+
+    # -- selection -----------------------------------------------------------------------------
+
+    def _raw_window_ok(self, design, mask: np.ndarray, n_comp: int, positions: np.ndarray) -> np.ndarray:
+        """Per query: the raw part of the attention mask exposes min(p + 1, n_swa) cells."""
+        raw = np.asarray(mask)[:, : mask.shape[1] - n_comp] == 0  # (n_tokens, n_raw_cells)
+        return raw.sum(axis=1) == np.minimum(positions + 1, design.n_swa)  # (n_tokens,)
+
+    def _compare_indexer(self, run, layer, design, ub, index_keys, check: LayerCheck) -> None:
+        from kvphase.designs.windows import rows_to_mask
+
+        pos = ub.positions
+        n_blocks = design.layout.n_complete(int(pos[-1]) + 1)
+        q = run.get("lid_q_rope", layer, ub.index)
+        q = q.reshape(len(pos), -1, q.shape[-1])  # (n_tokens, n_head, d_idx)
+        w = run.get("lid_weights", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_head)
+        ref_scores = design.indexer_scores(q, w, index_keys[:n_blocks], pos)  # (n_tokens, n_blocks)
+        _compare_scores(check, run.get("lid_score_masked", layer, ub.index).reshape(len(pos), -1), ref_scores)
+        ref = design.select(pos, int(pos[-1]) + 1, n_blocks, ref_scores)
+        got_top = run.get("lid_top_k", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, k)
+        comp_mask = run.get("csa_top_k_mask", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_comp_cells)
+        full_mask = run.get("csa_lid_kq_mask", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, raw + comp)
+        raw_ok = self._raw_window_ok(design, full_mask, comp_mask.shape[1], pos)
+        for t in range(len(pos)):
+            live = _live(ref_scores[t])  # (n_blocks,)
+            # llama.cpp's top-k fills spare slots with masked blocks; the mask hides them
+            ours = {int(b) for b in got_top[t] if 0 <= b < n_blocks and live[b]}
+            theirs = {int(b) for b in ref.top_blocks[t] if b >= 0}
+            verdict = _set_agreement(ours, theirs, ref_scores[t], max(min(design.top_k, int(live.sum())), 1))
+            seen = comp_mask[t] == 0  # (n_comp_cells,)
+            own = rows_to_mask(np.array(sorted(ours) or [-1]), n_blocks)  # llama.cpp's own choice, (n_blocks,)
+            tokens_equal = bool(np.array_equal(seen[:n_blocks], own) and not seen[n_blocks:].any() and raw_ok[t])
+            self._count(check, ub, t, verdict, tokens_equal, f"blocks {sorted(ours)} vs reference {sorted(theirs)}")
+
+    def _compare_hca_mask(self, run, layer, design, ub, check: LayerCheck) -> None:
+        pos = ub.positions
+        n_blocks = design.layout.n_complete(int(pos[-1]) + 1)
+        ref = design.select(pos, int(pos[-1]) + 1, n_blocks)
+        mask = run.get("hca_kq_mask", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, raw + comp)
+        comp = run.find("hca_comp_k", layer, ub.index)
+        n_comp = _rows(comp, comp.shape[-1]).shape[0] if comp is not None else 0
+        raw_ok = self._raw_window_ok(design, mask, n_comp, pos)
+        seen = mask[:, mask.shape[1] - n_comp :] == 0  # (n_tokens, n_comp_cells)
+        for t in range(len(pos)):
+            equal = bool(np.array_equal(seen[t, :n_blocks], ref.block_visible[t]) and not seen[t, n_blocks:].any())
+            self._count(check, ub, t, "exact" if equal else "diff", bool(raw_ok[t]),
+                        f"{int(seen[t].sum())} blocks visible vs reference {int(ref.block_visible[t].sum())}")
+
+    @staticmethod
+    def _count(check: LayerCheck, ub, t: int, verdict: str, tokens_equal: bool, what: str) -> None:
+        check.rows += 1
+        if verdict == "exact" and tokens_equal:
+            check.exact += 1
+        elif verdict == "tie" and tokens_equal:
+            check.ties += 1
+        else:
+            check.note(f"ubatch {ub.index} pos {ub.positions[t]}: {what}" + ("" if tokens_equal else ", masks differ"))
+
+
+FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": MSACheck, "dsv4": DSV4Check}
 
 
 # --------------------------------------------------------------------------- entry point
@@ -402,7 +637,7 @@ FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": M
 
 def validate_model(
     model: str | Path,
-    n_tokens: int = 64,
+    n_tokens: int | None = None,
     seed: int = 0,
     splits: Sequence[Sequence[int]] | None = None,
     tolerances: Tolerances = Tolerances(),
@@ -412,16 +647,18 @@ def validate_model(
     """Run the model through llama.cpp under several batch splits and compare every compressed layer.
 
     `perturb` != 0 makes the reference deliberately wrong (its per-phase gate bias, or its
-    block grid, shifted by that many positions) to show that the check can fail.
+    block grid, shifted by that many positions) to show that the check can fail. `n_tokens`
+    defaults to the family's need (64; deepseek4: two ratio-128 blocks and a tail).
     """
     info = read_model_info(model)
     family = info.compression.family
     if family not in FAMILIES:
         raise PlanError(
             f"{info.architecture} declares compression {family!r}; validation supports "
-            f"{', '.join(sorted(FAMILIES))} (glm5-next, minimax-m3); deepseek4 is not wired yet"
+            f"{', '.join(sorted(FAMILIES))} (deepseek4, glm5-next, minimax-m3)"
         )
     checker = FAMILIES[family](info, perturb)
+    n_tokens = checker.default_tokens if n_tokens is None else int(n_tokens)
     stride = int(info.compression.stride or 4)
     plan = [_check_split(s, n_tokens) for s in splits] if splits else default_splits(n_tokens, stride)
     settings = settings or EngineSettings(n_ctx=_round_up(n_tokens + 16, 256))
@@ -430,6 +667,8 @@ def validate_model(
     for split in plan:
         run = run_and_capture(info.path, tokens.tolist(), split, checker.want, settings)
         checker.compare(run, checks)
+    for layer, reasons in checker.uncompared(n_tokens).items():
+        checks.setdefault(layer, LayerCheck(layer)).uncompared.extend(reasons)
     return ValidationReport(
         model=info.path,
         architecture=info.architecture,

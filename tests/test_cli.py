@@ -99,3 +99,30 @@ def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_p
     again = runner.invoke(app, args)  # everything is done: nothing is scored twice
     assert again.exit_code == 0
     assert (out / "results.csv").read_text() == (tmp_path / "results.bak").read_text()
+
+
+@pytest.mark.parametrize("design_args", [
+    ["--design", "blocktopk", "-o", "block_size=4", "-o", "top_k=8", "-o", "local_window=8", "-o", "stagger=layer"],
+    ["--design", "kpool", "-o", "top_k=32", "-o", "randomize=true", "-o", "seed=3"],
+    ["--design", "meanpool", "-o", "local_window=8", "-o", "stagger=head"],
+])
+def test_sweep_through_the_reference_backend(tmp_path, design_args):
+    out = tmp_path / "ref"
+    args = ["sweep", "--backend", "reference", "--context", "320", "--per-residue", "8", "--out", str(out),
+            "--quiet", *design_args]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["backend"] == "reference" and config["backend_options"]["design"] == design_args[1]
+    assert config["control"] is False
+    assert json.loads((out / "summary.json").read_text())["n_targets"] == 64
+    assert "reference (design=" in (out / "report.md").read_text()
+
+
+def test_design_options_need_the_reference_backend(default_model):
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--design", "meanpool"]),
+                    "apply to --backend reference only")
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "--design", "magic"]),
+                    "the reference backend runs designs")
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "-o", "window"]),
+                    "--option expects KEY=VALUE")

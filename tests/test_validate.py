@@ -5,13 +5,18 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
+import numpy as np
+
+from kvphase.capture import EngineSettings
 from kvphase.cli import app
 from kvphase.errors import PlanError
 from kvphase.tiny import write_tiny_model
-from kvphase.validate import default_splits, validate_model
+from kvphase.validate import default_splits, hadamard, hadamard_rotate, validate_model
 
 pytestmark = pytest.mark.slow
 VALIDATED = ["glm5-next", "minimax-m3"]
+# one llama.cpp thread: on a busy two-core machine a second thread spin-waits and runs ~20x slower
+ONE_THREAD = EngineSettings(n_ctx=512, n_threads=1)
 
 
 def _describe(report) -> str:
@@ -54,6 +59,48 @@ def test_a_phase_shifted_reference_fails(arch, models):
         assert "scores differ by up to" in reasons and "mean" in reasons
 
 
+def test_deepseek4_reference_equals_llama_cpp(models):
+    # default length: two ratio-128 blocks (HCA) and a tail; default splits cut blocks and decode
+    report = validate_model(models["deepseek4"], settings=ONE_THREAD)
+    assert report.n_tokens >= 2 * 128
+    assert report.passed, _describe(report)
+    csa, hca = report.layers
+    assert (csa.layer, hca.layer) == (1, 2)
+    for layer in report.layers:
+        assert layer.gates.count > 0 and layer.keys.count > 0 and layer.rows > 0
+        assert layer.exact + layer.ties == layer.rows
+    assert csa.scores.count > 0 and csa.score_scale > 0
+    assert hca.scores.count == 0  # HCA reads every complete block: no indexer
+
+
+def test_deepseek4_rolled_ape_fails(models):
+    # every per-phase gate bias (CSA, indexer, HCA) rolled by one offset
+    report = validate_model(models["deepseek4"], n_tokens=160, splits=[[160]], settings=ONE_THREAD, perturb=1)
+    assert not report.passed
+    for layer in report.layers:
+        reasons = " ".join(layer.failures(report.tolerances))
+        assert "gate logits differ by up to" in reasons and "keys differ by up to" in reasons, reasons
+    csa_reasons = " ".join(report.layers[0].failures(report.tolerances))
+    assert "scores differ by up to" in csa_reasons and "selected sets differ" in csa_reasons
+
+
+def test_deepseek4_too_short_for_hca_says_so(models):
+    report = validate_model(models["deepseek4"], n_tokens=48, splits=[[40, 8]], settings=ONE_THREAD)
+    csa, hca = report.layers
+    assert not csa.failures(report.tolerances), _describe(report)
+    assert not report.passed
+    assert hca.keys.count == 0
+    assert any("not compared: no ratio-128 block completes within 48 tokens" in r for r in hca.failures(report.tolerances))
+
+
+def test_hadamard_is_llama_cpps_orthonormal_rotation():
+    h = hadamard(64)
+    np.testing.assert_allclose(h @ h, np.eye(64), atol=1e-6)  # res^2 == I (ggml_gen_hadamard)
+    assert h[0, 0] == np.float32(0.125) and h[1, 1] == -h[0, 0]
+    x = np.random.default_rng(0).standard_normal((3, 128)).astype(np.float32)
+    np.testing.assert_allclose(hadamard_rotate(x), (x.reshape(-1, 128) @ hadamard(128)).reshape(3, 128), atol=1e-6)
+
+
 def test_default_splits_straddle_pools_and_decode():
     splits = default_splits(64, 4)
     assert all(sum(s) == 64 for s in splits)
@@ -73,13 +120,36 @@ def test_validate_cli_pass_and_fail_exit_codes(models):
     assert "FAIL" in bad.output and "keys differ by up to" in bad.output
 
 
+def test_validate_cli_deepseek4(models):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["validate", str(models["deepseek4"]), "--tokens", "160", "--split", "97,63", "--threads", "1"])
+    assert ok.exit_code == 0, ok.output
+    assert "deepseek4 (dsv4)" in ok.output and "PASS" in ok.output and "FAIL" not in ok.output
+    short = runner.invoke(app, ["validate", str(models["deepseek4"]), "--tokens", "40", "--split", "40", "--threads", "1"])
+    assert short.exit_code == 1, short.output
+    assert "not compared: no ratio-128 block completes within 40 tokens" in short.output
+
+
+def _header_only_gguf(path, arch: str):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def test_validate_cli_usage_errors(models, tmp_path):
     runner = CliRunner()
     wrong = runner.invoke(app, ["validate", str(models["glm5-next"]), "--tokens", "40", "--split", "10,10"])
     assert wrong.exit_code == 1 and "must be positive sizes summing to 40" in wrong.output
     missing = runner.invoke(app, ["validate", str(tmp_path / "none.gguf")])
     assert missing.exit_code == 1 and "not found" in missing.output
-    unsupported = runner.invoke(app, ["validate", str(models["deepseek4"])])
+    plain = _header_only_gguf(tmp_path / "llama.gguf", "llama")  # no compression declared
+    unsupported = runner.invoke(app, ["validate", str(plain)])
     assert unsupported.exit_code == 1 and "validation supports" in unsupported.output
 
 

@@ -27,15 +27,19 @@ from kvphase.errors import BackendError, PlanError
 CONTEXT_SEQ = 0
 
 
-def _silence_llama_logs() -> None:
+def silence_llama_logs() -> None:
+    """Drop llama.cpp's log, which it writes to stderr from C on every load."""
     import llama_cpp
 
+    if getattr(silence_llama_logs, "keepalive", None):
+        return
+
     @llama_cpp.llama_log_callback
-    def _drop(level, text, user_data):  # llama.cpp logs every load step to stderr
+    def _drop(level, text, user_data):
         return None
 
     llama_cpp.llama_log_set(_drop, ctypes.c_void_p(0))
-    _silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
+    silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
 
 
 class LlamaCppBackend:
@@ -53,7 +57,7 @@ class LlamaCppBackend:
         import llama_cpp
 
         self._lc = llama_cpp
-        _silence_llama_logs()
+        silence_llama_logs()
         llama_cpp.llama_backend_init()
         self.model_path = Path(model_path)
         model_params = llama_cpp.llama_model_default_params()

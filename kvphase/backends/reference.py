@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.backends.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
 from kvphase.reference.model import AttentionPolicy, Transformer
 from kvphase.reference.policy import make_policy
@@ -27,6 +28,7 @@ class ReferenceBackend:
     def __init__(self, model_path: str | Path, policy: AttentionPolicy | None = None):
         import llama_cpp
 
+        silence_llama_logs()
         self.model_path = Path(model_path)
         self.model = Transformer.from_gguf(self.model_path, policy=policy)
         self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)

@@ -79,13 +79,20 @@ def rope(
     """ggml_rope_ext without YaRN on channels [offset, offset + n_rot) (ggml_rope_set_offset).
 
     NORM mode (DeepSeek) rotates adjacent pairs (2i, 2i+1); NEOX rotates (i, i + n_rot/2).
-    theta_i = freq_scale * pos * freq_base^(-2i/n_rot), as ggml_rope_cache_init.
+    theta_i = freq_scale * pos * freq_base^(-2i/n_rot), built as ggml_rope_cache_init does on the
+    CPU: theta_0 = pos, then theta_{i+1} = theta_i * powf(freq_base, -2/n_rot) in F32. A closed-form
+    power differs by a few F32 ulps of theta, which at position p is an error of about p * 1e-7.
     """
     x = np.asarray(x, dtype=np.float32)
     out = x.copy()  # (n, d)
     half = n_rot // 2
-    inv_freq = np.float32(freq_base) ** (-2.0 * np.arange(half, dtype=np.float32) / n_rot)  # (half,)
-    theta = np.float32(freq_scale) * np.asarray(positions, np.float32)[:, None] * inv_freq  # (n, half)
+    theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_rot)
+    theta = np.empty((len(x), half), dtype=np.float32)  # (n, half)
+    step = np.asarray(positions, np.float32)  # (n,)
+    for i in range(half):
+        theta[:, i] = step
+        step = (step * theta_scale).astype(np.float32)
+    theta = (np.float32(freq_scale) * theta).astype(np.float32)  # (n, half), rope_yarn's theta_interp
     cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)  # (n, half)
     section = x[:, offset : offset + n_rot]  # (n, n_rot)
     if neox:
