@@ -21,6 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
+import itertools
+import math
+
 import numpy as np
 
 from kvphase.backends.base import Query
@@ -29,6 +32,7 @@ from kvphase.tasks import Task
 
 PADDING_MODES = ("prefix", "in-sequence")
 MEAN_TOLERANCE = 0.5  # tokens: largest distance of a residue group's mean position from the common mean
+EXHAUSTIVE_CHOICES = 20_000  # up to this many ways to pick the moved anchors, try them all
 SD_TOLERANCE = 0.02  # relative: largest spread of the groups' position standard deviations
 
 
@@ -99,13 +103,14 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> l
     order = np.random.default_rng(settings.seed).permutation(len(slots))
     pending = [int(slots[i]) for i in order]
     contexts: list[ProbeContext] = []
+    n_targets = 0
     while pending:
         rng = np.random.default_rng([settings.seed, len(contexts)])
-        context = layout.build(len(contexts), pending, rng, first_target_id=sum(len(c.targets) for c in contexts))
-        taken = {t.position for t in context.targets}
-        pending = _remove_once(pending, [t.position for t in context.targets])
-        if not taken:
+        context = layout.build(len(contexts), pending, rng, first_target_id=n_targets)
+        if not context.targets:
             raise PlanError("could not place any target in a new context; try a longer --context")
+        pending = _remove_once(pending, [t.position for t in context.targets])
+        n_targets += len(context.targets)
         contexts.append(context)
     check_matched_moments([t for c in contexts for t in c.targets], settings.modulus)
     return contexts
@@ -116,8 +121,8 @@ def plan_slots(lowest: int, highest: int, modulus: int, per_residue: int) -> np.
 
     Residue r takes anchors B_j + r (B_j multiples of M spread over the range) and moves
     k = round(n r / M) of them down by M: the sum then loses about n r, which cancels the
-    offset r, so every group has the anchors' mean (within M / 2n). The moved anchors are
-    the middle ones, which changes the spread least.
+    offset r, so every group has the anchors' mean (within M / 2n). Which anchors move is
+    chosen to keep the standard deviation (`_spread_keeping_choice`).
     """
     first = -(-(lowest + modulus) // modulus) * modulus
     last = (highest - modulus + 1) // modulus * modulus
@@ -128,13 +133,30 @@ def plan_slots(lowest: int, highest: int, modulus: int, per_residue: int) -> np.
         )
     n = per_residue
     anchors = first + modulus * np.round(np.linspace(0, (last - first) // modulus, n)).astype(int)  # (n,)
-    middle_first = np.argsort(np.abs(anchors - anchors.mean() - modulus / 2), kind="stable")  # (n,)
     slots = []
     for r in range(modulus):
         shifted = np.zeros(n, dtype=int)  # (n,)
-        shifted[middle_first[: int(round(n * r / modulus))]] = 1
+        shifted[_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus)] = 1
         slots.append(anchors + r - modulus * shifted)  # (n,)
     return np.concatenate(slots)  # (M * n,)
+
+
+def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int) -> list[int]:
+    """Indices of k anchors to move down by M so the variance stays that of the anchors.
+
+    Var(B - M s) = Var(B) when the moved anchors' deviations from the mean sum to
+    M k (n - k) / 2n. Small groups search every choice; large ones take the anchors just
+    above the middle, where the spread barely moves anyway.
+    """
+    n = len(anchors)
+    deviations = anchors - anchors.mean()  # (n,)
+    wanted = modulus * k * (n - k) / (2 * n)
+    if k == 0:
+        return []
+    if math.comb(n, k) <= EXHAUSTIVE_CHOICES:
+        best = min(itertools.combinations(range(n), k), key=lambda c: abs(deviations[list(c)].sum() - wanted))
+        return list(best)
+    return list(np.argsort(np.abs(deviations - modulus / 2), kind="stable")[:k])
 
 
 def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:

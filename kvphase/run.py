@@ -163,7 +163,7 @@ def execute_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelI
     prepare_run_dir(run_dir, plan)
     started = time.time()
     contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
-    done = set(load_results(run_dir)["target_id"].astype(int))
+    done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir)
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done & {t.target_id for c in contexts for t in c.targets}))
     writer = ResultWriter(run_dir / RESULTS_FILE)
@@ -181,6 +181,17 @@ def execute_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelI
         _update_manifest(run_dir, info, plan, time.time() - started,
                          getattr(backend, "tokens_evaluated", 0) - tokens_before)
     return load_results(run_dir)
+
+
+def _check_finished_rows_match(results: pd.DataFrame, contexts: list[ProbeContext], run_dir: Path) -> set[int]:
+    """The finished target ids, after checking each still names the same position and key
+    (a different kvphase version could build different probes from the same plan)."""
+    planned = {t.target_id: (t.position, t.key) for c in contexts for t in c.targets}
+    for row in results.itertuples(index=False):
+        if planned.get(int(row.target_id)) != (int(row.target_pos), str(row.key)):
+            raise RunFolderError(f"{run_dir}: target {row.target_id} in {RESULTS_FILE} is not the one this version "
+                                 f"of kvphase plans; finish it with the version that started it or use a new --out")
+    return set(results["target_id"].astype(int))
 
 
 def _result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:

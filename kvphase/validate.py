@@ -20,7 +20,7 @@ cell indices in `indexer_sel` / `indexer_sel_idx` are read as positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -661,7 +661,8 @@ def validate_model(
     n_tokens = checker.default_tokens if n_tokens is None else int(n_tokens)
     stride = int(info.compression.stride or 4)
     plan = [_check_split(s, n_tokens) for s in splits] if splits else default_splits(n_tokens, stride)
-    settings = settings or EngineSettings(n_ctx=_round_up(n_tokens + 16, 256))
+    settings = settings or EngineSettings()
+    settings = replace(settings, n_ctx=max(settings.n_ctx, _round_up(n_tokens + 16, 256)))
     tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n_tokens)
     checks: dict[int, LayerCheck] = {}
     for split in plan:

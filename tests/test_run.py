@@ -79,3 +79,14 @@ def test_results_have_the_documented_columns(tmp_path, info):
         assert column in results.columns
     assert (results["target_pos"] % 8 == results["residue"]).all()
     assert (results["query_pos"] == 1500).all()
+
+
+def test_rows_from_a_different_probe_layout_are_refused(tmp_path, info):
+    plan = _plan(info)
+    execute_sweep(plan, CharBackend(), tmp_path, info)
+    path = tmp_path / "results.csv"
+    frame = pd.read_csv(path)
+    frame.loc[0, "target_pos"] += 1
+    frame.to_csv(path, index=False)
+    with pytest.raises(RunFolderError, match="not the one this version of kvphase plans"):
+        execute_sweep(plan, CharBackend(), tmp_path, info)

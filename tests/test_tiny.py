@@ -51,7 +51,7 @@ def test_tiny_model_loads_and_decodes_in_llama_cpp(arch, tmp_path):
     name, _, _, layers = EXPECTED[arch]
     path = write_tiny_model(arch, tmp_path / "m.gguf")
     tokens = np.arange(40) % 64
-    run = run_and_capture(path, tokens.tolist(), [30, 1, 9], by_name([name]), EngineSettings(n_ctx=256))
+    run = run_and_capture(path, tokens.tolist(), [30, 1, 9], by_name([name]), EngineSettings(n_ctx=256, n_threads=1))
     assert [u.index for u in run.ubatches] == [0, 1, 2]
     assert layers[0] in run.layers(name)
     for ub in run.ubatches:

@@ -15,8 +15,9 @@ from kvphase.validate import default_splits, hadamard, hadamard_rotate, validate
 
 pytestmark = pytest.mark.slow
 VALIDATED = ["glm5-next", "minimax-m3"]
-# one llama.cpp thread: on a busy two-core machine a second thread spin-waits and runs ~20x slower
+# one llama.cpp thread: on a busy two-core machine a second thread spin-waits and runs up to ~20x slower
 ONE_THREAD = EngineSettings(n_ctx=512, n_threads=1)
+SMALL_ONE_THREAD = EngineSettings(n_ctx=256, n_threads=1)
 
 
 def _describe(report) -> str:
@@ -39,7 +40,7 @@ def models(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", VALIDATED)
 def test_reference_equals_llama_cpp(arch, models):
-    report = validate_model(models[arch], n_tokens=64)
+    report = validate_model(models[arch], n_tokens=64, settings=SMALL_ONE_THREAD)
     assert report.passed, _describe(report)
     assert len(report.layers) == 2
     for layer in report.layers:
@@ -52,7 +53,7 @@ def test_reference_equals_llama_cpp(arch, models):
 @pytest.mark.parametrize("arch", VALIDATED)
 def test_a_phase_shifted_reference_fails(arch, models):
     # glm5-next: the per-phase gate bias rolled by one offset; minimax-m3: blocks start one position late
-    report = validate_model(models[arch], n_tokens=48, splits=[[48]], perturb=1)
+    report = validate_model(models[arch], n_tokens=48, splits=[[48]], settings=SMALL_ONE_THREAD, perturb=1)
     assert not report.passed
     for layer in report.layers:
         reasons = " ".join(layer.failures(report.tolerances))
@@ -112,10 +113,12 @@ def test_default_splits_straddle_pools_and_decode():
 
 def test_validate_cli_pass_and_fail_exit_codes(models):
     runner = CliRunner()
-    ok = runner.invoke(app, ["validate", str(models["glm5-next"]), "--tokens", "40"])
+    ok = runner.invoke(app, ["validate", str(models["glm5-next"]), "--tokens", "40", "--threads", "1"])
     assert ok.exit_code == 0, ok.output
     assert "PASS" in ok.output and "FAIL" not in ok.output
-    bad = runner.invoke(app, ["validate", str(models["glm5-next"]), "--tokens", "40", "--split", "40", "--perturb", "1"])
+    bad = runner.invoke(
+        app, ["validate", str(models["glm5-next"]), "--tokens", "40", "--split", "40", "--perturb", "1", "--threads", "1"]
+    )
     assert bad.exit_code == 1, bad.output
     assert "FAIL" in bad.output and "keys differ by up to" in bad.output
 

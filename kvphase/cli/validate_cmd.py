@@ -17,8 +17,9 @@ from kvphase.validate import Tolerances, ValidationReport, validate_model
 
 @app.command()
 def validate(
-    model: Path = typer.Argument(..., help="GGUF model of glm5-next or minimax-m3."),
-    tokens: int = typer.Option(64, help="Prompt length (seeded random token ids)."),
+    model: Path = typer.Argument(..., help="GGUF model of glm5-next, minimax-m3 or deepseek4."),
+    tokens: Optional[int] = typer.Option(None, help="Prompt length (seeded random token ids); default: "
+                                         "64, deepseek4 288 (two ratio-128 blocks and a tail)."),
     seed: int = typer.Option(0, help="Seed of the prompt."),
     split: Optional[List[str]] = typer.Option(
         None, help="A batch split such as 19,5,11,29 (repeatable); default: three splits incl. decode batches."
@@ -31,7 +32,7 @@ def validate(
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
     splits = [_parse_split(s) for s in split] if split else None
-    settings = EngineSettings(n_ctx=-(-(tokens + 16) // 256) * 256, n_threads=threads, n_gpu_layers=gpu_layers)
+    settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
     report = validate_model(model, tokens, seed, splits, Tolerances(keys_tol, scores_tol), settings, perturb)
     _print(report)
     if not report.passed:
@@ -56,7 +57,9 @@ def _print(report: ValidationReport) -> None:
     for layer in report.layers:
         keys = f"{layer.keys.max:.1e} / {layer.keys.mean:.1e}" if layer.keys.count else "-"
         table.add_row(
-            str(layer.layer), keys, f"{layer.scores.max:.1e} / {layer.scores.mean:.1e}", f"{layer.score_scale:.3g}",
+            str(layer.layer), keys,
+            f"{layer.scores.max:.1e} / {layer.scores.mean:.1e}" if layer.scores.count else "-",
+            f"{layer.score_scale:.3g}",
             f"{layer.exact}/{layer.rows}", f"{layer.exact + layer.ties}/{layer.rows}",
             "[green]PASS[/green]" if not layer.failures(tol) else "[red]FAIL[/red]",
         )

@@ -9,13 +9,15 @@ and `dsv4_build_comp_plan` in src/llama-kv-cache-dsv4.cpp (llama-cpp-python 0.3.
 - Blocks are absolute: block b covers positions [b*ratio, (b+1)*ratio); a token's gate bias
   is row `pos % ratio` of `attn_compressor_ape` (`*_state_score_ape` = W_gate x + ape row).
 - HCA (ratio 128): per channel, softmax of the gate logits over the block's 128 tokens,
-  weighted sum of W_kv x (`hca_state_compress`, first of three tensors with that name).
+  weighted sum of W_kv x (`hca_state_compress`: llama.cpp gives five nodes that name, in graph
+  order the gathered kv and gate rows (RESHAPE), the pooled entry (CONT), the normed (MUL) and
+  the roped (ROPE) one).
 - CSA / indexer (ratio 4, "overlapped"): W_kv x and the gate have 2d channels. Block b
   mixes 8 rows per channel: the first d channels of the previous block's 4 tokens and the
   last d channels of its own 4 tokens; block 0's previous half is a zero row with a -inf
   gate. Softmax over the 8 rows per channel (`csa_state_compress` / `lid_state_compress`).
-- Then RMSNorm with `attn_compressor_norm` (second tensor of that name), RoPE at the
-  block's first position on the last n_rot channels (third), and the compressed cache
+- Then RMSNorm with `attn_compressor_norm` (the MUL node of that name), RoPE at the
+  block's first position on the last n_rot channels (the ROPE node), and the compressed cache
   store (type_k, F16 by default). Blocks are visible to a query at p when b < (p+1)//ratio.
 - CSA: the lightning indexer scores visible blocks as sum_h w_h relu(q_h . k_b) with
   w = W_proj x / sqrt(d * H) (`lid_weights`, `lid_score_masked`) and keeps the top
@@ -161,7 +163,7 @@ class DSV4:
         return gate + np.asarray(ape, dtype=np.float32)[phase]  # (n_tokens, C)
 
     def pool(self, kv: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        """First `*_state_compress`: per-channel softmax-weighted sum over each complete block.
+        """The pooled `*_state_compress` (its CONT node): per-channel softmax-weighted sum over each complete block.
 
         kv, logits: (n_tokens, C) for every position from 0 (`*_state_kv`, `*_state_score_ape`).
         """
