@@ -21,6 +21,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from kvphase.backends.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, ModelFileError
 
 GGML_MAX_DIMS = 4
@@ -211,20 +212,6 @@ def source_chain(t: GgmlTensor, depth: int) -> Iterator[GgmlTensor]:
 _KEEP_ALIVE: list[object] = []  # ctypes callbacks llama.cpp holds pointers to; never freed
 
 
-def _silence_llama() -> None:
-    """Drop llama.cpp's log (it writes to stderr from C); the callback stays installed for the process."""
-    import llama_cpp
-
-    if any(isinstance(k, llama_cpp.llama_log_callback) for k in _KEEP_ALIVE):
-        return
-    drop = llama_cpp.llama_log_callback(lambda level, text, user_data: None)
-    _KEEP_ALIVE.append(drop)
-    llama_cpp.llama_log_set(drop, ctypes.c_void_p())
-
-
-
-
-
 def run_and_capture(
     model_path: str | Path,
     tokens: Sequence[int],
@@ -264,7 +251,7 @@ def run_and_capture(
             return True
 
     c_callback = _EVAL_CALLBACK(callback)
-    _silence_llama()
+    silence_llama_logs()
     llama_cpp.llama_backend_init()
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = settings.n_gpu_layers

@@ -84,6 +84,21 @@ class LayerCheck:
         if len(self.notes) < 5:
             self.notes.append(text)
 
+    def count(self, verdict: str, tokens_equal: bool, mismatch: str, tie_needs_equal_tokens: bool = False,
+              differ: str = ", selected tokens differ") -> None:
+        """Tally one compared selection: exact, an exact tie, or a mismatch noted for the user.
+
+        A tie usually exposes other tokens than the reference's choice; where the check reads
+        llama.cpp's own choice back (deepseek4's block mask), a tie must agree on tokens too.
+        """
+        self.rows += 1
+        if verdict == "exact" and tokens_equal:
+            self.exact += 1
+        elif verdict == "tie" and (tokens_equal or not tie_needs_equal_tokens):
+            self.ties += 1
+        else:
+            self.note(mismatch + ("" if tokens_equal else differ))
+
     def failures(self, tol: Tolerances) -> list[str]:
         """Why this layer fails; empty when it passes."""
         out = [f"not compared: {text}" for text in self.uncompared]
@@ -282,14 +297,8 @@ class KPoolCheck(FamilyCheck):
             theirs = {int(i) for i in ref_top[t] if i >= 0}
             verdict = _set_agreement(ours, theirs, ref_scores[t], kp.n_top_pools)
             tokens_equal = got_tokens[t] == {int(p) for p in ref_sel[t] if p >= 0}
-            check.rows += 1
-            if verdict == "exact" and tokens_equal:
-                check.exact += 1
-            elif verdict == "tie":
-                check.ties += 1
-            else:
-                check.note(f"ubatch {ub.index} pos {pos[t]}: pools {sorted(ours)} vs reference {sorted(theirs)}"
-                           + ("" if tokens_equal else ", selected tokens differ"))
+            check.count(verdict, tokens_equal,
+                        f"ubatch {ub.index} pos {pos[t]}: pools {sorted(ours)} vs reference {sorted(theirs)}")
 
     def _selected_tokens(self, run, layer, ub, got_top) -> list[set[int]]:
         """The positions llama.cpp lets each query read, from `indexer_sel` or `indexer_sel_idx`."""
@@ -403,14 +412,8 @@ class MSACheck(FamilyCheck):
         if mask is not None:
             seen = np.asarray(mask)[h, 0, t] == 0  # (n_kv,)
             tokens_equal = bool(np.array_equal(seen[:n_keys], ref.visible[t, h]) and not seen[n_keys:].any())
-        check.rows += 1
-        if verdict == "exact" and tokens_equal:
-            check.exact += 1
-        elif verdict == "tie":
-            check.ties += 1
-        else:
-            check.note(f"ubatch {ub.index} pos {ub.positions[t]} head {h}: blocks {sorted(ours)} vs reference "
-                       f"{sorted(theirs)}" + ("" if tokens_equal else ", selected tokens differ"))
+        check.count(verdict, tokens_equal,
+                    f"ubatch {ub.index} pos {ub.positions[t]} head {h}: blocks {sorted(ours)} vs reference {sorted(theirs)}")
 
 
 def hadamard(n: int) -> np.ndarray:
@@ -620,13 +623,8 @@ class DSV4Check(FamilyCheck):
 
     @staticmethod
     def _count(check: LayerCheck, ub, t: int, verdict: str, tokens_equal: bool, what: str) -> None:
-        check.rows += 1
-        if verdict == "exact" and tokens_equal:
-            check.exact += 1
-        elif verdict == "tie" and tokens_equal:
-            check.ties += 1
-        else:
-            check.note(f"ubatch {ub.index} pos {ub.positions[t]}: {what}" + ("" if tokens_equal else ", masks differ"))
+        check.count(verdict, tokens_equal, f"ubatch {ub.index} pos {ub.positions[t]}: {what}",
+                    tie_needs_equal_tokens=True, differ=", masks differ")
 
 
 FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": MSACheck, "dsv4": DSV4Check}
