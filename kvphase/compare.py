@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvphase.analysis import Summary, summarize
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.report import _table, plot_accuracy
+from kvphase.report import markdown_table, plot_accuracy
 from kvphase.run import SweepPlan, load_plan, load_results
 
 DEFAULT_OUT = Path("reports") / "comparison"
@@ -125,14 +125,9 @@ def display_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
 
 
 def figure_stride(runs: Sequence[ComparedRun]) -> int:
-    """The one modulus the figure's residue axis can show, checked, and the stride its dotted
-    lines mark: the runs' common stride, or the largest step that divides every run's stride
-    (so each run's cycle boundaries fall on a line)."""
-    moduli = sorted({run.plan.modulus for run in runs})
-    if len(moduli) > 1:
-        listed = ", ".join(f"{run.label}: M={run.plan.modulus}" for run in runs)
-        raise PlanError(f"runs with different moduli cannot share one residue axis ({listed}); "
-                        f"compare runs of one modulus at a time")
+    """The stride the figure's dotted lines mark: the runs' common stride, or the largest
+    step that divides every run's stride (so each run's cycle boundaries fall on a line).
+    Runs of different moduli share the residue axis; each run spans its own 0..M-1."""
     return math.gcd(*(run.plan.stride for run in runs))
 
 
@@ -156,7 +151,7 @@ def render_markdown(runs: Sequence[ComparedRun], stride: int) -> str:
     lines = [
         f"# Phase sensitivity: {len(runs)} run(s) compared",
         "",
-        _table(display_table(runs)),
+        markdown_table(display_table(runs)),
         "",
         "Accuracies in percent; mean over residues; gap = best - worst residue; periodicity = mean over r < S "
         "of abs(A(r) - A(r+S)) (n/a unless M = 2S); p from each run's own test of homogeneity over residues.",

@@ -40,17 +40,19 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
 
     fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
     width = 0.8 / max(1, len(runs))
-    modulus = 0
+    moduli = set()
     for i, (label, summary) in enumerate(runs):
         table = pd.DataFrame(summary.per_residue)
-        modulus = max(modulus, int(table["residue"].max()) + 1)
+        moduli.add(int(table["residue"].max()) + 1)
         x = table["residue"] + (i - (len(runs) - 1) / 2) * width
         err = [table["accuracy"] - table["ci_low"], table["ci_high"] - table["accuracy"]]
         ax.errorbar(x, table["accuracy"], yerr=err, fmt="o-", capsize=3, label=label)
+    modulus = max(moduli)
     for cycle in range(stride, modulus, stride):
         ax.axvline(cycle - 0.5, color="gray", linestyle=":", linewidth=1)
     ax.set_xticks(range(modulus))
-    ax.set_xlabel(f"residue of the target's first token position (mod {modulus}); dotted: stride {stride} cycles")
+    mods = ", ".join(str(m) for m in sorted(moduli))
+    ax.set_xlabel(f"residue of the target's first token position (mod {mods}); dotted: stride {stride} cycles")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-2, 102)
     ax.grid(axis="y", alpha=0.3)
@@ -78,7 +80,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     lines += [
         "## Over residues",
         "",
-        _table(pd.DataFrame([
+        markdown_table(pd.DataFrame([
             ("targets scored", f"{summary.n_targets}"),
             ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}%"),
             ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
@@ -99,11 +101,11 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
         "Accuracy in percent with a two-sided 95% Wilson interval. Target positions have the same mean "
         "and standard deviation in every residue group, so depth does not confound residue.",
         "",
-        _table(pd.DataFrame(summary.per_residue)),
+        markdown_table(pd.DataFrame(summary.per_residue)),
         "",
         f"## Per phase (position mod {plan.stride})",
         "",
-        _table(pd.DataFrame(summary.per_phase)),
+        markdown_table(pd.DataFrame(summary.per_phase)),
         "",
         "## How this was measured",
         "",
@@ -124,7 +126,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def _table(frame: pd.DataFrame) -> str:
+def markdown_table(frame: pd.DataFrame) -> str:
     """A markdown table from a frame (no tabulate dependency)."""
     header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
     rule = "| " + " | ".join("---" for _ in frame.columns) + " |"

@@ -150,10 +150,14 @@ def test_no_folder(tmp_path):
     _one_line_error(invoke(["--out", tmp_path / "cmp"]), "at least one run folder")
 
 
-def test_different_moduli(tmp_path):
+def test_different_moduli_share_one_figure(tmp_path):
     a = write_run(tmp_path / "m8", [8] * 8)
     b = write_run(tmp_path / "m16", [8] * 16, stride=8, modulus=16)
-    _one_line_error(invoke([a, b, "--out", tmp_path / "cmp"]), "different moduli", "m16: M=16")
+    result = invoke([a, b, "--out", tmp_path / "cmp"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "cmp" / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    table = pd.read_csv(tmp_path / "cmp" / "comparison.csv")
+    assert sorted(table["modulus"]) == [8, 16]
 
 
 def test_a_folder_given_twice(two_runs, tmp_path):
