@@ -38,7 +38,8 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
+    many = len(runs) > 3  # then the legend goes beside the axes, where it hides no point
+    fig, ax = plt.subplots(figsize=(10.5 if many else 7, 4.2 if many else 3.8), dpi=120)
     width = 0.8 / max(1, len(runs))
     moduli = set()
     for i, (label, summary) in enumerate(runs):
@@ -56,7 +57,10 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-2, 102)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    if many:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -241,11 +241,11 @@ class KPoolCheck(FamilyCheck):
         "indexer_pool_k", "indexer_score", "indexer_top_k", "indexer_sel", "indexer_sel_idx",
     )
 
-    def __init__(self, info: ModelInfo, ape_roll: int = 0):
+    def __init__(self, info: ModelInfo, ape_roll: int = 0, cache_dtype: str = "f32"):
         from kvphase.designs.kpool import KPool
 
         p = info.compression.params
-        self.design = KPool(kpool=p["kpool"], top_k=p["top_k"], select_tail=p["select_tail"], cache_dtype="f32")
+        self.design = KPool(kpool=p["kpool"], top_k=p["top_k"], select_tail=p["select_tail"], cache_dtype=cache_dtype)
         self.path = info.path
         self.ape_roll = ape_roll  # a deliberately wrong reference: the per-phase bias rolled by this many offsets
         self.layers = info.compression.layers
@@ -355,12 +355,12 @@ class MSACheck(FamilyCheck):
 
     names = ("msa_bs", "msa_bsf", "msa_mask4")
 
-    def __init__(self, info: ModelInfo, shift: int = 0):
+    def __init__(self, info: ModelInfo, shift: int = 0, cache_dtype: str = "f32"):
         from kvphase.designs.msa import MSA
 
         p = info.compression.params
         # a deliberately wrong reference puts block 0 `shift` positions late
-        self.design = MSA(p["block_size"], p["top_k"], p["local_blocks"], start=abs(shift), cache_dtype="f32")
+        self.design = MSA(p["block_size"], p["top_k"], p["local_blocks"], start=abs(shift), cache_dtype=cache_dtype)
 
     def want(self, name: str, layer: int, t: GgmlTensor) -> tuple[str, int] | None:
         if layer >= 0 and name in self.names:
@@ -472,7 +472,7 @@ class DSV4Check(FamilyCheck):
     path) is not compared.
     """
 
-    def __init__(self, info: ModelInfo, ape_roll: int = 0):
+    def __init__(self, info: ModelInfo, ape_roll: int = 0, cache_dtype: str = "f32"):
         from kvphase.designs.dsv4 import DSV4
 
         fields = read_gguf_header(info.path).fields
@@ -491,7 +491,7 @@ class DSV4Check(FamilyCheck):
         n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
         top_k = int(fields.get(f"{arch}.attention.indexer.top_k", 512))
         self.designs = {
-            i: DSV4(ratio=r, n_swa=n_swa, top_k=top_k, cache_dtype="f32") for i, r in enumerate(ratios) if r > 1
+            i: DSV4(ratio=r, n_swa=n_swa, top_k=top_k, cache_dtype=cache_dtype) for i, r in enumerate(ratios) if r > 1
         }
         self.default_tokens = max([64] + [2 * r + 32 for r in ratios])  # two HCA blocks and a tail
         self.names = tuple(
@@ -633,6 +633,9 @@ FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": M
 # --------------------------------------------------------------------------- entry point
 
 
+CACHE_TYPES = ("f32", "f16")  # f16: llama.cpp's default cache, which rounds keys, gates and pooled keys
+
+
 def validate_model(
     model: str | Path,
     n_tokens: int | None = None,
@@ -641,6 +644,7 @@ def validate_model(
     tolerances: Tolerances = Tolerances(),
     settings: EngineSettings | None = None,
     perturb: int = 0,
+    cache: str = "f32",
 ) -> ValidationReport:
     """Run the model through llama.cpp under several batch splits and compare every compressed layer.
 
@@ -655,12 +659,14 @@ def validate_model(
             f"{info.architecture} declares compression {family!r}; validation supports "
             f"{', '.join(sorted(FAMILIES))} (deepseek4, glm5-next, minimax-m3)"
         )
-    checker = FAMILIES[family](info, perturb)
+    if cache not in CACHE_TYPES:
+        raise PlanError(f"unknown cache type {cache!r}; expected one of {', '.join(CACHE_TYPES)}")
+    checker = FAMILIES[family](info, perturb, cache_dtype=cache)
     n_tokens = checker.default_tokens if n_tokens is None else int(n_tokens)
     stride = int(info.compression.stride or 4)
     plan = [_check_split(s, n_tokens) for s in splits] if splits else default_splits(n_tokens, stride)
     settings = settings or EngineSettings()
-    settings = replace(settings, n_ctx=max(settings.n_ctx, _round_up(n_tokens + 16, 256)))
+    settings = replace(settings, n_ctx=max(settings.n_ctx, _round_up(n_tokens + 16, 256)), kv_f32=cache == "f32")
     tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n_tokens)
     checks: dict[int, LayerCheck] = {}
     for split in plan:

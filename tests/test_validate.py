@@ -51,6 +51,26 @@ def test_reference_equals_llama_cpp(arch, models):
 
 
 @pytest.mark.parametrize("arch", VALIDATED)
+def test_reference_rounds_where_an_f16_cache_rounds(arch, models):
+    report = validate_model(models[arch], n_tokens=64, settings=SMALL_ONE_THREAD, cache="f16")
+    assert report.passed, _describe(report)
+
+
+def test_an_f32_reference_against_an_f16_cache_fails(models, monkeypatch):
+    """The F16 rounding is visible: without modelling it, keys miss the 1e-5 tolerance."""
+    import kvphase.validate as validate
+
+    class UnroundedKPool(validate.KPoolCheck):
+        def __init__(self, info, ape_roll=0, cache_dtype="f32"):
+            super().__init__(info, ape_roll, cache_dtype="f32")
+
+    monkeypatch.setitem(validate.FAMILIES, "kpool", UnroundedKPool)
+    report = validate_model(models["glm5-next"], n_tokens=64, settings=SMALL_ONE_THREAD, cache="f16")
+    assert not report.passed
+    assert all("keys differ by up to" in " ".join(layer.failures(report.tolerances)) for layer in report.layers)
+
+
+@pytest.mark.parametrize("arch", VALIDATED)
 def test_a_phase_shifted_reference_fails(arch, models):
     # glm5-next: the per-phase gate bias rolled by one offset; minimax-m3: blocks start one position late
     report = validate_model(models[arch], n_tokens=48, splits=[[48]], settings=SMALL_ONE_THREAD, perturb=1)

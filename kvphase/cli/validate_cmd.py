@@ -29,11 +29,13 @@ def validate(
     keys_tol: float = typer.Option(1e-5, "--keys-tol", help="Max absolute difference of compressed keys."),
     scores_tol: float = typer.Option(1e-4, "--scores-tol", help="Max score difference, relative to the largest score."),
     perturb: int = typer.Option(0, help="Deliberately shift the reference's phase by this much (shows a FAIL)."),
+    cache: str = typer.Option("f32", help="KV/indexer cache type: f32, or f16 (llama.cpp's default; the reference "
+                              "rounds where llama.cpp rounds)."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
     splits = [_parse_split(s) for s in split] if split else None
     settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
-    report = validate_model(model, tokens, seed, splits, Tolerances(keys_tol, scores_tol), settings, perturb)
+    report = validate_model(model, tokens, seed, splits, Tolerances(keys_tol, scores_tol), settings, perturb, cache)
     _print(report)
     if not report.passed:
         raise typer.Exit(1)
