@@ -462,10 +462,10 @@ class DSV4Check(FamilyCheck):
     A ubatch writes its completed blocks first; CSA pads with dummy blocks (and HCA writes one
     when none completes) that go to the cache's last cell and are never read.
 
-    The indexer's Hadamard rotation (`lid_q_rot`, `lid_k`) is orthonormal and on both sides;
-    the scores are recomputed from the unrotated `lid_q_rope` and the reference entries, and
-    the cache read-back (`lid_k`, and `*_comp_k` where llama.cpp rotates that cache too) is
-    compared with the rotated reference entries.
+    Where a cache is rotated (`*_state_compress_rot`), llama.cpp rounds to its type_k after the
+    rotation, so the rotation node is compared with the rotated reference entries, the read-back
+    with `design.store` of llama.cpp's rows, and the scores are recomputed in the rotated basis
+    (`lid_q_rope` rotated as `lid_q_rot`; see `_compare_compressor` for the keys they read).
 
     The raw sliding window lives in a ring of cells whose positions are not graph nodes; only
     its size per query (min(p + 1, n_swa) cells) is checked. Attention itself (sinks, output
@@ -544,7 +544,21 @@ class DSV4Check(FamilyCheck):
         return rope(x, positions, self.n_rot, self.rope_base, offset=d - self.n_rot, freq_scale=self.freq_scale)
 
     def _compare_compressor(self, run, layer, design, comp: _Compressor, check: LayerCheck) -> np.ndarray:
-        """Gate logits, pooled and finished entries, and the cache read-back of one compressor."""
+        """Gate logits, pooled and finished entries, the rotation, and the cache read-back of one compressor.
+
+        Returns the keys the reference indexer scores: the reference's cache entries (finished,
+        rotated where llama.cpp rotates this cache, then `design.store`), except that a channel whose
+        F32 pre-store value agrees with llama.cpp's within the key tolerance takes llama.cpp's
+        rounding of it (both round to nearest; only which side of an F16 midpoint differs).
+
+        Each stage is compared at its own input: rounding to an F16 cache is discontinuous, so a
+        reference entry a few F32 ulps from llama.cpp's can round one F16 ulp apart (about 1e-3 near
+        2). The F32 stages (pooled, finished, rotated) are compared with the reference; the store is
+        checked as `design.store` of llama.cpp's pre-store rows (`*_state_compress_rot`, or the ROPE
+        node without a rotation), which llama.cpp must reproduce exactly. Left in the indexer's keys,
+        such one-ulp flips move scores by up to ~1.1e-4 of the largest score (seed 2 of the tiny model),
+        past the 1e-4 tolerance; a reference that is really off (beyond 1e-5) keeps its own keys.
+        """
         ape = self.tensor(f"blk.{layer}.{comp.weights}_compressor_ape.weight")  # (ratio, C)
         norm = self.tensor(f"blk.{layer}.{comp.weights}_compressor_norm.weight")  # (d,)
         width = ape.shape[1]  # C = 2d (overlapped) or d
@@ -553,7 +567,10 @@ class DSV4Check(FamilyCheck):
         kv, gate = joined(f"{comp.prefix}_state_kv"), joined(f"{comp.prefix}_state_score")  # (n, C), (n, C)
         logits = design.gate_logits(gate, ape)  # (n, C)
         pooled = design.pool(kv, logits)  # (n_blocks, d)
-        entries = design.entries(kv, gate, ape, norm, self.eps, self._rope)  # (n_blocks, d)
+        finished = design.finished(kv, gate, ape, norm, self.eps, self._rope)  # (n_blocks, d), F32
+        rotated_ref = hadamard_rotate(finished) if len(finished) else finished  # (n_blocks, d)
+        stored = None  # (n_blocks, d) the cache as llama.cpp stored it; rows filled per ubatch
+        rotated = False
         for ub in run.ubatches:
             pos = ub.positions
             check.gates.add(_rows(run.get(f"{comp.prefix}_state_score_ape", layer, ub.index), width), logits[pos])
@@ -565,14 +582,34 @@ class DSV4Check(FamilyCheck):
                            "expected CONT (pooled) and ROPE (finished)")
                 check.mask_mismatch += 1
                 continue
+            rot = run.find(f"{comp.prefix}_state_compress_rot", layer, ub.index)
+            rotated = rotated or rot is not None
+            if stored is None:  # until llama.cpp's own rows arrive, the reference's
+                stored = design.store(rotated_ref if rot is not None else finished)
             if last > first:  # the blocks this ubatch completes come first, dummies after
                 check.keys.add(_rows(by_op["CONT"], d)[: last - first], pooled[first:last])
-                check.keys.add(_rows(by_op["ROPE"], d)[: last - first], entries[first:last])
+                check.keys.add(_rows(by_op["ROPE"], d)[: last - first], finished[first:last])
+                pre_store = _rows(by_op["ROPE"], d)[: last - first]  # (last - first, d)
+                if rot is not None:  # the cache is rotated before it is stored (and rounded)
+                    pre_store = _rows(rot, d)[: last - first]
+                    check.keys.add(pre_store, rotated_ref[first:last])
+                stored[first:last] = design.store(pre_store)
             if last:  # the cache as the attention / indexer reads it back
-                rotated = run.find(f"{comp.prefix}_state_compress_rot", layer, ub.index) is not None
                 cache = _rows(_first(run, comp.cache, layer, ub.index), d)[:last]  # (last, d)
-                check.keys.add(cache, hadamard_rotate(entries[:last]) if rotated else entries[:last])
-        return entries
+                check.keys.add(cache, stored[:last])
+        ref_pre = rotated_ref if rotated else finished  # (n_blocks, d) the reference before the store
+        if stored is None:
+            return design.store(ref_pre)  # (n_blocks, d)
+        llama_pre = np.full_like(ref_pre, np.nan)  # (n_blocks, d) llama.cpp's pre-store rows
+        for ub in run.ubatches:
+            first, last = design.layout.n_complete(int(ub.positions[0])), design.layout.n_complete(int(ub.positions[-1]) + 1)
+            node = run.find(f"{comp.prefix}_state_compress_rot", layer, ub.index) if rotated else None
+            if node is None:
+                node = next((t.array for t in run.all(f"{comp.prefix}_state_compress", layer, ub.index) if t.op == "ROPE"), None)
+            if node is not None and last > first:
+                llama_pre[first:last] = _rows(node, d)[: last - first]
+        agree = np.abs(llama_pre - ref_pre) <= Tolerances().keys_abs  # NaN (not produced) never agrees
+        return np.where(agree, design.store(np.nan_to_num(llama_pre)), design.store(ref_pre))  # (n_blocks, d)
 
     # -- selection -----------------------------------------------------------------------------
 
@@ -588,8 +625,12 @@ class DSV4Check(FamilyCheck):
         n_blocks = design.layout.n_complete(int(pos[-1]) + 1)
         q = run.get("lid_q_rope", layer, ub.index)
         q = q.reshape(len(pos), -1, q.shape[-1])  # (n_tokens, n_head, d_idx)
+        if run.find("lid_state_compress_rot", layer, ub.index) is not None:  # keys rotated, then rounded
+            q = hadamard_rotate(q.reshape(-1, q.shape[-1])).reshape(q.shape)  # `lid_q_rot`
         w = run.get("lid_weights", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_head)
-        ref_scores = design.indexer_scores(q, w, index_keys[:n_blocks], pos)  # (n_tokens, n_blocks)
+        score_nodes = run.all("lid_score_masked", layer, ub.index)
+        unfused = bool(score_nodes) and score_nodes[-1].op != "LIGHTNING_INDEXER"  # mul_mat rounds q to type_k
+        ref_scores = design.indexer_scores(q, w, index_keys[:n_blocks], pos, round_queries=unfused)  # (n_tokens, n_blocks)
         _compare_scores(check, run.get("lid_score_masked", layer, ub.index).reshape(len(pos), -1), ref_scores)
         ref = design.select(pos, int(pos[-1]) + 1, n_blocks, ref_scores)
         got_top = run.get("lid_top_k", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, k)

@@ -179,3 +179,12 @@ def test_validate_cli_usage_errors(models, tmp_path):
 def test_validate_help():
     result = CliRunner().invoke(app, ["validate", "--help"])
     assert result.exit_code == 0 and "--split" in result.output
+
+
+def test_deepseek4_reference_rounds_where_an_f16_cache_rounds(models):
+    # the compressed caches round after llama.cpp's Hadamard rotation; the indexer scores in that basis
+    report = validate_model(models["deepseek4"], settings=ONE_THREAD, cache="f16")
+    assert report.passed, _describe(report)
+    for layer in report.layers:
+        assert layer.gates.count > 0 and layer.keys.count > 0 and layer.rows > 0
+    assert report.layers[0].scores.count > 0

@@ -29,10 +29,17 @@ The Hadamard rotation llama.cpp applies to the indexer's q and k (`lid_q_rot`,
 `lid_state_compress_rot`) is orthonormal and applied to both, so it leaves scores unchanged
 up to F32 rounding; this reference omits it. RoPE here has no YaRN ramp (ext_factor = 0).
 
-F16: with `cache_dtype="f16"` the compressed entries (attention and indexer) are rounded
-after RoPE, as the compressed caches store them; the compressor state stays F32. The fused
-lightning indexer (cparams.fused_lid, on by default where supported) keeps q in F32; the
-unfused CPU path multiplies q by the F16 cache directly, which rounds q to F16 as well.
+F16 (`cache_dtype="f16"`, llama.cpp's default type_k): the compressor state (`*_state_kv`,
+`*_state_score`, llama_dsv4_comp_state) is always F32 and the pooling, RMSNorm and RoPE run in
+F32, so the finished entry (the ROPE node, `finished`) is not rounded. The one rounding is the
+store: `cpy_k` (ggml_set_rows) into the F16 compressed cache (`store`), and that happens *after*
+llama.cpp's Hadamard rotation (`*_state_compress_rot`) where the cache has one. Rounding does not
+commute with the rotation, so `entries` takes the rotation and applies it before rounding, and the
+indexer's q must then be rotated too (`lid_q_rot`): in the rotated basis the scores are
+sum_h w_h relu(q_rot . round(rot(k))), which unrotated F32 q and keys no longer reproduce.
+The fused lightning indexer (ggml_lightning_indexer, cparams.fused_lid, on by default on the CPU)
+widens the F16 keys and keeps q in F32; the unfused path's ggml_mul_mat(F16 k, F32 q) converts q
+to F16 on the CPU (vec_dot_type of F16 is F16): `indexer_scores(round_queries=True)`.
 """
 
 from __future__ import annotations
@@ -189,7 +196,7 @@ class DSV4:
         """RoPE position of each compressed entry: its block's first position (`state_write_pos`)."""
         return self.layout.first_positions(n_blocks)  # (n_blocks,)
 
-    def entries(
+    def finished(
         self,
         kv: np.ndarray,  # (n_tokens, C) `*_state_kv`
         gate: np.ndarray,  # (n_tokens, C) `*_state_score`
@@ -198,12 +205,33 @@ class DSV4:
         norm_eps: float,  # deepseek4.attention.layer_norm_rms_epsilon
         rope_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,  # (x, positions) -> x
     ) -> np.ndarray:
-        """Compressed cache entries as read back: pool, RMSNorm, RoPE (if given), cache rounding."""
+        """The finished entries before the cache (the ROPE `*_state_compress` node): pool, RMSNorm,
+        RoPE (if given), all in F32; no cache rounding."""
         pooled = self.pool(kv, self.gate_logits(gate, ape))  # (n_blocks, d)
         normed = rms_norm(pooled, norm_weight, norm_eps)  # (n_blocks, d)
         if rope_fn is not None:
             normed = rope_fn(normed, self.block_positions(len(normed)))  # (n_blocks, d)
-        return round_to_cache(normed, self.cache_dtype)  # (n_blocks, d)
+        return normed  # (n_blocks, d)
+
+    def store(self, x: np.ndarray) -> np.ndarray:
+        """What `cpy_k` (ggml_set_rows into the compressed cache of type_k) reads back as; a new array."""
+        return np.array(round_to_cache(x, self.cache_dtype), dtype=np.float32)  # same shape as x, never x itself
+
+    def entries(
+        self,
+        kv: np.ndarray,  # (n_tokens, C) `*_state_kv`
+        gate: np.ndarray,  # (n_tokens, C) `*_state_score`
+        ape: np.ndarray,  # (ratio, C) `attn_compressor_ape` / `indexer_compressor_ape`
+        norm_weight: np.ndarray,  # (d,) `attn_compressor_norm` / `indexer_compressor_norm`
+        norm_eps: float,  # deepseek4.attention.layer_norm_rms_epsilon
+        rope_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,  # (x, positions) -> x
+        rotate_fn: Callable[[np.ndarray], np.ndarray] | None = None,  # `*_state_compress_rot`, x -> x
+    ) -> np.ndarray:
+        """Compressed cache entries as read back: `finished`, the cache's rotation (if given), `store`."""
+        x = self.finished(kv, gate, ape, norm_weight, norm_eps, rope_fn)  # (n_blocks, d)
+        if rotate_fn is not None:
+            x = rotate_fn(x)  # (n_blocks, d)
+        return self.store(x)  # (n_blocks, d)
 
     # -- selection --------------------------------------------------------------------------
 
@@ -213,12 +241,19 @@ class DSV4:
         weights: np.ndarray,  # (n_query, n_head) `lid_weights`, already scaled
         index_keys: np.ndarray,  # (n_blocks, d_idx) indexer entries (see `entries`)
         query_positions: np.ndarray,  # (n_query,)
+        round_queries: bool = False,  # unfused indexer: the F16-cache mul_mat converts q to the cache type
     ) -> np.ndarray:
-        """`lid_score_masked`: sum_h w_h relu(q_h . k_b), -inf for blocks not complete at the query."""
+        """`lid_score_masked`: sum_h w_h relu(q_h . k_b), -inf for blocks not complete at the query.
+
+        q and the keys must be in the same basis: with an F16 cache, both rotated (`lid_q_rot` and the
+        cache as read back), since the keys were rounded after the rotation.
+        """
         n_query, n_head, d = np.shape(queries)
         check_shape("DSV4", "weights", weights, (n_query, n_head))
         check_shape("DSV4", "index_keys", index_keys, (None, d))
         q = np.asarray(queries, np.float32)  # (n_query, n_head, d)
+        if round_queries:
+            q = round_to_cache(q, self.cache_dtype)  # (n_query, n_head, d)
         kq = np.einsum("thd,bd->thb", q, np.asarray(index_keys, np.float32))  # (n_query, n_head, n_blocks)
         score = np.sum(np.maximum(kq, 0) * np.asarray(weights, np.float32)[:, :, None], axis=1)  # (n_query, n_blocks)
         seen = self.layout.window_visible(query_positions, len(index_keys))  # (n_query, n_blocks)
