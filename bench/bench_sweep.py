@@ -28,8 +28,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--per-residue", type=int, default=8)
-    parser.add_argument("--naive-targets", type=int, default=12, help="targets timed in the naive loop")
+    parser.add_argument("--per-residue", type=int, default=16)
+    parser.add_argument("--naive-targets", type=int, default=6, help="targets timed in the naive loop")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
 

@@ -40,6 +40,8 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
 
     many = len(runs) > 3  # then the legend goes beside the axes, where it hides no point
     fig, ax = plt.subplots(figsize=(10.5 if many else 7, 4.2 if many else 3.8), dpi=120)
+    if len(runs) > 10:  # the default cycle repeats after 10 colours
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)
     width = 0.8 / max(1, len(runs))
     moduli = set()
     for i, (label, summary) in enumerate(runs):
