@@ -38,6 +38,7 @@ def main() -> None:
     contexts = build_probes(load_task("records"), backend,
                             ProbeSettings(args.context, 4, 8, args.per_residue, "prefix", seed=0))
     targets = [(c, t) for c in contexts for t in c.targets]
+    backend.score(contexts[-1].tokens, [])  # warm-up: page in the weights before anything is timed
 
     start = time.perf_counter()
     context_seconds = 0.0
@@ -51,6 +52,7 @@ def main() -> None:
 
     llm = llama_cpp.Llama(str(model), n_ctx=args.context + 1024, n_threads=args.threads,
                           n_threads_batch=args.threads, n_batch=512, verbose=False)
+    llm.eval(list(contexts[-1].tokens))  # warm-up
     picks = np.random.default_rng(0).choice(len(targets), size=min(args.naive_targets, len(targets)), replace=False)
     start = time.perf_counter()
     correct_naive = 0
