@@ -57,6 +57,8 @@ class ProbeSettings:
     seed: int
 
     def __post_init__(self) -> None:
+        if self.context_length < 1:
+            raise PlanError(f"--context must be a positive number of tokens, got {self.context_length}")
         if self.stride < 2:
             raise PlanError(f"--stride must be at least 2, got {self.stride}")
         if self.modulus < 2 or self.modulus % self.stride:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from kvphase import __version__
 from kvphase.backends.base import Backend
-from kvphase.errors import PlanError, RunFolderError
+from kvphase.errors import RunFolderError
 from kvphase.modelinfo import ModelInfo
 from kvphase.probes import ProbeContext, ProbeSettings, Target, build_probes
 from kvphase.tasks import load_task
@@ -54,10 +54,6 @@ class SweepPlan:
             return self.backend
         options = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in self.backend_options.items())
         return f"{self.backend} ({options})"
-
-    def __post_init__(self) -> None:
-        if self.context < 1:
-            raise PlanError(f"--context must be positive, got {self.context}")
 
     @property
     def probe_settings(self) -> ProbeSettings:
@@ -165,7 +161,7 @@ def execute_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelI
     contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
     done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir)
     total = sum(len(c.targets) for c in contexts)
-    progress.start(total, len(done & {t.target_id for c in contexts for t in c.targets}))
+    progress.start(total, len(done))  # every finished row is a planned target, checked above
     writer = ResultWriter(run_dir / RESULTS_FILE)
     tokens_before = getattr(backend, "tokens_evaluated", 0)
     try:

@@ -30,7 +30,9 @@ class Backend(Protocol):
     def detokenize(self, ids: Sequence[int]) -> str: ...
 
     @property
-    def bos_id(self) -> int | None: ...
+    def prefix_ids(self) -> list[int]:
+        """Tokens every sequence starts with (BOS where the model adds one)."""
+        ...
 
     @property
     def n_ctx_train(self) -> int: ...
@@ -39,11 +41,6 @@ class Backend(Protocol):
         """Evaluate `context` once and each query after it; equal to scoring each
         `context + query.prompt + query.answer` as its own prompt."""
         ...
-
-
-def positions_to_score(query: Query) -> int:
-    """How many logit rows a query needs: one per answer token, ending before the last token."""
-    return len(query.answer)
 
 
 def score_from_logits(logits: np.ndarray, answer: Sequence[int]) -> Score:

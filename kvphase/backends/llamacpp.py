@@ -7,9 +7,9 @@ rows that predict answer tokens, and its sequence is removed again. That leaves 
 context untouched for the next query, also for models whose recurrent layers cannot
 roll back part of a sequence.
 
-One query per decode is the default: with several queries' sequences in one batch,
-llama.cpp 0.3.36 gave some queries log-probabilities up to 0.19 away from the same
-query scored as its own prompt (tests/test_scoring.py checks the default).
+One query per decode: with several queries' sequences in one batch, llama.cpp 0.3.36
+gave some queries log-probabilities up to 0.19 away from the same query scored as its
+own prompt (tests/test_scoring.py checks the equality).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 from kvphase.backends.base import Query, Score, score_from_logits
 from kvphase.errors import BackendError, PlanError
 
-CONTEXT_SEQ = 0
+CONTEXT_SEQ, QUERY_SEQ = 0, 1
 
 
 def silence_llama_logs() -> None:
@@ -51,7 +51,6 @@ class LlamaCppBackend:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_batch: int = 512,
-        queries_per_batch: int = 1,
         flash_attn: bool = False,
     ):
         import llama_cpp
@@ -66,14 +65,13 @@ class LlamaCppBackend:
             raise BackendError(f"llama.cpp could not load {self.model_path} (unsupported architecture or corrupt file)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
-        self.queries_per_batch = max(1, queries_per_batch)
         self.n_batch = n_batch
         threads = n_threads or os.cpu_count() or 1
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
-        params.n_seq_max = self.queries_per_batch + 1
+        params.n_seq_max = 2  # the context, and the query scored on a copy of it
         params.kv_unified = True
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -83,7 +81,7 @@ class LlamaCppBackend:
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path}")
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
-        self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, self.queries_per_batch + 1)
+        self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self._context: tuple[int, ...] = ()
         self.tokens_evaluated = 0
 
@@ -119,32 +117,17 @@ class LlamaCppBackend:
     # -- scoring ---------------------------------------------------------------------
 
     def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
-        """Decode `context` once (reusing a common prefix with the previous one), then
-        score the queries after it, several per batch."""
+        """Decode `context` once (kept while the next call passes the same one), then score
+        each query after it."""
         if any(not q.prompt or not q.answer for q in queries):
             raise PlanError("every query needs a non-empty prompt and answer")
-        self._load_context(tuple(context))
-        scores: list[Score] = []
-        for group in self._groups(len(context), queries):
-            scores += self._score_group(len(context), group)
-        return scores
-
-    def _groups(self, n_context: int, queries: Sequence[Query]) -> list[list[Query]]:
-        """Consecutive queries whose tokens fit one batch and the KV cache beside the context."""
-        budget = min(self.n_batch, self.n_ctx - n_context)
-        groups: list[list[Query]] = [[]]
-        used = 0
+        room = min(self.n_batch, self.n_ctx - len(context))
         for query in queries:
-            size = len(query.prompt) + len(query.answer) - 1
-            if size > budget:
-                raise PlanError(f"a {size}-token query does not fit beside a {n_context}-token context "
-                                f"in the {self.n_ctx}-token llama.cpp context")
-            if used + size > budget or len(groups[-1]) == self.queries_per_batch:
-                groups.append([])
-                used = 0
-            groups[-1].append(query)
-            used += size
-        return [g for g in groups if g]
+            if len(query.prompt) + len(query.answer) - 1 > room:
+                raise PlanError(f"a {len(query.prompt) + len(query.answer)}-token query does not fit beside a "
+                                f"{len(context)}-token context in the {self.n_ctx}-token llama.cpp context")
+        self._load_context(tuple(context))
+        return [self._score_query(len(context), query) for query in queries]
 
     def _load_context(self, context: tuple[int, ...]) -> None:
         """Decode the context into sequence 0 in n_batch chunks from position 0.
@@ -159,38 +142,30 @@ class LlamaCppBackend:
         self._context = ()
         for start in range(0, len(context), self.n_batch):
             chunk = context[start:start + self.n_batch]
-            self._decode([(t, start + i, (CONTEXT_SEQ,), False) for i, t in enumerate(chunk)])
+            self._decode([(t, start + i, CONTEXT_SEQ, False) for i, t in enumerate(chunk)])
         self._context = context
 
-    def _score_group(self, n_context: int, queries: Sequence[Query]) -> list[Score]:
-        rows: list[tuple[int, int, tuple[int, ...], bool]] = []
-        for seq, query in enumerate(queries, start=1):
-            self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, seq, -1, -1)
-            tokens = query.prompt + query.answer[:-1]
-            first_scored = len(query.prompt) - 1
-            rows += [(t, n_context + i, (seq,), i >= first_scored) for i, t in enumerate(tokens)]
+    def _score_query(self, n_context: int, query: Query) -> Score:
+        """Decode the query on a copy of the context's sequence, then drop the copy."""
+        self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, QUERY_SEQ, -1, -1)
+        first_scored = len(query.prompt) - 1
+        rows = [(t, n_context + i, QUERY_SEQ, i >= first_scored)
+                for i, t in enumerate(query.prompt + query.answer[:-1])]
         try:
             self._decode(rows)
-            logits = self._requested_logits(rows)
+            return score_from_logits(self._requested_logits(rows), query.answer)
         finally:
-            for seq in range(1, len(queries) + 1):
-                self._lc.llama_memory_seq_rm(self._memory, seq, -1, -1)
-        scores, row = [], 0
-        for query in queries:
-            n = len(query.answer)
-            scores.append(score_from_logits(logits[row:row + n], query.answer))
-            row += n
-        return scores
+            self._lc.llama_memory_seq_rm(self._memory, QUERY_SEQ, -1, -1)
 
-    def _decode(self, rows: list[tuple[int, int, tuple[int, ...], bool]]) -> None:
+    def _decode(self, rows: list[tuple[int, int, int, bool]]) -> None:
+        """Decode (token, position, sequence, wants logits) rows as one batch."""
         batch = self._batch
         batch.n_tokens = len(rows)
-        for i, (token, pos, seqs, want_logits) in enumerate(rows):
+        for i, (token, pos, seq, want_logits) in enumerate(rows):
             batch.token[i] = token
             batch.pos[i] = pos
-            batch.n_seq_id[i] = len(seqs)
-            for j, seq in enumerate(seqs):
-                batch.seq_id[i][j] = seq
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
             batch.logits[i] = want_logits
         status = self._lc.llama_decode(self._ctx, batch)
         if status != 0:

@@ -79,17 +79,13 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     """The run's plan from the options and the model's metadata; PlanError when impossible."""
     control = not info.compression.compressed
     stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
-    if stride < 2:
-        raise PlanError(f"--stride must be at least 2, got {stride}")
     modulus = modulus if modulus is not None else 2 * stride
-    if context < 1:
-        raise PlanError(f"--context must be a positive number of tokens, got {context}")
     if info.context_length and context + QUERY_ROOM > info.context_length:
         raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
                         f"context and the query needs {QUERY_ROOM} more")
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
-    plan.probe_settings  # validates stride, modulus, sample size and padding now, before any model loads
+    plan.probe_settings  # validates context, stride, modulus, sample size and padding before any model loads
     load_task(task)
     return plan
 
@@ -130,7 +126,7 @@ def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int]):
         return ReferenceBackend(info.path, policy=make_policy(**plan.backend_options))
     from kvphase.backends.llamacpp import LlamaCppBackend
 
-    return LlamaCppBackend(info.path, n_ctx=plan.context + 16 * QUERY_ROOM, n_threads=threads or os.cpu_count())
+    return LlamaCppBackend(info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=threads or os.cpu_count())
 
 
 class _RateColumn(ProgressColumn):
