@@ -1,11 +1,12 @@
 """The numpy reference transformer against llama.cpp, and its attention policies.
 
-llama.cpp on a Q4_1 file quantizes activations to 8 bits before every matmul and keeps
-an F16 KV cache; on SmolLM2-135M those roundings move the logits by ~0.15 on average,
-and llama.cpp disagrees with itself (flash attention on vs off) on ~4% of top-1
-tokens. So the exactness check runs llama.cpp on an F32 export of the very weights the
-reference dequantizes (F32 KV cache); the Q4_1 file itself is checked against
-llama.cpp's own run-to-run noise.
+llama.cpp on a Q4_1 file rounds activations to 8 bits before every matmul and keeps an
+F16 KV cache. On SmolLM2-135M those roundings move the logits by ~0.15 on average, and
+any change to them moves ~4% of the top-1 tokens: llama.cpp with flash attention, or
+with an F32 KV cache, agrees with its own default run on 95-96% of them (see
+reports/reference-agreement.md). So the exactness check runs llama.cpp on an F32 export of
+the very weights the reference dequantizes; the Q4_1 file itself is checked against
+llama.cpp's own spread.
 """
 
 from __future__ import annotations
@@ -16,28 +17,10 @@ import pytest
 from kvphase.backends.base import Query, score_from_logits
 from kvphase.designs import CompressedKV, attend
 from kvphase.errors import PlanError
+from kvphase.reference.agreement import GGML_TYPE_F32, agreement, export_f32, llamacpp_logits, natural_text
 from kvphase.reference.policy import CompressedAttention, make_policy, masked_attention
 
 pytestmark = pytest.mark.slow
-
-TEXT = """The harbor town of Elswick sits where a slow river meets a cold grey sea. For most of its history it was known for two things: herring and rope. Every morning before dawn the fishing boats slipped out past the breakwater, their lamps swinging in the dark, and every evening they came back low in the water, trailed by gulls that screamed over the gutting tables on the quay. Behind the harbor, in long brick sheds that ran up the hill, the ropemakers twisted hemp into lines thick enough to moor a steamship.
-
-The town grew the way such towns do. First there was a chapel, then a school, then a second chapel built by people who disagreed with the first one about something that nobody now remembers. A railway arrived in the eighteen-sixties and brought visitors from the inland cities, who walked along the promenade in their best clothes and complained about the wind. A small hotel opened, and then a larger one, and for a few decades Elswick had the faintly surprised air of a working port that had accidentally become a resort.
-
-Nothing lasts forever, and the herring left first. Nobody agreed on why. The old fishermen blamed the new steam trawlers from the south, which dragged their nets along the bottom and took everything. The scientists who came up from the university blamed the water temperature, which had risen by a degree or so, and the plankton, which had moved north. The priests, naturally, had their own ideas. Whatever the reason, the catches shrank year after year until the boats no longer paid for their fuel, and one by one they were sold, or scrapped, or left to rot on the mud at the top of the harbor.
-
-The ropeworks held on longer. During the war the sheds ran day and night, making lines for the navy, and the town was busier than it had ever been. Women who had never worked outside their homes learned to feed the spinning machines and splice the heavy cables, and many of them kept working when the war was over. But after the war came nylon, which was lighter and stronger and did not rot, and the hemp lines of Elswick were suddenly old-fashioned. The last shed closed on a wet Friday in November. The workers were given a week's wages and a small clock each, and the machines were sold for scrap metal to a dealer from the coast.
-
-For a while it looked as though the town itself might simply fade away. Young people left for the cities, where there was work, and did not come back. Shops on the high street closed and stayed closed, their windows whitewashed over. The larger hotel became a home for the elderly, and then it became nothing at all, and its windows were boarded up against the gulls. Visitors still came in the summer, but fewer of them, and they stayed for an afternoon rather than a fortnight.
-
-What saved Elswick, in the end, was an accident. A painter from the capital, a restless woman named Margaret Hale, missed her train one evening and had to spend the night in the only guest house that was still open. In the morning she walked down to the harbor and saw the light. Anyone who has been there will know what she meant. Because the town faces east across a wide shallow bay, the early sun comes in low over the water and turns everything it touches, the wet stones, the old sheds, the hulls of the abandoned boats, a strange pale gold. Margaret Hale stayed for a week, and then for a summer, and then for the rest of her life.
-
-She bought one of the empty rope sheds for almost nothing and turned it into a studio. Her friends came to visit, and some of them stayed too. Within ten years there were a dozen painters working in the old sheds, and a potter, and a man who built violins, and a small gallery on the quay that sold their work to the visitors who had begun, slowly, to return. The visitors were different now. They did not promenade in their best clothes; they wore walking boots and carried sketchbooks, and they wanted to know the history of every building in the town.
-
-The people of Elswick were not sure what to make of it at first. The painters kept strange hours and did not go to either chapel. They paid good money for things that the townspeople considered worthless, such as broken lobster pots and the figureheads of wrecked ships. But they also bought bread and fish and beer, and they rented rooms, and they hired local builders to fix their leaking roofs. Gradually the whitewash came off the shop windows. A bakery opened, and then a bookshop, and then a restaurant that served the same fish the town had always eaten, but at three times the price and with a sauce.
-
-Today Elswick is, by most measures, doing well. The harbor is full again, although the boats are yachts rather than trawlers, and the sheds on the hill are studios and workshops and, in one case, a small brewery. The old hotel has been restored and reopened. The school, which was nearly closed in the seventies, has more children than it can easily fit. There is a festival every August, when the whole town fills with music and the painters open their doors to the public.
-"""
 
 N_TOKENS = 1024
 
@@ -53,7 +36,7 @@ def backend(default_model):
 
 @pytest.fixture(scope="module")
 def text_tokens(backend):
-    tokens = backend.tokenize(TEXT)
+    tokens = backend.tokenize(natural_text())
     assert len(tokens) >= N_TOKENS, f"the test text has only {len(tokens)} tokens"
     return tokens[:N_TOKENS]
 
@@ -64,70 +47,35 @@ def reference_logits(backend, text_tokens):
     return backend.logits(text_tokens)  # (n_tokens, n_vocab)
 
 
-def llamacpp_logits(path, tokens, **params) -> np.ndarray:
-    import llama_cpp
-
-    llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=2048, n_threads=2, verbose=False, **params)
-    try:
-        llm.eval(tokens)
-        return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # (n_tokens, n_vocab)
-    finally:
-        llm.close()
-
-
-def export_f32(src, dst) -> None:
-    """Write `src` again with every tensor dequantized to F32 by gguf (what the reference reads)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
-    from gguf.quants import dequantize
-
-    reader = GGUFReader(src)
-    arch = str(reader.fields["general.architecture"].contents())
-    writer = GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        if field.name == "general.file_type":
-            writer.add_file_type(LlamaFileType.ALL_F32)
-            continue
-        kind = field.types[0]
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=field.types[-1] if kind == GGUFValueType.ARRAY else None)
-    for tensor in reader.tensors:
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        writer.add_tensor(tensor.name, values.reshape([int(d) for d in tensor.shape[::-1]]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-def agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """Top-1 agreement, max and mean absolute logit difference."""
-    diff = np.abs(a - b)
-    return float(np.mean(a.argmax(1) == b.argmax(1))), float(diff.max()), float(diff.mean())
-
-
 def test_matches_llamacpp_on_the_same_weights(default_model, text_tokens, reference_logits, tmp_path_factory):
     f32 = tmp_path_factory.mktemp("f32") / "model-f32.gguf"
     export_f32(default_model, f32)
-    expected = llamacpp_logits(f32, text_tokens, type_k=0, type_v=0)  # GGML_TYPE_F32 KV cache
+    expected = llamacpp_logits(f32, text_tokens, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
     f32.unlink()
-    top1, max_diff, mean_diff = agreement(reference_logits, expected)
-    report = f"{len(text_tokens)} tokens: top-1 agreement {top1:.2%}, max |diff| {max_diff:.3g}, mean {mean_diff:.3g}"
-    print(report)
-    assert top1 >= 0.99, report
-    assert max_diff < 1e-2, report
+    got = agreement(reference_logits, expected)
+    print(f"reference vs llama.cpp on the F32 export, {len(text_tokens)} tokens: {got}")
+    assert got.top1 >= 0.99, str(got)
+    assert got.max_diff < 1e-2, str(got)
 
 
-def test_quantized_file_within_llamacpp_noise(default_model, text_tokens, reference_logits):
-    plain = llamacpp_logits(default_model, text_tokens)
-    flash = llamacpp_logits(default_model, text_tokens, flash_attn=True)
-    own, own_max, own_mean = agreement(plain, flash)
-    top1, max_diff, mean_diff = agreement(reference_logits, plain)
-    report = (f"reference vs llama.cpp Q4_1: top-1 {top1:.2%}, max |diff| {max_diff:.3g}, mean {mean_diff:.3g}; "
-              f"llama.cpp vs itself (flash attention on/off): top-1 {own:.2%}, max {own_max:.3g}, mean {own_mean:.3g}")
+# llama.cpp settings that are all correct and differ only in rounding: each is compared
+# with the default run (F16 KV cache, no flash attention) to measure llama.cpp's own spread
+LLAMACPP_VARIANTS = {
+    "flash attention": {"flash_attn": True},
+    "F32 KV cache": {"type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32},
+}
+
+
+def test_quantized_file_within_llamacpp_own_spread(default_model, text_tokens, reference_logits):
+    default = llamacpp_logits(default_model, text_tokens)
+    own = {name: agreement(llamacpp_logits(default_model, text_tokens, **params), default)
+           for name, params in LLAMACPP_VARIANTS.items()}
+    got = agreement(reference_logits, default)
+    report = f"reference vs llama.cpp on the Q4_1 file: {got}; llama.cpp with " + "; with ".join(
+        f"{name}: {a}" for name, a in own.items())
     print(report)
-    assert top1 >= own - 0.03, report
-    assert mean_diff <= 2 * own_mean + 0.05, report
+    assert got.top1 >= min(a.top1 for a in own.values()) - 0.01, report
+    assert got.mean_diff <= 1.5 * max(a.mean_diff for a in own.values()), report
 
 
 def test_tokens_match_llamacpp(backend, default_model):

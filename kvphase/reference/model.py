@@ -227,8 +227,13 @@ class AttentionPolicy(Protocol):
         ...
 
 
-def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float) -> np.ndarray:
-    """Causal softmax attention over every cached token (what llama.cpp computes)."""
+def dense_attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarray, scale: float, f16_probs: bool = False
+) -> np.ndarray:
+    """Causal softmax attention over every cached token (what llama.cpp computes).
+
+    `f16_probs` rounds the softmax weights to F16 before they meet V, as llama.cpp does
+    with an F16 cache and no flash attention (reports/reference-agreement.py)."""
     n_kv_head, n_group, n_q, head_dim = q.shape
     scores = q.reshape(n_kv_head, n_group * n_q, head_dim) @ k.transpose(0, 2, 1)  # (n_head_kv, n_group*n_q, n_kv)
     scores = scores.reshape(n_kv_head, n_group, n_q, -1) * scale  # (n_head_kv, n_group, n_q, n_kv)
@@ -237,6 +242,8 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos: np.ndarr
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores, out=scores)  # (n_head_kv, n_group, n_q, n_kv)
     probs /= probs.sum(axis=-1, keepdims=True)
+    if f16_probs:
+        probs = probs.astype(np.float16).astype(np.float32)  # (n_head_kv, n_group, n_q, n_kv)
     out = probs.reshape(n_kv_head, n_group * n_q, -1) @ v  # (n_head_kv, n_group*n_q, head_dim)
     return out.reshape(n_kv_head, n_group, n_q, head_dim)
 
@@ -307,7 +314,12 @@ class Transformer:
             hidden.append(x[rows[(rows >= start) & (rows < start + len(chunk))] - start])
         x = np.concatenate(hidden) if hidden else np.zeros((0, self.config.n_embd), np.float32)  # (n_rows, n_embd)
         x = rms_norm(x, self.w.output_norm, self.config.norm_eps)  # (n_rows, n_embd)
-        return x @ self.w.output  # (n_rows, n_vocab)
+        return self.linear(x, self.w.output)  # (n_rows, n_vocab)
+
+    def linear(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """Every weight matrix is applied here, so a subclass can change how (see
+        reports/reference-agreement.py, which imitates llama.cpp's 8-bit activations)."""
+        return x @ weight  # (n_rows, n_out)
 
     def _blocks(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
         """Run every block over one chunk, writing its keys and values into the cache."""
@@ -319,7 +331,7 @@ class Transformer:
         n_q, n_kv = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
         for il, layer in enumerate(w.layers):
             h = rms_norm(x, layer.attn_norm, c.norm_eps)  # (n_tokens, n_embd)
-            qkv = h @ layer.wqkv  # (n_tokens, (n_head + 2 * n_head_kv) * head_dim)
+            qkv = self.linear(h, layer.wqkv)  # (n_tokens, (n_head + 2 * n_head_kv) * head_dim)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
             q = qkv[:, :n_q].reshape(n, c.n_head, c.head_dim)  # (n_tokens, n_head, head_dim)
@@ -337,10 +349,15 @@ class Transformer:
             qg = q.reshape(n, c.n_head_kv, c.n_group, c.head_dim).transpose(1, 2, 0, 3)  # (n_head_kv, n_group, n_tokens, head_dim)
             att = self.policy.attend(il, qg, k_all, v_all, positions, c.attn_scale)  # (n_head_kv, n_group, n_tokens, head_dim)
             att = att.transpose(2, 0, 1, 3).reshape(n, n_q)  # (n_tokens, n_head * head_dim)
-            x = x + att @ layer.wo  # (n_tokens, n_embd)
-            h = rms_norm(x, layer.ffn_norm, c.norm_eps)  # (n_tokens, n_embd)
-            gate_up = h @ layer.w_gate_up  # (n_tokens, 2 * n_ff)
-            h = silu(gate_up[:, : c.n_ff]) * gate_up[:, c.n_ff :]  # (n_tokens, n_ff)
-            x = x + h @ layer.w_down  # (n_tokens, n_embd)
+            x = x + self.linear(att, layer.wo)  # (n_tokens, n_embd)
+            x = x + self.feed_forward(layer, x)  # (n_tokens, n_embd)
         cache.n = p0 + n
         return x
+
+    def feed_forward(self, layer: Layer, x: np.ndarray) -> np.ndarray:
+        """The block's SwiGLU feed-forward of the residual stream x: (n_tokens, n_embd)."""
+        n_ff = self.config.n_ff
+        h = rms_norm(x, layer.ffn_norm, self.config.norm_eps)  # (n_tokens, n_embd)
+        gate_up = self.linear(h, layer.w_gate_up)  # (n_tokens, 2 * n_ff)
+        h = silu(gate_up[:, :n_ff]) * gate_up[:, n_ff:]  # (n_tokens, n_ff)
+        return self.linear(h, layer.w_down)  # (n_tokens, n_embd)
