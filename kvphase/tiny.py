@@ -316,13 +316,26 @@ def _init(rng: np.random.Generator, ne: tuple[int, ...], kind: str) -> np.ndarra
     return (rng.standard_normal(shape) / np.sqrt(ne[0])).astype(np.float32)  # fan-in scaled weight
 
 
-def write_tiny_model(arch: str, path: str | Path, seed: int = 0) -> Path:
-    """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes."""
+YARN_ARCHS = ("deepseek4",)  # where `validate` models YaRN RoPE
+YARN_ORIGINAL_CONTEXT = 4096  # puts the YaRN ramp mid-way through the tiny deepseek4's 8 rotary pairs
+
+
+def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: float = 0.0) -> Path:
+    """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes.
+
+    `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do."""
     import gguf
 
     if arch not in TINY_ARCHS:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(TINY_ARCHS)}")
+    if yarn_factor < 0 or (yarn_factor and arch not in YARN_ARCHS):
+        raise PlanError(f"a YaRN factor must be positive and is offered for {', '.join(YARN_ARCHS)} only; "
+                        f"got {yarn_factor} for {arch}")
     spec = TINY_ARCHS[arch]()
+    if yarn_factor:
+        spec.key("rope.scaling.type", "yarn")
+        spec.key("rope.scaling.factor", float(yarn_factor))
+        spec.key("rope.scaling.original_context_length", YARN_ORIGINAL_CONTEXT)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)

@@ -450,6 +450,25 @@ _CSA = (_Compressor("csa", "attn", "csa_comp_k"), _Compressor("lid", "indexer", 
 _HCA = (_Compressor("hca", "attn", "hca_comp_k"),)
 
 
+
+def dsv4_rope_scaling(fields: dict, arch: str):
+    """The RoPE scaling deepseek4.cpp gives its compressed entries, from GGUF metadata as
+    llama.cpp reads it (llama_model::load_hparams, llama_context's cparams, default context
+    params): freq_scale = 1/rope.scaling.factor unless the type is "none"; for "yarn" the
+    ramp is on (ext_factor 1, betas 32 and 1, the original context length) and
+    `dsv4_rope_attn_factor` cancels the magnitude correction. Returns (freq_scale, Yarn or None)."""
+    from kvphase.designs.dsv4 import Yarn
+
+    kind = str(fields.get(f"{arch}.rope.scaling.type", "linear")).lower()
+    factor = np.float32(fields.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    freq_scale = float(np.float32(1) / factor) if factor != 0 and kind != "none" else 1.0
+    if kind != "yarn":
+        return freq_scale, None
+    n_ctx_orig = int(fields.get(f"{arch}.rope.scaling.original_context_length", 0)
+                     or fields.get(f"{arch}.context_length", 0))
+    attn_factor = np.float32(1) / (np.float32(1) + np.float32(0.1) * np.log(np.float32(1) / np.float32(freq_scale)))
+    return freq_scale, Yarn(ext_factor=1.0, n_ctx_orig=n_ctx_orig, attn_factor=float(attn_factor))
+
 class DSV4Check(FamilyCheck):
     """deepseek4: the compressors, lightning indexer and block masks of `src/models/deepseek4.cpp`
     against `designs.dsv4.DSV4`.
@@ -485,9 +504,7 @@ class DSV4Check(FamilyCheck):
         self.eps = float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
         self.n_rot = int(fields.get(f"{arch}.rope.dimension_count", 0))
         self.rope_base = float(fields.get(f"{arch}.attention.compress_rope_freq_base", 10000.0))
-        factor = float(fields.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
-        self.freq_scale = 1.0 / factor if factor > 0 else 1.0
-        self.yarn = str(fields.get(f"{arch}.rope.scaling.type", "none")).lower() == "yarn"
+        self.freq_scale, self.yarn = dsv4_rope_scaling(fields, arch)
         n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
         top_k = int(fields.get(f"{arch}.attention.indexer.top_k", 512))
         self.designs = {
@@ -508,11 +525,6 @@ class DSV4Check(FamilyCheck):
                 out.setdefault(layer, []).append(
                     f"no ratio-{design.ratio} block completes within {n_tokens} tokens, so this layer's "
                     f"compressor and cache were not compared; use --tokens {2 * design.ratio + 32} or more"
-                )
-            if self.yarn:
-                out.setdefault(layer, []).append(
-                    "the model's RoPE uses YaRN scaling (rope.scaling.type = yarn), which designs/dsv4.py does "
-                    "not model, so its compressed entries and indexer scores cannot match"
                 )
         return out
 
@@ -541,7 +553,8 @@ class DSV4Check(FamilyCheck):
         from kvphase.designs.dsv4 import rope
 
         d = x.shape[1]
-        return rope(x, positions, self.n_rot, self.rope_base, offset=d - self.n_rot, freq_scale=self.freq_scale)
+        return rope(x, positions, self.n_rot, self.rope_base, offset=d - self.n_rot, freq_scale=self.freq_scale,
+                    yarn=self.yarn)
 
     def _compare_compressor(self, run, layer, design, comp: _Compressor, check: LayerCheck) -> np.ndarray:
         """Gate logits, pooled and finished entries, the rotation, and the cache read-back of one compressor.

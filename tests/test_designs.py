@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvphase.designs import DESIGNS, DSV4, MSA, BlockTopK, KPool, MeanPool, WindowLayout, attend
-from kvphase.designs.dsv4 import rms_norm, rope
+from kvphase.designs.dsv4 import Yarn, rms_norm, rope
 from kvphase.designs.windows import ambiguous_top_k, tail_positions, top_k_indices
 
 RNG = np.random.default_rng(1234)
@@ -281,6 +281,41 @@ def test_rms_norm_and_rope_by_hand():
     out = rope(x, np.array([2]), n_rot=4, freq_base=100.0, offset=1)
     # pair (1, 2) turns by 2 rad, pair (3, 4) by 2 * 100^(-1/2) = 0.2 rad
     np.testing.assert_allclose(out, [[9.0, np.cos(2.0), np.sin(2.0), np.cos(0.2), np.sin(0.2)]], rtol=1e-5)
+
+
+def test_yarn_correction_dims_and_ramp_by_hand():
+    # dim(beta) = n_rot * ln(n_ctx_orig / (2 pi beta)) / (2 ln base); base e^2 makes the divisor 4
+    yarn = Yarn(ext_factor=1.0, n_ctx_orig=4096, beta_fast=32.0, beta_slow=1.0)
+    fast, slow = 16 * np.log(4096 / (64 * np.pi)) / 4, 16 * np.log(4096 / (2 * np.pi)) / 4  # 12.04, 25.9
+    assert yarn.correction_dims(16, np.e**2) == (12.0, 15.0)  # floor(12.04); ceil(25.9) capped at n_rot - 1
+    assert (np.floor(fast), np.ceil(slow)) == (12.0, 26.0)
+    low_high = Yarn(ext_factor=0.5, n_ctx_orig=4096).correction_dims(16, 10000.0)
+    ramp = Yarn(ext_factor=0.5, n_ctx_orig=4096).ramp(8, 16, 10000.0)
+    low, high = low_high
+    expected = 0.5 * (1 - np.clip((np.arange(8) - low) / (high - low), 0, 1))
+    np.testing.assert_allclose(ramp, expected, rtol=1e-6)
+    assert ramp[0] == 0.5 and ramp[-1] == 0.0  # first pairs extrapolate (ext_factor of them), last interpolate
+
+
+def test_rope_with_yarn_mixes_interpolated_and_extrapolated_angles():
+    x = np.tile(np.array([[1.0, 0.0]], np.float32), (1, 4))  # four pairs, each starting at angle 0
+    positions = np.array([40])
+    plain = rope(x, positions, n_rot=8, freq_base=10000.0)
+    scaled = rope(x, positions, n_rot=8, freq_base=10000.0, freq_scale=0.25)
+    off = Yarn(ext_factor=0.0, n_ctx_orig=64)
+    np.testing.assert_array_equal(rope(x, positions, n_rot=8, freq_base=10000.0, freq_scale=0.25, yarn=off), scaled)
+    # ext_factor 1: the ramp weights the unscaled angle; attn_factor cancels the magnitude boost
+    yarn = Yarn(ext_factor=1.0, n_ctx_orig=64, attn_factor=1 / (1 + 0.1 * np.log(4.0)))
+    mix = yarn.ramp(4, 8, 10000.0)
+    assert 0 < mix.max() and mix.min() < 1
+    got = rope(x, positions, n_rot=8, freq_base=10000.0, freq_scale=0.25, yarn=yarn)
+    unscaled = 40 * 10000.0 ** (-np.arange(4) / 4)  # pair i turns by pos * base^(-2i/n_rot)
+    np.testing.assert_allclose(plain[0, ::2], np.cos(unscaled), atol=1e-5)
+    angle = (1 - mix) * 0.25 * unscaled + mix * unscaled
+    np.testing.assert_allclose(got[0, ::2], np.cos(angle), atol=1e-5)
+    np.testing.assert_allclose(got[0, 1::2], np.sin(angle), atol=1e-5)
+    boosted = rope(x, positions, n_rot=8, freq_base=10000.0, freq_scale=0.25, yarn=Yarn(1.0, 64))
+    np.testing.assert_allclose(np.hypot(boosted[0, ::2], boosted[0, 1::2]), 1 + 0.1 * np.log(4.0), rtol=1e-6)
 
 
 # -- msa -------------------------------------------------------------------------------------

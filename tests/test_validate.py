@@ -11,7 +11,8 @@ from kvphase.capture import EngineSettings
 from kvphase.cli import app
 from kvphase.errors import PlanError
 from kvphase.tiny import write_tiny_model
-from kvphase.validate import default_splits, hadamard, hadamard_rotate, validate_model
+from kvphase.gguf_header import read_gguf_header
+from kvphase.validate import default_splits, dsv4_rope_scaling, hadamard, hadamard_rotate, validate_model
 
 pytestmark = pytest.mark.slow
 VALIDATED = ["glm5-next", "minimax-m3"]
@@ -103,6 +104,28 @@ def test_deepseek4_rolled_ape_fails(models):
         assert "gate logits differ by up to" in reasons and "keys differ by up to" in reasons, reasons
     csa_reasons = " ".join(report.layers[0].failures(report.tolerances))
     assert "scores differ by up to" in csa_reasons and "selected sets differ" in csa_reasons
+
+
+def test_deepseek4_with_yarn_rope_equals_llama_cpp(tmp_path, monkeypatch):
+    model = write_tiny_model("deepseek4", tmp_path / "yarn.gguf", yarn_factor=4.0)
+    freq_scale, yarn = dsv4_rope_scaling(read_gguf_header(model).fields, "deepseek4")
+    assert freq_scale == 0.25 and yarn is not None and yarn.ext_factor == 1.0
+    report = validate_model(model, n_tokens=160, splits=[[97, 63]], settings=ONE_THREAD)
+    assert report.passed, _describe(report)
+    assert all(layer.keys.count > 0 for layer in report.layers)
+    # the same scaling without YaRN's ramp must miss llama.cpp's CSA entries
+    monkeypatch.setattr("kvphase.validate.dsv4_rope_scaling", lambda fields, arch: (freq_scale, None))
+    without = validate_model(model, n_tokens=160, splits=[[97, 63]], settings=ONE_THREAD)
+    assert not without.passed
+    assert "keys differ by up to" in " ".join(without.layers[0].failures(without.tolerances))
+
+
+def test_make_tiny_yarn_only_where_validate_models_it(tmp_path):
+    runner = CliRunner()
+    ok = runner.invoke(app, ["make-tiny", "deepseek4", str(tmp_path / "d.gguf"), "--yarn-factor", "16"])
+    assert ok.exit_code == 0 and "YaRN x16" in ok.output
+    bad = runner.invoke(app, ["make-tiny", "glm5-next", str(tmp_path / "g.gguf"), "--yarn-factor", "16"])
+    assert bad.exit_code == 1 and "deepseek4 only" in bad.output and "Traceback" not in bad.output
 
 
 def test_deepseek4_too_short_for_hca_says_so(models):

@@ -27,7 +27,8 @@ and `dsv4_build_comp_plan` in src/llama-kv-cache-dsv4.cpp (llama-cpp-python 0.3.
 
 The Hadamard rotation llama.cpp applies to the indexer's q and k (`lid_q_rot`,
 `lid_state_compress_rot`) is orthonormal and applied to both, so it leaves scores unchanged
-up to F32 rounding; this reference omits it. RoPE here has no YaRN ramp (ext_factor = 0).
+up to F32 rounding; this reference omits it. RoPE follows ggml's rope_yarn: with YaRN scaling
+(`Yarn`) the low-frequency pairs are interpolated and the high-frequency ones extrapolated.
 
 F16 (`cache_dtype="f16"`, llama.cpp's default type_k): the compressor state (`*_state_kv`,
 `*_state_score`, llama_dsv4_comp_state) is always F32 and the pooling, RMSNorm and RoPE run in
@@ -76,6 +77,38 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(mean_square + np.float32(eps)) * weight).astype(np.float32)  # (n, d)
 
 
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's parameters as ggml_rope_ext takes them (`ext_factor` 0 turns the ramp off)."""
+
+    ext_factor: float  # weight of the extrapolation ramp; llama.cpp sets 1 for rope.scaling.type = yarn
+    n_ctx_orig: int  # rope.scaling.original_context_length
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attn_factor: float = 1.0  # multiplies cos and sin (deepseek4 passes 1 / (1 + 0.1 ln(1/freq_scale)))
+
+    def correction_dims(self, n_rot: int, freq_base: float) -> tuple[float, float]:
+        """ggml_rope_yarn_corr_dims: the rotary dimensions where the ramp starts and ends."""
+
+        def dim(beta: float) -> np.float32:
+            ratio = np.float32(self.n_ctx_orig) / (np.float32(beta) * np.float32(2) * np.float32(np.pi))
+            return np.float32(n_rot) * np.log(ratio) / (np.float32(2) * np.log(np.float32(freq_base)))
+
+        return max(0.0, float(np.floor(dim(self.beta_fast)))), min(n_rot - 1.0, float(np.ceil(dim(self.beta_slow))))
+
+    def ramp(self, n_pairs: int, n_rot: int, freq_base: float) -> np.ndarray:
+        """rope_yarn_ramp times ext_factor for pair i (dimension i0 = 2i): 1 extrapolates, 0 interpolates."""
+        low, high = self.correction_dims(n_rot, freq_base)
+        y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) / np.float32(max(0.001, high - low))  # (n_pairs,)
+        return ((1 - np.clip(y, 0, 1)) * np.float32(self.ext_factor)).astype(np.float32)  # (n_pairs,)
+
+    def magnitude(self, freq_scale: float) -> np.float32:
+        """rope_yarn's mscale: attn_factor * (1 + 0.1 ln(1 / freq_scale)) when the ramp is on."""
+        if self.ext_factor == 0:
+            return np.float32(self.attn_factor)
+        return np.float32(self.attn_factor) * (np.float32(1) + np.float32(0.1) * np.log(np.float32(1 / freq_scale)))
+
+
 def rope(
     x: np.ndarray,  # (n, d)
     positions: np.ndarray,  # (n,)
@@ -84,25 +117,35 @@ def rope(
     offset: int = 0,
     neox: bool = False,
     freq_scale: float = 1.0,
+    yarn: Yarn | None = None,
 ) -> np.ndarray:
-    """ggml_rope_ext without YaRN on channels [offset, offset + n_rot) (ggml_rope_set_offset).
+    """ggml_rope_ext on channels [offset, offset + n_rot) (ggml_rope_set_offset).
 
     NORM mode (DeepSeek) rotates adjacent pairs (2i, 2i+1); NEOX rotates (i, i + n_rot/2).
     theta_i = freq_scale * pos * freq_base^(-2i/n_rot), built as ggml_rope_cache_init does on the
     CPU: theta_0 = pos, then theta_{i+1} = theta_i * powf(freq_base, -2/n_rot) in F32. A closed-form
     power differs by a few F32 ulps of theta, which at position p is an error of about p * 1e-7.
+    With `yarn` (rope_yarn), pair i mixes that interpolated angle with the unscaled one by the
+    ramp, and cos and sin are scaled by its magnitude.
     """
     x = np.asarray(x, dtype=np.float32)
     out = x.copy()  # (n, d)
     half = n_rot // 2
     theta_scale = np.float32(freq_base) ** np.float32(-2.0 / n_rot)
-    theta = np.empty((len(x), half), dtype=np.float32)  # (n, half)
+    extrap = np.empty((len(x), half), dtype=np.float32)  # (n, half)
     step = np.asarray(positions, np.float32)  # (n,)
     for i in range(half):
-        theta[:, i] = step
+        extrap[:, i] = step
         step = (step * theta_scale).astype(np.float32)
-    theta = (np.float32(freq_scale) * theta).astype(np.float32)  # (n, half), rope_yarn's theta_interp
-    cos, sin = np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)  # (n, half)
+    theta = (np.float32(freq_scale) * extrap).astype(np.float32)  # (n, half), rope_yarn's theta_interp
+    scale = np.float32(1)
+    if yarn is not None and yarn.ext_factor != 0:
+        mix = yarn.ramp(half, n_rot, freq_base)  # (half,)
+        theta = (theta * (1 - mix) + extrap * mix).astype(np.float32)  # (n, half)
+    if yarn is not None:
+        scale = yarn.magnitude(freq_scale)
+    cos = (np.cos(theta) * scale).astype(np.float32)  # (n, half)
+    sin = (np.sin(theta) * scale).astype(np.float32)  # (n, half)
     section = x[:, offset : offset + n_rot]  # (n, n_rot)
     if neox:
         a, b = section[:, :half], section[:, half:]  # (n, half)
