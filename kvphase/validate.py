@@ -446,6 +446,9 @@ class _Compressor:
     cache: str  # the node that reads its compressed cache back: csa_comp_k, hca_comp_k, lid_k
 
 
+# a raw cell holds a token when its stored row is this close to the token's `kv` row: F16 storage
+# rounds by ~1e-3 at most for these RMS-normed rows; two different tokens' rows differ by ~1
+RAW_CELL_MATCH = 1e-2
 _CSA = (_Compressor("csa", "attn", "csa_comp_k"), _Compressor("lid", "indexer", "lid_k"))
 _HCA = (_Compressor("hca", "attn", "hca_comp_k"),)
 
@@ -486,8 +489,9 @@ class DSV4Check(FamilyCheck):
     with `design.store` of llama.cpp's rows, and the scores are recomputed in the rotated basis
     (`lid_q_rope` rotated as `lid_q_rot`; see `_compare_compressor` for the keys they read).
 
-    The raw sliding window lives in a ring of cells whose positions are not graph nodes; only
-    its size per query (min(p + 1, n_swa) cells) is checked. Attention itself (sinks, output
+    The raw sliding window lives in a ring of cells whose positions are not graph nodes; each
+    visible cell's token is found by matching its content to the tokens' `kv` rows, and the
+    tokens each query reads must be the design's raw window. Attention itself (sinks, output
     path) is not compared.
     """
 
@@ -515,7 +519,7 @@ class DSV4Check(FamilyCheck):
             f"{c.prefix}_{part}" for c in _CSA + _HCA
             for part in ("state_kv", "state_score", "state_score_ape", "state_compress", "state_compress_rot")
         ) + ("csa_comp_k", "hca_comp_k", "lid_k", "lid_q_rope", "lid_weights", "lid_score_masked", "lid_top_k",
-             "csa_top_k_mask", "csa_lid_kq_mask", "hca_kq_mask")
+             "csa_top_k_mask", "csa_lid_kq_mask", "hca_kq_mask", "kv", "csa_raw_k", "hca_raw_k")
         self._tensors: dict[str, np.ndarray] = {}
 
     def uncompared(self, n_tokens: int) -> dict[int, list[str]]:
@@ -626,10 +630,39 @@ class DSV4Check(FamilyCheck):
 
     # -- selection -----------------------------------------------------------------------------
 
-    def _raw_window_ok(self, design, mask: np.ndarray, n_comp: int, positions: np.ndarray) -> np.ndarray:
-        """Per query: the raw part of the attention mask exposes min(p + 1, n_swa) cells."""
-        raw = np.asarray(mask)[:, : mask.shape[1] - n_comp] == 0  # (n_tokens, n_raw_cells)
-        return raw.sum(axis=1) == np.minimum(positions + 1, design.n_swa)  # (n_tokens,)
+    def _raw_window_ok(self, run, layer, design, ub, mask: np.ndarray, n_comp: int, check: LayerCheck) -> np.ndarray:
+        """Per query: the raw cells the mask exposes hold exactly the tokens of the design's raw
+        window. A cell's token is found by its content: the `*_raw_k` view of the ring equals,
+        as stored, the `kv` row of the token written there (rotated first where the cache is)."""
+        pos = ub.positions
+        visible = np.asarray(mask)[:, : mask.shape[1] - n_comp] == 0  # (n_tokens, n_raw_cells)
+        expected = design.raw_window(pos, int(pos[-1]) + 1)  # (n_tokens, n_keys)
+        cells = run.find(f"{'csa' if design.is_csa else 'hca'}_raw_k", layer, ub.index)
+        if cells is None:
+            check.uncompared.append("the raw window's cells were not captured, so its tokens were not compared")
+            return np.zeros(len(pos), dtype=bool)
+        held = self._cell_positions(run, layer, design, ub, cells)  # (n_raw_cells,), -1 where no token matches
+        ok = np.zeros(len(pos), dtype=bool)  # (n_tokens,)
+        for t in range(len(pos)):
+            seen = held[visible[t, : len(held)]]  # positions of the cells query t reads
+            ok[t] = visible[t, len(held) :].sum() == 0 and (seen >= 0).all() and (
+                sorted(seen.tolist()) == np.flatnonzero(expected[t]).tolist())
+        return ok
+
+    def _cell_positions(self, run, layer, design, ub, cells: np.ndarray) -> np.ndarray:
+        """The position of the token each raw cell holds (-1: none within F16 rounding)."""
+        rows = [(u.positions, _rows(run.all("kv", layer, u.index)[-1].array, cells.shape[-1]))
+                for u in run.ubatches[: ub.index + 1]]
+        positions = np.concatenate([p for p, _ in rows])  # (n_written,)
+        kv = np.concatenate([r for _, r in rows])  # (n_written, d)
+        cells = _rows(cells, cells.shape[-1])  # (n_cells, d)
+        held = np.full(len(cells), -1)  # (n_cells,)
+        for stored in (design.store(kv), design.store(hadamard_rotate(kv))):  # plain or rotated cache
+            square = (cells**2).sum(1)[:, None] + (stored**2).sum(1)[None, :] - 2 * cells @ stored.T  # (n_cells, n_written)
+            best = square.argmin(axis=1)  # (n_cells,) nearest token row
+            found = (held < 0) & (np.abs(cells - stored[best]).max(axis=1) <= RAW_CELL_MATCH)  # (n_cells,)
+            held[found] = positions[best[found]]
+        return held
 
     def _compare_indexer(self, run, layer, design, ub, index_keys, check: LayerCheck) -> None:
         from kvphase.designs.windows import rows_to_mask
@@ -649,7 +682,7 @@ class DSV4Check(FamilyCheck):
         got_top = run.get("lid_top_k", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, k)
         comp_mask = run.get("csa_top_k_mask", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, n_comp_cells)
         full_mask = run.get("csa_lid_kq_mask", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, raw + comp)
-        raw_ok = self._raw_window_ok(design, full_mask, comp_mask.shape[1], pos)
+        raw_ok = self._raw_window_ok(run, layer, design, ub, full_mask, comp_mask.shape[1], check)
         for t in range(len(pos)):
             live = _live(ref_scores[t])  # (n_blocks,)
             # llama.cpp's top-k fills spare slots with masked blocks; the mask hides them
@@ -668,7 +701,7 @@ class DSV4Check(FamilyCheck):
         mask = run.get("hca_kq_mask", layer, ub.index).reshape(len(pos), -1)  # (n_tokens, raw + comp)
         comp = run.find("hca_comp_k", layer, ub.index)
         n_comp = _rows(comp, comp.shape[-1]).shape[0] if comp is not None else 0
-        raw_ok = self._raw_window_ok(design, mask, n_comp, pos)
+        raw_ok = self._raw_window_ok(run, layer, design, ub, mask, n_comp, check)
         seen = mask[:, mask.shape[1] - n_comp :] == 0  # (n_tokens, n_comp_cells)
         for t in range(len(pos)):
             equal = bool(np.array_equal(seen[t, :n_blocks], ref.block_visible[t]) and not seen[t, n_blocks:].any())

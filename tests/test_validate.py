@@ -120,6 +120,18 @@ def test_deepseek4_with_yarn_rope_equals_llama_cpp(tmp_path, monkeypatch):
     assert "keys differ by up to" in " ".join(without.layers[0].failures(without.tolerances))
 
 
+def test_deepseek4_raw_window_tokens_are_checked(models, monkeypatch):
+    # a reference whose sliding window is one token short must miss the raw cells llama.cpp exposes
+    from kvphase.designs import DSV4
+    from kvphase.designs.windows import local_mask
+
+    monkeypatch.setattr(DSV4, "raw_window", lambda self, positions, n_keys: local_mask(positions, n_keys, self.n_swa - 1))
+    report = validate_model(models["deepseek4"], n_tokens=160, splits=[[97, 63]], settings=ONE_THREAD)
+    assert not report.passed
+    for layer in report.layers:
+        assert layer.mismatched > 0 and "masks differ" in " ".join(layer.notes), _describe(report)
+
+
 def test_make_tiny_yarn_only_where_validate_models_it(tmp_path):
     runner = CliRunner()
     ok = runner.invoke(app, ["make-tiny", "deepseek4", str(tmp_path / "d.gguf"), "--yarn-factor", "16"])

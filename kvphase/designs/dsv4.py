@@ -302,6 +302,12 @@ class DSV4:
         seen = self.layout.window_visible(query_positions, len(index_keys))  # (n_query, n_blocks)
         return np.where(seen, score, -np.inf).astype(np.float32)  # (n_query, n_blocks)
 
+    def raw_window(self, query_positions: np.ndarray, n_keys: int) -> np.ndarray:
+        """The uncompressed tokens each query reads: its last n_swa tokens (and any prefix
+        before `start`), (n_query, n_keys) bool."""
+        positions = np.asarray(query_positions)  # (n_query,)
+        return local_mask(positions, n_keys, self.n_swa) | prefix_mask(positions, n_keys, self.start)
+
     def select(
         self,
         query_positions: np.ndarray,  # (n_query,)
@@ -311,8 +317,7 @@ class DSV4:
     ) -> DSV4Selection:
         """Raw window and compressed blocks each query reads (`csa_lid_kq_mask` / `hca_kq_mask`)."""
         positions = np.asarray(query_positions)  # (n_query,)
-        raw = local_mask(positions, n_keys, self.n_swa)  # (n_query, n_keys)
-        raw = raw | prefix_mask(positions, n_keys, self.start)  # (n_query, n_keys)
+        raw = self.raw_window(positions, n_keys)  # (n_query, n_keys)
         complete = self.layout.window_visible(positions, n_blocks)  # (n_query, n_blocks)
         if not self.is_csa:
             none = np.zeros(len(positions), dtype=bool)  # (n_query,)
