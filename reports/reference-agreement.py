@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from gguf import GGMLQuantizationType as Quant
 
 from kvphase.defaults import default_model_path
 from kvphase.gguf_header import read_gguf_header
@@ -31,7 +32,6 @@ from kvphase.reference.model import Transformer, dense_attention, load
 N_TOKENS = 1024
 N_STAGE_TOKENS = 256
 OUT = Path(__file__).resolve().parent / "reference-agreement.md"
-GGML_Q4_1, GGML_Q8_0 = 3, 8
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of 4-bit quants per 32 weights
 
 
@@ -78,10 +78,10 @@ class LlamaCppRounding(Transformer):
 
         def scheme(names: list[str]) -> tuple[int, np.ndarray | None]:
             kinds = {tensors[name].type_id for name in names}
-            if len(kinds) != 1 or not kinds <= {GGML_TYPE_F32, GGML_Q4_1, GGML_Q8_0}:
+            if len(kinds) != 1 or not kinds <= {Quant.F32, Quant.Q4_1, Quant.Q8_0}:
                 sys.exit(f"LlamaCppRounding imitates F32, Q4_1 and Q8_0 weights only; {names} are types {kinds}")
             kind = kinds.pop()
-            if kind != GGML_Q4_1:
+            if kind != Quant.Q4_1:
                 return kind, None
             mins = []
             for name in names:
@@ -102,7 +102,7 @@ class LlamaCppRounding(Transformer):
 
     def linear(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         kind, mins = self.schemes[id(weight)]
-        if kind == GGML_TYPE_F32:
+        if kind == Quant.F32:
             return x @ weight  # (n, n_out)
         activations, sum_error = quantize_q8(x)  # (n, K), (n, K/32)
         out = activations @ weight  # (n, n_out)

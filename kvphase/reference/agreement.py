@@ -13,10 +13,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from kvphase.capture import GGML_TYPE_F32
 from kvphase.tasks import PROMPTS_DIR
 
+__all__ = ["GGML_TYPE_F32", "Agreement", "agreement", "export_f32", "llamacpp_logits", "natural_text"]
+
 NATURAL_TEXT = PROMPTS_DIR / "natural-text.txt"
-GGML_TYPE_F32 = 0
 
 
 class Agreement(NamedTuple):
