@@ -38,6 +38,9 @@ class Tolerances:
 
     keys_abs: float = 1e-5  # compressed keys: max absolute difference
     scores_rel: float = 1e-4  # scores: max absolute difference / largest |score|
+    # attention output (deepseek4): max absolute difference / largest |output|; flash
+    # attention reads keys and values as F16 and sums them in F16
+    attention_rel: float = 5e-3
 
 
 @dataclass
@@ -70,6 +73,8 @@ class LayerCheck:
     scores: Diff = field(default_factory=Diff)  # finite indexer / block scores
     score_scale: float = 0.0  # largest |finite score| llama.cpp produced
     mask_mismatch: int = 0  # scores finite in one and -inf in the other
+    attention: Diff = field(default_factory=Diff)  # attention output from llama.cpp's q, keys and mask (deepseek4)
+    attention_scale: float = 0.0  # largest |attention output| llama.cpp produced
     rows: int = 0  # selections compared (query x head)
     exact: int = 0  # identical selected sets
     ties: int = 0  # sets that differ only among exactly tied scores
@@ -113,6 +118,11 @@ class LayerCheck:
             )
         if self.mask_mismatch:
             out.append(f"{self.mask_mismatch} scores are masked in one and not the other")
+        if self.attention.count and self.attention.max > tol.attention_rel * max(self.attention_scale, 1e-30):
+            out.append(
+                f"attention outputs differ by up to {self.attention.max:.3g} (mean {self.attention.mean:.3g}), "
+                f"tolerance {tol.attention_rel:g} x largest output {self.attention_scale:.3g}"
+            )
         if self.mismatched:
             out.append(f"{self.mismatched} of {self.rows} selected sets differ beyond ties")
         if not self.rows and not self.keys.count:
@@ -491,8 +501,9 @@ class DSV4Check(FamilyCheck):
 
     The raw sliding window lives in a ring of cells whose positions are not graph nodes; each
     visible cell's token is found by matching its content to the tokens' `kv` rows, and the
-    tokens each query reads must be the design's raw window. Attention itself (sinks, output
-    path) is not compared.
+    tokens each query reads must be the design's raw window. The attention output is
+    recomputed from llama.cpp's q, keys and mask with the layer's sinks; the output
+    projection after it is not compared.
     """
 
     def __init__(self, info: ModelInfo, ape_roll: int = 0, cache_dtype: str = "f32"):
@@ -511,6 +522,10 @@ class DSV4Check(FamilyCheck):
         self.freq_scale, self.yarn = dsv4_rope_scaling(fields, arch)
         n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
         top_k = int(fields.get(f"{arch}.attention.indexer.top_k", 512))
+        # llama_kv_cache: every cache of a deepseek4 whose head is as wide as its indexer's
+        # is Hadamard-rotated (attn_rot_k); F32/F16 caches are not rotated otherwise
+        head_dim = fields.get(f"{arch}.attention.key_length")
+        self.rotated = head_dim is not None and head_dim == fields.get(f"{arch}.attention.indexer.key_length")
         self.designs = {
             i: DSV4(ratio=r, n_swa=n_swa, top_k=top_k, cache_dtype=cache_dtype) for i, r in enumerate(ratios) if r > 1
         }
@@ -519,7 +534,8 @@ class DSV4Check(FamilyCheck):
             f"{c.prefix}_{part}" for c in _CSA + _HCA
             for part in ("state_kv", "state_score", "state_score_ape", "state_compress", "state_compress_rot")
         ) + ("csa_comp_k", "hca_comp_k", "lid_k", "lid_q_rope", "lid_weights", "lid_score_masked", "lid_top_k",
-             "csa_top_k_mask", "csa_lid_kq_mask", "hca_kq_mask", "kv", "csa_raw_k", "hca_raw_k")
+             "csa_top_k_mask", "csa_lid_kq_mask", "hca_kq_mask", "kv", "csa_raw_k", "hca_raw_k",
+             "q", "csa_k_all", "hca_k_all", "attn_csa_lid", "attn_hca")
         self._tensors: dict[str, np.ndarray] = {}
 
     def uncompared(self, n_tokens: int) -> dict[int, list[str]]:
@@ -550,6 +566,42 @@ class DSV4Check(FamilyCheck):
                     self._compare_indexer(run, layer, design, ub, entries["lid"], check)
                 else:
                     self._compare_hca_mask(run, layer, design, ub, check)
+                self._compare_attention(run, layer, design, ub, check)
+
+    def _compare_attention(self, run, layer, design, ub, check: LayerCheck) -> None:
+        """The attention output (`attn_csa_lid` / `attn_hca`) recomputed from llama.cpp's own
+        q, keys (`*_k_all`: raw cells, then compressed entries, which are the values too),
+        mask and the layer's sinks, as flash attention computes it: F16 q, keys and values,
+        each head's sink logit added to the softmax denominator, scale 1/sqrt(head_dim)."""
+        prefix = "csa" if design.is_csa else "hca"
+        names = ("q", f"{prefix}_k_all", "attn_csa_lid" if design.is_csa else "attn_hca",
+                 "csa_lid_kq_mask" if design.is_csa else "hca_kq_mask")
+        found = [run.all(name, layer, ub.index) for name in names]
+        if not all(found):
+            check.uncompared.append(f"attention output: {', '.join(n for n, f in zip(names, found) if not f)} not captured")
+            return
+        q, keys, expected, mask = (f[-1].array for f in found)
+        n, d = len(ub.positions), keys.shape[-1]
+        keys = _rows(keys, d)  # (n_kv, d)
+        q = _rows(q, d)  # (n * n_head, d)
+        if self.rotated:
+            q = hadamard_rotate(q)
+        q = q.reshape(n, -1, d)  # (n_tokens, n_head, d)
+        mask = np.asarray(mask).reshape(-1, mask.shape[-1])[:n, : len(keys)]  # (n_tokens, n_kv)
+        from kvphase.designs.windows import round_to_cache
+
+        q16, keys16 = round_to_cache(q, "f16"), round_to_cache(keys, "f16")  # what flash attention multiplies
+        logits = np.einsum("thd,kd->thk", q16, keys16) / np.float32(np.sqrt(d)) + mask[:, None, :]  # (n, n_head, n_kv)
+        sinks = self.tensor(f"blk.{layer}.attn_sinks.weight").reshape(1, -1, 1)  # (1, n_head, 1)
+        peak = np.maximum(logits.max(axis=-1, keepdims=True), sinks)  # (n, n_head, 1)
+        weights = np.exp(logits - peak)  # (n, n_head, n_kv)
+        total = weights.sum(axis=-1, keepdims=True) + np.exp(sinks - peak)  # (n, n_head, 1)
+        out = np.einsum("thk,kd->thd", weights / total, keys16)  # (n, n_head, d)
+        if self.rotated:
+            out = hadamard_rotate(out.reshape(-1, d)).reshape(out.shape)
+        expected = np.asarray(expected).reshape(out.shape)  # (n, n_head, d)
+        check.attention.add(expected, out)
+        check.attention_scale = max(check.attention_scale, float(np.abs(expected).max()))
 
     # -- compressors ---------------------------------------------------------------------------
 
@@ -633,7 +685,8 @@ class DSV4Check(FamilyCheck):
     def _raw_window_ok(self, run, layer, design, ub, mask: np.ndarray, n_comp: int, check: LayerCheck) -> np.ndarray:
         """Per query: the raw cells the mask exposes hold exactly the tokens of the design's raw
         window. A cell's token is found by its content: the `*_raw_k` view of the ring equals,
-        as stored, the `kv` row of the token written there (rotated first where the cache is)."""
+        as stored, the `kv` row of the token written there (rotated first where the cache is,
+        `self.rotated`)."""
         pos = ub.positions
         visible = np.asarray(mask)[:, : mask.shape[1] - n_comp] == 0  # (n_tokens, n_raw_cells)
         expected = design.raw_window(pos, int(pos[-1]) + 1)  # (n_tokens, n_keys)
@@ -656,13 +709,11 @@ class DSV4Check(FamilyCheck):
         positions = np.concatenate([p for p, _ in rows])  # (n_written,)
         kv = np.concatenate([r for _, r in rows])  # (n_written, d)
         cells = _rows(cells, cells.shape[-1])  # (n_cells, d)
-        held = np.full(len(cells), -1)  # (n_cells,)
-        for stored in (design.store(kv), design.store(hadamard_rotate(kv))):  # plain or rotated cache
-            square = (cells**2).sum(1)[:, None] + (stored**2).sum(1)[None, :] - 2 * cells @ stored.T  # (n_cells, n_written)
-            best = square.argmin(axis=1)  # (n_cells,) nearest token row
-            found = (held < 0) & (np.abs(cells - stored[best]).max(axis=1) <= RAW_CELL_MATCH)  # (n_cells,)
-            held[found] = positions[best[found]]
-        return held
+        stored = design.store(hadamard_rotate(kv) if self.rotated else kv)  # (n_written, d)
+        square = (cells**2).sum(1)[:, None] + (stored**2).sum(1)[None, :] - 2 * cells @ stored.T  # (n_cells, n_written)
+        best = square.argmin(axis=1)  # (n_cells,) nearest token row
+        found = np.abs(cells - stored[best]).max(axis=1) <= RAW_CELL_MATCH  # (n_cells,)
+        return np.where(found, positions[best], -1)  # (n_cells,)
 
     def _compare_indexer(self, run, layer, design, ub, index_keys, check: LayerCheck) -> None:
         from kvphase.designs.windows import rows_to_mask

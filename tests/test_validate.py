@@ -91,6 +91,7 @@ def test_deepseek4_reference_equals_llama_cpp(models):
     for layer in report.layers:
         assert layer.gates.count > 0 and layer.keys.count > 0 and layer.rows > 0
         assert layer.exact + layer.ties == layer.rows
+        assert layer.attention.count > 0 and layer.attention_scale > 0
     assert csa.scores.count > 0 and csa.score_scale > 0
     assert hca.scores.count == 0  # HCA reads every complete block: no indexer
 
@@ -130,6 +131,20 @@ def test_deepseek4_raw_window_tokens_are_checked(models, monkeypatch):
     assert not report.passed
     for layer in report.layers:
         assert layer.mismatched > 0 and "masks differ" in " ".join(layer.notes), _describe(report)
+
+
+def test_deepseek4_attention_without_sinks_fails(models, monkeypatch):
+    from kvphase.validate import DSV4Check
+
+    read = DSV4Check.tensor
+    no_sinks = lambda self, name: (  # noqa: E731 - a sink logit of -inf adds nothing to the softmax
+        np.full_like(read(self, name), -np.inf) if name.endswith("attn_sinks.weight") else read(self, name))
+    monkeypatch.setattr(DSV4Check, "tensor", no_sinks)
+    report = validate_model(models["deepseek4"], n_tokens=160, splits=[[97, 63]], settings=ONE_THREAD)
+    assert not report.passed
+    for layer in report.layers:
+        reasons = layer.failures(report.tolerances)
+        assert reasons and all(r.startswith("attention outputs differ") for r in reasons), reasons
 
 
 def test_make_tiny_yarn_only_where_validate_models_it(tmp_path):

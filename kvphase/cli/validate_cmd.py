@@ -48,26 +48,29 @@ def _parse_split(text: str) -> list[int]:
         raise PlanError(f"a batch split is comma-separated token counts such as 19,5,40; got {text!r}") from None
 
 
+def _diff(diff) -> str:
+    return f"{diff.max:.1e} / {diff.mean:.1e}" if diff.count else "-"
+
+
 def _print(report: ValidationReport) -> None:
     console = Console()
     tol = report.tolerances
     console.print(f"{report.model.name}: {report.architecture} ({report.family}), {report.n_tokens} tokens, "
                   f"splits {'; '.join(','.join(map(str, s)) for s in report.splits)}")
     table = Table()
-    for column in ("layer", "keys |d| max / mean", "scores |d| max / mean", "top score", "sets exact", "up to ties", ""):
+    attention = any(layer.attention.count for layer in report.layers)
+    columns = ["layer", "keys |d| max / mean", "scores |d| max / mean", "top score", "sets exact", "up to ties"]
+    for column in columns + (["attention |d| max / mean"] if attention else []) + [""]:
         table.add_column(column, justify="right")
     for layer in report.layers:
-        keys = f"{layer.keys.max:.1e} / {layer.keys.mean:.1e}" if layer.keys.count else "-"
-        table.add_row(
-            str(layer.layer), keys,
-            f"{layer.scores.max:.1e} / {layer.scores.mean:.1e}" if layer.scores.count else "-",
-            f"{layer.score_scale:.3g}",
-            f"{layer.exact}/{layer.rows}", f"{layer.exact + layer.ties}/{layer.rows}",
-            "[green]PASS[/green]" if not layer.failures(tol) else "[red]FAIL[/red]",
-        )
+        row = [str(layer.layer), _diff(layer.keys), _diff(layer.scores), f"{layer.score_scale:.3g}",
+               f"{layer.exact}/{layer.rows}", f"{layer.exact + layer.ties}/{layer.rows}"]
+        row += [_diff(layer.attention)] if attention else []
+        table.add_row(*row, "[green]PASS[/green]" if not layer.failures(tol) else "[red]FAIL[/red]")
     console.print(table)
     console.print(f"tolerances: keys within {tol.keys_abs:g}; scores within {tol.scores_rel:g} x the largest score; "
-                  "selected sets equal except exact ties")
+                  "selected sets equal except exact ties"
+                  + (f"; attention outputs within {tol.attention_rel:g} x the largest output" if attention else ""))
     for layer in report.layers:
         for reason in layer.failures(tol):
             console.print(f"layer {layer.layer}: {reason}")
