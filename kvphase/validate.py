@@ -801,6 +801,8 @@ def validate_model(
         raise PlanError(f"unknown cache type {cache!r}; expected one of {', '.join(CACHE_TYPES)}")
     checker = FAMILIES[family](info, perturb, cache_dtype=cache)
     n_tokens = checker.default_tokens if n_tokens is None else int(n_tokens)
+    if info.context_length and n_tokens > info.context_length:
+        raise PlanError(f"--tokens {n_tokens} does not fit: {info.path.name} has a {info.context_length}-token context")
     stride = int(info.compression.stride or 4)
     plan = [_check_split(s, n_tokens) for s in splits] if splits else default_splits(n_tokens, stride)
     settings = settings or EngineSettings()

@@ -45,6 +45,15 @@ def test_not_gguf(tmp_path):
     _one_line_error(runner.invoke(app, ["sweep", str(path)]), "not a GGUF file")
 
 
+@pytest.mark.parametrize("backend", ["llama.cpp", "reference"])
+def test_sweep_refuses_a_model_without_tokenizer(tmp_path, backend):
+    from kvphase.tiny import write_tiny_model
+
+    model = write_tiny_model("deepseek4", tmp_path / "tiny.gguf")
+    _one_line_error(runner.invoke(app, ["sweep", str(model), "--context", "256", "--backend", backend]),
+                    "has no tokenizer")
+
+
 @pytest.mark.parametrize("keep", [100_000, 50_000_000])
 def test_truncated_gguf(tmp_path, default_model, keep):
     path = tmp_path / "cut.gguf"

@@ -181,6 +181,11 @@ def test_default_splits_straddle_pools_and_decode():
         default_splits(10, 4)
 
 
+def test_validate_refuses_more_tokens_than_the_context(models):
+    result = CliRunner().invoke(app, ["validate", str(models["deepseek4"]), "--tokens", "100000"])
+    assert result.exit_code == 1 and "does not fit" in result.output and "1024-token context" in result.output
+
+
 def test_validate_cli_pass_and_fail_exit_codes(models):
     runner = CliRunner()
     ok = runner.invoke(app, ["validate", str(models["glm5-next"]), "--tokens", "40", "--threads", "1"])

@@ -77,6 +77,9 @@ def sweep(
 
 def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed) -> SweepPlan:
     """The run's plan from the options and the model's metadata; PlanError when impossible."""
+    if info.tokenizer_model in ("none", "unknown"):
+        raise PlanError(f"{info.path.name} has no tokenizer (tokenizer.ggml.model = {info.tokenizer_model}), so no "
+                        "prompt can be built; random-weight models from make-tiny are for `kvphase validate`")
     control = not info.compression.compressed
     stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
     modulus = modulus if modulus is not None else 2 * stride
