@@ -67,6 +67,8 @@ class ProbeSettings:
             raise PlanError(f"--per-residue must be at least 1, got {self.per_residue}")
         if self.padding not in PADDING_MODES:
             raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
+        if self.seed < 0:
+            raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
 
 
 class Record(NamedTuple):

@@ -76,17 +76,23 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
     return Path("reports") / name
 
 
-def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
-    """Create the folder and its config, or check that an existing one holds the same plan."""
-    config_path = run_dir / CONFIG_FILE
-    if config_path.exists():
+def check_run_dir(run_dir: Path, plan: SweepPlan) -> None:
+    """RunFolderError unless `run_dir` is new, or a folder that holds this same plan."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir} is a file, not a run folder; choose another --out")
+    if (run_dir / CONFIG_FILE).exists():
         existing = load_plan(run_dir).comparable()
         if existing != plan.comparable():
             differing = sorted(k for k, v in plan.comparable().items() if existing.get(k) != v)
             raise RunFolderError(f"{run_dir} holds a different run (differs in: {', '.join(differing)}); "
                                  f"choose another --out or delete the folder")
+
+
+def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
+    """Create the folder and its config, or check that an existing one holds the same plan."""
+    check_run_dir(run_dir, plan)
     run_dir.mkdir(parents=True, exist_ok=True)
-    config_path.write_text(json.dumps(asdict(plan), indent=2) + "\n")
+    (run_dir / CONFIG_FILE).write_text(json.dumps(asdict(plan), indent=2) + "\n")
 
 
 def load_plan(run_dir: Path) -> SweepPlan:

@@ -70,6 +70,8 @@ def test_truncated_gguf(tmp_path, default_model, keep):
     (["--per-residue", "0"], "--per-residue must be at least 1"),
     (["--modulus", "6"], "multiple of the stride"),
     (["--task", "riddles"], "unknown task 'riddles'"),
+    (["--seed", "-1"], "--seed must be a non-negative integer"),
+    (["--threads", "0"], "--threads must be at least 1"),
 ])
 def test_impossible_options(default_model, options, fragment, tmp_path):
     _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
@@ -79,6 +81,13 @@ def test_impossible_options(default_model, options, fragment, tmp_path):
 def test_unknown_padding_is_a_usage_error(default_model):
     result = runner.invoke(app, ["sweep", str(default_model), "--padding", "sideways"])
     assert result.exit_code == 2 and "sideways" in result.output
+
+
+def test_sweep_out_that_is_a_file(default_model, tmp_path):
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(taken)]), "is a file, not a run folder")
+    assert taken.read_text() == "mine"
 
 
 def test_report_on_a_folder_that_is_not_a_run(tmp_path):

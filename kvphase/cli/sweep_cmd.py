@@ -20,7 +20,7 @@ from kvphase.defaults import default_model_path
 from kvphase.errors import PlanError
 from kvphase.modelinfo import ModelInfo, read_model_info
 from kvphase.report import REPORT_FILE, build_report
-from kvphase.run import SweepPlan, SweepProgress, default_run_dir, execute_sweep
+from kvphase.run import SweepPlan, SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
@@ -57,6 +57,8 @@ def sweep(
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
+    if threads is not None and threads < 1:
+        raise PlanError(f"--threads must be at least 1, got {threads}")
     info = read_model_info(model if model is not None else default_model_path())
     plan = make_plan(info, stride, modulus, context, per_residue, padding.value, task, seed)
     if backend is BackendName.reference:
@@ -64,6 +66,7 @@ def sweep(
     elif design != "dense" or option:
         raise PlanError("--design and --option apply to --backend reference only")
     run_dir = out or default_run_dir(info, plan)
+    check_run_dir(run_dir, plan)  # before any model loads
     console = Console(stderr=True, quiet=quiet)
     if plan.control:
         console.print(f"[yellow]{info.architecture} declares no KV-cache compression: control run with stride {plan.stride}.")
