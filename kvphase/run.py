@@ -29,6 +29,7 @@ from kvphase.tasks import load_task
 
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
                   "key", "answer", "predicted"]
+NUMERIC_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "logprob"]
 CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, MANIFEST_FILE = "config.json", "results.csv", "summary.json", "manifest.json"
 
 
@@ -110,11 +111,20 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     path = run_dir / RESULTS_FILE
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame(columns=RESULT_COLUMNS)
-    text = _complete_lines(path.read_bytes()).decode("utf-8")
-    frame = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
+    try:
+        text = _complete_lines(path.read_bytes()).decode("utf-8")
+        frame = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
+    except (UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise RunFolderError(f"{path} is not a readable results file ({str(exc).splitlines()[0]})") from None
     missing = set(RESULT_COLUMNS) - set(frame.columns)
     if missing:
         raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
+    for column in NUMERIC_COLUMNS:
+        values = pd.to_numeric(frame[column], errors="coerce")  # (n_rows,)
+        if values.isna().any():
+            row = int(values.isna().to_numpy().argmax())
+            raise RunFolderError(f"{path} line {row + 2}: {column} is {frame[column].iloc[row]!r}, expected a number")
+        frame[column] = values
     frame["correct"] = frame["correct"].astype(str).str.lower().isin(["true", "1"])
     return frame.drop_duplicates("target_id", keep="first")
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvphase.errors import PlanError
+from kvphase.errors import ModelFileError, PlanError
 
 TINY_VOCAB = 64
 TINY_CONTEXT = 1024
@@ -337,17 +337,20 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
         spec.key("rope.scaling.factor", float(yarn_factor))
         spec.key("rope.scaling.original_context_length", YARN_ORIGINAL_CONTEXT)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in spec.keys.items():
-        _add_key(writer, key, value)
-    for name, ne, kind in spec.tensors:
-        writer.add_tensor(name, _init(rng, ne, kind))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        writer = gguf.GGUFWriter(str(path), arch)
+        for key, value in spec.keys.items():
+            _add_key(writer, key, value)
+        for name, ne, kind in spec.tensors:
+            writer.add_tensor(name, _init(rng, ne, kind))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    except OSError as exc:
+        raise ModelFileError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
 
 

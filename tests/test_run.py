@@ -53,6 +53,18 @@ def test_a_half_written_row_is_dropped_and_rescored(tmp_path, info):
     assert len(results) == 64 and len(backend.scored) == 1
 
 
+@pytest.mark.parametrize("damage, fragment", [
+    (b"garbage,,,,,,,,,,\n", "target_id is 'garbage', expected a number"),
+    (b"\xff\xfe\x00 not text\n", "is not a readable results file"),
+])
+def test_a_damaged_results_file_is_named_not_a_traceback(tmp_path, info, damage, fragment):
+    execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
+    with (tmp_path / "results.csv").open("ab") as results:
+        results.write(damage)
+    with pytest.raises(RunFolderError, match=fragment):
+        load_results(tmp_path)
+
+
 def test_a_folder_with_a_different_plan_is_refused(tmp_path, info):
     execute_sweep(_plan(info), CharBackend(), tmp_path, info)
     with pytest.raises(RunFolderError, match="differs in: modulus, stride"):

@@ -153,6 +153,9 @@ def test_make_tiny_yarn_only_where_validate_models_it(tmp_path):
     assert ok.exit_code == 0 and "YaRN x16" in ok.output
     bad = runner.invoke(app, ["make-tiny", "glm5-next", str(tmp_path / "g.gguf"), "--yarn-factor", "16"])
     assert bad.exit_code == 1 and "deepseek4 only" in bad.output and "Traceback" not in bad.output
+    (tmp_path / "taken").write_text("a file where a folder should be")
+    unwritable = runner.invoke(app, ["make-tiny", "glm5-next", str(tmp_path / "taken" / "g.gguf")])
+    assert unwritable.exit_code == 1 and unwritable.output.startswith("Error: cannot write")
 
 
 def test_deepseek4_too_short_for_hca_says_so(models):
