@@ -12,6 +12,8 @@ the weights the reference dequantizes. Rows:
 - the reference imitating llama.cpp's CPU roundings (`LlamaCppRounding` below);
 - llama.cpp itself under other settings that are just as correct: flash attention, an
   F32 KV cache, and smaller ubatches and one thread (which should change nothing);
+- the same comparisons on the tokens that are no near-tie for llama.cpp, and how close
+  the tokens the reference gets "wrong" are to a tie;
 - one stage alone: each layer's feed-forward run on llama.cpp's captured input.
 """
 
@@ -26,7 +28,7 @@ from gguf import GGMLQuantizationType as Quant
 
 from kvphase.defaults import default_model_path
 from kvphase.gguf_header import read_gguf_header
-from kvphase.reference.agreement import GGML_TYPE_F32, agreement, export_f32, llamacpp_logits, natural_text
+from kvphase.reference.agreement import CLEAR_LEAD, GGML_TYPE_F32, agreement, export_f32, lead, llamacpp_logits, natural_text
 from kvphase.reference.model import Transformer, dense_attention, load
 
 N_TOKENS = 1024
@@ -157,8 +159,19 @@ def main() -> None:
         "ubatch 128": {"n_batch": 128, "n_ubatch": 128},
         "one thread": {"n_threads": 1},
     }
+    flash = None
     for name, params in variants.items():
-        row(f"llama.cpp with {name} vs llama.cpp", llamacpp_logits(model, tokens, **params), default)
+        logits = llamacpp_logits(model, tokens, **params)  # (n_tokens, n_vocab)
+        flash = logits if name == "flash attention" else flash
+        row(f"llama.cpp with {name} vs llama.cpp", logits, default)
+    clear = lead(default) > CLEAR_LEAD  # (n_tokens,) tokens that are no near-tie for llama.cpp
+    where = f"on the {clear.mean():.0%} of tokens where llama.cpp's best token leads by more than {CLEAR_LEAD} logits"
+    row(f"reference vs llama.cpp {where}", exact[clear], default[clear])
+    row(f"llama.cpp with flash attention vs llama.cpp {where}", flash[clear], default[clear])
+    missed = exact.argmax(1) != default.argmax(1)  # (n_tokens,)
+    rows.append(("llama.cpp's lead at the tokens where the reference picks another",
+                 f"max {lead(default)[missed].max():.3g}, median {np.median(lead(default)[missed]):.3g} logits"))
+    print(f"{rows[-1][0]}: {rows[-1][1]}", flush=True)
     for label, model_ in (("reference", reference), ("imitation", imitation)):
         rows.append((f"{label}'s feed-forward of every layer from llama.cpp's own input, {N_STAGE_TOKENS} tokens",
                      feed_forward_error(model_, model, tokens[:N_STAGE_TOKENS])))
