@@ -1,4 +1,5 @@
-"""Tiny random-weight GGUF models of the compressed architectures, for tests and validation.
+"""Tiny random-weight GGUF models of the compressed architectures, for tests and validation,
+and of the dense llama-family layouts the numpy reference model runs.
 
 Each model is a few hundred kilobytes of F32 weights that llama.cpp (as vendored in
 llama-cpp-python 0.3.36) loads and runs. The hyperparameters are the smallest that pass
@@ -300,6 +301,52 @@ TINY_ARCHS: dict[str, Callable[[], TinySpec]] = {
 }
 
 
+# --------------------------------------------------------------------------- dense layouts for the reference model
+
+
+def _dense_spec(arch: str, head_dim: int, qkv_bias: bool = False, qk_norm: bool = False, tied: bool = False) -> TinySpec:
+    """A llama-family model with every feature the reference model reads from the file:
+    grouped-query attention (4 query heads on 2 KV heads), norm weights that are not ones,
+    and per architecture Q/K/V biases (qwen2), per-head Q/K norms and a head width that is
+    not n_embd / n_head (qwen3), or a tied output (llama)."""
+    s = TinySpec(arch)
+    n_embd, n_head, n_kv, n_ff, n_layer = 32, 4, 2, 64, 2
+    _common(s, n_embd, n_layer)
+    if tied:
+        s.tensors = [t for t in s.tensors if t[0] != "output.weight"]
+    s.key("attention.head_count", n_head)
+    s.key("attention.head_count_kv", n_kv)
+    s.key("attention.key_length", head_dim)
+    s.key("attention.value_length", head_dim)
+    s.key("feed_forward_length", n_ff)
+    s.key("rope.dimension_count", head_dim)
+    s.key("rope.freq_base", 10000.0)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        s.tensor(p + "attn_norm.weight", (n_embd,), "ape")
+        for name, width in (("attn_q", n_head * head_dim), ("attn_k", n_kv * head_dim), ("attn_v", n_kv * head_dim)):
+            s.tensor(p + name + ".weight", (n_embd, width))
+            if qkv_bias:
+                s.tensor(p + name + ".bias", (width,), "small")
+        if qk_norm:
+            s.tensor(p + "attn_q_norm.weight", (head_dim,), "ape")
+            s.tensor(p + "attn_k_norm.weight", (head_dim,), "ape")
+        s.tensor(p + "attn_output.weight", (n_head * head_dim, n_embd))
+        s.tensor(p + "ffn_norm.weight", (n_embd,), "ape")
+        s.tensor(p + "ffn_gate.weight", (n_embd, n_ff))
+        s.tensor(p + "ffn_up.weight", (n_embd, n_ff))
+        s.tensor(p + "ffn_down.weight", (n_ff, n_embd))
+    return s
+
+
+# the numpy reference model's layouts (kvphase/reference/model.py), checked against llama.cpp
+DENSE_TINY_ARCHS: dict[str, Callable[[], TinySpec]] = {
+    "llama": lambda: _dense_spec("llama", head_dim=8, tied=True),
+    "qwen2": lambda: _dense_spec("qwen2", head_dim=8, qkv_bias=True),
+    "qwen3": lambda: _dense_spec("qwen3", head_dim=16, qk_norm=True),
+}
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -326,12 +373,13 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do."""
     import gguf
 
-    if arch not in TINY_ARCHS:
-        raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(TINY_ARCHS)}")
+    specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
+    if arch not in specs:
+        raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
     if yarn_factor < 0 or (yarn_factor and arch not in YARN_ARCHS):
         raise PlanError(f"a YaRN factor must be positive and is offered for {', '.join(YARN_ARCHS)} only; "
                         f"got {yarn_factor} for {arch}")
-    spec = TINY_ARCHS[arch]()
+    spec = specs[arch]()
     if yarn_factor:
         spec.key("rope.scaling.type", "yarn")
         spec.key("rope.scaling.factor", float(yarn_factor))

@@ -11,6 +11,8 @@ llama.cpp's own spread, and must agree wherever llama.cpp's choice is no near-ti
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,9 @@ from kvphase.errors import PlanError
 from kvphase.reference.agreement import (
     CLEAR_LEAD, GGML_TYPE_F32, agreement, export_f32, lead, llamacpp_logits, natural_text,
 )
+from kvphase.reference.model import Transformer
 from kvphase.reference.policy import CompressedAttention, make_policy, masked_attention
+from kvphase.tiny import DENSE_TINY_ARCHS, TINY_VOCAB, write_tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -82,6 +86,25 @@ def test_quantized_file_within_llamacpp_own_spread(default_model, text_tokens, r
     assert got.top1 >= min(a.top1 for a in own.values()) - 0.01, report
     assert got.mean_diff <= 1.5 * max(a.mean_diff for a in own.values()), report
     assert clear.mean() > 0.3 and on_clear.top1 >= 0.99, report
+
+
+@pytest.mark.parametrize("arch", sorted(DENSE_TINY_ARCHS))
+def test_each_layout_matches_llamacpp(arch, tmp_path):
+    """llama: tied output; qwen2: NEOX RoPE, Q/K/V biases; qwen3: per-head Q/K norms, head
+    width != n_embd / n_head. All: grouped-query attention, norm weights that are not ones."""
+    path = write_tiny_model(arch, tmp_path / f"{arch}.gguf")
+    tokens = np.random.default_rng(0).integers(0, TINY_VOCAB, 100).tolist()
+    expected = llamacpp_logits(path, tokens, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
+    model = Transformer.from_gguf(path)
+    c = model.config
+    assert (c.tied_output, c.qkv_bias, c.qk_norm, c.rope_neox) == {
+        "llama": (True, False, False, False), "qwen2": (False, True, False, True), "qwen3": (False, False, True, True),
+    }[arch] and c.n_group == 2
+    got = agreement(model.forward(tokens, model.new_cache()), expected)
+    assert got.top1 == 1.0 and got.max_diff < 1e-4, f"{arch}: {got}"
+    wrong_rope = Transformer(dataclasses.replace(c, rope_neox=not c.rope_neox), model.w)
+    missed = agreement(wrong_rope.forward(tokens, wrong_rope.new_cache()), expected)
+    assert missed.max_diff > 1.0, f"{arch} with the other RoPE pairing should miss: {missed}"
 
 
 def test_tokens_match_llamacpp(backend, default_model):

@@ -59,8 +59,8 @@ def test_tiny_model_loads_and_decodes_in_llama_cpp(arch, tmp_path):
 
 
 def test_unknown_architecture_is_a_plan_error(tmp_path):
-    with pytest.raises(PlanError, match="no tiny model for architecture 'llama'"):
-        write_tiny_model("llama", tmp_path / "m.gguf")
+    with pytest.raises(PlanError, match="no tiny model for architecture 'gpt2'"):
+        write_tiny_model("gpt2", tmp_path / "m.gguf")
 
 
 def test_make_tiny_cli_writes_a_model_inspect_can_read(tmp_path):

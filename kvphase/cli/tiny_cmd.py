@@ -7,17 +7,18 @@ from pathlib import Path
 import typer
 
 from kvphase.cli import app
-from kvphase.tiny import TINY_ARCHS, write_tiny_model
+from kvphase.tiny import DENSE_TINY_ARCHS, TINY_ARCHS, write_tiny_model
 
 
 @app.command("make-tiny")
 def make_tiny(
-    arch: str = typer.Argument(..., help=f"Architecture: {', '.join(TINY_ARCHS)}."),
+    arch: str = typer.Argument(..., help=f"Architecture: {', '.join(TINY_ARCHS)} (compressed, for `validate`), "
+                                         f"or {', '.join(DENSE_TINY_ARCHS)} (layouts of the numpy reference model)."),
     out: Path = typer.Argument(..., help="Where to write the .gguf file."),
     seed: int = typer.Option(0, help="Seed of the random weights; the same seed writes the same file."),
     yarn_factor: float = typer.Option(0.0, help="Declare YaRN RoPE scaling by this factor (deepseek4 only)."),
 ) -> None:
-    """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests and `validate`)."""
+    """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""
     path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor)
     yarn = f", YaRN x{yarn_factor:g}" if yarn_factor else ""
     typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn})")

@@ -1,4 +1,5 @@
-"""A readable numpy transformer that runs llama-family GGUF weights (Llama, Mistral, Qwen2, Qwen3).
+"""A readable numpy transformer that runs llama-family GGUF weights (Llama, Qwen2, Qwen3;
+Mistral's files are `llama` architecture).
 
 In the spirit of nanoGPT's model.py: one file, a config read from GGUF metadata, a shape
 comment on every array line. It follows llama.cpp as vendored in llama-cpp-python 0.3.36
@@ -29,7 +30,7 @@ from kvphase.errors import ModelFileError
 from kvphase.gguf_header import TensorInfo, read_gguf_header
 
 # architecture -> RoPE pairing (llama_model_rope_type in src/llama-model.cpp)
-ROPE_NEOX = {"llama": False, "mistral": False, "qwen2": True, "qwen3": True}
+ROPE_NEOX = {"llama": False, "qwen2": True, "qwen3": True}
 N_BATCH = 512  # tokens per forward chunk: bounds the (n_head, chunk, n_kv_tokens) score array
 
 
