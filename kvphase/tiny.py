@@ -304,16 +304,23 @@ TINY_ARCHS: dict[str, Callable[[], TinySpec]] = {
 # --------------------------------------------------------------------------- dense layouts for the reference model
 
 
-def _dense_spec(arch: str, head_dim: int, qkv_bias: bool = False, qk_norm: bool = False, tied: bool = False) -> TinySpec:
+def _dense_spec(arch: str, head_dim: int, qkv_bias: bool = False, qk_norm: bool = False, tied: bool = False,
+                rope_freqs: bool = False, linear_rope: float = 0.0) -> TinySpec:
     """A llama-family model with every feature the reference model reads from the file:
     grouped-query attention (4 query heads on 2 KV heads), norm weights that are not ones,
-    and per architecture Q/K/V biases (qwen2), per-head Q/K norms and a head width that is
-    not n_embd / n_head (qwen3), or a tied output (llama)."""
+    and per architecture a tied output and Llama-3 RoPE frequency divisors (llama), Q/K/V
+    biases and linear RoPE scaling (qwen2), per-head Q/K norms and a head width that is not
+    n_embd / n_head (qwen3)."""
     s = TinySpec(arch)
     n_embd, n_head, n_kv, n_ff, n_layer = 32, 4, 2, 64, 2
     _common(s, n_embd, n_layer)
     if tied:
         s.tensors = [t for t in s.tensors if t[0] != "output.weight"]
+    if rope_freqs:
+        s.tensor("rope_freqs.weight", (head_dim // 2,), "freq")
+    if linear_rope:
+        s.key("rope.scaling.type", "linear")
+        s.key("rope.scaling.factor", linear_rope)
     s.key("attention.head_count", n_head)
     s.key("attention.head_count_kv", n_kv)
     s.key("attention.key_length", head_dim)
@@ -341,8 +348,8 @@ def _dense_spec(arch: str, head_dim: int, qkv_bias: bool = False, qk_norm: bool 
 
 # the numpy reference model's layouts (kvphase/reference/model.py), checked against llama.cpp
 DENSE_TINY_ARCHS: dict[str, Callable[[], TinySpec]] = {
-    "llama": lambda: _dense_spec("llama", head_dim=8, tied=True),
-    "qwen2": lambda: _dense_spec("qwen2", head_dim=8, qkv_bias=True),
+    "llama": lambda: _dense_spec("llama", head_dim=8, tied=True, rope_freqs=True),
+    "qwen2": lambda: _dense_spec("qwen2", head_dim=8, qkv_bias=True, linear_rope=4.0),
     "qwen3": lambda: _dense_spec("qwen3", head_dim=16, qk_norm=True),
 }
 
@@ -356,6 +363,8 @@ def _init(rng: np.random.Generator, ne: tuple[int, ...], kind: str) -> np.ndarra
         return np.ones(shape, np.float32)
     if kind == "small":
         return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    if kind == "freq":  # Llama-3 RoPE frequency divisors: positive, mostly above 1
+        return (1.0 + 3.0 * rng.random(shape)).astype(np.float32)
     if kind == "neg":  # KDA's ssm_a holds -exp(A_log)
         return -np.exp(0.1 * rng.standard_normal(shape)).astype(np.float32)
     if kind in ("ape", "embd"):  # unit scale: the gate bias must matter, embeddings must differ

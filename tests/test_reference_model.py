@@ -90,15 +90,19 @@ def test_quantized_file_within_llamacpp_own_spread(default_model, text_tokens, r
 
 @pytest.mark.parametrize("arch", sorted(DENSE_TINY_ARCHS))
 def test_each_layout_matches_llamacpp(arch, tmp_path):
-    """llama: tied output; qwen2: NEOX RoPE, Q/K/V biases; qwen3: per-head Q/K norms, head
-    width != n_embd / n_head. All: grouped-query attention, norm weights that are not ones."""
+    """llama: tied output, RoPE frequency divisors; qwen2: NEOX RoPE, Q/K/V biases, linear
+    RoPE scaling; qwen3: per-head Q/K norms, head width != n_embd / n_head. All: grouped-query
+    attention, norm weights that are not ones."""
     path = write_tiny_model(arch, tmp_path / f"{arch}.gguf")
     tokens = np.random.default_rng(0).integers(0, TINY_VOCAB, 100).tolist()
     expected = llamacpp_logits(path, tokens, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
     model = Transformer.from_gguf(path)
     c = model.config
-    assert (c.tied_output, c.qkv_bias, c.qk_norm, c.rope_neox) == {
-        "llama": (True, False, False, False), "qwen2": (False, True, False, True), "qwen3": (False, False, True, True),
+    features = (c.tied_output, model.w.rope_freqs is not None, c.qkv_bias, c.rope_scale != 1.0, c.qk_norm, c.rope_neox)
+    assert features == {
+        "llama": (True, True, False, False, False, False),
+        "qwen2": (False, False, True, True, False, True),
+        "qwen3": (False, False, False, False, True, True),
     }[arch] and c.n_group == 2
     got = agreement(model.forward(tokens, model.new_cache()), expected)
     assert got.top1 == 1.0 and got.max_diff < 1e-4, f"{arch}: {got}"
