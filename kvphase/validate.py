@@ -783,12 +783,14 @@ def validate_model(
     settings: EngineSettings | None = None,
     perturb: int = 0,
     cache: str = "f32",
+    on_split: Callable[[int, int, Sequence[int]], None] | None = None,
 ) -> ValidationReport:
     """Run the model through llama.cpp under several batch splits and compare every compressed layer.
 
     `perturb` != 0 makes the reference deliberately wrong (its per-phase gate bias, or its
     block grid, shifted by that many positions) to show that the check can fail. `n_tokens`
     defaults to the family's need (64; deepseek4: two ratio-128 blocks and a tail).
+    `on_split(index, count, split)` is called before each batch split runs.
     """
     info = read_model_info(model)
     family = info.compression.family
@@ -809,7 +811,9 @@ def validate_model(
     settings = replace(settings, n_ctx=max(settings.n_ctx, _round_up(n_tokens + 16, 256)), kv_f32=cache == "f32")
     tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n_tokens)
     checks: dict[int, LayerCheck] = {}
-    for split in plan:
+    for i, split in enumerate(plan):
+        if on_split is not None:
+            on_split(i, len(plan), split)
         run = run_and_capture(info.path, tokens.tolist(), split, checker.want, settings)
         checker.compare(run, checks)
     for layer, reasons in checker.uncompared(n_tokens).items():

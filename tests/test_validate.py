@@ -206,6 +206,7 @@ def test_validate_cli_deepseek4(models):
     ok = runner.invoke(app, ["validate", str(models["deepseek4"]), "--tokens", "160", "--split", "97,63", "--threads", "1"])
     assert ok.exit_code == 0, ok.output
     assert "deepseek4 (dsv4)" in ok.output and "PASS" in ok.output and "FAIL" not in ok.output
+    assert "split 1/1: 2 batches, 160 tokens" in ok.output  # progress before each split
     short = runner.invoke(app, ["validate", str(models["deepseek4"]), "--tokens", "40", "--split", "40", "--threads", "1"])
     assert short.exit_code == 1, short.output
     assert "not compared: no ratio-128 block completes within 40 tokens" in short.output

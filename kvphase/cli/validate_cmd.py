@@ -28,6 +28,8 @@ def validate(
     gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to a GPU."),
     keys_tol: float = typer.Option(1e-5, "--keys-tol", help="Max absolute difference of compressed keys."),
     scores_tol: float = typer.Option(1e-4, "--scores-tol", help="Max score difference, relative to the largest score."),
+    attention_tol: float = typer.Option(5e-3, "--attention-tol", help="Max attention output difference (deepseek4), "
+                                        "relative to the largest output."),
     perturb: int = typer.Option(0, help="Deliberately shift the reference's phase by this much (shows a FAIL)."),
     cache: str = typer.Option("f32", help="KV/indexer cache type: f32, or f16 (llama.cpp's default; the reference "
                               "rounds where llama.cpp rounds)."),
@@ -35,7 +37,14 @@ def validate(
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
     splits = [_parse_split(s) for s in split] if split else None
     settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
-    report = validate_model(model, tokens, seed, splits, Tolerances(keys_tol, scores_tol), settings, perturb, cache)
+    status = Console(stderr=True)
+
+    def on_split(index: int, count: int, sizes) -> None:
+        batches = f"{len(sizes)} batch" + ("es" if len(sizes) != 1 else "")
+        status.print(f"[dim]split {index + 1}/{count}: {batches}, {sum(sizes)} tokens...[/dim]")
+
+    tolerances = Tolerances(keys_tol, scores_tol, attention_tol)
+    report = validate_model(model, tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
     _print(report)
     if not report.passed:
         raise typer.Exit(1)
