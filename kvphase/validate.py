@@ -62,6 +62,12 @@ class Diff:
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
 
+    def excess(self, what: str, limit: float, tolerance: str) -> list[str]:
+        """The failure line when the largest difference is over `limit`, else nothing."""
+        if not self.count or self.max <= limit:
+            return []
+        return [f"{what} differ by up to {self.max:.3g} (mean {self.mean:.3g}), tolerance {tolerance}"]
+
 
 @dataclass
 class LayerCheck:
@@ -107,22 +113,14 @@ class LayerCheck:
     def failures(self, tol: Tolerances) -> list[str]:
         """Why this layer fails; empty when it passes."""
         out = [f"not compared: {text}" for text in self.uncompared]
-        if self.gates.count and self.gates.max > tol.keys_abs:
-            out.append(f"gate logits differ by up to {self.gates.max:.3g} (mean {self.gates.mean:.3g}), tolerance {tol.keys_abs:g}")
-        if self.keys.count and self.keys.max > tol.keys_abs:
-            out.append(f"keys differ by up to {self.keys.max:.3g} (mean {self.keys.mean:.3g}), tolerance {tol.keys_abs:g}")
-        if self.scores.count and self.scores.max > tol.scores_rel * max(self.score_scale, 1e-30):
-            out.append(
-                f"scores differ by up to {self.scores.max:.3g} (mean {self.scores.mean:.3g}), "
-                f"tolerance {tol.scores_rel:g} x largest score {self.score_scale:.3g}"
-            )
+        out += self.gates.excess("gate logits", tol.keys_abs, f"{tol.keys_abs:g}")
+        out += self.keys.excess("keys", tol.keys_abs, f"{tol.keys_abs:g}")
+        out += self.scores.excess("scores", tol.scores_rel * max(self.score_scale, 1e-30),
+                                  f"{tol.scores_rel:g} x largest score {self.score_scale:.3g}")
         if self.mask_mismatch:
             out.append(f"{self.mask_mismatch} scores are masked in one and not the other")
-        if self.attention.count and self.attention.max > tol.attention_rel * max(self.attention_scale, 1e-30):
-            out.append(
-                f"attention outputs differ by up to {self.attention.max:.3g} (mean {self.attention.mean:.3g}), "
-                f"tolerance {tol.attention_rel:g} x largest output {self.attention_scale:.3g}"
-            )
+        out += self.attention.excess("attention outputs", tol.attention_rel * max(self.attention_scale, 1e-30),
+                                     f"{tol.attention_rel:g} x largest output {self.attention_scale:.3g}")
         if self.mismatched:
             out.append(f"{self.mismatched} of {self.rows} selected sets differ beyond ties")
         if not self.rows and not self.keys.count:
