@@ -95,6 +95,11 @@ class LayerCheck:
         if len(self.notes) < 5:
             self.notes.append(text)
 
+    def not_compared(self, text: str) -> None:
+        """Record, once, something this layer should have compared but could not (a FAIL)."""
+        if text not in self.uncompared:
+            self.uncompared.append(text)
+
     def count(self, verdict: str, tokens_equal: bool, mismatch: str, tie_needs_equal_tokens: bool = False,
               differ: str = ", selected tokens differ") -> None:
         """Tally one compared selection: exact, an exact tie, or a mismatch noted for the user.
@@ -571,12 +576,14 @@ class DSV4Check(FamilyCheck):
         q, keys (`*_k_all`: raw cells, then compressed entries, which are the values too),
         mask and the layer's sinks, as flash attention computes it: F16 q, keys and values,
         each head's sink logit added to the softmax denominator, scale 1/sqrt(head_dim)."""
+        from kvphase.designs.windows import round_to_cache
+
         prefix = "csa" if design.is_csa else "hca"
         names = ("q", f"{prefix}_k_all", "attn_csa_lid" if design.is_csa else "attn_hca",
                  "csa_lid_kq_mask" if design.is_csa else "hca_kq_mask")
         found = [run.all(name, layer, ub.index) for name in names]
         if not all(found):
-            check.uncompared.append(f"attention output: {', '.join(n for n, f in zip(names, found) if not f)} not captured")
+            check.not_compared(f"attention output: {', '.join(n for n, f in zip(names, found) if not f)} not captured")
             return
         q, keys, expected, mask = (f[-1].array for f in found)
         n, d = len(ub.positions), keys.shape[-1]
@@ -586,8 +593,6 @@ class DSV4Check(FamilyCheck):
             q = hadamard_rotate(q)
         q = q.reshape(n, -1, d)  # (n_tokens, n_head, d)
         mask = np.asarray(mask).reshape(-1, mask.shape[-1])[:n, : len(keys)]  # (n_tokens, n_kv)
-        from kvphase.designs.windows import round_to_cache
-
         q16, keys16 = round_to_cache(q, "f16"), round_to_cache(keys, "f16")  # what flash attention multiplies
         logits = np.einsum("thd,kd->thk", q16, keys16) / np.float32(np.sqrt(d)) + mask[:, None, :]  # (n, n_head, n_kv)
         sinks = self.tensor(f"blk.{layer}.attn_sinks.weight").reshape(1, -1, 1)  # (1, n_head, 1)
@@ -690,7 +695,7 @@ class DSV4Check(FamilyCheck):
         expected = design.raw_window(pos, int(pos[-1]) + 1)  # (n_tokens, n_keys)
         cells = run.find(f"{'csa' if design.is_csa else 'hca'}_raw_k", layer, ub.index)
         if cells is None:
-            check.uncompared.append("the raw window's cells were not captured, so its tokens were not compared")
+            check.not_compared("the raw window's cells were not captured, so its tokens were not compared")
             return np.zeros(len(pos), dtype=bool)
         held = self._cell_positions(run, layer, design, ub, cells)  # (n_raw_cells,), -1 where no token matches
         ok = np.zeros(len(pos), dtype=bool)  # (n_tokens,)
