@@ -482,7 +482,7 @@ def dsv4_rope_scaling(fields: dict, arch: str):
         return freq_scale, None
     n_ctx_orig = int(fields.get(f"{arch}.rope.scaling.original_context_length", 0)
                      or fields.get(f"{arch}.context_length", 0))
-    attn_factor = np.float32(1) / (np.float32(1) + np.float32(0.1) * np.log(np.float32(1) / np.float32(freq_scale)))
+    attn_factor = np.float32(1) / Yarn.boost(freq_scale)  # dsv4_rope_attn_factor
     return freq_scale, Yarn(ext_factor=1.0, n_ctx_orig=n_ctx_orig, attn_factor=float(attn_factor))
 
 class DSV4Check(FamilyCheck):

@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as Quant
 
 from kvphase.defaults import default_model_path
+from kvphase.designs.windows import round_to_cache
 from kvphase.gguf_header import read_gguf_header
 from kvphase.reference.agreement import CLEAR_LEAD, GGML_TYPE_F32, agreement, export_f32, lead, llamacpp_logits, natural_text
 from kvphase.reference.model import Transformer, dense_attention, load
@@ -38,7 +39,7 @@ Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of 4-bit quants per 32 weights
 
 
 def round_f16(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float16).astype(np.float32)
+    return round_to_cache(a, "f16")
 
 
 def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -102,11 +102,16 @@ class Yarn:
         y = (np.arange(n_pairs, dtype=np.float32) - np.float32(low)) / np.float32(max(0.001, high - low))  # (n_pairs,)
         return ((1 - np.clip(y, 0, 1)) * np.float32(self.ext_factor)).astype(np.float32)  # (n_pairs,)
 
+    @staticmethod
+    def boost(freq_scale: float) -> np.float32:
+        """The magnitude correction rope_yarn applies with the ramp on: 1 + 0.1 ln(1 / freq_scale)."""
+        return np.float32(1) + np.float32(0.1) * np.log(np.float32(1) / np.float32(freq_scale))
+
     def magnitude(self, freq_scale: float) -> np.float32:
-        """rope_yarn's mscale: attn_factor * (1 + 0.1 ln(1 / freq_scale)) when the ramp is on."""
+        """rope_yarn's mscale: attn_factor, times `boost` when the ramp is on."""
         if self.ext_factor == 0:
             return np.float32(self.attn_factor)
-        return np.float32(self.attn_factor) * (np.float32(1) + np.float32(0.1) * np.log(np.float32(1 / freq_scale)))
+        return np.float32(self.attn_factor) * self.boost(freq_scale)
 
 
 def rope(
@@ -138,12 +143,10 @@ def rope(
         extrap[:, i] = step
         step = (step * theta_scale).astype(np.float32)
     theta = (np.float32(freq_scale) * extrap).astype(np.float32)  # (n, half), rope_yarn's theta_interp
-    scale = np.float32(1)
+    scale = np.float32(1) if yarn is None else yarn.magnitude(freq_scale)
     if yarn is not None and yarn.ext_factor != 0:
         mix = yarn.ramp(half, n_rot, freq_base)  # (half,)
         theta = (theta * (1 - mix) + extrap * mix).astype(np.float32)  # (n, half)
-    if yarn is not None:
-        scale = yarn.magnitude(freq_scale)
     cos = (np.cos(theta) * scale).astype(np.float32)  # (n, half)
     sin = (np.sin(theta) * scale).astype(np.float32)  # (n, half)
     section = x[:, offset : offset + n_rot]  # (n, n_rot)
