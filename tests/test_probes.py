@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvphase.errors import PlanError
-from kvphase.probes import ProbeSettings, RecordMaker, build_probes, plan_slots
-from kvphase.tasks import load_task
+from kvphase.sweep.placement import ProbeSettings, RecordMaker, build_probes, plan_slots
+from kvphase.sweep.tasks import load_task
 from tests.fakes import CharBackend
 
 MODES = ["prefix", "in-sequence"]

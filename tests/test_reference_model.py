@@ -20,11 +20,12 @@ from kvphase.backends.base import Query, score_from_logits
 from kvphase.designs import CompressedKV, attend
 from kvphase.errors import PlanError
 from kvphase.reference.agreement import (
-    CLEAR_LEAD, GGML_TYPE_F32, agreement, export_f32, lead, llamacpp_logits, natural_text,
+    CLEAR_LEAD, GGML_TYPE_F32, agreement, lead, llamacpp_logits, natural_text,
 )
+from kvphase.gguf.writer import export_f32
 from kvphase.reference.model import Transformer
 from kvphase.reference.policy import CompressedAttention, make_policy, masked_attention
-from kvphase.tiny import DENSE_TINY_ARCHS, TINY_VOCAB, write_tiny_model
+from kvphase.gguf.tiny import DENSE_TINY_ARCHS, TINY_VOCAB, write_tiny_model
 
 pytestmark = pytest.mark.slow
 

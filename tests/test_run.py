@@ -8,9 +8,10 @@ import pandas as pd
 import pytest
 
 from kvphase.errors import RunFolderError
-from kvphase.modelinfo import read_model_info
-from kvphase.report import build_report
-from kvphase.run import SweepPlan, execute_sweep, load_results
+from kvphase.gguf.modelinfo import read_model_info
+from kvphase.sweep.report import build_report
+from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.run import execute_sweep, load_results
 from tests.fakes import CharBackend
 
 

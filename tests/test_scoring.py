@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from kvphase.backends.base import Query, score_from_logits
-from kvphase.probes import ProbeSettings, build_probes
-from kvphase.tasks import load_task
+from kvphase.sweep.placement import ProbeSettings, build_probes
+from kvphase.sweep.tasks import load_task
 
 
 def _separate_prompt_scores(model_path, context, queries):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kvphase.capture import EngineSettings, by_name, run_and_capture
+from kvphase.engines.capture import EngineSettings, by_name, run_and_capture
 from kvphase.cli import app
 from kvphase.errors import PlanError
-from kvphase.modelinfo import read_model_info
-from kvphase.tiny import TINY_ARCHS, write_tiny_model
+from kvphase.gguf.modelinfo import read_model_info
+from kvphase.gguf.tiny import TINY_ARCHS, write_tiny_model
 
 ARCHS = sorted(TINY_ARCHS)
 # per architecture: a compression tensor llama.cpp must compute, and the spec `inspect` shows

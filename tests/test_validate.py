@@ -7,12 +7,13 @@ from typer.testing import CliRunner
 
 import numpy as np
 
-from kvphase.capture import EngineSettings
+from kvphase.engines.capture import EngineSettings
 from kvphase.cli import app
 from kvphase.errors import PlanError
-from kvphase.tiny import write_tiny_model
-from kvphase.gguf_header import read_gguf_header
-from kvphase.validate import default_splits, dsv4_rope_scaling, hadamard, hadamard_rotate, validate_model
+from kvphase.gguf.tiny import write_tiny_model
+from kvphase.gguf.header import read_gguf_header
+from kvphase.designs.dsv4 import dsv4_rope_scaling, hadamard, hadamard_rotate
+from kvphase.validate import default_splits, validate_model
 
 pytestmark = pytest.mark.slow
 VALIDATED = ["glm5-next", "minimax-m3"]

@@ -1,0 +1,43 @@
+"""Backends score teacher-forced queries after a shared context (`base.Backend`).
+
+`BACKENDS` maps the name a plan records (`SweepPlan.backend`) to a factory
+`factory(model_path, *, n_ctx, n_threads, options) -> Backend`; `options` is the plan's
+`backend_options`. Factories import their engine only when called, so importing this
+package loads neither llama.cpp nor the reference model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from kvphase.backends.base import Backend
+from kvphase.errors import PlanError
+
+
+def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
+                     options: dict | None = None) -> Backend:
+    """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`); takes no options."""
+    from kvphase.backends.llamacpp import LlamaCppBackend
+
+    if options:
+        raise PlanError(f"the llama.cpp backend takes no options, got {', '.join(options)}")
+    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads)
+
+
+def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
+                      options: dict | None = None) -> Backend:
+    """The numpy reference model under the policy `options` names (`design` and its options);
+    `n_ctx` and `n_threads` do not apply (numpy's BLAS picks its threads)."""
+    from kvphase.backends.reference import ReferenceBackend
+    from kvphase.reference.policy import make_policy
+
+    return ReferenceBackend(model_path, policy=make_policy(**(options or {})))
+
+
+BACKENDS: dict[str, Callable[..., Backend]] = {
+    "llama.cpp": llamacpp_backend,
+    "reference": reference_backend,
+}
+
+__all__ = ["BACKENDS", "Backend", "llamacpp_backend", "reference_backend"]

@@ -9,7 +9,8 @@ roll back part of a sequence.
 
 One query per decode: with several queries' sequences in one batch, llama.cpp 0.3.36
 gave some queries log-probabilities up to 0.19 away from the same query scored as its
-own prompt (tests/test_scoring.py checks the equality).
+own prompt (tests/test_scoring.py checks the equality). The session itself (load,
+context, batches, decode, logits) is `kvphase.engines.llamacpp`.
 """
 
 from __future__ import annotations
@@ -22,24 +23,10 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
 
 CONTEXT_SEQ, QUERY_SEQ = 0, 1
-
-
-def silence_llama_logs() -> None:
-    """Drop llama.cpp's log, which it writes to stderr from C on every load."""
-    import llama_cpp
-
-    if getattr(silence_llama_logs, "keepalive", None):
-        return
-
-    @llama_cpp.llama_log_callback
-    def _drop(level, text, user_data):
-        return None
-
-    llama_cpp.llama_log_set(_drop, ctypes.c_void_p(0))
-    silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
 
 
 class LlamaCppBackend:
@@ -56,29 +43,16 @@ class LlamaCppBackend:
         import llama_cpp
 
         self._lc = llama_cpp
-        silence_llama_logs()
-        llama_cpp.llama_backend_init()
         self.model_path = Path(model_path)
-        model_params = llama_cpp.llama_model_default_params()
-        self._model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), model_params)
+        self._model = engine.load_model(self.model_path)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.model_path} (unsupported architecture or corrupt file)")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_batch = n_batch
-        threads = n_threads or os.cpu_count() or 1
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = 2  # the context, and the query scored on a copy of it
-        params.kv_unified = True
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        params.flash_attn_type = 1 if flash_attn else 0
-        self._ctx = llama_cpp.llama_init_from_model(self._model, params)
-        if not self._ctx:
-            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path}")
+        # n_seq_max 2: the context, and the query scored on a copy of it
+        self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or os.cpu_count() or 1,
+                                       n_seq_max=2, flash_attn=flash_attn, kv_unified=True, label=str(self.model_path))
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
@@ -159,26 +133,13 @@ class LlamaCppBackend:
 
     def _decode(self, rows: list[tuple[int, int, int, bool]]) -> None:
         """Decode (token, position, sequence, wants logits) rows as one batch."""
-        batch = self._batch
-        batch.n_tokens = len(rows)
-        for i, (token, pos, seq, want_logits) in enumerate(rows):
-            batch.token[i] = token
-            batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq
-            batch.logits[i] = want_logits
-        status = self._lc.llama_decode(self._ctx, batch)
+        status = engine.decode(self._ctx, self._batch, rows)
         if status != 0:
             raise BackendError(f"llama_decode failed with status {status} on a batch of {len(rows)} tokens")
         self.tokens_evaluated += len(rows)
 
     def _requested_logits(self, rows) -> np.ndarray:
-        wanted = [i for i, row in enumerate(rows) if row[3]]
-        out = np.empty((len(wanted), self.n_vocab), dtype=np.float32)  # (n_scored_rows, n_vocab)
-        for k, i in enumerate(wanted):
-            pointer = self._lc.llama_get_logits_ith(self._ctx, i)
-            out[k] = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
-        return out
+        return engine.logits(self._ctx, rows, self.n_vocab)  # (n_scored_rows, n_vocab)
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.backends.base import Query, Score, score_from_logits
-from kvphase.backends.llamacpp import silence_llama_logs
+from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
 from kvphase.reference.model import AttentionPolicy, Transformer
 from kvphase.reference.policy import make_policy

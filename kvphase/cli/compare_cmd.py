@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvphase.cli import app
-from kvphase.compare import DEFAULT_OUT, display_table, write_comparison
+from kvphase.sweep.compare import DEFAULT_OUT, display_table, write_comparison
 
 
 @app.command()

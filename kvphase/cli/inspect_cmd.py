@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvphase.cli import app
-from kvphase.modelinfo import read_model_info
+from kvphase.gguf.modelinfo import read_model_info
 
 
 @app.command()

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from kvphase.cli import app
-from kvphase.report import REPORT_FILE, build_report
+from kvphase.sweep.report import REPORT_FILE, build_report
 
 
 @app.command()

@@ -15,13 +15,15 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
                            TimeRemainingColumn)
 from rich.text import Text
 
+from kvphase.backends import BACKENDS
 from kvphase.cli import app
 from kvphase.defaults import default_model_path
 from kvphase.errors import PlanError
-from kvphase.modelinfo import ModelInfo, read_model_info
-from kvphase.report import REPORT_FILE, build_report
-from kvphase.run import SweepPlan, SweepProgress, check_run_dir, default_run_dir, execute_sweep
-from kvphase.tasks import available_tasks, load_task
+from kvphase.gguf.modelinfo import ModelInfo, read_model_info
+from kvphase.sweep.report import REPORT_FILE, build_report
+from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.sweep.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
 QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
@@ -33,9 +35,7 @@ class Padding(str, Enum):
     in_sequence = "in-sequence"
 
 
-class BackendName(str, Enum):
-    llama_cpp = "llama.cpp"
-    reference = "reference"
+BackendName = Enum("BackendName", {name: name for name in BACKENDS}, type=str)  # the names of the registry
 
 
 @app.command()
@@ -51,7 +51,7 @@ def sweep(
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    backend: BackendName = typer.Option(BackendName.llama_cpp, help="llama.cpp, or the numpy reference model."),
+    backend: BackendName = typer.Option(BackendName("llama.cpp"), help="llama.cpp, or the numpy reference model."),
     design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
     option: list[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable "
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
@@ -61,7 +61,7 @@ def sweep(
         raise PlanError(f"--threads must be at least 1, got {threads}")
     info = read_model_info(model if model is not None else default_model_path())
     plan = make_plan(info, stride, modulus, context, per_residue, padding.value, task, seed)
-    if backend is BackendName.reference:
+    if backend.value == "reference":
         plan = with_reference_design(plan, design, parse_options(option))
     elif design != "dense" or option:
         raise PlanError("--design and --option apply to --backend reference only")
@@ -124,15 +124,9 @@ def with_reference_design(plan: SweepPlan, design: str, options: dict) -> SweepP
 
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int]):
-    """The engine a plan names."""
-    if plan.backend == "reference":
-        from kvphase.backends.reference import ReferenceBackend
-        from kvphase.reference.policy import make_policy
-
-        return ReferenceBackend(info.path, policy=make_policy(**plan.backend_options))
-    from kvphase.backends.llamacpp import LlamaCppBackend
-
-    return LlamaCppBackend(info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=threads or os.cpu_count())
+    """The backend a plan names, through the `BACKENDS` registry."""
+    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=threads or os.cpu_count(),
+                                  options=plan.backend_options)
 
 
 class _RateColumn(ProgressColumn):

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from kvphase.cli import app
-from kvphase.tiny import DENSE_TINY_ARCHS, TINY_ARCHS, write_tiny_model
+from kvphase.gguf.tiny import DENSE_TINY_ARCHS, TINY_ARCHS, write_tiny_model
 
 
 @app.command("make-tiny")

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvphase.capture import EngineSettings
+from kvphase.engines.capture import EngineSettings
 from kvphase.cli import app
 from kvphase.errors import PlanError
 from kvphase.validate import Tolerances, ValidationReport, validate_model

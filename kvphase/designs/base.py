@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvphase.designs.windows import masked_softmax
+
 
 @dataclass(frozen=True)
 class CompressedKV:
@@ -76,11 +78,5 @@ def attend(queries: np.ndarray, cache: CompressedKV, scale: float | None = None)
         visible = visible[:, None, :]  # (n_query, 1, n_entries)
     else:
         visible = visible[:, kv_of_head, :]  # (n_query, n_head, n_entries)
-    logits = np.where(visible, logits, -np.inf)  # (n_query, n_head, n_entries)
-
-    peak = np.max(logits, axis=-1, keepdims=True)  # (n_query, n_head, 1)
-    peak = np.where(np.isfinite(peak), peak, 0.0)  # (n_query, n_head, 1)
-    weights = np.exp(logits - peak)  # (n_query, n_head, n_entries)
-    total = np.sum(weights, axis=-1, keepdims=True)  # (n_query, n_head, 1)
-    weights = weights / np.where(total > 0, total, 1.0)  # (n_query, n_head, n_entries)
+    weights = masked_softmax(logits, visible)  # (n_query, n_head, n_entries)
     return np.einsum("qhe,ehd->qhd", weights, v)  # (n_query, n_head, head_dim)

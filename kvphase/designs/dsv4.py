@@ -65,6 +65,7 @@ from kvphase.designs.windows import (
     softmax,
     top_k_indices,
 )
+from kvphase.errors import PlanError
 
 CSA_RATIO = 4  # llama.cpp: the overlapped compressor with an indexer exists only at ratio 4
 HCA_RATIO = 128
@@ -351,3 +352,44 @@ class DSV4:
                 raise ValueError("DSV4: expected queries, weights and index_keys for a ratio-4 (CSA) layer")
             scores = self.indexer_scores(queries, weights, index_keys[:n_blocks], positions)  # (n_query, n_blocks)
         return self.select(positions, n_keys, n_blocks, scores)
+
+
+# --------------------------------------------------------------------------- llama.cpp math around the design
+
+
+def hadamard(n: int) -> np.ndarray:
+    """llama.cpp's orthonormal Walsh-Hadamard matrix (`ggml_gen_hadamard`, src/llama-kv-cache.cpp)."""
+    h = np.ones((1, 1), np.float32)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return (h * np.float32(1.0 / np.sqrt(n))).astype(np.float32)  # (n, n), symmetric
+
+
+def hadamard_rotate(x: np.ndarray) -> np.ndarray:
+    """`llama_mul_mat_hadamard` with the rotation `build_input_k_rot` picks: the largest power of two
+    (at least 64) dividing the row width, applied to each chunk of that many channels."""
+    x = np.asarray(x, np.float32)  # (n, d)
+    d = x.shape[-1]
+    n = 64
+    while d % (2 * n) == 0:
+        n *= 2
+    if d % n:
+        raise PlanError(f"a Hadamard rotation of width {n} does not divide rows of {d} channels")
+    return (x.reshape(-1, n) @ hadamard(n).T).reshape(x.shape).astype(np.float32)  # (n, d)
+
+
+def dsv4_rope_scaling(fields: dict, arch: str):
+    """The RoPE scaling deepseek4.cpp gives its compressed entries, from GGUF metadata as
+    llama.cpp reads it (llama_model::load_hparams, llama_context's cparams, default context
+    params): freq_scale = 1/rope.scaling.factor unless the type is "none"; for "yarn" the
+    ramp is on (ext_factor 1, betas 32 and 1, the original context length) and
+    `dsv4_rope_attn_factor` cancels the magnitude correction. Returns (freq_scale, Yarn or None)."""
+    kind = str(fields.get(f"{arch}.rope.scaling.type", "linear")).lower()
+    factor = np.float32(fields.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    freq_scale = float(np.float32(1) / factor) if factor != 0 and kind != "none" else 1.0
+    if kind != "yarn":
+        return freq_scale, None
+    n_ctx_orig = int(fields.get(f"{arch}.rope.scaling.original_context_length", 0)
+                     or fields.get(f"{arch}.context_length", 0))
+    attn_factor = np.float32(1) / Yarn.boost(freq_scale)  # dsv4_rope_attn_factor
+    return freq_scale, Yarn(ext_factor=1.0, n_ctx_orig=n_ctx_orig, attn_factor=float(attn_factor))

@@ -71,6 +71,21 @@ def softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return (e * (1.0 / total).astype(np.float32)).astype(np.float32)
 
 
+def masked_softmax(scores: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """Attention weights: softmax over the last axis of the entries `visible` marks
+    (broadcast against `scores`); a row that sees nothing gets all-zero weights, not NaN.
+
+    The one masked softmax of attention (`designs.attend`, the reference model's dense and
+    compressed attention); `softmax` above is ggml's, for pooling inside a design."""
+    weights = np.where(visible, scores, -np.inf)  # (..., n_entries), a new array
+    peak = weights.max(axis=-1, keepdims=True)  # (..., 1)
+    weights -= np.where(np.isfinite(peak), peak, 0.0)
+    np.exp(weights, out=weights)
+    total = weights.sum(axis=-1, keepdims=True)  # (..., 1)
+    weights /= np.where(total > 0, total, 1.0)
+    return weights  # (..., n_entries)
+
+
 @dataclass(frozen=True)
 class WindowLayout:
     """Windows of `window` tokens starting every `stride` tokens from position `start`.

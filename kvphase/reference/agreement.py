@@ -2,8 +2,9 @@
 
 Both see the same tokens of a natural English text (`prompts/natural-text.txt`, no BOS)
 and every row's logits are compared: top-1 agreement, max and mean absolute difference.
-`export_f32` writes a model's weights again as F32, dequantized by `gguf` exactly as the
-reference reads them, so llama.cpp can run the very numbers the reference runs.
+`kvphase.gguf.writer.export_f32` writes a model's weights again as F32, dequantized by
+`gguf` exactly as the reference reads them, so llama.cpp can run the very numbers the
+reference runs.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from kvphase.capture import GGML_TYPE_F32
-from kvphase.tasks import PROMPTS_DIR
+from kvphase.defaults import prompts_dir
+from kvphase.engines.llamacpp import GGML_TYPE_F32, silence_llama_logs
 
-__all__ = ["CLEAR_LEAD", "GGML_TYPE_F32", "Agreement", "agreement", "export_f32", "lead", "llamacpp_logits", "natural_text"]
+__all__ = ["CLEAR_LEAD", "GGML_TYPE_F32", "Agreement", "agreement", "lead", "llamacpp_logits", "natural_text"]
 
-NATURAL_TEXT = PROMPTS_DIR / "natural-text.txt"
+NATURAL_TEXT = prompts_dir() / "natural-text.txt"
 # a token is no near-tie when its best logit leads the second by more than this; on the
 # quantized file the reference's logits differ from llama.cpp's by ~0.15 on average
 CLEAR_LEAD = 0.5
@@ -56,8 +57,6 @@ def llamacpp_logits(path: str | Path, tokens: Sequence[int], **params) -> np.nda
     an F32 KV cache."""
     import llama_cpp
 
-    from kvphase.backends.llamacpp import silence_llama_logs
-
     silence_llama_logs()
     settings = {"n_ctx": max(2048, len(tokens)), "n_threads": 2, **params}
     llm = llama_cpp.Llama(str(path), logits_all=True, verbose=False, **settings)
@@ -66,29 +65,3 @@ def llamacpp_logits(path: str | Path, tokens: Sequence[int], **params) -> np.nda
         return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # (n_tokens, n_vocab)
     finally:
         llm.close()
-
-
-def export_f32(src: str | Path, dst: str | Path) -> None:
-    """Write `src` again with every tensor dequantized to F32 by gguf (what the reference reads)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
-    from gguf.quants import dequantize
-
-    reader = GGUFReader(src)
-    arch = str(reader.fields["general.architecture"].contents())
-    writer = GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        if field.name == "general.file_type":
-            writer.add_file_type(LlamaFileType.ALL_F32)
-            continue
-        kind = field.types[0]
-        sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)
-    for tensor in reader.tensors:
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        writer.add_tensor(tensor.name, values.reshape([int(d) for d in tensor.shape[::-1]]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()

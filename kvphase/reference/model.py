@@ -26,8 +26,10 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from kvphase.designs.windows import masked_softmax
 from kvphase.errors import ModelFileError
-from kvphase.gguf_header import TensorInfo, read_gguf_header
+from kvphase.gguf.header import TensorInfo, read_gguf_header
+from kvphase.gguf.tensors import tensor_array
 
 # architecture -> RoPE pairing (llama_model_rope_type in src/llama-model.cpp)
 ROPE_NEOX = {"llama": False, "qwen2": True, "qwen3": True}
@@ -132,20 +134,13 @@ class Weights:
 @functools.lru_cache(maxsize=2)
 def load(path: str) -> tuple[Config, Weights]:
     """Read and dequantize a GGUF file once per process (cached per path)."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     header = read_gguf_header(path)
     tensors = {t.name: t for t in header.tensors}
     config = Config.from_gguf(header.fields, tensors)
     raw = np.memmap(path, dtype=np.uint8, mode="r")  # (file_size,)
 
     def get(name: str) -> np.ndarray:
-        info = tensors[name]
-        data = raw[info.data_offset : info.data_offset + info.n_bytes]  # (n_bytes,)
-        rows = data.reshape(-1, info.n_bytes // max(1, info.n_elements // info.shape[0]))  # (n_rows, bytes_per_row)
-        values = dequantize(rows, GGMLQuantizationType(info.type_id))  # (n_rows, shape[0])
-        return np.array(values, dtype=np.float32).reshape(info.shape[::-1])  # numpy order: slowest first
+        return tensor_array(raw, tensors[name])  # numpy order: slowest first
 
     def opt(name: str) -> np.ndarray | None:
         return get(name) if name in tensors else None
@@ -234,15 +229,12 @@ def dense_attention(
     """Causal softmax attention over every cached token (what llama.cpp computes).
 
     `f16_probs` rounds the softmax weights to F16 before they meet V, as llama.cpp does
-    with an F16 cache and no flash attention (reports/reference-agreement.py)."""
+    with an F16 cache and no flash attention (scripts/reference_agreement.py)."""
     n_kv_head, n_group, n_q, head_dim = q.shape
     scores = q.reshape(n_kv_head, n_group * n_q, head_dim) @ k.transpose(0, 2, 1)  # (n_head_kv, n_group*n_q, n_kv)
     scores = scores.reshape(n_kv_head, n_group, n_q, -1) * scale  # (n_head_kv, n_group, n_q, n_kv)
-    future = np.arange(k.shape[1])[None, :] > q_pos[:, None]  # (n_q, n_kv)
-    scores[..., future] = -np.inf
-    scores -= scores.max(axis=-1, keepdims=True)
-    probs = np.exp(scores, out=scores)  # (n_head_kv, n_group, n_q, n_kv)
-    probs /= probs.sum(axis=-1, keepdims=True)
+    past = np.arange(k.shape[1])[None, :] <= q_pos[:, None]  # (n_q, n_kv)
+    probs = masked_softmax(scores, past)  # (n_head_kv, n_group, n_q, n_kv)
     if f16_probs:
         probs = probs.astype(np.float16).astype(np.float32)  # (n_head_kv, n_group, n_q, n_kv)
     out = probs.reshape(n_kv_head, n_group * n_q, -1) @ v  # (n_head_kv, n_group*n_q, head_dim)
@@ -319,7 +311,7 @@ class Transformer:
 
     def linear(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """Every weight matrix is applied here, so a subclass can change how (see
-        reports/reference-agreement.py, which imitates llama.cpp's 8-bit activations)."""
+        scripts/reference_agreement.py, which imitates llama.cpp's 8-bit activations)."""
         return x @ weight  # (n_rows, n_out)
 
     def _blocks(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.designs import DESIGNS, BlockTopK, CompressedKV, KPool, MeanPool
+from kvphase.designs.windows import masked_softmax
 from kvphase.errors import PlanError
 from kvphase.reference.model import DenseAttention
 
@@ -77,11 +78,7 @@ def masked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.nd
     A query that may read nothing gets a zero output (as `designs.attend`).
     """
     scores = (q @ k.T) * scale  # (n_group, n_query, n_entries)
-    scores = np.where(visible[None], scores, -np.inf)  # (n_group, n_query, n_entries)
-    peak = scores.max(axis=-1, keepdims=True)  # (n_group, n_query, 1)
-    probs = np.exp(scores - np.where(np.isfinite(peak), peak, 0.0))  # (n_group, n_query, n_entries)
-    total = probs.sum(axis=-1, keepdims=True)  # (n_group, n_query, 1)
-    probs /= np.where(total > 0, total, 1.0)
+    probs = masked_softmax(scores, visible[None])  # (n_group, n_query, n_entries)
     return probs @ v  # (n_group, n_query, head_dim)
 
 

@@ -12,10 +12,11 @@ from typing import Sequence
 
 import pandas as pd
 
-from kvphase.analysis import Summary, summarize
+from kvphase.sweep.analysis import Summary, summarize
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.report import markdown_table, plot_accuracy
-from kvphase.run import SweepPlan, load_plan, load_results
+from kvphase.sweep.report import markdown_table, plot_accuracy
+from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.run import load_plan, load_results
 
 DEFAULT_OUT = Path("reports") / "comparison"
 MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "comparison.csv"

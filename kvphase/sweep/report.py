@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvphase.analysis import Summary, summarize
+from kvphase.sweep.analysis import Summary, summarize
 from kvphase.errors import RunFolderError
-from kvphase.run import MANIFEST_FILE, SUMMARY_FILE, SweepPlan, load_plan, load_results
+from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.run import MANIFEST_FILE, SUMMARY_FILE, load_plan, load_results
 
 FIGURE_FILE = "accuracy_by_residue.png"
 REPORT_FILE = "report.md"

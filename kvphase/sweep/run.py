@@ -14,7 +14,7 @@ import io
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -23,48 +23,15 @@ import pandas as pd
 from kvphase import __version__
 from kvphase.backends.base import Backend
 from kvphase.errors import RunFolderError
-from kvphase.modelinfo import ModelInfo
-from kvphase.probes import ProbeContext, ProbeSettings, Target, build_probes
-from kvphase.tasks import load_task
+from kvphase.gguf.modelinfo import ModelInfo
+from kvphase.sweep.placement import ProbeContext, Target, build_probes
+from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.tasks import load_task
 
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
                   "key", "answer", "predicted"]
 NUMERIC_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "logprob"]
 CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, MANIFEST_FILE = "config.json", "results.csv", "summary.json", "manifest.json"
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """Everything that defines a run; `config.json` holds exactly this."""
-
-    model: str  # path to the GGUF file
-    task: str
-    stride: int
-    modulus: int
-    context: int  # tokens per context; every query starts at this position
-    per_residue: int
-    padding: str
-    seed: int
-    control: bool  # True when the model declares no compression and the stride is the user's
-    backend: str = "llama.cpp"
-    backend_options: dict = field(default_factory=dict)  # the reference backend's design and its options
-
-    def describe_backend(self) -> str:
-        """`backend` alone, or `backend (key=value, ...)` with the reference design's options."""
-        if not self.backend_options:
-            return self.backend
-        options = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in self.backend_options.items())
-        return f"{self.backend} ({options})"
-
-    @property
-    def probe_settings(self) -> ProbeSettings:
-        return ProbeSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed)
-
-    def comparable(self) -> dict:
-        """The fields that must match for a folder to resume this plan."""
-        out = asdict(self)
-        out["model"] = Path(self.model).name
-        return out
 
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:

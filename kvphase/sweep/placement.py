@@ -28,7 +28,7 @@ import numpy as np
 
 from kvphase.backends.base import Query
 from kvphase.errors import PlanError
-from kvphase.tasks import Task
+from kvphase.sweep.tasks import Task
 
 PADDING_MODES = ("prefix", "in-sequence")
 MEAN_TOLERANCE = 0.5  # tokens: largest distance of a residue group's mean position from the common mean

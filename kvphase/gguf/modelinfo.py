@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kvphase.gguf_header import TensorInfo, read_gguf_header
+from kvphase.gguf.header import TensorInfo, read_gguf_header
 
 @dataclass(frozen=True)
 class CompressionSpec:

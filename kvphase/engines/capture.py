@@ -21,7 +21,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from kvphase.backends.llamacpp import silence_llama_logs
+from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, ModelFileError
 
 GGML_MAX_DIMS = 4
@@ -31,7 +31,6 @@ GGML_MAX_NAME = 64
 
 # ggml_type values (ggml/include/ggml.h) this module can turn into numpy arrays
 _NUMPY_TYPES = {0: np.float32, 1: np.float16, 24: np.int8, 25: np.int16, 26: np.int32, 27: np.int64, 28: np.float64}
-GGML_TYPE_F32 = 0
 
 
 class GgmlTensor(ctypes.Structure):
@@ -251,11 +250,7 @@ def run_and_capture(
             return True
 
     c_callback = _EVAL_CALLBACK(callback)
-    silence_llama_logs()
-    llama_cpp.llama_backend_init()
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = settings.n_gpu_layers
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
+    model = engine.load_model(model_path, n_gpu_layers=settings.n_gpu_layers)
     if not model:
         raise ModelFileError(f"llama.cpp could not load {model_path}")
     try:
@@ -270,28 +265,9 @@ def run_and_capture(
 
 
 def _new_context(model, n_batch: int, settings: EngineSettings, c_callback):
-    import llama_cpp
-
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = settings.n_ctx
-    cparams.n_batch = n_batch
-    cparams.n_ubatch = n_batch
-    cparams.n_seq_max = 1
-    cparams.n_threads = settings.n_threads
-    cparams.n_threads_batch = settings.n_threads
-    cparams.flash_attn_type = (
-        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    )
-    if settings.kv_f32:
-        cparams.type_k = GGML_TYPE_F32  # K and V must be set together
-        cparams.type_v = GGML_TYPE_F32
-    cparams.cb_eval = ctypes.cast(c_callback, llama_cpp.ggml_backend_sched_eval_callback)
-    cparams.cb_eval_user_data = None
     _KEEP_ALIVE.append(c_callback)
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
-    if not ctx:
-        raise BackendError("llama.cpp could not create a context for the model")
-    return ctx
+    return engine.new_context(model, n_ctx=settings.n_ctx, n_batch=n_batch, n_threads=settings.n_threads,
+                              flash_attn=settings.flash_attn, kv_f32=settings.kv_f32, cb_eval=c_callback)
 
 
 def _decode_all(ctx, tokens, split, start_pos, run, current, errors) -> None:
@@ -303,16 +279,11 @@ def _decode_all(ctx, tokens, split, start_pos, run, current, errors) -> None:
         for index, n in enumerate(split):
             chunk = tokens[offset : offset + n]
             positions = np.arange(start_pos + offset, start_pos + offset + n)
-            batch.n_tokens = n
-            for i in range(n):
-                batch.token[i] = int(chunk[i])
-                batch.pos[i] = int(positions[i])
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = i == n - 1  # one output keeps the graph's output narrowing realistic
+            # one output keeps the graph's output narrowing realistic
+            rows = [(int(chunk[i]), int(positions[i]), 0, i == n - 1) for i in range(n)]
             current["ubatch"] = index
             run.ubatches.append(Ubatch(index, positions, np.asarray(chunk)))
-            rc = llama_cpp.llama_decode(ctx, batch)
+            rc = engine.decode(ctx, batch, rows)
             if errors:
                 raise BackendError(f"capture callback failed: {errors[0]!r}") from errors[0]
             if rc != 0:

@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from kvphase.errors import ModelFileError, PlanError
+from kvphase.gguf.writer import write_gguf
 
 TINY_VOCAB = 64
 TINY_CONTEXT = 1024
@@ -380,8 +381,6 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes.
 
     `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do."""
-    import gguf
-
     specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
     if arch not in specs:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
@@ -397,32 +396,7 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     rng = np.random.default_rng(seed)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        writer = gguf.GGUFWriter(str(path), arch)
-        for key, value in spec.keys.items():
-            _add_key(writer, key, value)
-        for name, ne, kind in spec.tensors:
-            writer.add_tensor(name, _init(rng, ne, kind))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        write_gguf(path, arch, spec.keys, ((name, _init(rng, ne, kind)) for name, ne, kind in spec.tensors))
     except OSError as exc:
         raise ModelFileError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
-
-
-def _add_key(writer, key: str, value: object) -> None:
-    import gguf
-
-    if isinstance(value, bool):
-        writer.add_bool(key, value)
-    elif isinstance(value, int):
-        writer.add_uint32(key, value)
-    elif isinstance(value, float):
-        writer.add_float32(key, value)
-    elif isinstance(value, str):
-        writer.add_string(key, value)
-    elif isinstance(value, list):
-        writer.add_array(key, value)  # a list of ints is written as INT32
-    else:
-        raise TypeError(f"unsupported metadata value for {key}: {value!r}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The post-hoc compression study on SmolLM2-135M through the numpy reference model
 # (see reports/README.md). Every run resumes if interrupted; re-running skips finished work.
-#   bash reports/reference-study.sh        (about 45 minutes on 2 cores)
+#   bash scripts/reference_study.sh        (about 45 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KV=".venv/bin/kvphase"

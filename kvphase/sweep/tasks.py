@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
+from kvphase.defaults import prompts_dir
 from kvphase.errors import PlanError
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+PROMPTS_DIR = prompts_dir()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""llama.cpp itself: the one session (log silencing, load, context, decode, logits) and tensor capture."""

@@ -1,0 +1,121 @@
+"""The one llama.cpp session: log silencing, model load, context, batches, decode, logits.
+
+Everything that talks to llama-cpp-python's low-level API goes through these functions:
+the llama.cpp backend (`kvphase.backends.llamacpp`) scores queries with them, and
+`kvphase.engines.capture` adds a `cb_eval` callback to the same context setup. Modules
+below the backends (capture, the reference model's tokenizer, the agreement study)
+silence llama.cpp's log from here, never through a backend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from kvphase.errors import BackendError
+from kvphase.gguf.tensors import GGML_TYPE_F32
+
+# (token, position, sequence, wants logits): one row of a llama_batch
+Row = tuple[int, int, int, bool]
+
+
+def silence_llama_logs() -> None:
+    """Drop llama.cpp's log, which it writes to stderr from C on every load."""
+    import llama_cpp
+
+    if getattr(silence_llama_logs, "keepalive", None):
+        return
+
+    @llama_cpp.llama_log_callback
+    def _drop(level, text, user_data):
+        return None
+
+    llama_cpp.llama_log_set(_drop, ctypes.c_void_p(0))
+    silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
+
+
+def load_model(path: str | Path, n_gpu_layers: int | None = None):
+    """Load a GGUF file into llama.cpp (logs silenced); None when llama.cpp refuses it.
+
+    The caller frees the model with `llama_model_free` and raises its own error on None."""
+    import llama_cpp
+
+    silence_llama_logs()
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    if n_gpu_layers is not None:
+        params.n_gpu_layers = n_gpu_layers
+    return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
+
+
+def new_context(
+    model,
+    *,
+    n_ctx: int,
+    n_batch: int,
+    n_threads: int,
+    n_seq_max: int = 1,
+    flash_attn: bool = False,
+    kv_f32: bool = False,
+    kv_unified: bool = False,
+    cb_eval=None,
+    label: str = "the model",
+):
+    """A llama.cpp context with n_ubatch = n_batch, so llama.cpp cannot regroup a batch's tokens.
+
+    `cb_eval` is a ctypes eval callback (see `kvphase.engines.capture`); the caller keeps
+    it alive as long as the context. BackendError when llama.cpp cannot create it."""
+    import llama_cpp
+
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = n_ctx
+    params.n_batch = n_batch
+    params.n_ubatch = n_batch
+    params.n_seq_max = n_seq_max
+    if kv_unified:
+        params.kv_unified = True
+    params.n_threads = n_threads
+    params.n_threads_batch = n_threads
+    params.flash_attn_type = (
+        llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    )
+    if kv_f32:
+        params.type_k = GGML_TYPE_F32  # K and V must be set together
+        params.type_v = GGML_TYPE_F32
+    if cb_eval is not None:
+        params.cb_eval = ctypes.cast(cb_eval, llama_cpp.ggml_backend_sched_eval_callback)
+        params.cb_eval_user_data = None
+    ctx = llama_cpp.llama_init_from_model(model, params)
+    if not ctx:
+        raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {label}")
+    return ctx
+
+
+def decode(ctx, batch, rows: Sequence[Row]) -> int:
+    """Fill `batch` with (token, position, sequence, wants logits) rows and decode it as one
+    `llama_decode` call; returns llama.cpp's status (0 on success)."""
+    import llama_cpp
+
+    batch.n_tokens = len(rows)
+    for i, (token, pos, seq, want_logits) in enumerate(rows):
+        batch.token[i] = int(token)
+        batch.pos[i] = int(pos)
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq
+        batch.logits[i] = want_logits
+    return llama_cpp.llama_decode(ctx, batch)
+
+
+def logits(ctx, rows: Sequence[Row], n_vocab: int) -> np.ndarray:
+    """The logits of the rows that asked for them in the last decode: (n_requested_rows, n_vocab)."""
+    import llama_cpp
+
+    wanted = [i for i, row in enumerate(rows) if row[3]]
+    out = np.empty((len(wanted), n_vocab), dtype=np.float32)  # (n_requested_rows, n_vocab)
+    for k, i in enumerate(wanted):
+        pointer = llama_cpp.llama_get_logits_ith(ctx, i)
+        out[k] = np.ctypeslib.as_array(pointer, shape=(n_vocab,))
+    return out

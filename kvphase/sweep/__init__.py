@@ -1,0 +1,1 @@
+"""Sweeps: the plan, token-exact placement of records, tasks, the run folder, its analysis, report and comparison."""

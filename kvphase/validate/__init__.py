@@ -1,0 +1,42 @@
+"""Prove the numpy reference designs equal to llama.cpp's compressed attention on a real model.
+
+llama.cpp evaluates a seeded random prompt several times, each with a different batch
+split (one prefill; pools/blocks that straddle a batch boundary; small decode batches that
+take llama.cpp's gather path). `capture` records the compression's intermediate tensors;
+the reference design of the model's family recomputes them from the captured inputs, and
+each layer reports how far the two are apart:
+
+- compressed keys (k-pool pooled keys; deepseek4's compressed entries, pooled and finished, and
+  its compressed caches as read back, plus the per-token gate logits with the per-phase bias):
+  max / mean absolute difference;
+- indexer scores: max / mean absolute difference, judged relative to the largest score;
+- selected sets (pools or blocks, and the tokens they expose): exact agreement, and
+  agreement up to exact score ties at the top-k boundary (llama.cpp's top-k is not stable).
+
+Masks are not graph nodes and never reach the callback; the reference rebuilds them from
+positions. A fresh single-sequence context puts position p in cache cell p, which is how
+cell indices in `indexer_sel` / `indexer_sel_idx` are read as positions.
+
+One checker per family, mirroring `kvphase.designs`: `kpool.py`, `msa.py`, `dsv4.py`, on
+the shared base in `common.py`; `report.py` holds what is measured and `run.py` the entry.
+"""
+
+from kvphase.validate.dsv4 import DSV4Check
+from kvphase.validate.kpool import KPoolCheck
+from kvphase.validate.msa import MSACheck
+from kvphase.validate.report import Diff, LayerCheck, Tolerances, ValidationReport
+from kvphase.validate.run import CACHE_TYPES, FAMILIES, default_splits, validate_model
+
+__all__ = [
+    "CACHE_TYPES",
+    "DSV4Check",
+    "Diff",
+    "FAMILIES",
+    "KPoolCheck",
+    "LayerCheck",
+    "MSACheck",
+    "Tolerances",
+    "ValidationReport",
+    "default_splits",
+    "validate_model",
+]
