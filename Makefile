@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install test bench clean
+.PHONY: demo install test bench clean llama-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,15 @@ demo: $(STAMP)
 	$(BIN)/kvphase sweep
 	@echo "Open the report above (reports/<run>/report.md); 'kvphase --help' lists the other commands."
 
-test: $(STAMP)
+# llama-server built from the llama.cpp that llama-cpp-python vendors, cached in .cache/ (the
+# integration tests of `--backend server` run it); the first build takes about 25 CPU-minutes.
+llama-server: $(STAMP)
+	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
+
+test: $(STAMP) llama-server
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) llama-server
 	$(BIN)/python bench/bench_sweep.py
 	@if [ -f bench/bench_reference.py ]; then $(BIN)/python bench/bench_reference.py; fi
 

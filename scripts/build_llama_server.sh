@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Build llama-server from the llama.cpp sources vendored in the llama-cpp-python sdist
+# that kvphase pins, so the server and the in-process backend run the same llama.cpp.
+# The binary is cached under .cache/llama-server/<version>/ (ignored by git) of the main
+# checkout, so git worktrees share one build: a second call returns at once. Prints the
+# binary's path on stdout; progress goes to stderr.
+#
+#   scripts/build_llama_server.sh [VERSION]     (default: the pin in pyproject.toml)
+#   JOBS=2 NICE=10 PYTHON=.venv/bin/python      (environment overrides)
+#
+# No package in the registries ships a usable llama-server binary, hence the build
+# (35 minutes wall, 23 CPU-minutes with -j2 on a busy 2-core machine). The UI download and OpenSSL are switched off so the
+# build needs no network beyond the sdist itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VERSION=${1:-$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)}
+[ -n "$VERSION" ] || { echo "build_llama_server: no llama-cpp-python pin in pyproject.toml" >&2; exit 1; }
+PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+JOBS=${JOBS:-2}
+NICE=${NICE:-10}
+# A worktree's common git dir sits in the main checkout; a plain clone's is its own .git.
+COMMON=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null || echo "$ROOT/.git")
+CACHE=$(dirname "$COMMON")/.cache/llama-server/$VERSION
+BIN=$CACHE/bin/llama-server
+
+if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.lock"
+flock 9  # another checkout (a worktree) may be building the same version: wait for it
+if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
+SDIST=$CACHE/llama_cpp_python-$VERSION.tar.gz
+if [ ! -f "$SDIST" ]; then
+    echo "build_llama_server: downloading the llama-cpp-python $VERSION sdist..." >&2
+    "$PYTHON" -m pip download --quiet --no-binary :all: --no-deps \
+        "llama-cpp-python==$VERSION" -d "$CACHE/download" >&2
+    mv "$CACHE/download/llama_cpp_python-$VERSION.tar.gz" "$SDIST"
+    rm -rf "$CACHE/download"
+fi
+SRC=$CACHE/src
+if [ ! -f "$SRC/CMakeLists.txt" ]; then
+    rm -rf "$SRC" && mkdir -p "$SRC"
+    tar xzf "$SDIST" -C "$SRC" --strip-components=3 \
+        "llama_cpp_python-$VERSION/vendor/llama.cpp"
+fi
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+echo "build_llama_server: building llama-server $VERSION with $JOBS jobs (several minutes)..." >&2
+START=$(date +%s)
+nice -n "$NICE" cmake -S "$SRC" -B "$CACHE/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_COMMIT="llama-cpp-python-$VERSION" >&2
+nice -n "$NICE" cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
+mkdir -p "$CACHE/bin"
+cp "$CACHE/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+rm -rf "$CACHE/build" "$SRC"
+echo "build_llama_server: built in $(( $(date +%s) - START ))s" >&2
+echo "$BIN"
