@@ -9,6 +9,11 @@ class ModelFileError(KvphaseError):
     """The model file is missing, unreadable, not GGUF, or truncated."""
 
 
+class GGUFError(ModelFileError):
+    """The file is not a well-formed GGUF, or declares values llama.cpp would refuse or abort on;
+    the message names the offset or key and what was expected there."""
+
+
 class PlanError(KvphaseError):
     """The requested run cannot be built: impossible length, stride, sample size..."""
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,6 +15,7 @@ from typer.testing import CliRunner
 from kvphase.cli import app
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _one_line_error(result, fragment):
@@ -71,7 +76,16 @@ def test_truncated_gguf(tmp_path, default_model, keep):
     (["--modulus", "6"], "multiple of the stride"),
     (["--task", "riddles"], "unknown task 'riddles'"),
     (["--seed", "-1"], "--seed must be a non-negative integer"),
-    (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "0"], "--threads must be from 1 to 512"),
+    (["--threads", "1000000"], "--threads must be from 1 to 512 (llama.cpp's limit), got 1000000"),
+    (["--per-residue", "1000000000000"], "--per-residue 1000000000000 is more than a 1024-token context holds: 128"),
+    (["--per-residue", "1000000"], "--per-residue 1000000 is more than a 1024-token context holds"),
+    (["--stride", "1000000000"], "--per-residue 32 is more than a 1024-token context holds: 0 positions"),
+    (["--task", "../prompts/records"], "unknown task '../prompts/records'"),
+    (["--task", "rec\x00ords"], "unknown task 'rec\\x00ords'"),
+    (["--backend", "reference", "--design", "meanpool", "-o", "randomize=maybe"], "expected randomize to be true or false, got 'maybe'"),
+    (["--backend", "reference", "--design", "meanpool", "-o", "layers=[100]"], "layers [100] do not exist: the model has 30 layers"),
+    (["--backend", "reference", "--design", "meanpool", "-o", "layers=[-1]"], "expected layers[0] to be an integer >= 0, got -1"),
 ])
 def test_impossible_options(default_model, options, fragment, tmp_path):
     _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
@@ -144,3 +158,53 @@ def test_design_options_need_the_reference_backend(default_model):
                     "the reference backend runs designs")
     _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "-o", "window"]),
                     "--option expects KEY=VALUE")
+
+
+def test_a_refused_sweep_leaves_no_folder_and_the_corrected_one_runs_there(default_model, tmp_path):
+    out = tmp_path / "run"
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(out), "--per-residue", "999"]),
+                    "--per-residue 999 is more than")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("out, fragment", [("/proc/kvphase-run", "cannot create run folder /proc/kvphase-run"),
+                                           ("{file}/run", "cannot create run folder")])
+def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(default_model, tmp_path, out, fragment):
+    afile = tmp_path / "plain"
+    afile.write_text("x")
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", out.format(file=afile)]), fragment)
+
+
+STARTUP_INTERRUPT = """
+import importlib.abc, os, signal, sys
+
+class InterruptOnImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "kvphase.cli.sweep_cmd":  # Ctrl-C while the command modules load
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, InterruptOnImport())
+sys.argv = ["kvphase", "inspect", "x.gguf"]
+import kvphase.cli
+kvphase.cli.main()
+"""
+
+
+def test_ctrl_c_while_starting_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", STARTUP_INTERRUPT], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "Interrupted while starting; nothing was written."
+
+
+def test_ctrl_c_during_a_command_is_one_line(default_model, monkeypatch):
+    import kvphase.cli.inspect_cmd as inspect_cmd
+
+    def interrupted(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_cmd, "read_model_info", interrupted)
+    result = runner.invoke(app, ["inspect", str(default_model)])
+    assert result.exit_code == 130 and result.output.strip().startswith("Interrupted:")

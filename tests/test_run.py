@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from kvphase.errors import RunFolderError
+from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import read_model_info
 from kvphase.sweep.report import build_report
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import execute_sweep, load_results
+from kvphase.sweep.run import RunLock, execute_sweep, load_plan, load_results, write_atomic
 from tests.fakes import CharBackend
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -103,3 +113,184 @@ def test_rows_from_a_different_probe_layout_are_refused(tmp_path, info):
     frame.to_csv(path, index=False)
     with pytest.raises(RunFolderError, match="not the one this version of kvphase plans"):
         execute_sweep(plan, CharBackend(), tmp_path, info)
+
+
+# --------------------------------------------------------------------------- locks, atomic writes, damaged files
+
+HOLD_LOCK = """
+import sys, time
+from kvphase.sweep.run import RunLock
+with RunLock(sys.argv[1]):
+    print("locked", flush=True)
+    time.sleep(600)
+"""
+
+
+def _lock_holder(folder):
+    """A process that holds the folder's lock until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_folder_another_process_holds_is_refused_and_a_killed_holder_is_stale(tmp_path, info):
+    holder = _lock_holder(tmp_path)
+    try:
+        with pytest.raises(RunFolderError, match=rf"in use by another sweep \(pid {holder.pid} on "):
+            execute_sweep(_plan(info), CharBackend(), tmp_path, info)
+        assert not (tmp_path / "config.json").exists() and not (tmp_path / "results.csv").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with RunLock(tmp_path) as lock:  # the kernel dropped the killed holder's lock; its note stays
+        assert lock.stale.startswith(f"pid {holder.pid} on ")
+        execute_sweep(_plan(info), CharBackend(), tmp_path, info)
+    with RunLock(tmp_path) as lock:
+        assert lock.stale is None  # a clean release leaves no holder behind
+    assert len(load_results(tmp_path)) == 64
+
+
+def test_a_plan_that_cannot_be_built_leaves_no_config_behind(tmp_path, info):
+    run_dir = tmp_path / "run"
+    with pytest.raises(PlanError, match="no room for targets"):
+        execute_sweep(_plan(info, context=120, stride=2, modulus=4, per_residue=1), CharBackend(), run_dir, info)
+    assert not run_dir.exists()  # created for the lock, and removed with it
+    execute_sweep(_plan(info), CharBackend(), run_dir, info)  # the corrected plan is not "a different run"
+    assert load_plan(run_dir) == _plan(info)
+
+
+def test_config_manifest_and_summary_are_replaced_whole(tmp_path, info, monkeypatch):
+    execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
+    before = (tmp_path / "manifest.json").read_text()
+
+    def crash(*args):
+        raise KeyboardInterrupt  # killed between writing the new file and renaming it
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(tmp_path / "manifest.json", "{half")
+    assert (tmp_path / "manifest.json").read_text() == before
+
+
+def _damage(folder, name, content):
+    path = folder / name
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("config.json", b"\xff\xfe binary", r"config.json byte 0: not UTF-8 text"),
+    ("config.json", b'{"model": "m.gguf", "task"', r"config.json line 1 column 27: Expecting ':' delimiter"),
+    ("config.json", b"[1, 2]", r"config.json: expected a JSON object, found list"),
+    ("config.json", None, r"config.json is a directory"),
+    ("config.json", b"[" * 100_000, r"config.json: JSON nested too deeply|config.json line 1"),
+    ("manifest.json", b"\x00\x01", r"manifest.json line 1 column 1"),
+    ("manifest.json", b'{"sessions": "many"}', r"manifest.json: sessions is 'many', expected a number"),
+    ("manifest.json", b'{"model": 5}', r"manifest.json: model is '5', expected an object"),
+    ("manifest.json", None, r"manifest.json is a directory"),
+    ("results.csv", None, r"results.csv is not a file"),
+])
+def test_a_damaged_file_is_named_before_anything_runs(tmp_path, info, name, content, fragment):
+    execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
+    _damage(tmp_path, name, content)
+    backend = CharBackend()
+    with pytest.raises(RunFolderError, match=fragment):
+        execute_sweep(_plan(info, per_residue=1), backend, tmp_path, info)
+    assert backend.calls == 0
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"modulus": 0}, "--modulus must be a multiple of the stride 4, got 0"),
+    ({"stride": "4"}, "stride is '4', expected int"),
+    ({"stride": True}, "stride is 'True', expected int"),
+    ({"per_residue": 10**12}, "--per-residue 1000000000000 is more than a 1500-token context holds"),
+    ({"surprise": 1}, "unexpected keyword argument 'surprise'"),
+    ({"backend_options": []}, "backend_options is '[]', expected dict"),
+])
+def test_invalid_settings_in_a_config_are_refused_with_the_field(tmp_path, info, change, fragment):
+    execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(RunFolderError, match=re.escape(fragment)):
+        load_plan(tmp_path)
+
+
+def test_report_names_an_output_that_is_in_the_way(tmp_path, info):
+    execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
+    _damage(tmp_path, "report.md", None)
+    with pytest.raises(RunFolderError, match="report.md is not a file"):
+        build_report(tmp_path)
+
+
+# --------------------------------------------------------------------------- real sweeps, killed and raced
+
+SWEEP_ARGS = ["--context", "256", "--per-residue", "8", "--quiet", "--threads", "1"]  # 64 targets, 4 contexts
+
+
+def _sweep(out, *extra):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", *SWEEP_ARGS, "--out", str(out), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+
+def _wait_for_lock(proc, out) -> None:
+    while proc.poll() is None and not ((out / ".lock").is_file() and (out / ".lock").stat().st_size):
+        time.sleep(0.005)
+
+
+def _rows(folder) -> int:
+    path = folder / "results.csv"
+    return max(0, path.read_bytes().count(b"\n") - 1) if path.is_file() else 0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "run"
+    proc = _sweep(out)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_after_rows", [0, 1, 17, 40])
+def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_path, uninterrupted, kill_after_rows):
+    """SIGKILL while the model loads (0 rows) or after some contexts; the lock it leaves is
+    stale, and the resumed results.csv is byte-identical to a run never interrupted."""
+    out = tmp_path / "run"
+    proc = _sweep(out)
+    _wait_for_lock(proc, out)
+    while proc.poll() is None and _rows(out) < kill_after_rows:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert _rows(out) < 64, "the sweep finished before it could be killed"
+    assert (out / ".lock").read_text().startswith("pid ")
+    resumed = _sweep(out)
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr
+    assert "ended without releasing it; resuming" in stderr
+    assert (out / "results.csv").read_bytes() == (uninterrupted / "results.csv").read_bytes()
+    assert (out / "summary.json").read_bytes() == (uninterrupted / "summary.json").read_bytes()
+
+
+@pytest.mark.slow
+def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path):
+    out = tmp_path / "run"
+    first = _sweep(out, "--per-residue", "16")  # 128 targets: still running when the second starts
+    _wait_for_lock(first, out)
+    second = _sweep(out, "--per-residue", "16")
+    _, refusal = second.communicate(timeout=300)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert second.returncode == 1 and refusal.count("\n") == 1, refusal
+    assert f"is in use by another sweep (pid {first.pid} on " in refusal
+    results = load_results(out)  # one header, every target once
+    assert len(results) == 128 == results["target_id"].nunique()
+    assert build_report(out).n_targets == 128

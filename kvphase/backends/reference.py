@@ -17,7 +17,8 @@ from kvphase.backends.base import Query, Score, score_from_logits
 from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
 from kvphase.reference.model import AttentionPolicy, Transformer
-from kvphase.reference.policy import make_policy
+from kvphase.gguf.limits import check_llama_limits
+from kvphase.reference.policy import check_policy_layers, make_policy
 
 __all__ = ["ReferenceBackend", "make_policy"]
 
@@ -30,7 +31,9 @@ class ReferenceBackend:
 
         silence_llama_logs()
         self.model_path = Path(model_path)
+        check_llama_limits(self.model_path)  # the vocabulary below is read by llama.cpp
         self.model = Transformer.from_gguf(self.model_path, policy=policy)
+        check_policy_layers(self.model.policy, self.model.config.n_layer)
         self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)
         self._cache = self.model.new_cache()
         self._context: tuple[int, ...] = ()

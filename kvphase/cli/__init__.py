@@ -6,10 +6,30 @@ The library raises `KvphaseError`; `main` turns it into one line on stderr and e
 
 from __future__ import annotations
 
-import typer
-from typer.core import TyperGroup
+import os
+import signal
+import sys
+import threading
 
-from kvphase.errors import KvphaseError
+
+def _interrupted_while_starting(signum, frame) -> None:
+    """Ctrl-C while the command modules import (pandas, llama.cpp...): one line, no traceback."""
+    sys.stderr.write("Interrupted while starting; nothing was written.\n")
+    os._exit(130)
+
+
+def _on_sigint(handler) -> None:
+    if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+        signal.signal(signal.SIGINT, handler)
+
+
+_on_sigint(_interrupted_while_starting)
+
+import typer  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
+
+from kvphase.cli.text import plain  # noqa: E402
+from kvphase.errors import KvphaseError  # noqa: E402
 
 
 class KvphaseGroup(TyperGroup):
@@ -19,7 +39,7 @@ class KvphaseGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except KvphaseError as exc:
-            typer.echo(f"Error: {exc}", err=True)
+            typer.echo(f"Error: {plain(exc, limit=2000)}", err=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             typer.echo("Interrupted: finished results are kept; run the same command again to resume.", err=True)
@@ -42,6 +62,8 @@ from kvphase.cli import report_cmd  # noqa: E402,F401
 from kvphase.cli import compare_cmd  # noqa: E402,F401
 from kvphase.cli import tiny_cmd  # noqa: E402,F401
 from kvphase.cli import validate_cmd  # noqa: E402,F401
+
+_on_sigint(signal.default_int_handler)  # from here Ctrl-C is a KeyboardInterrupt `invoke` reports
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvphase.cli import app
+from kvphase.cli.text import markup
 from kvphase.gguf.modelinfo import read_model_info
 
 
@@ -32,5 +33,5 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
         ("compression", info.compression.describe()),
     ]
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, markup(value))
     Console().print(table)

@@ -7,12 +7,14 @@ from pathlib import Path
 import typer
 
 from kvphase.cli import app
-from kvphase.sweep.report import REPORT_FILE, build_report
+from kvphase.cli.text import plain
 
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kvphase sweep`.")) -> None:
     """Rebuild summary.json, report.md and the figure from config.json and results.csv."""
+    from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
+
     summary = build_report(run_dir)
     typer.echo(summary.headline())
-    typer.echo(f"Report: {run_dir / REPORT_FILE}")
+    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")

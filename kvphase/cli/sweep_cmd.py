@@ -17,12 +17,14 @@ from rich.text import Text
 
 from kvphase.backends import BACKENDS
 from kvphase.cli import app
+from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path
+from kvphase.engines.llamacpp import check_threads
 from kvphase.errors import PlanError
+from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
-from kvphase.sweep.report import REPORT_FILE, build_report
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.sweep.run import RunLock, SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
@@ -57,25 +59,33 @@ def sweep(
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
-    if threads is not None and threads < 1:
-        raise PlanError(f"--threads must be at least 1, got {threads}")
+    from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
+
+    if threads is not None:
+        check_threads(threads)
     info = read_model_info(model if model is not None else default_model_path())
+    check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
     plan = make_plan(info, stride, modulus, context, per_residue, padding.value, task, seed)
     if backend.value == "reference":
-        plan = with_reference_design(plan, design, parse_options(option))
+        plan = with_reference_design(plan, design, parse_options(option), info.n_layers)
     elif design != "dense" or option:
         raise PlanError("--design and --option apply to --backend reference only")
     run_dir = out or default_run_dir(info, plan)
-    check_run_dir(run_dir, plan)  # before any model loads
     console = Console(stderr=True, quiet=quiet)
-    if plan.control:
-        console.print(f"[yellow]{info.architecture} declares no KV-cache compression: control run with stride {plan.stride}.")
-    backend = open_backend(info, plan, threads)
-    with _progress_bar(quiet) as progress:
-        execute_sweep(plan, backend, run_dir, info, progress)
-    summary = build_report(run_dir)
+    with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
+        check_run_dir(run_dir, plan)
+        if lock.stale:
+            console.print(f"[yellow]{markup(run_dir)}: the sweep that held it ({markup(lock.stale)}) ended without "
+                          "releasing it; resuming.")
+        if plan.control:
+            console.print(f"[yellow]{markup(info.architecture)} declares no KV-cache compression: control run with "
+                          f"stride {plan.stride}.")
+        backend = open_backend(info, plan, threads)
+        with _progress_bar(quiet) as progress:
+            execute_sweep(plan, backend, run_dir, info, progress)
+        summary = build_report(run_dir)
     typer.echo(summary.headline())
-    typer.echo(f"Report: {run_dir / REPORT_FILE}")
+    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 
 def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed) -> SweepPlan:
@@ -89,9 +99,9 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     if info.context_length and context + QUERY_ROOM > info.context_length:
         raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
                         f"context and the query needs {QUERY_ROOM} more")
+    # SweepPlan checks context, stride, modulus, sample size and padding before any model loads
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
-    plan.probe_settings  # validates context, stride, modulus, sample size and padding before any model loads
     load_task(task)
     return plan
 
@@ -110,15 +120,15 @@ def parse_options(pairs: list[str]) -> dict:
     return options
 
 
-def with_reference_design(plan: SweepPlan, design: str, options: dict) -> SweepPlan:
+def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:
     """The plan with the reference design filled in: its stride defaults to the sweep's."""
-    from kvphase.reference.policy import make_policy
+    from kvphase.reference.policy import check_policy_layers, make_policy
 
     defaults = {"meanpool": {"window": plan.stride, "stride": plan.stride},
                 "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
                 "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
     options = {**defaults, **options}
-    make_policy(design, **options)  # an unknown design or option fails here, before any weights load
+    check_policy_layers(make_policy(design, **options), n_layer)  # a bad design or option fails before any weights load
     return replace(plan, backend="reference", backend_options={"design": design, **options},
                    control=plan.control and design == "dense")
 

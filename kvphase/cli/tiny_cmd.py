@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from kvphase.cli import app
+from kvphase.cli.text import plain
 from kvphase.gguf.tiny import DENSE_TINY_ARCHS, TINY_ARCHS, write_tiny_model
 
 
@@ -21,4 +22,4 @@ def make_tiny(
     """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""
     path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor)
     yarn = f", YaRN x{yarn_factor:g}" if yarn_factor else ""
-    typer.echo(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn})")
+    typer.echo(f"wrote {plain(path)} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn})")

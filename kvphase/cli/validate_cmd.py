@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvphase.engines.capture import EngineSettings
+from kvphase.engines.llamacpp import check_threads
 from kvphase.cli import app
+from kvphase.cli.text import markup
 from kvphase.errors import PlanError
 from kvphase.validate import Tolerances, ValidationReport, validate_model
 
@@ -35,6 +37,7 @@ def validate(
                               "rounds where llama.cpp rounds)."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
+    check_threads(threads)
     splits = [_parse_split(s) for s in split] if split else None
     settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
     status = Console(stderr=True)
@@ -64,7 +67,7 @@ def _diff(diff) -> str:
 def _print(report: ValidationReport) -> None:
     console = Console()
     tol = report.tolerances
-    console.print(f"{report.model.name}: {report.architecture} ({report.family}), {report.n_tokens} tokens, "
+    console.print(f"{markup(report.model.name)}: {markup(report.architecture)} ({report.family}), {report.n_tokens} tokens, "
                   f"splits {'; '.join(','.join(map(str, s)) for s in report.splits)}")
     table = Table()
     attention = any(layer.attention.count for layer in report.layers)
@@ -82,7 +85,7 @@ def _print(report: ValidationReport) -> None:
                   + (f"; attention outputs within {tol.attention_rel:g} x the largest output" if attention else ""))
     for layer in report.layers:
         for reason in layer.failures(tol):
-            console.print(f"layer {layer.layer}: {reason}")
+            console.print(f"layer {layer.layer}: {markup(reason, 2000)}")
         for note in layer.notes[:3] if layer.failures(tol) else []:
-            console.print(f"  {note}")
+            console.print(f"  {markup(note, 2000)}")
     console.print("[bold green]PASS[/bold green]" if report.passed else "[bold red]FAIL[/bold red]")

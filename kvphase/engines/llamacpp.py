@@ -15,8 +15,11 @@ from typing import Sequence
 
 import numpy as np
 
-from kvphase.errors import BackendError
+from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.tensors import GGML_TYPE_F32
+
+MAX_THREADS = 512  # GGML_MAX_N_THREADS (ggml/include/ggml.h); more threads crash llama.cpp
 
 # (token, position, sequence, wants logits): one row of a llama_batch
 Row = tuple[int, int, int, bool]
@@ -40,9 +43,12 @@ def silence_llama_logs() -> None:
 def load_model(path: str | Path, n_gpu_layers: int | None = None):
     """Load a GGUF file into llama.cpp (logs silenced); None when llama.cpp refuses it.
 
-    The caller frees the model with `llama_model_free` and raises its own error on None."""
+    The file's header is checked first (`check_llama_limits`: GGUFError for what llama.cpp
+    would abort on rather than refuse). The caller frees the model with `llama_model_free`
+    and raises its own error on None."""
     import llama_cpp
 
+    check_llama_limits(path)
     silence_llama_logs()
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
@@ -70,6 +76,8 @@ def new_context(
     it alive as long as the context. BackendError when llama.cpp cannot create it."""
     import llama_cpp
 
+    check_threads(n_threads)
+
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
@@ -92,6 +100,12 @@ def new_context(
     if not ctx:
         raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {label}")
     return ctx
+
+
+def check_threads(n_threads: int, option: str = "--threads") -> None:
+    """PlanError unless 1 <= n_threads <= MAX_THREADS."""
+    if not 1 <= n_threads <= MAX_THREADS:
+        raise PlanError(f"{option} must be from 1 to {MAX_THREADS} (llama.cpp's limit), got {n_threads}")
 
 
 def decode(ctx, batch, rows: Sequence[Row]) -> int:

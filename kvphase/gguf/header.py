@@ -2,24 +2,40 @@
 
 gguf's GGUFReader builds a view per array element, which takes seconds on a large
 vocabulary; `inspect` must be instant even on a 300 GB file, so the header is parsed
-here in one pass. Large string arrays (vocabularies, merges) keep only their length
-(`<key>_count`); everything else keeps its value.
+here in one pass. Large arrays (vocabularies, merges) keep only their length
+(`<key>_count`), long strings only their head; everything else keeps its value.
+
+The reader is total: any byte string gives a header or a `GGUFError` naming the offset
+and what was expected there. Every length is checked against the bytes left in the
+file before anything is read or allocated, and arrays nest at most `MAX_ARRAY_DEPTH`
+deep, so a damaged or crafted file can neither exhaust memory nor recurse without end.
+The checks mirror what llama.cpp's `ggml/src/gguf.cpp` refuses (llama-cpp-python 0.3.36).
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from kvphase.errors import ModelFileError
+from kvphase.errors import GGUFError, ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 KEPT_ARRAY_LIMIT = 4096  # longer arrays are summarised by their length
+KEPT_STRING_LIMIT = 1 << 16  # characters kept of a longer string value (chat templates fit)
+MAX_KEY_LENGTH = 1 << 16  # bytes; real keys are tens of bytes
+MAX_ARRAY_DEPTH = 3  # arrays of arrays of arrays; llama.cpp itself reads no nested array
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter
+DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
+WINDOW = 1 << 20  # bytes read ahead at a time
 
 # GGUFValueType ids -> struct format (strings and arrays handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+_TYPE_NAMES = {0: "uint8", 1: "int8", 2: "uint16", 3: "int16", 4: "uint32", 5: "int32", 6: "float32", 7: "bool",
+               8: "string", 9: "array", 10: "uint64", 11: "int64", 12: "float64"}
 
 
 class TensorInfo(NamedTuple):
@@ -45,125 +61,282 @@ class GGUFHeader(NamedTuple):
     version: int
     fields: dict[str, Any]
     tensors: list[TensorInfo]
+    types: dict[str, int] = {}  # key -> GGUF value type id (9 for arrays), for type checks
 
 
-class _Truncated(Exception):
-    pass
+class Metadata:
+    """Typed, range-checked reads of a header's metadata: a GGUFError that names the key and
+    what was expected, never a ValueError from int("many") or a NaN where a count belongs."""
+
+    def __init__(self, header: GGUFHeader):
+        self.fields, self.file = header.fields, header.path.name
+
+    def get(self, key: str, default: Any = None, expected: str = "a value") -> Any:
+        value = self.fields.get(key, default)
+        if value is None:
+            raise GGUFError(f"{self.file}: metadata lacks {key}, expected {expected}")
+        return value
+
+    def bad(self, key: str, value: Any, expected: str) -> GGUFError:
+        shown = f"a list of {len(value)}" if isinstance(value, list) and len(value) > 8 else repr(value)
+        return GGUFError(f"{self.file}: metadata {key} is {shown[:80]}, expected {expected}")
+
+    def integer(self, key: str, default: int | None = None, low: int = 0, high: int | None = None) -> int:
+        """An integer in [low, high]; `default` when absent (None: required)."""
+        expected = f"an integer from {low}" + (f" to {high}" if high is not None else " up")
+        value = self.get(key, default, expected)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            raise self.bad(key, value, expected)
+        return value
+
+    def integers(self, key: str, default: list[int] | None = None, low: int = 0, high: int | None = None) -> list[int]:
+        """One integer or a per-layer list of them, each in [low, high]."""
+        value = self.get(key, default, "an integer or a list of integers")
+        values = value if isinstance(value, list) else [value]
+        expected = f"integers from {low}" + (f" to {high}" if high is not None else " up")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+                raise self.bad(key, value, expected)
+        return values
+
+    def number(self, key: str, default: float | None = None) -> float:
+        """A finite number (integer or float)."""
+        value = self.get(key, default, "a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise self.bad(key, value, "a finite number")
+        return float(value)
+
+    def text(self, key: str, default: str | None = None) -> str:
+        value = self.get(key, default, "a string")
+        if not isinstance(value, str):
+            raise self.bad(key, value, "a string")
+        return value
+
+    def flag(self, key: str, default: bool | None = None) -> bool:
+        value = self.get(key, default, "a bool")
+        if not isinstance(value, bool):
+            raise self.bad(key, value, "a bool")
+        return value
 
 
 def read_gguf_header(path: str | Path) -> GGUFHeader:
-    """Parse the header; raise ModelFileError for a missing, non-GGUF, corrupt or truncated file."""
+    """Parse the header; ModelFileError for a missing or unreadable file, GGUFError for a
+    non-GGUF, corrupt or truncated one (with the offset and what was expected there)."""
     path = Path(path)
-    if not path.exists():
-        raise ModelFileError(f"model file not found: {path}")
-    if not path.is_file():
-        raise ModelFileError(f"model path is not a file: {path}")
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        magic = f.read(4)
-        if magic != GGUF_MAGIC:
-            raise ModelFileError(f"not a GGUF file: {path} (expected magic {GGUF_MAGIC!r}, found {magic!r})")
-        try:
-            header = _parse(f, path, size)
-        except _Truncated:
-            raise ModelFileError(f"truncated GGUF file: {path} (the header ends early, file has {size} bytes)") from None
-        except (UnicodeDecodeError, ValueError, OverflowError, MemoryError) as exc:
-            raise ModelFileError(f"corrupt GGUF file: {path} ({exc})") from None
-    needed = max((t.data_offset + t.n_bytes for t in header.tensors), default=0)
-    if needed > size:
-        raise ModelFileError(f"truncated GGUF file: {path} (tensor data needs {needed} bytes, file has {size})")
-    return header
+    try:
+        if not path.exists():
+            raise ModelFileError(f"model file not found: {path}")
+        if not path.is_file():
+            raise ModelFileError(f"model path is not a file: {path}")
+        with path.open("rb") as f:
+            size = _file_size(f)
+            magic = f.read(4)
+            if magic != GGUF_MAGIC:
+                raise GGUFError(f"not a GGUF file: {path} (expected magic {GGUF_MAGIC!r} at offset 0, found {magic!r})")
+            return _Parser(f, path, size).header()
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
 
 
-def _parse(f: BinaryIO, path: Path, size: int) -> GGUFHeader:
-    version = _read(f, "I")
-    if version not in (2, 3):
-        raise ValueError(f"unsupported GGUF version {version}, expected 2 or 3")
-    n_tensors, n_fields = _read(f, "Q"), _read(f, "Q")
-    if n_tensors > size or n_fields > size:
-        raise ValueError(f"impossible counts: {n_tensors} tensors, {n_fields} fields in {size} bytes")
-    fields: dict[str, Any] = {}
-    for _ in range(n_fields):
-        key = _read_string(f)
-        value_type = _read(f, "I")
+def _file_size(f: BinaryIO) -> int:
+    size = f.seek(0, 2)
+    f.seek(0)
+    return size
+
+
+class _Parser:
+    """One pass over the header; every read is bounds-checked against the file size."""
+
+    def __init__(self, f: BinaryIO, path: Path, size: int):
+        self.f, self.path, self.size = f, path, size
+        self.pos = 4  # after the magic
+        self.window, self.base = b"", 0  # file bytes [base, base + len(window)), read ahead in WINDOW steps
+        self.fields: dict[str, Any] = {}
+        self.types: dict[str, int] = {}
+
+    def fail(self, offset: int, message: str) -> GGUFError:
+        return GGUFError(f"corrupt GGUF file: {self.path} (offset {offset}: {message})")
+
+    def beyond_end(self, offset: int, message: str) -> GGUFError:
+        """A length or count larger than the rest of the file: cut short, or a damaged number."""
+        return GGUFError(f"truncated GGUF file: {self.path} (offset {offset}: {message}; or that number is corrupt)")
+
+    def truncated(self, offset: int, expected: str) -> GGUFError:
+        return GGUFError(f"truncated GGUF file: {self.path} (offset {offset}: expected {expected}, "
+                         f"but the file ends at {self.size} bytes)")
+
+    @property
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def header(self) -> GGUFHeader:
+        version = self.scalar("I", "the GGUF version")
+        if version not in (2, 3):
+            raise self.fail(4, f"expected GGUF version 2 or 3, found {version}")
+        n_tensors = self.count("Q", "the tensor count", min_bytes=8 + 4 + 4 + 8)
+        n_fields = self.count("Q", "the metadata count", min_bytes=8 + 4)
+        for _ in range(n_fields):
+            self.field()
+        alignment = self.alignment()
+        raw = [self.tensor_record() for _ in range(n_tensors)]
+        names = [name for name, *_ in raw]
+        if len(set(names)) < len(names):
+            duplicate = next(n for n in names if names.count(n) > 1)
+            raise GGUFError(f"corrupt GGUF file: {self.path} (tensor name {duplicate!r} appears twice)")
+        data_start = -(-self.pos // alignment) * alignment
+        tensors = []
+        for name, shape, type_id, offset, at in raw:
+            tensor = TensorInfo(name, shape, type_id, data_start + offset, _tensor_bytes(shape, type_id))
+            if offset % alignment:
+                raise self.fail(at, f"tensor {name!r} data offset {offset} is not a multiple of the alignment "
+                                f"{alignment}")
+            if tensor.data_offset + tensor.n_bytes > self.size:
+                raise GGUFError(f"truncated GGUF file: {self.path} (tensor {name!r} needs bytes up to "
+                                f"{tensor.data_offset + tensor.n_bytes}, file has {self.size})")
+            tensors.append(tensor)
+        return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types)
+
+    def read(self, n: int, expected: str) -> bytes:
+        """The next n bytes; a vocabulary of small strings is read through one window, not
+        one file call per string."""
+        at = self.pos
+        if n > self.size - at:
+            raise self.truncated(at, expected)
+        if at < self.base or at + n > self.base + len(self.window):
+            self.f.seek(at)
+            self.window, self.base = self.f.read(max(n, WINDOW)), at
+            if len(self.window) < n:  # the file shrank while we read it
+                raise self.truncated(at, expected)
+        self.pos = at + n
+        return self.window[at - self.base:at - self.base + n]
+
+    def skip(self, n: int, expected: str) -> None:
+        if n > self.size - self.pos:
+            raise self.truncated(self.pos, expected)
+        self.pos += n
+
+    def scalar(self, fmt: str, expected: str):
+        return struct.unpack("<" + fmt, self.read(struct.calcsize("<" + fmt), expected))[0]
+
+    def count(self, fmt: str, expected: str, min_bytes: int) -> int:
+        """A count of items that take at least `min_bytes` each, so it cannot exceed what is left."""
+        at = self.pos
+        n = self.scalar(fmt, expected)
+        if n * min_bytes > self.left:
+            raise self.beyond_end(at, f"{expected} is {n}, more than the {self.left} bytes left can hold")
+        return n
+
+    def string(self, expected: str, limit: int | None = None) -> str:
+        """A length-prefixed UTF-8 string; beyond `limit` characters only the head is kept."""
+        at = self.pos
+        n = self.scalar("Q", f"the length of {expected}")
+        if n > self.left:
+            raise self.beyond_end(at, f"{expected} is {n} bytes long, more than the {self.left} bytes left")
+        if limit is not None and n > limit:
+            head = self.read(limit, expected)
+            self.skip(n - limit, expected)
+            return head.decode("utf-8", errors="replace") + f"... ({n} bytes)"
+        return self.read(n, expected).decode("utf-8", errors="replace")
+
+    def field(self) -> None:
+        at = self.pos
+        key = self.string("a metadata key")
+        if not key or len(key) > MAX_KEY_LENGTH:
+            raise self.fail(at, f"expected a metadata key of 1 to {MAX_KEY_LENGTH} bytes, found {len(key)}")
+        if key in self.types:
+            raise self.fail(at, f"duplicate metadata key {key!r}")
+        type_at = self.pos
+        value_type = self.scalar("I", f"the type of {key!r}")
+        self.types[key] = value_type
         if value_type == _ARRAY:
-            item_type, count = _read(f, "I"), _read(f, "Q")
-            fields[f"{key}_count"] = count
-            values = _read_array(f, item_type, count)
+            count, values = self.array(key, depth=1)
+            self.fields[f"{key}_count"] = count
             if values is not None:
-                fields[key] = values
+                self.fields[key] = values
+        elif value_type == _STRING:
+            self.fields[key] = self.string(f"the value of {key!r}", limit=KEPT_STRING_LIMIT)
+        elif value_type in _SCALARS:
+            self.fields[key] = self.scalar(_SCALARS[value_type], f"the value of {key!r}")
         else:
-            fields[key] = _read_value(f, value_type)
-    raw = [_read_tensor_record(f) for _ in range(n_tensors)]
-    alignment = int(fields.get("general.alignment", 32))
-    data_start = -(-f.tell() // alignment) * alignment
-    tensors = [TensorInfo(n, s, t, data_start + off, _tensor_bytes(s, t)) for n, s, t, off in raw]
-    return GGUFHeader(path, size, version, fields, tensors)
+            raise self.fail(type_at, f"expected a GGUF value type 0-12 for {key!r}, found {value_type}")
+
+    def array(self, key: str, depth: int) -> tuple[int, list | None]:
+        """(count, values); values is None for an array longer than KEPT_ARRAY_LIMIT."""
+        at = self.pos
+        item_type = self.scalar("I", f"the item type of array {key!r}")
+        if item_type == _ARRAY and depth >= MAX_ARRAY_DEPTH:
+            raise self.fail(at, f"array {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
+        if item_type not in _SCALARS and item_type not in (_STRING, _ARRAY):
+            raise self.fail(at, f"expected an array item type 0-12 for {key!r}, found {item_type}")
+        item_bytes = struct.calcsize("<" + _SCALARS[item_type]) if item_type in _SCALARS else 8 if item_type == _STRING else 12
+        count = self.count("Q", f"the length of array {key!r}", min_bytes=item_bytes)
+        keep = count <= KEPT_ARRAY_LIMIT
+        what = f"an item of array {key!r}"
+        if item_type in _SCALARS:
+            fmt = _SCALARS[item_type]
+            if not keep:
+                self.skip(item_bytes * count, what)
+                return count, None
+            return count, list(struct.unpack(f"<{count}{fmt}", self.read(item_bytes * count, what)))
+        if item_type == _STRING:
+            if not keep:
+                for _ in range(count):
+                    n_at, n = self.pos, self.scalar("Q", what)
+                    if n > self.left:
+                        raise self.beyond_end(n_at, f"{what} is {n} bytes long, more than the {self.left} bytes left")
+                    self.pos += n
+                return count, None
+            return count, [self.string(what, limit=KEPT_STRING_LIMIT) for _ in range(count)]
+        items = [self.array(key, depth + 1) for _ in range(count)]
+        return count, [values for _, values in items] if keep else None
+
+    def alignment(self) -> int:
+        """general.alignment as llama.cpp requires it: a uint32 power of two."""
+        if "general.alignment" not in self.fields:
+            return DEFAULT_ALIGNMENT
+        value, value_type = self.fields["general.alignment"], self.types["general.alignment"]
+        if value_type != _UINT32:
+            raise GGUFError(f"corrupt GGUF file: {self.path} (general.alignment must be a uint32, "
+                            f"found {_TYPE_NAMES.get(value_type, value_type)})")
+        if value == 0 or value & (value - 1):
+            raise GGUFError(f"corrupt GGUF file: {self.path} (general.alignment must be a power of two, found {value})")
+        return value
+
+    def tensor_record(self) -> tuple[str, tuple[int, ...], int, int, int]:
+        at = self.pos
+        name = self.string("a tensor name")
+        if len(name.encode()) >= MAX_NAME:
+            raise self.fail(at, f"expected a tensor name shorter than {MAX_NAME} bytes, found {len(name.encode())}")
+        n_dims = self.scalar("I", f"the dimension count of tensor {name!r}")
+        if n_dims > MAX_DIMS:
+            raise self.fail(at, f"tensor {name!r} has {n_dims} dimensions, expected at most {MAX_DIMS}")
+        shape = tuple(self.scalar("q", f"a dimension of tensor {name!r}") for _ in range(n_dims))
+        if any(d < 0 for d in shape):
+            raise self.fail(at, f"tensor {name!r} has a negative dimension: {shape}")
+        type_at = self.pos
+        type_id = self.scalar("I", f"the type of tensor {name!r}")
+        block = _block_size(type_id)
+        if block is None:
+            raise self.fail(type_at, f"tensor {name!r} has unknown ggml type {type_id}")
+        if shape and shape[0] % block[0]:
+            raise self.fail(at, f"tensor {name!r} has {shape[0]} elements per row, not a multiple of its "
+                            f"type's block size {block[0]}")
+        if math.prod(shape) >= 2**63:  # gguf.cpp: the element count must fit in an int64
+            raise self.fail(at, f"tensor {name!r} has shape {shape}: more than 2^63 elements")
+        offset = self.scalar("Q", f"the data offset of tensor {name!r}")
+        return name, shape, type_id, offset, at
 
 
-def _read(f: BinaryIO, fmt: str):
-    n = struct.calcsize("<" + fmt)
-    data = f.read(n)
-    if len(data) < n:
-        raise _Truncated
-    return struct.unpack("<" + fmt, data)[0]
-
-
-def _read_string(f: BinaryIO) -> str:
-    n = _read(f, "Q")
-    data = f.read(n)
-    if len(data) < n:
-        raise _Truncated
-    return data.decode("utf-8")
-
-
-def _read_value(f: BinaryIO, value_type: int) -> Any:
-    if value_type == _STRING:
-        return _read_string(f)
-    if value_type in _SCALARS:
-        return _read(f, _SCALARS[value_type])
-    raise ValueError(f"unknown GGUF value type {value_type}")
-
-
-def _read_array(f: BinaryIO, item_type: int, count: int) -> list | None:
-    if item_type == _STRING:
-        if count > KEPT_ARRAY_LIMIT:
-            for _ in range(count):
-                n = _read(f, "Q")
-                f.seek(n, 1)
-            return None
-        return [_read_string(f) for _ in range(count)]
-    if item_type in _SCALARS:
-        fmt = _SCALARS[item_type]
-        n = struct.calcsize("<" + fmt) * count
-        data = f.read(n) if count <= KEPT_ARRAY_LIMIT else (f.seek(n, 1), b"")[1]
-        if count > KEPT_ARRAY_LIMIT:
-            return None
-        if len(data) < n:
-            raise _Truncated
-        return list(struct.unpack(f"<{count}{fmt}", data))
-    if item_type == _ARRAY:
-        return [_read_array(f, _read(f, "I"), _read(f, "Q")) for _ in range(count)]
-    raise ValueError(f"unknown GGUF array item type {item_type}")
-
-
-def _read_tensor_record(f: BinaryIO) -> tuple[str, tuple[int, ...], int, int]:
-    name = _read_string(f)
-    n_dims = _read(f, "I")
-    if n_dims > 8:
-        raise ValueError(f"tensor {name!r} has {n_dims} dimensions, expected at most 8")
-    shape = tuple(_read(f, "Q") for _ in range(n_dims))
-    return name, shape, _read(f, "I"), _read(f, "Q")
-
-
-def _tensor_bytes(shape: tuple[int, ...], type_id: int) -> int:
+def _block_size(type_id: int) -> tuple[int, int] | None:
+    """(elements per block, bytes per block) of a ggml type, None when unknown."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
-        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
+        return GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
     except (ValueError, KeyError):
-        raise ValueError(f"unknown tensor type id {type_id}") from None
-    n = 1
-    for d in shape:
-        n *= d
-    return n // block_size * type_size
+        return None
+
+
+def _tensor_bytes(shape: tuple[int, ...], type_id: int) -> int:
+    block_size, type_size = _block_size(type_id)
+    return math.prod(shape) // block_size * type_size

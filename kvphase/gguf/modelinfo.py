@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from kvphase.gguf.header import Metadata, TensorInfo, read_gguf_header
 
-from kvphase.gguf.header import TensorInfo, read_gguf_header
 
 @dataclass(frozen=True)
 class CompressionSpec:
@@ -60,44 +59,44 @@ class ModelInfo:
 
 
 def read_model_info(path: str | Path) -> ModelInfo:
-    """Read a GGUF file's metadata; raise ModelFileError if the file is unusable."""
+    """Read a GGUF file's metadata; raise ModelFileError (GGUFError) if the file is unusable."""
     path = Path(path)
     header = read_gguf_header(path)
-    fields, tensors = header.fields, header.tensors
-    arch = str(fields.get("general.architecture", "unknown"))
-    vocab = fields.get("tokenizer.ggml.tokens_count") or int(fields.get(f"{arch}.vocab_size", 0))
-    n_layers = int(fields.get(f"{arch}.block_count", 0))
+    meta, tensors = Metadata(header), header.tensors
+    arch = meta.text("general.architecture", "unknown")
+    vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
+    n_layers = meta.integer(f"{arch}.block_count", 0)
     return ModelInfo(
         path=path,
         file_size=header.file_size,
         architecture=arch,
-        name=str(fields.get("general.name", path.stem)),
+        name=meta.text("general.name", path.stem),
         n_params=sum(t.n_elements for t in tensors),
-        quantization=_quantization(fields, tensors),
-        context_length=int(fields.get(f"{arch}.context_length", 0)),
+        quantization=_quantization(meta, tensors),
+        context_length=meta.integer(f"{arch}.context_length", 0),
         n_layers=n_layers,
-        tokenizer_model=str(fields.get("tokenizer.ggml.model", "unknown")),
-        vocab_size=int(vocab),
-        compression=compression_spec(arch, fields, [t.name for t in tensors], n_layers),
+        tokenizer_model=meta.text("tokenizer.ggml.model", "unknown"),
+        vocab_size=vocab,
+        compression=compression_spec(arch, meta, [t.name for t in tensors], n_layers),
     )
 
 
-def compression_spec(arch: str, fields: dict[str, Any], tensor_names: list[str], n_layers: int) -> CompressionSpec:
+def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layers: int) -> CompressionSpec:
     """The compression an architecture declares; `none` for architectures without one."""
     if arch == "glm5-next":
-        kpool = int(fields.get(f"{arch}.attention.indexer.kpool", 0))
+        kpool = meta.integer(f"{arch}.attention.indexer.kpool", 0)
         return CompressionSpec(
             family="kpool",
             stride=kpool,
             layers=_layers_with(tensor_names, "indexer_compressor_ape"),
             params={
                 "kpool": kpool,
-                "top_k": int(fields.get(f"{arch}.attention.indexer.top_k", 0)),
-                "select_tail": bool(fields.get(f"{arch}.attention.indexer.kpool_select_tail", False)),
+                "top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0),
+                "select_tail": meta.flag(f"{arch}.attention.indexer.kpool_select_tail", False),
             },
         )
     if arch == "deepseek4":
-        ratios = [int(r) for r in np.atleast_1d(fields.get(f"{arch}.attention.compress_ratios", []))]
+        ratios = meta.integers(f"{arch}.attention.compress_ratios", [])
         if len(ratios) == 1 and n_layers > 1:
             ratios = ratios * n_layers
         compressed = sorted({r for r in ratios if r > 1})
@@ -108,27 +107,27 @@ def compression_spec(arch: str, fields: dict[str, Any], tensor_names: list[str],
             params={"compress_ratios": _runs(ratios), "strides": compressed},
         )
     if arch == "minimax-m3":
-        block = int(fields.get(f"{arch}.attention.indexer.block_size", 0))
+        block = meta.integer(f"{arch}.attention.indexer.block_size", 0)
         return CompressionSpec(
             family="msa",
             stride=block,
             layers=_layers_with(tensor_names, "msa") or _layers_with(tensor_names, "indexer"),
             params={
                 "block_size": block,
-                "top_k": int(fields.get(f"{arch}.attention.indexer.top_k", 0)),
-                "local_blocks": int(fields.get(f"{arch}.attention.indexer.local_blocks", 0)),
+                "top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0),
+                "local_blocks": meta.integer(f"{arch}.attention.indexer.local_blocks", 0),
             },
         )
     return CompressionSpec(family="none", stride=None)
 
 
-def _quantization(fields: dict[str, Any], tensors: list[TensorInfo]) -> str:
+def _quantization(meta: Metadata, tensors: list[TensorInfo]) -> str:
     from gguf import GGMLQuantizationType, LlamaFileType
 
-    file_type = fields.get("general.file_type")
-    if file_type is not None:
+    file_type = meta.fields.get("general.file_type")
+    if isinstance(file_type, int):
         try:
-            return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_")
+            return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
         except ValueError:
             pass
     counts = Counter(GGMLQuantizationType(t.type_id).name for t in tensors)

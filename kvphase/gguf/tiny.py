@@ -384,7 +384,9 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
     if arch not in specs:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
-    if yarn_factor < 0 or (yarn_factor and arch not in YARN_ARCHS):
+    if seed < 0:
+        raise PlanError(f"--seed must be a non-negative integer, got {seed}")
+    if not 0 <= yarn_factor <= np.finfo(np.float32).max or (yarn_factor and arch not in YARN_ARCHS):  # NaN fails too
         raise PlanError(f"a YaRN factor must be positive and is offered for {', '.join(YARN_ARCHS)} only; "
                         f"got {yarn_factor} for {arch}")
     spec = specs[arch]()

@@ -28,7 +28,8 @@ import numpy as np
 
 from kvphase.designs.windows import masked_softmax
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import TensorInfo, read_gguf_header
+from kvphase.gguf.header import GGUFHeader, Metadata, TensorInfo, read_gguf_header
+from kvphase.gguf.limits import LLAMA_MAX_LAYERS
 from kvphase.gguf.tensors import tensor_array
 
 # architecture -> RoPE pairing (llama_model_rope_type in src/llama-model.cpp)
@@ -63,47 +64,51 @@ class Config:
         return self.n_head // self.n_head_kv
 
     @classmethod
-    def from_gguf(cls, fields: dict, tensors: dict[str, TensorInfo]) -> Config:
-        arch = str(fields.get("general.architecture", "unknown"))
+    def from_gguf(cls, header: GGUFHeader, tensors: dict[str, TensorInfo]) -> Config:
+        meta = Metadata(header)
+        arch = meta.text("general.architecture", "unknown")
         if arch not in ROPE_NEOX:
             raise ModelFileError(f"the reference model runs {sorted(ROPE_NEOX)} architectures, found {arch!r}")
 
-        def key(name: str, default=None):
-            value = fields.get(f"{arch}.{name}", default)
-            if value is None:
-                raise ModelFileError(f"GGUF metadata lacks {arch}.{name}")
-            return value
+        def count(name: str, default: int | None = None) -> int:
+            return meta.integer(f"{arch}.{name}", default, low=1)
 
-        scaling = str(key("rope.scaling.type", "linear"))
+        def number(name: str, default: float | None = None) -> float:
+            return meta.number(f"{arch}.{name}", default)
+
+        scaling = meta.text(f"{arch}.rope.scaling.type", "linear")
         if scaling not in ("none", "linear"):
             raise ModelFileError(f"the reference model supports linear RoPE scaling only, found {scaling!r}")
-        factor = float(key("rope.scaling.factor", 0.0)) if scaling == "linear" else 0.0
-        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
-        head_dim = int(key("attention.key_length", n_embd // n_head))
-        n_head_kv = key("attention.head_count_kv", n_head)
-        if isinstance(n_head_kv, list):  # per-layer list in some files; the reference needs one value
-            if len(set(n_head_kv)) != 1:
-                raise ModelFileError(f"per-layer KV head counts are not supported: {n_head_kv}")
-            n_head_kv = n_head_kv[0]
+        factor = number("rope.scaling.factor", 0.0) if scaling == "linear" else 0.0
+        n_embd, n_head = count("embedding_length"), count("attention.head_count")
+        head_dim = count("attention.key_length", max(1, n_embd // n_head))
+        n_head_kv = meta.integers(f"{arch}.attention.head_count_kv", [n_head], low=1, high=n_head)
+        if len(set(n_head_kv)) != 1:  # per-layer list in some files; the reference needs one value
+            raise ModelFileError(f"per-layer KV head counts are not supported: {n_head_kv}")
+        if n_head % n_head_kv[0]:
+            raise meta.bad(f"{arch}.attention.head_count_kv", n_head_kv[0], f"a divisor of the {n_head} query heads")
+        embd = tensors.get("token_embd.weight")
+        if embd is None or len(embd.shape) != 2:
+            raise ModelFileError(f"{header.path.name} has no two-dimensional token_embd.weight")
         return cls(
             arch=arch,
-            n_vocab=int(tensors["token_embd.weight"].shape[1]),
+            n_vocab=int(embd.shape[1]),
             n_embd=n_embd,
-            n_layer=int(key("block_count")),
+            n_layer=meta.integer(f"{arch}.block_count", low=1, high=LLAMA_MAX_LAYERS),
             n_head=n_head,
-            n_head_kv=int(n_head_kv),
+            n_head_kv=n_head_kv[0],
             head_dim=head_dim,
-            n_rot=int(key("rope.dimension_count", head_dim)),
-            n_ff=int(key("feed_forward_length")),
-            norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-            rope_base=float(key("rope.freq_base", 10000.0)),
+            n_rot=count("rope.dimension_count", head_dim),
+            n_ff=count("feed_forward_length"),
+            norm_eps=number("attention.layer_norm_rms_epsilon"),
+            rope_base=number("rope.freq_base", 10000.0),
             rope_scale=1.0 / factor if factor else 1.0,
             rope_neox=ROPE_NEOX[arch],
-            attn_scale=float(key("attention.scale", 0.0)) or 1.0 / float(np.sqrt(head_dim)),
+            attn_scale=number("attention.scale", 0.0) or 1.0 / float(np.sqrt(head_dim)),
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
             qkv_bias="blk.0.attn_q.bias" in tensors,
             tied_output="output.weight" not in tensors,
-            n_ctx_train=int(key("context_length", 0)),
+            n_ctx_train=meta.integer(f"{arch}.context_length", 0),
         )
 
 
@@ -136,10 +141,12 @@ def load(path: str) -> tuple[Config, Weights]:
     """Read and dequantize a GGUF file once per process (cached per path)."""
     header = read_gguf_header(path)
     tensors = {t.name: t for t in header.tensors}
-    config = Config.from_gguf(header.fields, tensors)
+    config = Config.from_gguf(header, tensors)
     raw = np.memmap(path, dtype=np.uint8, mode="r")  # (file_size,)
 
     def get(name: str) -> np.ndarray:
+        if name not in tensors:
+            raise ModelFileError(f"{Path(path).name} lacks tensor {name}, which a {config.arch} model has")
         return tensor_array(raw, tensors[name])  # numpy order: slowest first
 
     def opt(name: str) -> np.ndarray | None:

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.designs import DESIGNS, BlockTopK, CompressedKV, KPool, MeanPool
+from kvphase.designs.windows import check_non_negative
 from kvphase.designs.windows import masked_softmax
 from kvphase.errors import PlanError
 from kvphase.reference.model import DenseAttention
@@ -102,6 +103,13 @@ class CompressedAttention:
     ):
         if stagger not in STAGGER_MODES:
             raise ValueError(f"expected stagger to be one of {STAGGER_MODES}, got {stagger!r}")
+        if not isinstance(randomize, bool):
+            raise ValueError(f"expected randomize to be true or false, got {randomize!r}")
+        check_non_negative("CompressedAttention", stagger_step=stagger_step, seed=seed)
+        if layers is not None:
+            if not isinstance(layers, (list, tuple)):
+                raise ValueError(f"expected layers to be a list of layer indices such as [0, 2], got {layers!r}")
+            check_non_negative("CompressedAttention", **{f"layers[{i}]": layer for i, layer in enumerate(layers)})
         if randomize and stagger != "none":
             raise ValueError(f"randomize draws every offset itself; expected stagger 'none', got {stagger!r}")
         self.design, self.stagger, self.stagger_step = design, stagger, int(stagger_step)
@@ -156,6 +164,13 @@ POLICY_DESIGNS = {
     "kpool": (lambda **kw: PostHocKPool(KPool(cache_dtype="f32", **kw)), ("kpool", "top_k", "select_tail", "start")),
 }
 POLICY_OPTIONS = ("stagger", "stagger_step", "randomize", "seed", "layers")
+
+
+def check_policy_layers(policy, n_layer: int) -> None:
+    """PlanError when a policy compresses layers the model does not have."""
+    beyond = sorted(i for i in getattr(policy, "layers", None) or () if i >= n_layer)
+    if beyond:
+        raise PlanError(f"layers {beyond} do not exist: the model has {n_layer} layers (0 to {n_layer - 1})")
 
 
 def make_policy(design: str = "dense", **options):

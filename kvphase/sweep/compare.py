@@ -16,7 +16,7 @@ from kvphase.sweep.analysis import Summary, summarize
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.sweep.report import markdown_table, plot_accuracy
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import load_plan, load_results
+from kvphase.sweep.run import check_writable, load_plan, load_results, make_folder
 
 DEFAULT_OUT = Path("reports") / "comparison"
 MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "comparison.csv"
@@ -137,7 +137,8 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path = DEFAULT_OUT) -> C
     runs = load_runs(run_dirs)
     stride = figure_stride(runs)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir)
+    check_writable(out_dir, [MARKDOWN_FILE, FIGURE_FILE, CSV_FILE])
     table = comparison_table(runs)
     paths = out_dir / MARKDOWN_FILE, out_dir / FIGURE_FILE, out_dir / CSV_FILE
     table.to_csv(paths[2], index=False)

@@ -34,6 +34,7 @@ PADDING_MODES = ("prefix", "in-sequence")
 MEAN_TOLERANCE = 0.5  # tokens: largest distance of a residue group's mean position from the common mean
 EXHAUSTIVE_CHOICES = 20_000  # up to this many ways to pick the moved anchors, try them all
 SD_TOLERANCE = 0.02  # relative: largest spread of the groups' position standard deviations
+MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
 
 
 class Tokenizer(Protocol):
@@ -63,8 +64,13 @@ class ProbeSettings:
             raise PlanError(f"--stride must be at least 2, got {self.stride}")
         if self.modulus < 2 or self.modulus % self.stride:
             raise PlanError(f"--modulus must be a multiple of the stride {self.stride}, got {self.modulus}")
+        if self.context_length > MAX_CONTEXT:
+            raise PlanError(f"--context must be at most {MAX_CONTEXT} tokens, got {self.context_length}")
         if self.per_residue < 1:
             raise PlanError(f"--per-residue must be at least 1, got {self.per_residue}")
+        if self.per_residue > self.context_length // self.modulus:  # checked before any planning, however large
+            raise PlanError(f"--per-residue {self.per_residue} is more than a {self.context_length}-token context "
+                            f"holds: {self.context_length // self.modulus} positions of each residue mod {self.modulus}")
         if self.padding not in PADDING_MODES:
             raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
         if self.seed < 0:

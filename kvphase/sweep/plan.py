@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from kvphase.errors import PlanError
 from kvphase.sweep.placement import ProbeSettings
+
+_FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict}  # annotation -> the type a value must have
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,15 @@ class SweepPlan:
     control: bool  # True when the model declares no compression and the stride is the user's
     backend: str = "llama.cpp"
     backend_options: dict = field(default_factory=dict)  # the reference backend's design and its options
+
+    def __post_init__(self) -> None:
+        """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
+        for f in fields(self):
+            kind = _FIELD_TYPES.get(str(f.type))
+            value = getattr(self, f.name)
+            if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise PlanError(f"{f.name} is {str(value)[:60]!r}, expected {f.type}")
+        self.probe_settings  # context, stride, modulus, sample size, padding and seed in range
 
     def describe_backend(self) -> str:
         """`backend` alone, or `backend (key=value, ...)` with the reference design's options."""

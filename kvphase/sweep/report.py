@@ -11,7 +11,7 @@ import pandas as pd
 from kvphase.sweep.analysis import Summary, summarize
 from kvphase.errors import RunFolderError
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import MANIFEST_FILE, SUMMARY_FILE, load_plan, load_results
+from kvphase.sweep.run import SUMMARY_FILE, check_writable, load_manifest, load_plan, load_results, write_atomic
 
 FIGURE_FILE = "accuracy_by_residue.png"
 REPORT_FILE = "report.md"
@@ -24,11 +24,12 @@ def build_report(run_dir: Path) -> Summary:
     results = load_results(run_dir)
     if results.empty:
         raise RunFolderError(f"{run_dir} has no scored targets yet; run the sweep first")
+    manifest = load_manifest(run_dir)
+    check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
     summary = summarize(results, plan.stride, plan.modulus, plan.seed)
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_json(), indent=2) + "\n")
+    write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary.to_json(), indent=2) + "\n")
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
-    manifest = json.loads((run_dir / MANIFEST_FILE).read_text()) if (run_dir / MANIFEST_FILE).exists() else {}
-    (run_dir / REPORT_FILE).write_text(render_markdown(plan, summary, manifest))
+    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest))
     return summary
 
 

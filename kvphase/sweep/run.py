@@ -3,15 +3,20 @@ summary.json, report.md, figure, manifest.json.
 
 A run folder describes itself (`config.json`) and resumes: rows already in
 `results.csv` are never scored again, and a folder that holds a different plan is
-refused rather than mixed.
+refused rather than mixed. One sweep at a time holds a folder (`RunLock`); config,
+manifest and summary are replaced whole (`write_atomic`), and every file is checked
+before a model loads, so a damaged one is named in one line instead of a traceback.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import io
 import json
+import math
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -22,7 +27,7 @@ import pandas as pd
 
 from kvphase import __version__
 from kvphase.backends.base import Backend
-from kvphase.errors import RunFolderError
+from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.sweep.placement import ProbeContext, Target, build_probes
 from kvphase.sweep.plan import SweepPlan
@@ -32,6 +37,121 @@ RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "que
                   "key", "answer", "predicted"]
 NUMERIC_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "logprob"]
 CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, MANIFEST_FILE = "config.json", "results.csv", "summary.json", "manifest.json"
+LOCK_FILE = ".lock"
+_HELD: dict[Path, int] = {}  # run folders this process holds -> how many RunLocks are open on each
+
+
+class RunLock:
+    """One sweep at a time in a run folder: an exclusive `flock` on `<run_dir>/.lock`.
+
+    The kernel drops a flock when its holder exits, however it exits, so a sweep killed by
+    SIGKILL cannot leave a folder locked: its `.lock` file stays, naming it (pid, host),
+    and the next sweep takes the folder over and reports that holder as `stale`. A clean
+    release empties the file. Re-entrant within a process (the CLI locks before the model
+    loads, `execute_sweep` locks again). A folder this lock created and nothing else wrote
+    to is removed on release, so a refused start leaves nothing behind.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.stale: str | None = None  # the holder a previous, killed sweep left in the lock file
+        self._fd: int | None = None
+        self._created = False
+
+    def __enter__(self) -> RunLock:
+        key = self.run_dir.resolve()
+        if key in _HELD:
+            _HELD[key] += 1
+            return self
+        self._created = make_folder(self.run_dir)
+        path = self.run_dir / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunFolderError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise RunFolderError(f"{self.run_dir} is in use by another sweep ({holder or 'holder unknown'}); "
+                                 "wait for it to finish or choose another --out") from None
+        self.stale = _lock_holder(fd) or None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self._fd = fd
+        _HELD[key] = 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        key = self.run_dir.resolve()
+        _HELD[key] -= 1
+        if _HELD[key] or self._fd is None:
+            return
+        del _HELD[key]
+        os.ftruncate(self._fd, 0)  # released cleanly: an empty lock file names no holder
+        if self._created and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
+            (self.run_dir / LOCK_FILE).unlink()
+            self.run_dir.rmdir()
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+
+
+def make_folder(folder: Path) -> bool:
+    """Create an output folder (and its parents); True when it did not exist. RunFolderError
+    when it is a file or cannot be created (read-only place, a file on the way)."""
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"{folder} is a file, not a run folder; choose another --out")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
+    return created
+
+
+def _lock_holder(fd: int) -> str:
+    return os.pread(fd, 200, 0).decode("utf-8", errors="replace").strip()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` beside `path`, then rename it over `path`: a reader, or a sweep killed
+    mid-write, sees the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp.is_file():
+            tmp.unlink()
+        raise RunFolderError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def check_writable(run_dir: Path, names: Iterable[str]) -> None:
+    """RunFolderError when an output file of the folder is in the way (a directory, say)."""
+    for name in names:
+        path = run_dir / name
+        if path.exists() and not path.is_file():
+            raise RunFolderError(f"{path} is not a file, so it cannot be rewritten; move it away")
+
+
+def read_json_object(path: Path) -> dict:
+    """A run folder's JSON file as a dict; RunFolderError naming the file, line and problem."""
+    if path.is_dir():
+        raise RunFolderError(f"{path} is a directory, expected a JSON file")
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise RunFolderError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path} byte {exc.start}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise RunFolderError(f"{path} line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise RunFolderError(f"{path}: JSON nested too deeply") from None
+    if not isinstance(value, dict):
+        raise RunFolderError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value
 
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
@@ -45,44 +165,74 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
 
 
 def check_run_dir(run_dir: Path, plan: SweepPlan) -> None:
-    """RunFolderError unless `run_dir` is new, or a folder that holds this same plan."""
+    """RunFolderError unless `run_dir` is new, or a folder that holds this same plan with
+    readable results and manifest."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"{run_dir} is a file, not a run folder; choose another --out")
-    if (run_dir / CONFIG_FILE).exists():
+    if (run_dir / CONFIG_FILE).exists() or (run_dir / CONFIG_FILE).is_symlink():
         existing = load_plan(run_dir).comparable()
         if existing != plan.comparable():
             differing = sorted(k for k, v in plan.comparable().items() if existing.get(k) != v)
             raise RunFolderError(f"{run_dir} holds a different run (differs in: {', '.join(differing)}); "
                                  f"choose another --out or delete the folder")
+    load_results(run_dir)
+    load_manifest(run_dir)
+    check_writable(run_dir, [CONFIG_FILE, RESULTS_FILE, MANIFEST_FILE])
 
 
 def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
-    """Create the folder and its config, or check that an existing one holds the same plan."""
-    check_run_dir(run_dir, plan)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(asdict(plan), indent=2) + "\n")
+    """Create the folder and write its config (after `check_run_dir` has accepted the folder)."""
+    make_folder(run_dir)
+    write_atomic(run_dir / CONFIG_FILE, json.dumps(asdict(plan), indent=2) + "\n")
 
 
 def load_plan(run_dir: Path) -> SweepPlan:
+    """The plan `config.json` holds; RunFolderError naming the field when it is damaged or invalid."""
     path = run_dir / CONFIG_FILE
-    if not path.is_file():
+    if not path.exists():
         raise RunFolderError(f"{run_dir} is not a run folder: {CONFIG_FILE} is missing")
+    raw = read_json_object(path)
     try:
-        return SweepPlan(**json.loads(path.read_text()))
-    except (json.JSONDecodeError, TypeError) as exc:
-        raise RunFolderError(f"{path} is not a valid run config ({exc})") from None
+        plan = SweepPlan(**raw)
+    except TypeError as exc:  # a missing or unknown field
+        raise RunFolderError(f"{path}: {str(exc).replace('__init__() ', '').replace('SweepPlan.', '')}") from None
+    except PlanError as exc:
+        raise RunFolderError(f"{path}: {exc}") from None
+    return plan
+
+
+def load_manifest(run_dir: Path) -> dict:
+    """manifest.json as a dict ({} when there is none yet), with the fields a resumed sweep adds
+    to checked; RunFolderError naming the field when it is damaged."""
+    path = run_dir / MANIFEST_FILE
+    if not path.exists():
+        return {}
+    manifest = read_json_object(path)
+    model = manifest.get("model", {})
+    if not isinstance(model, dict) or not isinstance(model.get("sha256", ""), str):
+        raise RunFolderError(f"{path}: model is {str(model)[:60]!r}, expected an object with a text sha256; "
+                             "delete the file and the next sweep writes a new one")
+    numbers = {"wall_time_s": manifest.get("wall_time_s", 0), "tokens_evaluated": manifest.get("tokens_evaluated", 0),
+               "sessions": manifest.get("sessions", 0), "model.size": model.get("size", 0)}
+    for name, value in numbers.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise RunFolderError(f"{path}: {name} is {str(value)[:60]!r}, expected a number; "
+                                 "delete the file and the next sweep writes a new one")
+    return manifest
 
 
 def load_results(run_dir: Path) -> pd.DataFrame:
     """The scored rows so far (an empty frame with the right columns when none)."""
     path = run_dir / RESULTS_FILE
+    if path.exists() and not path.is_file():
+        raise RunFolderError(f"{path} is not a file; move it away to start the results afresh")
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame(columns=RESULT_COLUMNS)
     try:
         text = _complete_lines(path.read_bytes()).decode("utf-8")
         frame = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
-    except (UnicodeDecodeError, pd.errors.ParserError) as exc:
-        raise RunFolderError(f"{path} is not a readable results file ({str(exc).splitlines()[0]})") from None
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
+        raise RunFolderError(f"{path} is not a readable results file ({(str(exc).splitlines() or ['?'])[0]})") from None
     missing = set(RESULT_COLUMNS) - set(frame.columns)
     if missing:
         raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
@@ -139,9 +289,16 @@ def execute_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelI
                   progress: SweepProgress | None = None) -> pd.DataFrame:
     """Score every planned target not already in the folder; return all results."""
     progress = progress or SweepProgress()
-    prepare_run_dir(run_dir, plan)
+    with RunLock(run_dir):
+        return _execute_locked(plan, backend, run_dir, info, progress)
+
+
+def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelInfo,
+                    progress: SweepProgress) -> pd.DataFrame:
     started = time.time()
+    check_run_dir(run_dir, plan)
     contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
+    prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
     done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir)
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done))  # every finished row is a planned target, checked above
@@ -203,7 +360,7 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
     import numpy
 
     path = run_dir / MANIFEST_FILE
-    old = json.loads(path.read_text()) if path.exists() else {}
+    old = load_manifest(run_dir)
     sha = old.get("model", {}).get("sha256") if old.get("model", {}).get("size") == info.file_size else None
     manifest = {
         "model": {"file": info.path.name, "size": info.file_size, "sha256": sha or file_sha256(info.path),
@@ -219,7 +376,8 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
         "tokens_evaluated": old.get("tokens_evaluated", 0) + tokens,
         "sessions": old.get("sessions", 0) + 1,
     }
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
 
 
-__all__ = ["SweepPlan", "execute_sweep", "load_plan", "load_results", "default_run_dir", "ProbeContext"]
+__all__ = ["SweepPlan", "RunLock", "execute_sweep", "load_plan", "load_results", "load_manifest", "write_atomic",
+           "default_run_dir", "ProbeContext"]

@@ -54,7 +54,7 @@ def available_tasks() -> list[str]:
 def load_task(name: str) -> Task:
     """Read `prompts/<name>.toml`; PlanError names the known tasks when `name` is not one."""
     path = PROMPTS_DIR / f"{name}.toml"
-    if not path.is_file():
+    if name not in available_tasks():  # a name, never a path: "../x" or a NUL byte reaches no other file
         raise PlanError(f"unknown task {name!r}; known tasks: {', '.join(available_tasks())}")
     try:
         spec = tomllib.loads(path.read_text())

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from kvphase.errors import PlanError
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,12 @@ class Tolerances:
     # attention output (deepseek4): max absolute difference / largest |output|; flash
     # attention reads keys and values as F16 and sums them in F16
     attention_rel: float = 5e-3
+
+    def __post_init__(self) -> None:
+        for name, value in (("--keys-tol", self.keys_abs), ("--scores-tol", self.scores_rel),
+                            ("--attention-tol", self.attention_rel)):
+            if not math.isfinite(value) or value < 0:
+                raise PlanError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass

@@ -10,7 +10,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvphase.engines.capture import EngineSettings, run_and_capture
-from kvphase.errors import PlanError
+from kvphase.errors import ModelFileError, PlanError
+from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import read_model_info
 from kvphase.validate.common import FamilyCheck
 from kvphase.validate.dsv4 import DSV4Check
@@ -89,8 +90,14 @@ def validate_model(
         )
     if cache not in CACHE_TYPES:
         raise PlanError(f"unknown cache type {cache!r}; expected one of {', '.join(CACHE_TYPES)}")
-    checker = FAMILIES[family](info, perturb, cache_dtype=cache)
+    check_llama_limits(info.path)  # what llama.cpp would abort on, refused before it loads the file
+    try:
+        checker = FAMILIES[family](info, perturb, cache_dtype=cache)
+    except ValueError as exc:  # a design refuses the file's compression settings
+        raise ModelFileError(f"{info.path.name}: {exc}") from None
     n_tokens = checker.default_tokens if n_tokens is None else int(n_tokens)
+    if n_tokens < 1 or seed < 0:
+        raise PlanError(f"--tokens must be at least 1 and --seed at least 0, got {n_tokens} and {seed}")
     if info.context_length and n_tokens > info.context_length:
         raise PlanError(f"--tokens {n_tokens} does not fit: {info.path.name} has a {info.context_length}-token context")
     stride = int(info.compression.stride or 4)

@@ -1,0 +1,76 @@
+"""What llama.cpp aborts on, checked in a model's metadata before llama.cpp sees the file.
+
+llama.cpp refuses most bad metadata by throwing, which llama-cpp-python reports as a
+failed load; a few values reach a GGML_ASSERT instead, which aborts the whole process.
+`check_llama_limits` refuses those first, with a `GGUFError` naming the key. Each check
+names the assert it mirrors in the llama.cpp vendored in llama-cpp-python 0.3.36.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvphase.errors import GGUFError
+from kvphase.gguf.header import GGUFHeader, Metadata, read_gguf_header
+
+LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
+LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # LLAMA_ROPE_SCALING_TYPES, src/llama-model.cpp
+HYPER_CONNECTIONS = 4  # "mHC with hc_mult != 4 is not supported" (src/models/glm5-next.cpp, deepseek4.cpp)
+
+
+def check_llama_limits(model: str | Path | GGUFHeader) -> None:
+    """GGUFError when llama.cpp would abort on this file's metadata rather than refuse it."""
+    header = model if isinstance(model, GGUFHeader) else read_gguf_header(model)
+    meta = Metadata(header)
+    arch = meta.text("general.architecture")
+    # llama_model_base::load_hparams (src/llama-model.cpp)
+    n_layer = meta.integer(f"{arch}.block_count", low=1, high=LLAMA_MAX_LAYERS)
+    meta.integer(f"{arch}.nextn_predict_layers", 0, high=n_layer)
+    _check_experts(meta, arch, n_layer)
+    scaling = meta.text(f"{arch}.rope.scaling.type", "linear")
+    if scaling not in ROPE_SCALING_TYPES:
+        raise meta.bad(f"{arch}.rope.scaling.type", scaling, f"one of {', '.join(ROPE_SCALING_TYPES)}")
+    CHECKS.get(arch, lambda meta, arch, n_layer: None)(meta, arch, n_layer)
+
+
+def _check_experts(meta: Metadata, arch: str, n_layer: int) -> None:
+    n_expert = meta.integer(f"{arch}.expert_count", 0, high=LLAMA_MAX_EXPERTS)
+    used = max(meta.integers(f"{arch}.expert_used_count", [0], high=n_expert))
+    groups = meta.integer(f"{arch}.expert_group_count", 0)
+    group_used = meta.integer(f"{arch}.expert_group_used_count", 0)
+    if n_expert == 0:
+        if used or groups:
+            raise GGUFError(f"{meta.file}: {arch}.expert_used_count and expert_group_count must be 0 without "
+                            f"experts (expert_count 0), found {used} and {groups}")
+        return
+    if used == 0:
+        raise meta.bad(f"{arch}.expert_used_count", used, f"1 to {n_expert} with {n_expert} experts")
+    if groups >= n_expert:
+        raise meta.bad(f"{arch}.expert_group_count", groups, f"fewer than the {n_expert} experts")
+    if groups > 1 and (n_expert % groups or not 0 < group_used < groups):
+        raise GGUFError(f"{meta.file}: {n_expert} experts in {groups} groups with {group_used} used: expected "
+                        "groups that divide the experts and 1 to groups - 1 of them used")
+
+
+def _check_glm5_next(meta: Metadata, arch: str, n_layer: int) -> None:
+    # src/models/glm5-next.cpp: indexer_kpool > 1 && indexer_top_k % indexer_kpool == 0
+    kpool = meta.integer(f"{arch}.attention.indexer.kpool", low=2)
+    top_k = meta.integer(f"{arch}.attention.indexer.top_k")
+    if top_k % kpool:
+        raise meta.bad(f"{arch}.attention.indexer.top_k", top_k, f"a multiple of the kpool {kpool}")
+    meta.integer(f"{arch}.hyper_connection.count", low=HYPER_CONNECTIONS, high=HYPER_CONNECTIONS)
+
+
+def _check_deepseek4(meta: Metadata, arch: str, n_layer: int) -> None:
+    # src/models/deepseek4.cpp: n_compress_ratios <= LLAMA_MAX_LAYERS; the graph asserts hc == 4
+    meta.integer(f"{arch}.attention.compress_ratios_count", 0, high=LLAMA_MAX_LAYERS)
+    meta.integer(f"{arch}.hyper_connection.count", low=HYPER_CONNECTIONS, high=HYPER_CONNECTIONS)
+
+
+def _check_minimax_m3(meta: Metadata, arch: str, n_layer: int) -> None:
+    # src/models/minimax-m3.cpp: indexer_block_size > 0
+    meta.integer(f"{arch}.attention.indexer.block_size", low=1)
+
+
+CHECKS = {"glm5-next": _check_glm5_next, "deepseek4": _check_deepseek4, "minimax-m3": _check_minimax_m3}

@@ -1,0 +1,478 @@
+"""A fuzz and fault campaign through the real command line (issue 9's audit, reproducible).
+
+Damaged GGUF files (truncations, random byte flips, targeted header edits) under
+`inspect` and `sweep`, crafted files and odd paths, damaged tiny models under `validate`,
+damaged run folders under `report`, resume and `compare`, and abusive options. Every trial
+runs `python -m kvphase.cli ...` as its own process with a timeout and is classified:
+
+    ok            exit 0
+    clean error   exit 1 or 2 (one error line or a usage message), no traceback
+    traceback     "Traceback" in the output
+    native crash  killed by a signal (a llama.cpp abort, a segfault)
+    hang          still running at the timeout
+
+    nice -n 10 python scripts/fuzz_campaign.py              # everything, then the table
+    python scripts/fuzz_campaign.py --only options -v       # one category, every trial shown
+
+Seeds: the default model (SmolLM2-135M-Instruct) and `make-tiny` models; crafted files come
+from `tests/gguf_corpus.py`. The same --seed builds the same files. Work files live in a
+temporary folder removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from kvphase.defaults import default_model_path  # noqa: E402
+from kvphase.gguf.tiny import TINY_ARCHS, write_tiny_model  # noqa: E402
+from tests.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, layout, patched,  # noqa: E402
+                               u32)
+
+OUTCOMES = ("ok", "clean error", "traceback", "native crash", "hang")
+BAD = ("traceback", "native crash", "hang")
+SWEEP = ["--context", "256", "--per-residue", "1", "--quiet", "--threads", "1"]
+CATEGORIES = {
+    "gguf": "GGUF truncations, random flips, targeted header edits (inspect, sweep)",
+    "crafted": "crafted GGUFs and odd paths (inspect, sweep)",
+    "validate": "validate on damaged tiny models",
+    "folders": "damaged run folders (report, resume, compare)",
+    "options": "option abuse",
+}
+
+
+@dataclass
+class Case:
+    """One prepared input and the commands run on it, in order."""
+
+    category: str
+    label: str
+    commands: list[list[str]]
+    prepare: Callable[[], object] | None = None
+    cleanup: list[Path] = field(default_factory=list)
+    results: list[tuple[str, str]] = field(default_factory=list)  # (outcome, first line) per command
+
+
+def run_cli(argv: list[str], timeout: float, cwd: Path) -> tuple[str, str]:
+    """(outcome, the telling line of output) of one CLI process, run in `cwd` (default run
+    folders land in cwd/reports)."""
+    env = {**os.environ, "COLUMNS": "120", "OPENBLAS_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "kvphase.cli", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "hang", f"still running after {timeout:g} s"
+    text = out.decode("utf-8", errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if proc.returncode < 0:
+        return "native crash", f"signal {-proc.returncode}: " + (lines[-1] if lines else "")
+    if "Traceback" in text:
+        return "traceback", next((line for line in reversed(lines) if not line.startswith(" ")), "")
+    if proc.returncode == 0:
+        return "ok", lines[-1] if lines else ""
+    if proc.returncode in (1, 2):
+        return "clean error", lines[0] if lines else "no output"
+    return "traceback", f"exit {proc.returncode}: " + (lines[-1] if lines else "")
+
+
+def run_case(case: Case, timeout: float, cwd: Path) -> Case:
+    try:
+        if case.prepare:
+            case.prepare()
+        case.results = [run_cli(argv, timeout, cwd) for argv in case.commands]
+    finally:
+        for path in case.cleanup:
+            remove(path)
+    return case
+
+
+def remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Campaign:
+    def __init__(self, work: Path, seed: int, scale: float):
+        self.work, self.rng, self.scale = work, random.Random(seed), scale
+        self.smol = default_model_path()
+        self.smol_fields, self.smol_header_end = layout(self.smol)
+        self.counter = 0
+
+    def n(self, count: int) -> int:
+        return max(1, round(count * self.scale))
+
+    def path(self, name: str) -> Path:
+        self.counter += 1
+        return self.work / f"{self.counter:04d}-{name}"
+
+    def model_case(self, category: str, label: str, make: Callable[[Path], object],
+                   commands=("inspect", "sweep")) -> Case:
+        """A model file made by `make(path)`, through inspect, sweep (llama.cpp) or the reference sweep."""
+        model, out = self.path("model.gguf"), self.path("run")
+        argvs = {"inspect": ["inspect", str(model)], "sweep": ["sweep", str(model), *SWEEP, "--out", str(out)],
+                 "sweep-reference": ["sweep", str(model), "--backend", "reference", *SWEEP, "--out", str(out)],
+                 "validate": ["validate", str(model), "--threads", "1", "--tokens", "32"]}
+        return Case(category, label, [argvs[c] for c in commands], prepare=lambda: make(model), cleanup=[model, out])
+
+    def smol_case(self, label: str, edits, truncate=None) -> Case:
+        return self.model_case("gguf", label, lambda p: patched(self.smol, p, edits, truncate))
+
+    # -- GGUF truncations, flips, targeted edits of the default model
+    def gguf(self) -> list[Case]:
+        size, end = self.smol.stat().st_size, self.smol_header_end
+        cuts = [0, 1, 3, 4, 7, 8, 15, 16, 23, 24, end - 1, end, size - 1]
+        cuts += sorted(self.rng.randrange(24, end) for _ in range(self.n(12)))
+        cuts += sorted(self.rng.randrange(end, size) for _ in range(self.n(3)))
+        cases = [self.smol_case(f"truncated at {cut}", [], truncate=cut) for cut in cuts]
+        for _ in range(self.n(30)):
+            region = end if self.rng.random() < 0.85 else size
+            flips = [(self.rng.randrange(8, region), bytes([self.rng.randrange(256)]))
+                     for _ in range(self.rng.randint(1, 8))]
+            cases.append(self.smol_case(f"flips {[(o, b.hex()) for o, b in flips]}", flips))
+        targets = {
+            "llama.block_count": [0, 1, 513, 2**31, 2**32 - 1],
+            "llama.context_length": [0, 1, 2**32 - 1],
+            "llama.embedding_length": [0, 3, 2**32 - 1],
+            "llama.attention.head_count": [0, 7, 2**32 - 1],
+            "llama.attention.head_count_kv": [0, 5, 2**32 - 1],
+            "llama.feed_forward_length": [0, 2**32 - 1],
+            "llama.rope.dimension_count": [0, 2**32 - 1],
+            "llama.vocab_size": [0, 2**32 - 1],
+            "tokenizer.ggml.bos_token_id": [2**32 - 1, 10**6],
+            "tokenizer.ggml.eos_token_id": [2**32 - 1, 10**6],
+            "general.file_type": [2**32 - 1],
+        }
+        for key, values in targets.items():
+            at = self.smol_fields.get(key)
+            if at is None or at.value_type != UINT32:
+                continue
+            cases += [self.smol_case(f"{key} = {v}", [(at.value_offset, u32(v))]) for v in values]
+            cases.append(self.smol_case(f"{key} as float32 NaN", [(at.type_offset, u32(FLOAT32)),
+                                                                  (at.value_offset, struct.pack("<f", math.nan))]))
+            cases += [self.smol_case(f"{key} as type {t}", [(at.type_offset, u32(t))]) for t in (STRING, ARRAY, 13)]
+        for label, edit in [("version 1", (4, u32(1))), ("version 4", (4, u32(4))),
+                            ("tensor count 2^63", (8, struct.pack("<Q", 2**63))),
+                            ("metadata count 2^40", (16, struct.pack("<Q", 2**40))),
+                            ("metadata count 0", (16, struct.pack("<Q", 0))),
+                            ("tensor count 0", (8, struct.pack("<Q", 0)))]:
+            cases.append(self.smol_case(label, [edit]))
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "general.architecture", "tokenizer.ggml.model"):
+            at = self.smol_fields.get(key)
+            if at is not None:
+                length_at = at.value_offset + (4 if at.value_type == ARRAY else 0)
+                cases += [self.smol_case(f"{key} length {v}", [(length_at, struct.pack("<Q", v))])
+                          for v in (0, 2**40, 2**64 - 1)]
+        return cases
+
+    # -- crafted files and odd paths
+    def crafted(self) -> list[Case]:
+        cases = [self.model_case("crafted", label, lambda p, d=data: p.write_bytes(d))
+                 for label, data in crafted_files().items()]
+        llama = self.work / "tiny-llama.gguf"
+        write_tiny_model("llama", llama, seed=0)
+        fields, _ = layout(llama)
+        for key, v in [("llama.block_count", 0), ("llama.block_count", 513), ("llama.attention.head_count", 0),
+                       ("llama.attention.head_count_kv", 0), ("llama.embedding_length", 0),
+                       ("llama.context_length", 2**32 - 1)]:
+            if key in fields and fields[key].value_type == UINT32:
+                edit = [(fields[key].value_offset, u32(v))]
+                cases.append(self.model_case("crafted", f"tiny llama {key} = {v}",
+                                             lambda p, e=edit: patched(llama, p, e), ("inspect", "sweep-reference")))
+        afile = self.work / "afile.gguf"
+        afile.write_bytes(b"x")
+        odd = {
+            "a directory": self.work,
+            "/dev/null": Path("/dev/null"),
+            "/dev/zero": Path("/dev/zero"),
+            "/proc/self/cmdline": Path("/proc/self/cmdline"),
+            "/proc/self/mem": Path("/proc/self/mem"),
+            "a FIFO": self.work / "fifo.gguf",
+            "a symlink loop": self.work / "loop.gguf",
+            "a dangling symlink": self.work / "dangling.gguf",
+            "a name with markup": self.work / "[red]model[/red] [/x].gguf",
+            "a name with escapes": self.work / "esc\x1b[2Jname\n.gguf",
+            "a 300-character name": self.work / ("n" * 300 + ".gguf"),
+            "a path under a file": afile / "x.gguf",
+            "an empty path": Path(""),
+            "a missing folder": self.work / "no" / "such" / "m.gguf",
+        }
+        os.mkfifo(odd["a FIFO"])
+        odd["a symlink loop"].symlink_to(odd["a symlink loop"])
+        odd["a dangling symlink"].symlink_to(self.work / "nowhere")
+        shutil.copyfile(llama, odd["a name with markup"])
+        shutil.copyfile(llama, odd["a name with escapes"])
+        out = self.work / "odd-run"
+        for label, path in odd.items():
+            cases.append(Case("crafted", f"{label}", [["inspect", str(path)],
+                                                      ["sweep", str(path), *SWEEP, "--out", str(out)]], cleanup=[out]))
+        return cases
+
+    # -- validate on damaged tiny compressed models
+    def validate(self) -> list[Case]:
+        edits = {
+            "glm5-next": {"attention.indexer.kpool": [0, 1, 3], "attention.indexer.top_k": [0, 5],
+                          "hyper_connection.count": [3], "block_count": [0, 513]},
+            "deepseek4": {"block_count": [0, 513, 9], "hyper_connection.count": [0], "attention.indexer.top_k": [0]},
+            "minimax-m3": {"attention.indexer.block_size": [0, 2**32 - 1], "attention.indexer.top_k": [0],
+                           "block_count": [0, 513], "attention.indexer.local_blocks": [2**32 - 1]},
+        }
+        cases = []
+        for arch in TINY_ARCHS:
+            seed_model = self.work / f"tiny-{arch}.gguf"
+            write_tiny_model(arch, seed_model, seed=0)
+            fields, end = layout(seed_model)
+            size = seed_model.stat().st_size
+            variants: list[tuple[str, list, int | None]] = [(f"{arch} intact", [], None)]
+            variants += [(f"{arch} truncated at {cut}", [], cut)
+                         for cut in (end // 2, end, self.rng.randrange(end, size))]
+            for _ in range(self.n(3)):
+                flips = [(self.rng.randrange(8, end), bytes([self.rng.randrange(256)])) for _ in range(3)]
+                variants.append((f"{arch} flips {[(o, b.hex()) for o, b in flips]}", flips, None))
+            for name, values in edits.get(arch, {}).items():
+                at = fields.get(f"{arch}.{name}")
+                if at is None or at.value_type != UINT32:
+                    continue
+                variants += [(f"{arch}.{name} = {v}", [(at.value_offset, u32(v))], None) for v in values]
+                variants.append((f"{arch}.{name} as float32 NaN", [(at.type_offset, u32(FLOAT32)),
+                                                                   (at.value_offset, struct.pack("<f", math.nan))], None))
+            ratios = fields.get(f"{arch}.attention.compress_ratios")
+            if ratios is not None and ratios.value_type == ARRAY:
+                variants += [(f"{arch} compress_ratios of length {n}", [(ratios.value_offset + 4, struct.pack("<Q", n))],
+                              None) for n in (1, 2**40)]
+            for label, case_edits, cut in variants:
+                cases.append(self.model_case("validate", label, lambda p, e=case_edits, c=cut, m=seed_model:
+                                             patched(m, p, e, c), ("validate",)))
+        return cases
+
+    # -- damaged run folders
+    def folders(self) -> list[Case]:
+        good = self.work / "good-run"
+        outcome, detail = run_cli(["sweep", str(self.smol), *SWEEP, "--out", str(good)], 300, self.work)
+        if outcome != "ok":
+            raise SystemExit(f"could not make the seed run folder: {outcome}: {detail}")
+        config = json.loads((good / "config.json").read_text())
+        results = (good / "results.csv").read_bytes()
+        header, first_row = results.splitlines()[0], results.splitlines()[1]
+        rest = first_row[first_row.index(b","):]
+        ref = {"design": "meanpool", "window": 4, "stride": 4}
+
+        def with_config(**changes) -> bytes:
+            return json.dumps({**config, **changes}).encode()
+
+        damages: dict[str, tuple[str, bytes | None]] = {
+            "config binary": ("config.json", bytes(self.rng.randrange(256) for _ in range(64))),
+            "config empty": ("config.json", b""),
+            "config half": ("config.json", (good / "config.json").read_bytes()[:40]),
+            "config a list": ("config.json", b"[1, 2]"),
+            "config null": ("config.json", b"null"),
+            "config invalid utf-8": ("config.json", b'{"task": "\xff\xfe"}'),
+            "config a directory": ("config.json", None),
+            "config extra key": ("config.json", with_config(surprise=1)),
+            "config missing stride": ("config.json", json.dumps({k: v for k, v in config.items()
+                                                                 if k != "stride"}).encode()),
+            "config modulus 0": ("config.json", with_config(modulus=0)),
+            "config stride 0": ("config.json", with_config(stride=0, modulus=0)),
+            "config stride a string": ("config.json", with_config(stride="4")),
+            "config stride 4.5": ("config.json", with_config(stride=4.5)),
+            "config stride true": ("config.json", with_config(stride=True)),
+            "config context 10^12": ("config.json", with_config(context=10**12)),
+            "config per_residue -1": ("config.json", with_config(per_residue=-1)),
+            "config per_residue 10^12": ("config.json", with_config(per_residue=10**12)),
+            "config padding sideways": ("config.json", with_config(padding="sideways")),
+            "config task ../../etc/passwd": ("config.json", with_config(task="../../etc/passwd")),
+            "config task with NUL": ("config.json", with_config(task="rec\x00ords")),
+            "config seed a string": ("config.json", with_config(seed="x")),
+            "config seed -5": ("config.json", with_config(seed=-5)),
+            "config model 5": ("config.json", with_config(model=5)),
+            "config backend_options a list": ("config.json", with_config(backend_options=[1])),
+            "config backend [red]x": ("config.json", with_config(backend="[red]x")),
+            "config randomize maybe": ("config.json", with_config(backend="reference",
+                                                                  backend_options={**ref, "randomize": "maybe"})),
+            "config layers [100]": ("config.json", with_config(backend="reference",
+                                                               backend_options={**ref, "layers": [100]})),
+            "config NaN stride": ("config.json", b'{"stride": NaN}'),
+            "config 100000 nested lists": ("config.json", b"[" * 100000 + b"]" * 100000),
+            "manifest binary": ("manifest.json", bytes(self.rng.randrange(256) for _ in range(64))),
+            "manifest a list": ("manifest.json", b"[]"),
+            "manifest model 5": ("manifest.json", b'{"model": 5, "wall_time_s": 1}'),
+            "manifest wall time a string": ("manifest.json", b'{"wall_time_s": "x", "sessions": "y"}'),
+            "manifest half": ("manifest.json", (good / "manifest.json").read_bytes()[:50]),
+            "manifest a directory": ("manifest.json", None),
+            "summary binary": ("summary.json", bytes(self.rng.randrange(256) for _ in range(64))),
+            "summary a directory": ("summary.json", None),
+            "summary half": ("summary.json", (good / "summary.json").read_bytes()[:50]),
+            "results binary": ("results.csv", bytes(self.rng.randrange(256) for _ in range(300))),
+            "results empty": ("results.csv", b""),
+            "results header only": ("results.csv", header + b"\n"),
+            "results header twice (two sweeps)": ("results.csv", header + b"\n" + results),
+            "results wrong columns": ("results.csv", b"a,b,c\n1,2,3\n"),
+            "results NaN target": ("results.csv", header + b"\nnan" + rest + b"\n"),
+            "results target id 10^30": ("results.csv", header + b"\n1" + b"0" * 30 + rest + b"\n"),
+            "results half a row": ("results.csv", results + first_row[:7]),
+            "results a directory": ("results.csv", None),
+            "results one huge field": ("results.csv", header + b"\n" + b"9" * 1_000_000 + b"\n"),
+            "results nul bytes": ("results.csv", results[:200] + b"\0\0\0" + results[200:]),
+            "report.md a directory": ("report.md", None),
+            "figure a directory": ("accuracy_by_residue.png", None),
+            "lock file a directory": (".lock", None),
+            "lock file garbage": (".lock", bytes(self.rng.randrange(256) for _ in range(40))),
+        }
+        cases = []
+        for label, (name, content) in damages.items():
+            folder = self.path("run")
+
+            def prepare(folder=folder, name=name, content=content):
+                shutil.copytree(good, folder)
+                target = folder / name
+                remove(target)
+                if content is None:
+                    target.mkdir()
+                    (target / "inside").write_text("x")
+                else:
+                    target.write_bytes(content)
+
+            commands = [["report", str(folder)], ["sweep", str(self.smol), *SWEEP, "--out", str(folder)],
+                        ["compare", str(folder), str(good), "--out", str(self.work / f"cmp-{folder.name}")]]
+            cases.append(Case("folders", label, commands, prepare=prepare,
+                              cleanup=[folder, self.work / f"cmp-{folder.name}"]))
+        return cases
+
+    # -- abusive options
+    def options(self) -> list[Case]:
+        m, out, afile = str(self.smol), self.work / "opt-run", self.work / "plain-file"
+        afile.write_text("x")
+        tiny = self.work / "tiny-options.gguf"
+        write_tiny_model("deepseek4", tiny, seed=0)
+
+        def sweep(*a):
+            return ["sweep", m, "--out", str(out), "--quiet", *a]
+
+        def ref(*a):
+            return sweep("--backend", "reference", "--context", "256", "--per-residue", "1", *a)
+
+        def val(*a):
+            return ["validate", str(tiny), "--threads", "1", "--tokens", "32", *a]
+
+        mp = ("--design", "meanpool")
+        argvs = [
+            sweep("--threads", "0"), sweep("--threads", "-1"), sweep("--threads", "1000000"),
+            sweep("--threads", str(2**31)), sweep("--threads", str(2**63)), sweep("--threads", "1e3"),
+            sweep("--threads", "abc"), sweep("--per-residue", "1000000000000"), sweep("--per-residue", "1000000"),
+            sweep("--per-residue", "-1"), sweep("--per-residue", str(2**70)), sweep("--context", "0"),
+            sweep("--context", "-5"), sweep("--context", "1"), sweep("--context", "10"), sweep("--context", str(2**40)),
+            sweep("--context", "8128", "--per-residue", "1017"), sweep("--stride", "0"), sweep("--stride", "-3"),
+            sweep("--stride", str(10**9)), sweep("--stride", "2", "--modulus", "0"), sweep("--modulus", "-8"),
+            sweep("--modulus", str(10**12)), sweep("--modulus", "7"), sweep("--seed", "-1"),
+            sweep("--task", "../../etc/passwd"), sweep("--task", "[red]x[/x]"), sweep("--task", ""),
+            sweep("--task", "\x1b[2J"), sweep("--padding", "[/x]"), sweep("--backend", "nope"),
+            ["sweep", m, "--quiet", "--out", "/proc/x"], ["sweep", m, "--quiet", "--out", str(afile / "run")],
+            ["sweep", m, "--quiet", "--out", "/dev/null"],
+            ["sweep", m, "--quiet", "--out", str(self.work / ("d" * 300))],
+            ref("-o", "randomize=maybe"), ref("-o", "layers=[100]"), ref("-o", "layers=[-1]"), ref("-o", "layers=5"),
+            ref("-o", "layers=[1.5]"), ref(*mp, "-o", "window=0"), ref(*mp, "-o", "window=-4"),
+            ref(*mp, "-o", "window=1e9"), ref(*mp, "-o", "stride=0"), ref(*mp, "-o", 'stride="4"'),
+            ref("--design", "blocktopk", "-o", "top_k=-1"), ref("--design", "blocktopk", "-o", "top_k=0"),
+            ref("--design", "blocktopk", "-o", "block_size=0"), ref("--design", "blocktopk", "-o", "top_k=1e30"),
+            ref("--design", "kpool", "-o", "kpool=1"), ref("--design", "kpool", "-o", "kpool=0"),
+            ref("--design", "kpool", "-o", "top_k=7"), ref(*mp, "-o", "stagger=weird"),
+            ref(*mp, "-o", "stagger_step=-1"), ref(*mp, "-o", "stagger_step=1e20"), ref(*mp, "-o", "seed=-1"),
+            ref(*mp, "-o", "seed=1e40"), ref(*mp, "-o", "start=-1"), ref(*mp, "-o", "start=999999"),
+            ref(*mp, "-o", "local_window=-2"), ref(*mp, "-o", "window=NaN"), ref(*mp, "-o", "window=Infinity"),
+            ref(*mp, "-o", "window=[4]"), ref(*mp, "-o", "window={}"), ref("--design", "nope"),
+            ref("--design", "[red]"), ref("-o", "="), ref("-o", "x"), ref("-o", "=4"),
+            ref(*mp, "-o", "stagger=layer", "-o", "randomize=true"), sweep(*mp),
+            val("--tokens", "0"), val("--tokens", "-1"), val("--tokens", str(10**9)), val("--tokens", "1"),
+            val("--split", "a,b"), val("--split", "0"), val("--split", "-5"), val("--split", "1000000"),
+            val("--split", ",,,"), val("--split", ",".join(["1"] * 32)), val("--threads", "1000000"),
+            val("--threads", "0"), val("--threads", "-1"), val("--gpu-layers", "-1"), val("--gpu-layers", "1000000"),
+            val("--keys-tol", "nan"), val("--keys-tol", "-1"), val("--scores-tol", "inf"), val("--cache", "q8"),
+            val("--cache", "[red]"), val("--perturb", str(10**12)), val("--perturb", "-7"), val("--seed", "-1"),
+            ["validate", m, "--threads", "1", "--tokens", "16"],
+            ["compare"], ["compare", str(self.work / "nope")], ["compare", str(afile)],
+            ["compare", str(self.work), "--out", str(afile / "x")], ["report", str(afile)], ["report", "/proc"],
+            ["report", ""], ["make-tiny", "nope", str(self.work / "t.gguf")],
+            ["make-tiny", "llama", "/proc/x.gguf"], ["make-tiny", "llama", str(afile / "t.gguf")],
+            ["make-tiny", "llama", str(self.work / "t1.gguf"), "--seed", "-1"],
+            ["make-tiny", "llama", str(self.work / "t2.gguf"), "--seed", str(2**64)],
+            ["make-tiny", "deepseek4", str(self.work / "t3.gguf"), "--yarn-factor", "nan"],
+            ["make-tiny", "deepseek4", str(self.work / "t4.gguf"), "--yarn-factor", "-1"],
+            ["make-tiny", "deepseek4", str(self.work / "t5.gguf"), "--yarn-factor", "1e308"],
+            ["make-tiny", "llama", str(self.work)], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
+            ["--no-such-option"], ["inspect", "--help"], ["inspect", "[/x]"], ["inspect", "\x1b[2J"],
+        ]
+        return [Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv], cleanup=[out])
+                for argv in argvs]
+
+
+def short(text: str, limit: int = 50) -> str:
+    text = text.encode("unicode_escape").decode()
+    return text if len(text) < limit else text[:limit - 3] + "..."
+
+
+def table(cases: list[Case]) -> str:
+    rows = ["| category | trials | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * (len(OUTCOMES) + 1)]
+    total: Counter = Counter()
+    for key, name in CATEGORIES.items():
+        outcomes = Counter(outcome for case in cases if case.category == key for outcome, _ in case.results)
+        if outcomes:
+            total.update(outcomes)
+            rows.append(f"| {name} | {sum(outcomes.values())} | " + " | ".join(str(outcomes[o]) for o in OUTCOMES) + " |")
+    rows.append(f"| all | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random cuts and flips")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a trial counts as a hang")
+    parser.add_argument("--jobs", type=int, default=2, help="cases run at once")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies the number of random cuts and flips")
+    parser.add_argument("--only", choices=sorted(CATEGORIES), action="append", help="run these categories only")
+    parser.add_argument("-v", "--verbose", action="store_true", help="print every trial, not only the bad ones")
+    args = parser.parse_args()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="kvphase-fuzz-") as tmp:
+        campaign = Campaign(Path(tmp), args.seed, args.scale)
+        cases = [case for key in CATEGORIES if not args.only or key in args.only for case in getattr(campaign, key)()]
+
+        def run(case: Case) -> None:
+            run_case(case, args.timeout, campaign.work)
+            for argv, (outcome, detail) in zip(case.commands, case.results):
+                if args.verbose or outcome in BAD:
+                    print(f"[{outcome}] {case.category}: {case.label} [{argv[0]}]\n    {short(detail, 300)}", flush=True)
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(run, cases))
+    n = sum(len(case.results) for case in cases)
+    print(f"\n{n} trials in {time.time() - started:.0f} s (timeout {args.timeout:g} s, seed {args.seed}, "
+          f"scale {args.scale:g})\n")
+    print(table(cases))
+    return 1 if any(outcome in BAD for case in cases for outcome, _ in case.results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
