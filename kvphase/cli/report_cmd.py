@@ -13,6 +13,12 @@ from kvphase.cli.text import plain
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kvphase sweep`.")) -> None:
     """Rebuild summary.json, report.md and the figure from config.json and results.csv."""
+    from kvphase.probes.folder import rebuild_probe_report
+
+    if (headline := rebuild_probe_report(run_dir)) is not None:  # a `kvphase gates` (or other probe) folder
+        typer.echo(plain(headline, limit=2000))
+        typer.echo(f"Report: {plain(run_dir / 'report.md')}")
+        return
     from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
 
     summary = build_report(run_dir)

@@ -68,3 +68,22 @@ def export_f32(src: str | Path, dst: str | Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def overwrite_tensor(path: str | Path, name: str, array: np.ndarray) -> None:
+    """Replace the data of F32 tensor `name` in place (same shape, numpy order): hand-set
+    weights for known-answer tests, or a rolled gate bias in a copy of a model."""
+    from kvphase.errors import PlanError
+    from kvphase.gguf.header import read_gguf_header
+    from kvphase.gguf.tensors import GGML_TYPE_F32
+
+    info = next((t for t in read_gguf_header(path).tensors if t.name == name), None)
+    if info is None:
+        raise PlanError(f"{path} has no tensor {name}")
+    values = np.asarray(array, dtype=np.float32)
+    if info.type_id != GGML_TYPE_F32 or values.shape != tuple(reversed(info.shape)):
+        raise PlanError(f"{name} in {path} is type {info.type_id} of shape {tuple(reversed(info.shape))}; "
+                        f"can only overwrite F32 with the same shape, got {values.shape}")
+    data = np.memmap(path, dtype=np.uint8, mode="r+", offset=info.data_offset, shape=(info.n_bytes,))
+    data[:] = values.reshape(-1).view(np.uint8)
+    data.flush()

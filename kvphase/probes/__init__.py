@@ -1,0 +1,19 @@
+"""Mechanism probes: why a phase is weak. One probe per file, each writing a run folder
+like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
+
+- `gates`: static gate concentration from the per-phase bias tensors alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from kvphase.probes import gates
+
+# probe name (config.json "probe") -> rebuild summary.json, report.md and figure; returns the headline
+REPORTS: dict[str, Callable[[Path], str]] = {
+    "gates": gates.build_report,
+}
+
+__all__ = ["REPORTS", "gates"]
