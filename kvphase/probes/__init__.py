@@ -2,6 +2,7 @@
 like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
 
 - `gates`: static gate concentration from the per-phase bias tensors alone.
+- `flip`: single targets moved through the phases, right value against the strongest distractor.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from kvphase.probes import gates
+from kvphase.probes import flip, gates
 
 # probe name (config.json "probe") -> rebuild summary.json, report.md and figure; returns the headline
 REPORTS: dict[str, Callable[[Path], str]] = {
     "gates": gates.build_report,
+    "flip": flip.build_report,
 }
 
-__all__ = ["REPORTS", "gates"]
+__all__ = ["REPORTS", "flip", "gates"]
