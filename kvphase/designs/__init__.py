@@ -17,6 +17,7 @@ randomized offsets can be expressed. See CONTRIBUTING.md for adding a design.
 from kvphase.designs.base import CompressedKV, PostHocDesign, attend
 from kvphase.designs.blocktopk import BlockTopK
 from kvphase.designs.dsv4 import DSV4, DSV4Selection
+from kvphase.designs.gatedpool import GatedPool, GatedTopK
 from kvphase.designs.kpool import KPool, KPoolSelection
 from kvphase.designs.meanpool import MeanPool
 from kvphase.designs.msa import MSA, MSASelection
@@ -28,6 +29,8 @@ DESIGNS: dict[str, type] = {
     "msa": MSA,
     "meanpool": MeanPool,
     "blocktopk": BlockTopK,
+    "gatedpool": GatedPool,
+    "gatedtopk": GatedTopK,
 }
 
 __all__ = [
@@ -36,6 +39,8 @@ __all__ = [
     "CompressedKV",
     "DSV4",
     "DSV4Selection",
+    "GatedPool",
+    "GatedTopK",
     "KPool",
     "KPoolSelection",
     "MSA",

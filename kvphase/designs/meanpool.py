@@ -44,14 +44,19 @@ class MeanPool(PostHocDesign):
     def layout(self) -> WindowLayout:
         return WindowLayout(window=self.window, stride=self.stride, start=self.start)
 
+    def pool_weights(self, window_keys: np.ndarray) -> np.ndarray:
+        """How much each token of a window weighs in its entry: uniform here (a trained gate in GatedPool)."""
+        return np.full_like(window_keys, 1.0 / self.window)  # (n_windows, window, n_kv_head, head_dim)
+
     def compress(self, queries, keys, values, query_positions=None) -> CompressedKV:
         n_keys = keys.shape[0]
         positions = default_query_positions(queries.shape[0], n_keys, query_positions)  # (n_query,)
         n_windows = self.layout.n_complete(n_keys)
         members = self.layout.members(n_windows)  # (n_windows, window)
 
-        pooled_k = keys[members].mean(axis=1)  # (n_windows, n_kv_head, head_dim)
-        pooled_v = values[members].mean(axis=1)  # (n_windows, n_kv_head, head_dim)
+        weights = self.pool_weights(keys[members])  # (n_windows, window, n_kv_head, head_dim)
+        pooled_k = (weights * keys[members]).sum(axis=1)  # (n_windows, n_kv_head, head_dim)
+        pooled_v = (weights * values[members]).sum(axis=1)  # (n_windows, n_kv_head, head_dim)
         window_seen = self.layout.window_visible(positions, n_windows)  # (n_query, n_windows)
         token_seen = local_mask(positions, n_keys, self.local_window) | prefix_mask(
             positions, n_keys, self.start

@@ -1,0 +1,117 @@
+"""The compressor a `kvphase train` model declares, as an attention policy for the reference.
+
+Each (layer, head) gets its own design from `kvphase.designs`: `MeanPool` ("meanpool"),
+`GatedPool` ("gated") or `GatedTopK` ("kpool") with the head's gate and per-phase bias
+read from the file, at the window offset the file declares. Models trained with random
+offsets draw them per context (`CompressedAttention`'s randomize), as in training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvphase.designs import GatedPool, GatedTopK, MeanPool
+from kvphase.errors import ModelFileError
+from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.tensors import tensor_array
+from kvphase.reference.model import DenseAttention
+from kvphase.reference.policy import CompressedAttention
+
+TRAINED_PREFIX = "kvphase.trained."
+
+
+@dataclass(frozen=True)
+class TrainedSpec:
+    """The `kvphase.trained.*` keys of a trained model."""
+
+    design: str  # "dense", "gated", "meanpool" or "kpool"
+    stride: int  # S
+    local_window: int  # exact recent tokens
+    top_k: int  # kpool: windows read per query
+    offsets: str  # "fixed", "random" or "jitter" (jitter-trained models run at their fixed starts)
+    starts: tuple[tuple[int, ...], ...]  # (layers, heads) window offsets
+    context: int  # tokens before the question in training: the sweep's default --context
+    task: str  # prompts/<task>.toml the model was trained on
+    steps: int  # optimisation steps done
+
+
+def read_trained_spec(fields: dict, n_layer: int, n_head: int) -> TrainedSpec | None:
+    """The trained compressor a file declares, or None for any other file."""
+    if TRAINED_PREFIX + "design" not in fields:
+        return None
+
+    def key(name):
+        if TRAINED_PREFIX + name not in fields:
+            raise ModelFileError(f"a kvphase-trained file lacks {TRAINED_PREFIX}{name}")
+        return fields[TRAINED_PREFIX + name]
+
+    starts = [int(s) for s in np.atleast_1d(key("starts"))]
+    if len(starts) != n_layer * n_head:
+        raise ModelFileError(f"{TRAINED_PREFIX}starts holds {len(starts)} offsets, expected {n_layer} x {n_head}")
+    spec = TrainedSpec(
+        design=str(key("design")),
+        stride=int(key("stride")),
+        local_window=int(key("local_window")),
+        top_k=int(key("top_k")),
+        offsets=str(key("offsets")),
+        starts=tuple(tuple(starts[l * n_head : (l + 1) * n_head]) for l in range(n_layer)),
+        context=int(key("context")),
+        task=str(key("task")),
+        steps=int(key("steps")),
+    )
+    if spec.design not in ("dense", "gated", "meanpool", "kpool") or spec.stride < 2:
+        raise ModelFileError(f"unknown trained design {spec.design!r} with stride {spec.stride}")
+    return spec
+
+
+class TrainedCompression(CompressedAttention):
+    """Per-(layer, head) trained designs: `_design` builds each with its own weights."""
+
+    def __init__(self, spec: TrainedSpec, gates: list | None, apes: list | None, seed: int = 0):
+        self.spec, self.gates, self.apes = spec, gates, apes
+        template = MeanPool(window=spec.stride, stride=spec.stride, local_window=spec.local_window)
+        super().__init__(template, randomize=spec.offsets == "random", seed=seed)
+
+    def start(self, layer: int, kv_head: int, n_head_kv: int) -> int:
+        if self.randomize:
+            return super().start(layer, kv_head, n_head_kv)
+        return self.spec.starts[layer][kv_head]
+
+    def _design(self, layer: int, kv_head: int, n_head_kv: int):
+        key = (layer, kv_head)
+        if key not in self._designs:
+            s = self.spec
+            shape = dict(window=s.stride, stride=s.stride, local_window=s.local_window, start=self.start(layer, kv_head, n_head_kv))
+            if s.design == "meanpool":
+                self._designs[key] = MeanPool(**shape)
+            else:
+                gate = self.gates[layer][kv_head : kv_head + 1]  # (1, head_dim, head_dim)
+                ape = self.apes[layer][kv_head][:, None, :]  # (S, 1, head_dim)
+                made = GatedTopK(**shape, gate=gate, ape=ape, top_k=s.top_k) if s.design == "kpool" else GatedPool(**shape, gate=gate, ape=ape)
+                self._designs[key] = made
+        return self._designs[key]
+
+
+def trained_policy(path: str | Path, seed: int = 0):
+    """The attention a trained file declares (dense for the control), or None for other files."""
+    header = read_gguf_header(path)
+    fields = header.fields
+    n_layer, n_head = int(fields.get("gpt2.block_count", 0)), int(fields.get("gpt2.attention.head_count", 0))
+    spec = read_trained_spec(fields, n_layer, n_head)
+    if spec is None:
+        return None
+    if spec.design == "dense":
+        return DenseAttention()
+    gates = apes = None
+    if spec.design in ("gated", "kpool"):
+        tensors = {t.name: t for t in header.tensors}
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        try:
+            gates = [tensor_array(raw, tensors[f"blk.{i}.attn_gate.weight"]) for i in range(n_layer)]  # (heads, hd, hd)
+            apes = [tensor_array(raw, tensors[f"blk.{i}.attn_gate_ape.weight"]) for i in range(n_layer)]  # (heads, S, hd)
+        except KeyError as exc:
+            raise ModelFileError(f"{path}: the {spec.design} compressor needs tensor {exc.args[0]}") from None
+    return TrainedCompression(spec, gates, apes, seed=seed)

@@ -1,0 +1,116 @@
+"""What one training run is: the model, the compressor, the fixes, the optimisation.
+
+`TrainConfig` is the run folder's `config.json` for `kvphase train`; every field is
+checked where it is made, so a bad option is one line before anything is trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvphase.errors import PlanError
+
+TRAINED_DESIGNS = ("dense", "gated", "meanpool", "kpool")
+STAGGER_MODES = ("none", "layer", "head", "layer_head")
+OFFSET_MODES = ("fixed", "random", "jitter")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    design: str  # "dense" (control), "gated", "meanpool" or "kpool"
+    stride: int = 4  # S: tokens per pooled entry (window W = S)
+    local_window: int = 8  # most recent tokens every query also sees exactly (compressed designs)
+    top_k: int = 8  # kpool: pools each query selects
+    layers: int = 2  # transformer blocks
+    heads: int = 4  # attention heads (each has its own compressor and window offset)
+    d_model: int = 64  # width of the residual stream
+    context: int = 128  # tokens before the queries; the sweep's default --context
+    queries: int = 8  # key -> value questions after the context of every training sequence
+    max_gap: int = -1  # filler tokens between records are 0..max_gap; -1: 2 * stride - 1
+    steps: int = 1500  # optimisation steps
+    batch: int = 32  # sequences per step
+    lr: float = 3e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
+    seed: int = 0  # weights, data and offsets
+    eval_every: int = 100  # steps between evaluations by residue (and checkpoints)
+    eval_sequences: int = 256  # held-out sequences per evaluation (queries each)
+    stagger: str = "none"  # window offsets staggered across "layer", "head" or "layer_head"
+    offsets: str = "fixed"  # "fixed", "random" (per sequence and head) or "jitter" (per sequence, shared)
+    task: str = "pairs"  # prompts/<task>.toml: the words and record format
+
+    def __post_init__(self) -> None:
+        if self.design not in TRAINED_DESIGNS:
+            raise PlanError(f"unknown design {self.design!r}; expected one of {', '.join(TRAINED_DESIGNS)}")
+        if self.stride < 2:
+            raise PlanError(f"--stride must be at least 2, got {self.stride}")
+        if self.stagger not in STAGGER_MODES:
+            raise PlanError(f"unknown --stagger {self.stagger!r}; expected one of {', '.join(STAGGER_MODES)}")
+        if self.offsets not in OFFSET_MODES:
+            raise PlanError(f"unknown --offsets {self.offsets!r}; expected one of {', '.join(OFFSET_MODES)}")
+        if self.offsets != "fixed" and self.stagger != "none":
+            raise PlanError(f"--offsets {self.offsets} draws every offset itself; use --stagger none")
+        self._check_sizes()
+        if self.design == "dense" and (self.stagger != "none" or self.offsets != "fixed"):
+            raise PlanError("the dense control has no windows to offset; drop --stagger/--offsets")
+
+    def _check_sizes(self) -> None:
+        for name in ("layers", "heads", "d_model", "context", "queries", "steps", "batch", "eval_every", "eval_sequences"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlanError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.d_model % self.heads:
+            raise PlanError(f"--d-model {self.d_model} does not split into {self.heads} heads")
+        if self.d_model // self.heads < 2:
+            raise PlanError(f"--d-model {self.d_model} leaves heads narrower than 2 channels")
+        if self.layers > 64 or self.d_model > 4096 or self.context > 65536:
+            raise PlanError("sizes beyond 64 layers, d_model 4096 or context 65536 do not train on a CPU")
+        if self.context < 8 * self.stride:
+            raise PlanError(f"--context {self.context} holds fewer than 8 windows of stride {self.stride}")
+        if not self.lr > 0:
+            raise PlanError(f"--lr must be positive, got {self.lr}")
+        if self.seed < 0:
+            raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
+        if self.local_window < 0 or self.top_k < 1:
+            raise PlanError(f"expected --local-window >= 0 and --top-k >= 1, got {self.local_window}, {self.top_k}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    @property
+    def gap(self) -> int:
+        """Largest number of filler tokens between two records."""
+        return 2 * self.stride - 1 if self.max_gap < 0 else self.max_gap
+
+    @property
+    def n_positions(self) -> int:
+        """Positions the model embeds: the context, then the queries (key, value each)."""
+        return self.context + 2 * self.queries
+
+    @property
+    def compressed(self) -> bool:
+        return self.design != "dense"
+
+    def starts(self) -> list[list[int]]:
+        """Fixed window offset of every (layer, head); random offsets are drawn per sequence instead."""
+        index = {
+            "none": lambda l, h: 0,
+            "layer": lambda l, h: l,
+            "head": lambda l, h: h,
+            "layer_head": lambda l, h: l * self.heads + h,
+        }[self.stagger]
+        return [[index(l, h) % self.stride for h in range(self.heads)] for l in range(self.layers)]
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PlanError(f"config.json holds unknown training settings {unknown}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise PlanError(f"config.json: {exc}") from None

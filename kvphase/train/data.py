@@ -1,0 +1,106 @@
+"""Training sequences: key value records scattered among filler, then questions.
+
+A sequence is BOS, then records (" key", " value") separated by 0..gap random filler
+words until `context` tokens are filled, then `queries` questions that repeat the key
+of a record in the context and its value. The loss is on the values of the questions
+only. Random gaps put records on every residue, and the first question sits at position
+`context`, where `kvphase sweep` puts its query, so a sweep asks the model exactly what
+it was trained on (the task file `prompts/pairs.toml`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from kvphase.errors import PlanError
+from kvphase.tasks import Task, load_task
+from kvphase.train.config import TrainConfig
+from kvphase.train.vocab import WordVocab
+
+
+class Batch(NamedTuple):
+    tokens: np.ndarray  # (n_seq, n_positions) int32: context then questions
+    key_positions: np.ndarray  # (n_seq, queries) position of each asked record's key in the context
+    answers: np.ndarray  # (n_seq, queries) the value token each question must produce
+
+
+def task_vocab(task: Task) -> WordVocab:
+    """Every word a sequence of this task can hold, one token each."""
+    return WordVocab.of_words([*task.keys, *task.values, *task.filler.split()])
+
+
+@dataclass(frozen=True)
+class PairData:
+    """Draws training and evaluation sequences for one configuration."""
+
+    config: TrainConfig
+    vocab: WordVocab
+    keys: np.ndarray  # (n_keys,) token ids
+    values: np.ndarray  # (n_values,) token ids
+    filler: np.ndarray  # (n_filler,) token ids
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> PairData:
+        task = load_task(config.task)
+        if task.record != (" {key}", " {value}") or task.query != (" {key}",) or task.answer != (" {value}",):
+            raise PlanError(f"task {task.name!r} is not a key value pair task; kvphase train learns 'pairs'-like tasks")
+        vocab = task_vocab(task)
+        data = cls(
+            config,
+            vocab,
+            np.array([vocab.word_id(w) for w in task.keys]),
+            np.array([vocab.word_id(w) for w in task.values]),
+            np.array([vocab.word_id(w) for w in task.filler.split()]),
+        )
+        most = (config.context - 1) // 2
+        if most > min(len(data.keys), len(data.values)):
+            raise PlanError(
+                f"--context {config.context} can hold {most} records, but task {task.name!r} has only "
+                f"{min(len(data.keys), len(data.values))} distinct keys/values"
+            )
+        return data
+
+    def sequence(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One sequence: tokens (n_positions,), the asked keys' positions and values (queries,) each."""
+        c = self.config
+        tokens = self.filler[rng.integers(len(self.filler), size=c.n_positions)]  # (n_positions,)
+        tokens[0] = self.vocab.bos_id
+        keys = rng.permutation(self.keys)  # (n_keys,)
+        values = rng.permutation(self.values)  # (n_values,)
+        starts, pos = [], 1
+        while True:
+            pos += int(rng.integers(c.gap + 1))
+            if pos + 2 > c.context:
+                break
+            starts.append(pos)
+            pos += 2
+        if len(starts) < c.queries:
+            raise PlanError(f"--context {c.context} holds {len(starts)} records, fewer than {c.queries} questions")
+        starts = np.array(starts)  # (n_records,)
+        tokens[starts] = keys[: len(starts)]
+        tokens[starts + 1] = values[: len(starts)]
+        asked = rng.choice(len(starts), size=c.queries, replace=False)  # (queries,)
+        rows = c.context + 2 * np.arange(c.queries)  # (queries,)
+        tokens[rows] = keys[asked]
+        tokens[rows + 1] = values[asked]
+        return tokens, starts[asked], values[asked]
+
+    def batch(self, rng: np.random.Generator, n_seq: int) -> Batch:
+        parts = [self.sequence(rng) for _ in range(n_seq)]
+        return Batch(*(np.stack([p[i] for p in parts]).astype(np.int32) for i in range(3)))
+
+    def training_batch(self, step: int) -> Batch:
+        """The batch of one step: a function of (seed, step) alone, so a resumed run sees the same data."""
+        return self.batch(np.random.default_rng([self.config.seed, 1, step]), self.config.batch)
+
+    def evaluation_batch(self) -> Batch:
+        """Held-out sequences, the same at every evaluation."""
+        return self.batch(np.random.default_rng([self.config.seed, 2]), self.config.eval_sequences)
+
+    @property
+    def query_rows(self) -> np.ndarray:
+        """Rows whose next-token logits answer the questions."""
+        return self.config.context + 2 * np.arange(self.config.queries)  # (queries,)

@@ -1,0 +1,102 @@
+"""A trained model as a GGUF file the rest of kvphase uses like any model.
+
+The blocks are llama.cpp's `gpt2` architecture (src/models/gpt2.cpp: tensor names and
+shapes of `load_arch_tensors`), so the dense control runs in llama.cpp itself and every
+file loads its vocabulary there. A compressed model adds, per layer, its gate
+(`blk.N.attn_gate.weight`, per head (head_dim, head_dim)) and per-phase bias
+(`blk.N.attn_gate_ape.weight`, per head (S, head_dim)), and declares the compressor under
+`kvphase.trained.*`; llama.cpp cannot run it (extra tensors), the reference backend does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kvphase.errors import PlanError
+from kvphase.gguf.writer import write_gguf
+from kvphase.train.config import TrainConfig
+from kvphase.train.model import LN_EPS
+from kvphase.train.vocab import WordVocab
+
+TRAINED_PREFIX = "kvphase.trained."
+
+
+def metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
+    """Architecture, tokenizer and compressor keys of a trained model."""
+    return {
+        "general.name": f"kvphase-{config.design}-S{config.stride}-seed{config.seed}",
+        "gpt2.context_length": config.n_positions,
+        "gpt2.embedding_length": config.d_model,
+        "gpt2.feed_forward_length": 4 * config.d_model,
+        "gpt2.block_count": config.layers,
+        "gpt2.attention.head_count": config.heads,
+        "gpt2.attention.head_count_kv": config.heads,
+        "gpt2.attention.layer_norm_epsilon": LN_EPS,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": list(vocab.tokens),
+        "tokenizer.ggml.token_type": [3] + [1] * (len(vocab) - 1),  # BOS is a control token
+        "tokenizer.ggml.merges": list(vocab.merges),
+        "tokenizer.ggml.bos_token_id": vocab.bos_id,
+        "tokenizer.ggml.eos_token_id": vocab.bos_id,
+        "tokenizer.ggml.add_bos_token": True,
+        TRAINED_PREFIX + "design": config.design,
+        TRAINED_PREFIX + "stride": config.stride,
+        TRAINED_PREFIX + "local_window": config.local_window,
+        TRAINED_PREFIX + "top_k": config.top_k,
+        TRAINED_PREFIX + "stagger": config.stagger,
+        TRAINED_PREFIX + "offsets": config.offsets,
+        TRAINED_PREFIX + "starts": [s for layer in config.starts() for s in layer],
+        TRAINED_PREFIX + "context": config.context,
+        TRAINED_PREFIX + "task": config.task,
+        TRAINED_PREFIX + "steps": step,
+        TRAINED_PREFIX + "seed": config.seed,
+    }
+
+
+def tensors(params: dict, config: TrainConfig) -> list[tuple[str, np.ndarray]]:
+    """Weights in numpy order (ggml's ne reversed): linear maps as (out, in)."""
+    p = {k: np.asarray(v, dtype=np.float32) for k, v in params.items() if k != "blocks"}
+    out = [
+        ("token_embd.weight", p["wte"]),  # (n_vocab, d)
+        ("position_embd.weight", p["wpe"]),  # (n_positions, d)
+        ("output_norm.weight", p["lnf_g"]),
+        ("output_norm.bias", p["lnf_b"]),
+        ("output.weight", np.ascontiguousarray(p["w_out"].T)),  # (n_vocab, d)
+    ]
+    for i, block in enumerate(params["blocks"]):
+        b = {k: np.asarray(v, dtype=np.float32) for k, v in block.items()}
+        out += [
+            (f"blk.{i}.attn_norm.weight", b["ln1_g"]),
+            (f"blk.{i}.attn_norm.bias", b["ln1_b"]),
+            (f"blk.{i}.attn_qkv.weight", np.ascontiguousarray(b["w_qkv"].T)),  # (3d, d)
+            (f"blk.{i}.attn_qkv.bias", b["b_qkv"]),
+            (f"blk.{i}.attn_output.weight", np.ascontiguousarray(b["w_o"].T)),  # (d, d)
+            (f"blk.{i}.attn_output.bias", b["b_o"]),
+            (f"blk.{i}.ffn_norm.weight", b["ln2_g"]),
+            (f"blk.{i}.ffn_norm.bias", b["ln2_b"]),
+            (f"blk.{i}.ffn_up.weight", np.ascontiguousarray(b["w_up"].T)),  # (4d, d)
+            (f"blk.{i}.ffn_up.bias", b["b_up"]),
+            (f"blk.{i}.ffn_down.weight", np.ascontiguousarray(b["w_down"].T)),  # (d, 4d)
+            (f"blk.{i}.ffn_down.bias", b["b_down"]),
+        ]
+        if "gate" in b:
+            out += [
+                (f"blk.{i}.attn_gate.weight", b["gate"]),  # (heads, head_dim in, head_dim out)
+                (f"blk.{i}.attn_gate_ape.weight", b["ape"]),  # (heads, S, head_dim)
+            ]
+    return out
+
+
+def export_gguf(path: str | Path, params: dict, config: TrainConfig, vocab: WordVocab, step: int) -> Path:
+    """Write the model to `path` (atomically: a temporary file renamed into place)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write_gguf(tmp, "gpt2", metadata(config, vocab, step), tensors(params, config))
+        tmp.replace(path)
+    except OSError as exc:
+        raise PlanError(f"cannot write the model to {path}: {exc.strerror or exc}") from None
+    return path

@@ -1,0 +1,195 @@
+"""The training loop: jitted AdamW steps, evaluations by residue, checkpoints that resume.
+
+Everything a step uses is a function of (seed, step): the batch, the random window
+offsets. A run interrupted at any point and resumed from its last checkpoint therefore
+reaches the same weights as an uninterrupted one (tested).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from kvphase.errors import KvphaseError, PlanError
+from kvphase.train.config import TrainConfig
+from kvphase.train.data import Batch, PairData
+
+AUX_WEIGHT = 1.0  # weight of kpool's indexer distillation loss
+
+
+class TrainingExtraMissing(KvphaseError):
+    """JAX or optax is not installed."""
+
+
+def require_jax():
+    """Import jax and optax, or say in one line how to get them."""
+    try:
+        import jax  # noqa: F401
+        import optax  # noqa: F401
+    except ImportError as exc:
+        raise TrainingExtraMissing(
+            f"training needs the optional extra: pip install 'kvphase[train]' ({exc.name} is missing)"
+        ) from None
+
+
+class StepMetrics(NamedTuple):
+    step: int  # steps done
+    loss: float  # value cross-entropy of this step's batch
+    accuracy: float  # share of this step's questions answered right (argmax)
+    steps_per_s: float
+
+
+class Evaluation(NamedTuple):
+    """The held-out questions at one step, each with its residue."""
+
+    step: int
+    key_positions: np.ndarray  # (n,) position of the asked record's key
+    correct: np.ndarray  # (n,) bool
+    logprob: np.ndarray  # (n,) log-probability of the right value
+
+
+@dataclass
+class Trainer:
+    config: TrainConfig
+    data: PairData
+    params: dict
+    opt_state: object
+    step: int = 0
+
+    @classmethod
+    def new(cls, config: TrainConfig) -> Trainer:
+        require_jax()
+        from kvphase.train.model import init_params
+
+        data = PairData.of(config)
+        params = init_params(config, len(data.vocab), config.seed)
+        return cls(config, data, params, optimizer(config).init(params))
+
+    # -- one step ---------------------------------------------------------------------
+
+    def train_step(self) -> tuple[float, float]:
+        from kvphase.train.model import draw_starts
+
+        batch = self.data.training_batch(self.step)
+        starts = draw_starts(self.config, np.random.default_rng([self.config.seed, 3, self.step]), self.config.batch)
+        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config)(
+            self.params, self.opt_state, batch.tokens, starts, batch.answers
+        )
+        self.step += 1
+        return float(loss), float(accuracy)
+
+    def run(
+        self,
+        until: int,
+        on_step: Callable[[StepMetrics], None] = lambda m: None,
+        on_eval: Callable[[Evaluation], None] = lambda e: None,
+    ) -> None:
+        """Train to step `until`, evaluating (and calling `on_eval`, which checkpoints) every eval_every steps."""
+        t0, done0 = time.perf_counter(), self.step
+        while self.step < until:
+            loss, accuracy = self.train_step()
+            rate = (self.step - done0) / max(time.perf_counter() - t0, 1e-9)
+            on_step(StepMetrics(self.step, loss, accuracy, rate))
+            if self.step % self.config.eval_every == 0 or self.step == until:
+                on_eval(self.evaluate())
+
+    # -- evaluation -------------------------------------------------------------------
+
+    def evaluate(self, batch: Batch | None = None, chunk: int = 64) -> Evaluation:
+        """Every held-out question: right or wrong, and the log-probability of its value."""
+        from kvphase.train.model import draw_starts
+
+        batch = batch if batch is not None else self.data.evaluation_batch()
+        rng = np.random.default_rng([self.config.seed, 4])
+        correct, logprob = [], []
+        for lo in range(0, len(batch.tokens), chunk):
+            tokens = batch.tokens[lo : lo + chunk]  # (n, T)
+            starts = draw_starts(self.config, rng, len(tokens))  # (n, layers, heads)
+            ok, lp = _jitted_eval(self.config)(self.params, tokens, starts, batch.answers[lo : lo + chunk])
+            correct.append(np.asarray(ok))
+            logprob.append(np.asarray(lp))
+        return Evaluation(self.step, batch.key_positions.ravel(), np.concatenate(correct).ravel(), np.concatenate(logprob).ravel())
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        """Weights, optimiser state and step, written atomically (a kill never leaves half a file)."""
+        import jax
+
+        leaves = jax.tree_util.tree_leaves((self.params, self.opt_state))
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, step=np.int64(self.step), **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        import jax
+
+        try:
+            with np.load(path) as saved:
+                step = int(saved["step"])
+                leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
+        except (OSError, ValueError, KeyError) as exc:
+            raise PlanError(f"checkpoint {path} is damaged ({exc}); delete it to start over") from None
+        treedef = jax.tree_util.tree_structure((self.params, self.opt_state))
+        if len(leaves) != treedef.num_leaves:
+            raise PlanError(f"checkpoint {path} holds {len(leaves)} arrays, expected {treedef.num_leaves}")
+        self.params, self.opt_state = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
+        self.step = step
+
+
+def optimizer(config: TrainConfig):
+    import optax
+
+    warmup = max(1, min(100, config.steps // 10))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup, max(config.steps, warmup + 1), config.lr * 0.1)
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+
+
+def _answer_stats(params, tokens, starts, answers, config: TrainConfig):
+    import jax
+    import jax.numpy as jnp
+
+    from kvphase.train.model import query_logits
+
+    rows = config.context + 2 * np.arange(config.queries)
+    logits, aux = query_logits(params, tokens, jnp.asarray(starts), rows, config)  # (B, Q, V)
+    logp = jax.nn.log_softmax(logits, axis=-1)  # (B, Q, V)
+    answer_logp = jnp.take_along_axis(logp, answers[..., None], axis=-1)[..., 0]  # (B, Q)
+    return answer_logp, logits.argmax(-1) == answers, aux
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_step(config: TrainConfig):
+    import jax
+    import optax
+
+    opt = optimizer(config)
+
+    def loss_fn(params, tokens, starts, answers):
+        answer_logp, correct, aux = _answer_stats(params, tokens, starts, answers, config)
+        nll = -answer_logp.mean()
+        return nll + AUX_WEIGHT * aux, (nll, correct.mean())
+
+    def step(params, opt_state, tokens, starts, answers):
+        (_, (nll, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, starts, answers)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, nll, accuracy
+
+    return jax.jit(step)
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_eval(config: TrainConfig):
+    import jax
+
+    def evaluate(params, tokens, starts, answers):
+        answer_logp, correct, _ = _answer_stats(params, tokens, starts, answers, config)
+        return correct, answer_logp
+
+    return jax.jit(evaluate)
