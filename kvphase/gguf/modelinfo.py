@@ -14,6 +14,7 @@ from typing import Any
 
 from kvphase.gguf.header import Metadata, TensorInfo, read_gguf_header
 
+from kvphase.gguf.trained import TrainedSpec, read_trained_spec
 
 @dataclass(frozen=True)
 class CompressionSpec:
@@ -50,6 +51,7 @@ class ModelInfo:
     tokenizer_model: str
     vocab_size: int
     compression: CompressionSpec
+    trained: TrainedSpec | None = None  # what `kvphase train` declared, for its models
 
     @property
     def short_name(self) -> str:
@@ -78,6 +80,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         tokenizer_model=meta.text("tokenizer.ggml.model", "unknown"),
         vocab_size=vocab,
         compression=compression_spec(arch, meta, [t.name for t in tensors], n_layers),
+        trained=read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0)),
     )
 
 
@@ -118,6 +121,14 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
                 "local_blocks": meta.integer(f"{arch}.attention.indexer.local_blocks", 0),
             },
         )
+    trained = read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0))
+    if trained is not None and trained.design != "dense":
+        params = {"design": trained.design, "local_window": trained.local_window, "offsets": trained.offsets,
+                  "starts": [list(layer) for layer in trained.starts]}
+        if trained.design == "kpool":
+            params["top_k"] = trained.top_k
+        return CompressionSpec(family=f"trained-{trained.design}", stride=trained.stride,
+                               layers=tuple(range(n_layers)), params=params)
     return CompressionSpec(family="none", stride=None)
 
 

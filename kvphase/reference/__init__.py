@@ -3,4 +3,16 @@
 from kvphase.reference.model import Config, DenseAttention, KVCache, Transformer, load
 from kvphase.reference.policy import CompressedAttention, PostHocKPool, make_policy
 
-__all__ = ["CompressedAttention", "Config", "DenseAttention", "KVCache", "PostHocKPool", "Transformer", "load", "make_policy"]
+
+def open_model(path, policy=None):
+    """The reference model for a file: `GPT2` for gpt2 files (kvphase's trained models, under
+    the compressor the file declares unless `policy` is given), `Transformer` otherwise."""
+    from kvphase.gguf.header import read_gguf_header
+    from kvphase.reference.gpt2 import GPT2
+    from kvphase.reference.trained import trained_policy
+
+    if read_gguf_header(path).fields.get("general.architecture") != "gpt2":
+        return Transformer.from_gguf(path, policy=policy)
+    return GPT2.from_gguf(path, policy=policy if policy is not None else trained_policy(path))
+
+__all__ = ["CompressedAttention", "Config", "DenseAttention", "KVCache", "PostHocKPool", "Transformer", "load", "make_policy", "open_model"]

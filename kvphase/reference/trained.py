@@ -8,64 +8,17 @@ offsets draw them per context (`CompressedAttention`'s randomize), as in trainin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from kvphase.designs import GatedPool, GatedTopK, MeanPool
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.trained import TrainedSpec, read_trained_spec
 from kvphase.gguf.tensors import tensor_array
 from kvphase.reference.model import DenseAttention
 from kvphase.reference.policy import CompressedAttention
-
-TRAINED_PREFIX = "kvphase.trained."
-
-
-@dataclass(frozen=True)
-class TrainedSpec:
-    """The `kvphase.trained.*` keys of a trained model."""
-
-    design: str  # "dense", "gated", "meanpool" or "kpool"
-    stride: int  # S
-    local_window: int  # exact recent tokens
-    top_k: int  # kpool: windows read per query
-    offsets: str  # "fixed", "random" or "jitter" (jitter-trained models run at their fixed starts)
-    starts: tuple[tuple[int, ...], ...]  # (layers, heads) window offsets
-    context: int  # tokens before the question in training: the sweep's default --context
-    task: str  # prompts/<task>.toml the model was trained on
-    steps: int  # optimisation steps done
-
-
-def read_trained_spec(fields: dict, n_layer: int, n_head: int) -> TrainedSpec | None:
-    """The trained compressor a file declares, or None for any other file."""
-    if TRAINED_PREFIX + "design" not in fields:
-        return None
-
-    def key(name):
-        if TRAINED_PREFIX + name not in fields:
-            raise ModelFileError(f"a kvphase-trained file lacks {TRAINED_PREFIX}{name}")
-        return fields[TRAINED_PREFIX + name]
-
-    starts = [int(s) for s in np.atleast_1d(key("starts"))]
-    if len(starts) != n_layer * n_head:
-        raise ModelFileError(f"{TRAINED_PREFIX}starts holds {len(starts)} offsets, expected {n_layer} x {n_head}")
-    spec = TrainedSpec(
-        design=str(key("design")),
-        stride=int(key("stride")),
-        local_window=int(key("local_window")),
-        top_k=int(key("top_k")),
-        offsets=str(key("offsets")),
-        starts=tuple(tuple(starts[l * n_head : (l + 1) * n_head]) for l in range(n_layer)),
-        context=int(key("context")),
-        task=str(key("task")),
-        steps=int(key("steps")),
-    )
-    if spec.design not in ("dense", "gated", "meanpool", "kpool") or spec.stride < 2:
-        raise ModelFileError(f"unknown trained design {spec.design!r} with stride {spec.stride}")
-    return spec
-
 
 class TrainedCompression(CompressedAttention):
     """Per-(layer, head) trained designs: `_design` builds each with its own weights."""
@@ -98,9 +51,9 @@ class TrainedCompression(CompressedAttention):
 def trained_policy(path: str | Path, seed: int = 0):
     """The attention a trained file declares (dense for the control), or None for other files."""
     header = read_gguf_header(path)
-    fields = header.fields
-    n_layer, n_head = int(fields.get("gpt2.block_count", 0)), int(fields.get("gpt2.attention.head_count", 0))
-    spec = read_trained_spec(fields, n_layer, n_head)
+    meta = Metadata(header)
+    n_layer, n_head = meta.integer("gpt2.block_count", 0), meta.integer("gpt2.attention.head_count", 0)
+    spec = read_trained_spec(meta, n_layer, n_head)
     if spec is None:
         return None
     if spec.design == "dense":

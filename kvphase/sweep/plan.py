@@ -53,3 +53,25 @@ class SweepPlan:
         out = asdict(self)
         out["model"] = Path(self.model).name
         return out
+
+
+@dataclass(frozen=True)
+class SweepDefaults:
+    """What `kvphase sweep` uses where an option is not given: fitted to the model file."""
+
+    context: int = 1024
+    task: str = "records"
+    padding: str = "prefix"
+    backend: str = "llama.cpp"
+    design: str = "dense"
+
+    @classmethod
+    def for_model(cls, info) -> SweepDefaults:
+        """A `kvphase train` model is swept as it was trained: its context, its task, gaps between
+        records (in-sequence), and its own compressor through the reference backend."""
+        trained = info.trained
+        if trained is None:
+            return cls()
+        compressed = trained.design != "dense"
+        return cls(context=trained.context, task=trained.task, padding="in-sequence",
+                   backend="reference" if compressed else "llama.cpp", design="trained")

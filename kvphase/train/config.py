@@ -66,6 +66,11 @@ class TrainConfig:
             raise PlanError("sizes beyond 64 layers, d_model 4096 or context 65536 do not train on a CPU")
         if self.context < 8 * self.stride:
             raise PlanError(f"--context {self.context} holds fewer than 8 windows of stride {self.stride}")
+        if (self.context - 1) // (self.gap + 2) < self.queries:
+            raise PlanError(
+                f"--context {self.context} may hold only {(self.context - 1) // (self.gap + 2)} records with gaps up to "
+                f"{self.gap}, fewer than the {self.queries} questions a sequence asks"
+            )
         if not self.lr > 0:
             raise PlanError(f"--lr must be positive, got {self.lr}")
         if self.seed < 0:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvphase.errors import PlanError
-from kvphase.tasks import Task, load_task
+from kvphase.sweep.tasks import Task, load_task
 from kvphase.train.config import TrainConfig
 from kvphase.train.vocab import WordVocab
 

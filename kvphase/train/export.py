@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from kvphase.errors import PlanError
+from kvphase.gguf.trained import TRAINED_PREFIX
 from kvphase.gguf.writer import write_gguf
 from kvphase.train.config import TrainConfig
 from kvphase.train.model import LN_EPS
 from kvphase.train.vocab import WordVocab
 
-TRAINED_PREFIX = "kvphase.trained."
 
 
 def metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:

@@ -1,0 +1,77 @@
+"""`kvphase train DESIGN [OUT]`: grow a tiny compressed transformer on the CPU and export it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from kvphase.cli import app
+from kvphase.train.config import TrainConfig
+
+
+@app.command()
+def train(
+    design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool."),
+    out: Optional[Path] = typer.Argument(None, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
+    stride: int = typer.Option(4, help="S: tokens per pooled entry."),
+    layers: int = typer.Option(2, help="Transformer blocks."),
+    heads: int = typer.Option(4, help="Attention heads (each has its own compressor offset)."),
+    d_model: int = typer.Option(64, "--d-model", help="Width of the residual stream."),
+    context: int = typer.Option(128, help="Tokens before the questions (the sweep's default --context)."),
+    steps: int = typer.Option(1500, help="Optimisation steps."),
+    seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
+    eval_every: int = typer.Option(100, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
+    stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),
+    offsets: str = typer.Option("fixed", help="fixed, random (per sequence and head) or jitter (per sequence, shared)."),
+    local_window: int = typer.Option(8, "--local-window", help="Recent tokens every query sees exactly."),
+    top_k: int = typer.Option(8, "--top-k", help="kpool: windows each query reads."),
+    batch: int = typer.Option(32, help="Sequences per step."),
+    lr: float = typer.Option(3e-3, help="Peak learning rate."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Train a model with a chunked compressor from scratch; Ctrl-C keeps a checkpoint, the same command resumes."""
+    from kvphase.train.report import build_training_report, headline
+    from kvphase.train.run import MODEL_FILE, default_train_dir, train as run_training
+
+    config = TrainConfig(design=design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
+                         steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
+                         local_window=local_window, top_k=top_k, batch=batch, lr=lr)
+    out = out or default_train_dir(config)
+    with _TrainingProgress(quiet) as progress:
+        run_training(config, out, on_start=progress.start, on_step=progress.step)
+    summary = build_training_report(out)
+    typer.echo(headline(summary))
+    typer.echo(f"Model: {out / MODEL_FILE}  (measure it: kvphase sweep {out / MODEL_FILE})")
+
+
+class _TrainingProgress:
+    """A rich bar with loss, training accuracy, steps/s and ETA; nothing with --quiet."""
+
+    def __init__(self, quiet: bool):
+        self._bar = None if quiet else Progress(
+            TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]:.3f}  acc {task.fields[accuracy]:.0%}  {task.fields[rate]:.1f} steps/s"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
+        self._task = None
+
+    def __enter__(self):
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+
+    def start(self, total: int, done: int) -> None:
+        if self._bar is not None:
+            self._task = self._bar.add_task("training", total=total, completed=done, loss=float("nan"), accuracy=0.0, rate=0.0)
+
+    def step(self, metrics) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=metrics.step, loss=metrics.loss, accuracy=metrics.accuracy,
+                             rate=metrics.steps_per_s)

@@ -1,0 +1,186 @@
+"""kvphase train: the JAX mirror equals the numpy reference, training learns, runs resume,
+exports round-trip through inspect and sweep, bad options are one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.cli import app
+from kvphase.errors import PlanError
+from kvphase.train.config import TrainConfig
+
+jax = pytest.importorskip("jax", reason="the training extra is installed by make test; CI runs these")
+
+runner = CliRunner()
+TINY = dict(layers=2, heads=2, d_model=16, context=32, queries=4, batch=8, eval_sequences=16)
+
+
+def tiny_trainer(design="gated", **overrides):
+    from kvphase.train.loop import Trainer
+
+    return Trainer.new(TrainConfig(design=design, **{**TINY, "steps": 4, "eval_every": 2, **overrides}))
+
+
+def loud(params, rng):
+    """Weights large enough that gates, selection and offsets change the logits well beyond float noise."""
+    import jax.numpy as jnp
+
+    def scale(path, x):
+        name = path[-1].key if hasattr(path[-1], "key") else ""
+        if name in ("gate", "ape"):
+            return jnp.asarray(rng.normal(0, 2.0, size=x.shape), jnp.float32)
+        if name in ("w_qkv",):
+            return x * 20
+        return x
+
+    return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def numpy_logits(path, tokens):
+    from kvphase.reference.gpt2 import GPT2
+    from kvphase.reference.trained import trained_policy
+
+    model = GPT2.from_gguf(path, policy=trained_policy(path))
+    return np.stack([model.forward(list(map(int, row)), model.new_cache(256)) for row in tokens])
+
+
+@pytest.mark.parametrize("design,fix", [
+    ("dense", {}), ("meanpool", {}), ("gated", {}), ("kpool", {}),
+    ("gated", {"stagger": "head"}), ("gated", {"stagger": "layer_head"}), ("meanpool", {"stagger": "layer"}),
+])
+def test_trained_forward_equals_the_numpy_reference(tmp_path, design, fix):
+    """The JAX forward and the numpy reference (designs/ + reference/gpt2.py) on the same weights."""
+    from kvphase.train.export import export_gguf
+    from kvphase.train.model import draw_starts, forward
+
+    trainer = tiny_trainer(design, **fix)
+    params = loud(trainer.params, np.random.default_rng(1))
+    path = tmp_path / "m.gguf"
+    export_gguf(path, params, trainer.config, trainer.data.vocab, 0)
+    batch = trainer.data.batch(np.random.default_rng(7), 3)
+    starts = draw_starts(trainer.config, np.random.default_rng(0), 3)
+    hidden, _ = forward(params, batch.tokens, starts, trainer.config)
+    expected = np.asarray(hidden @ params["w_out"])  # (3, T, n_vocab)
+    got = numpy_logits(path, batch.tokens)
+    diff = np.abs(got - expected)
+    assert diff.max() < 1e-4, f"max diff {diff.max():.3g}, mean {diff.mean():.3g} (logits up to {np.abs(expected).max():.3g})"
+
+
+def test_the_equality_test_sees_a_wrong_phase_bias(tmp_path):
+    """Planted bug: the numpy side reads the per-phase bias one slot off; the forward must differ."""
+    from kvphase.train.export import export_gguf
+    from kvphase.train.model import draw_starts, forward
+
+    trainer = tiny_trainer("gated")
+    params = loud(trainer.params, np.random.default_rng(1))
+    batch = trainer.data.batch(np.random.default_rng(7), 2)
+    hidden, _ = forward(params, batch.tokens, draw_starts(trainer.config, np.random.default_rng(0), 2), trainer.config)
+    rolled = jax.tree_util.tree_map_with_path(
+        lambda p, x: np.roll(np.asarray(x), 1, axis=1) if getattr(p[-1], "key", "") == "ape" else x, params)
+    export_gguf(tmp_path / "m.gguf", rolled, trainer.config, trainer.data.vocab, 0)
+    diff = np.abs(numpy_logits(tmp_path / "m.gguf", batch.tokens) - np.asarray(hidden @ params["w_out"]))
+    assert diff.max() > 1e-2
+
+
+def test_a_short_training_run_lowers_the_loss():
+    from kvphase.train.loop import Trainer
+
+    trainer = Trainer.new(TrainConfig(design="gated", **{**TINY, "steps": 60, "eval_every": 60, "lr": 1e-2}))
+    first = np.mean([trainer.train_step()[0] for _ in range(5)])
+    trainer.run(60)
+    last = np.mean([trainer.train_step()[0] for _ in range(5)])
+    assert last < first - 0.5, f"loss {first:.3f} -> {last:.3f}"
+
+
+def test_resume_from_a_checkpoint_gives_the_weights_of_an_uninterrupted_run(tmp_path):
+    from kvphase.train.run import train
+
+    config = TrainConfig(design="gated", offsets="random", **{**TINY, "steps": 6, "eval_every": 3})
+    whole = train(config, tmp_path / "whole")
+
+    def interrupt(metrics):
+        if metrics.step == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "split", on_step=interrupt)
+    resumed = train(config, tmp_path / "split")
+    for a, b in zip(jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(resumed.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    rows = (tmp_path / "split" / "results.csv").read_text().splitlines()
+    assert rows == (tmp_path / "whole" / "results.csv").read_text().splitlines()
+
+
+def test_a_folder_with_another_run_is_refused(tmp_path):
+    from kvphase.errors import RunFolderError
+    from kvphase.train.run import train
+
+    train(TrainConfig(design="dense", **{**TINY, "steps": 2, "eval_every": 2}), tmp_path / "run")
+    with pytest.raises(RunFolderError, match="different training run"):
+        train(TrainConfig(design="dense", **{**TINY, "steps": 3, "eval_every": 3}), tmp_path / "run")
+
+
+def test_vocabulary_tokenizes_in_llamacpp_as_in_training(tmp_path):
+    """llama.cpp's BPE on the exported vocabulary gives the ids the training data used."""
+    import llama_cpp
+
+    from kvphase.train.export import export_gguf
+
+    trainer = tiny_trainer("dense")
+    export_gguf(tmp_path / "m.gguf", trainer.params, trainer.config, trainer.data.vocab, 0)
+    vocab = llama_cpp.Llama(str(tmp_path / "m.gguf"), vocab_only=True, verbose=False)
+    try:
+        text = " aardvark alpaca the " + " ".join(["zebra", "so", "Abigail"])
+        assert vocab.tokenize(text.encode(), add_bos=False, special=False) == trainer.data.vocab.encode(text)
+        assert vocab.tokenize(b" cat", add_bos=True)[0] == trainer.data.vocab.bos_id
+    finally:
+        vocab.close()
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["transformer"], "unknown design"),
+    (["gated", "--stride", "1"], "--stride must be at least 2"),
+    (["gated", "--heads", "3"], "does not split into 3 heads"),
+    (["gated", "--stagger", "diagonal"], "unknown --stagger"),
+    (["gated", "--offsets", "random", "--stagger", "head"], "use --stagger none"),
+    (["dense", "--stagger", "head"], "dense control"),
+    (["gated", "--context", "16"], "fewer than 8 windows"),
+    (["gated", "--steps", "0"], "--steps must be a positive integer"),
+])
+def test_bad_options_are_one_line(args, fragment, tmp_path):
+    result = runner.invoke(app, ["train", *args[:1], str(tmp_path / "o"), *args[1:]])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert fragment in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = runner.invoke(app, ["train", "dense", str(blocker / "run"), "--steps", "1"])
+    assert result.exit_code == 1 and "not a writable folder" in result.output
+
+
+def test_a_missing_extra_names_the_install_command(monkeypatch, tmp_path):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_jax(name, *args, **kwargs):
+        if name.split(".")[0] in ("jax", "optax"):
+            raise ImportError(name=name.split(".")[0])
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_jax)
+    result = runner.invoke(app, ["train", "gated", str(tmp_path / "o"), "--steps", "1"])
+    assert result.exit_code == 1 and "pip install 'kvphase[train]'" in result.output
+
+
+def test_config_rejects_what_cannot_train():
+    with pytest.raises(PlanError):
+        TrainConfig(design="gated", d_model=4, heads=4)
+    assert TrainConfig(design="gated", stagger="layer_head", layers=2, heads=4).starts() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert TrainConfig(design="gated", stagger="head", heads=6, stride=4).starts()[0] == [0, 1, 2, 3, 0, 1]
