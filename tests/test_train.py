@@ -16,7 +16,7 @@ from kvphase.train.config import TrainConfig
 jax = pytest.importorskip("jax", reason="the training extra is installed by make test; CI runs these")
 
 runner = CliRunner()
-TINY = dict(layers=2, heads=2, d_model=16, context=32, queries=4, batch=8, eval_sequences=16)
+TINY = dict(layers=2, heads=2, d_model=16, context=40, queries=4, batch=8, eval_sequences=16)
 
 
 def tiny_trainer(design="gated", **overrides):
