@@ -63,11 +63,21 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             block["ape"] = zeros(config.heads, config.stride, hd)  # (heads, S, hd) per-phase gate bias
         blocks.append(block)
     return {
-        "wte": normal(n_vocab, d), "wpe": normal(config.n_positions, d, scale=0.01),
+        "wte": normal(n_vocab, d), "wpe": sinusoids(config.n_positions, d, scale=0.02),
         "blocks": blocks,
         "lnf_g": jnp.ones(d), "lnf_b": zeros(d),
         "w_out": normal(d, n_vocab),
     }
+
+
+def sinusoids(n_positions: int, d: int, scale: float):
+    """Position embeddings initialised as the Transformer's sinusoids (still learned): nearby
+    positions start out similar, so attention to the previous token is found early instead
+    of after a long plateau."""
+    pos = np.arange(n_positions)[:, None]  # (n_positions, 1)
+    freq = 1.0 / 10000 ** (np.arange(0, d, 2) / d)  # (d/2,)
+    table = np.concatenate([np.sin(pos * freq), np.cos(pos * freq)], axis=1)  # (n_positions, d)
+    return jnp.asarray(scale * np.sqrt(2) * table, dtype=jnp.float32)
 
 
 def layer_norm(x, g, b):
