@@ -347,11 +347,61 @@ def test_msa_each_head_group_selects_its_own_blocks():
     assert np.flatnonzero(visible[7, 1]).tolist() == [2, 3, 6, 7]
 
 
+# -- gated pooling (kvphase's trained compressor) ----------------------------------------------
+
+
+def _gated(ape_phase=None, **kw):
+    from kvphase.designs import GatedPool
+
+    ape = np.zeros((4, 1, 2), np.float32)
+    if ape_phase is not None:
+        ape[ape_phase] = 50.0  # softmax over the window puts (almost) all weight on this slot
+    return GatedPool(window=4, stride=4, gate=np.zeros((1, 2, 2), np.float32), ape=ape, **kw)
+
+
+def test_gated_pool_with_a_zero_gate_is_the_mean():
+    keys = np.arange(16, dtype=np.float32).reshape(8, 1, 2)
+    cache = _gated().compress(keys[:, :, :], keys, keys * 2)
+    assert np.allclose(cache.keys[:2, 0], [[3.0, 4.0], [11.0, 12.0]])  # means of rows 0-3 and 4-7
+    assert np.allclose(cache.values[:2, 0], [[6.0, 8.0], [22.0, 24.0]])
+
+
+def test_gated_pool_with_a_one_hot_phase_bias_keeps_that_phase():
+    keys = np.arange(16, dtype=np.float32).reshape(8, 1, 2)
+    cache = _gated(ape_phase=2).compress(keys, keys, keys)
+    assert np.allclose(cache.keys[:2, 0], [[4.0, 5.0], [12.0, 13.0]])  # rows 2 and 6: slot 2 of each window
+    shifted = _gated(ape_phase=2, start=1).compress(keys, keys, keys)
+    assert np.allclose(shifted.keys[0, 0], [6.0, 7.0])  # window 1..4, slot 2 is row 3
+
+
+def test_gated_top_k_reads_the_best_window_token_by_token():
+    from kvphase.designs import GatedTopK
+
+    keys = np.zeros((12, 1, 2), np.float32)
+    keys[4:8, 0, 0] = 1.0  # window 1 points along x
+    queries = np.zeros((12, 1, 2), np.float32)
+    queries[:, 0, 0] = 1.0
+    design = GatedTopK(window=4, stride=4, local_window=1, top_k=1, gate=np.zeros((1, 2, 2), np.float32),
+                       ape=np.zeros((4, 1, 2), np.float32))
+    visible = design.compress(queries, keys, keys).visible
+    assert np.flatnonzero(visible[11]).tolist() == [4, 5, 6, 7, 11]  # window 1 and the query itself
+    assert np.flatnonzero(visible[6]).tolist() == [0, 1, 2, 3, 6]  # window 1 is incomplete: window 0 is the only choice
+
+
+def test_gated_pool_needs_its_weights():
+    from kvphase.designs import GatedPool
+
+    with pytest.raises(ValueError, match="expected a gate and an ape"):
+        GatedPool(window=4, stride=4)
+    with pytest.raises(ValueError, match="ape of shape"):
+        GatedPool(window=4, stride=4, gate=np.zeros((1, 2, 2)), ape=np.zeros((3, 1, 2)))
+
+
 # -- registry and validation ----------------------------------------------------------------
 
 
 def test_registry_lists_frozen_dataclasses_with_a_start():
-    assert set(DESIGNS) == {"kpool", "dsv4", "msa", "meanpool", "blocktopk"}
+    assert set(DESIGNS) == {"kpool", "dsv4", "msa", "meanpool", "blocktopk", "gatedpool", "gatedtopk"}
     for cls in DESIGNS.values():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
         assert "start" in {f.name for f in dataclasses.fields(cls)}

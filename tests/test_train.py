@@ -128,13 +128,15 @@ def test_vocabulary_tokenizes_in_llamacpp_as_in_training(tmp_path):
     """llama.cpp's BPE on the exported vocabulary gives the ids the training data used."""
     import llama_cpp
 
+    from kvphase.sweep.tasks import load_task
     from kvphase.train.export import export_gguf
 
     trainer = tiny_trainer("dense")
     export_gguf(tmp_path / "m.gguf", trainer.params, trainer.config, trainer.data.vocab, 0)
     vocab = llama_cpp.Llama(str(tmp_path / "m.gguf"), vocab_only=True, verbose=False)
     try:
-        text = " aardvark alpaca the " + " ".join(["zebra", "so", "Abigail"])
+        task = load_task("pairs")
+        text = " " + " ".join([task.keys[0], task.values[-1], *task.filler.split()[:3], task.keys[-1], task.values[0]])
         assert vocab.tokenize(text.encode(), add_bos=False, special=False) == trainer.data.vocab.encode(text)
         assert vocab.tokenize(b" cat", add_bos=True)[0] == trainer.data.vocab.bos_id
     finally:
@@ -183,4 +185,31 @@ def test_config_rejects_what_cannot_train():
     with pytest.raises(PlanError):
         TrainConfig(design="gated", d_model=4, heads=4)
     assert TrainConfig(design="gated", stagger="layer_head", layers=2, heads=4).starts() == [[0, 1, 2, 3], [0, 1, 2, 3]]
-    assert TrainConfig(design="gated", stagger="head", heads=6, stride=4).starts()[0] == [0, 1, 2, 3, 0, 1]
+    assert TrainConfig(design="gated", stagger="head", heads=6, d_model=48, stride=4).starts()[0] == [0, 1, 2, 3, 0, 1]
+
+
+def test_train_export_inspect_sweep_and_report_round_trip(tmp_path):
+    """A trained file is a model like any other: inspect shows its compressor, sweep needs no options."""
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "gated", str(out), "--steps", "4", "--eval-every", "2", "--d-model", "16",
+                                 "--heads", "2", "--context", "128", "--queries", "6", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "held-out accuracy" in result.output and (out / "model.gguf").is_file()
+    assert {"config.json", "results.csv", "training.csv", "summary.json", "report.md", "manifest.json",
+            "training_curve.png", "checkpoint.npz"} <= {p.name for p in out.iterdir()}
+
+    shown = runner.invoke(app, ["inspect", str(out / "model.gguf")])
+    assert shown.exit_code == 0 and "trained-gated" in shown.output and "stride 4" in shown.output
+
+    swept = runner.invoke(app, ["sweep", str(out / "model.gguf"), "--out", str(tmp_path / "sweep"), "--quiet"])
+    assert swept.exit_code == 0, swept.output
+    config = json.loads((tmp_path / "sweep" / "config.json").read_text())
+    assert (config["stride"], config["context"], config["per_residue"], config["task"], config["padding"],
+            config["backend"]) == (4, 128, 16, "pairs", "in-sequence", "reference")
+    assert config["backend_options"] == {"design": "trained"}
+
+    refused = runner.invoke(app, ["sweep", str(out / "model.gguf"), "--backend", "llama.cpp", "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 1 and "llama.cpp cannot run" in refused.output
+
+    rebuilt = runner.invoke(app, ["report", str(out)])
+    assert rebuilt.exit_code == 0 and "held-out accuracy" in rebuilt.output

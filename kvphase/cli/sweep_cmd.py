@@ -47,7 +47,8 @@ def sweep(
     modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens; every query starts here. "
                                           "Default 1024, or the context a `kvphase train` model learned."),
-    per_residue: int = typer.Option(32, "--per-residue", help="Targets per residue group."),
+    per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group; default 32 "
+                                             "(what the context holds, for trained models)."),
     padding: Optional[Padding] = typer.Option(None, help="prefix: records shift together; in-sequence: random gaps. "
                                               "Default prefix (in-sequence for trained models, as they learned)."),
     task: Optional[str] = typer.Option(None, help=f"Retrieval task from prompts/ ({', '.join(available_tasks())}); "
@@ -71,7 +72,7 @@ def sweep(
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
     defaults = SweepDefaults.for_model(info)
-    plan = make_plan(info, stride, modulus, context or defaults.context, per_residue,
+    plan = make_plan(info, stride, modulus, context or defaults.context, per_residue or defaults.per_residue,
                      (padding or Padding(defaults.padding)).value, task or defaults.task, seed)
     if (backend.value if backend else defaults.backend) == "reference":
         plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)

@@ -22,6 +22,7 @@ def train(
     heads: int = typer.Option(4, help="Attention heads (each has its own compressor offset)."),
     d_model: int = typer.Option(64, "--d-model", help="Width of the residual stream."),
     context: int = typer.Option(128, help="Tokens before the questions (the sweep's default --context)."),
+    queries: int = typer.Option(TrainConfig.queries, help="Questions after the context of every training sequence."),
     steps: int = typer.Option(1500, help="Optimisation steps."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
     eval_every: int = typer.Option(100, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
@@ -29,7 +30,7 @@ def train(
     offsets: str = typer.Option("fixed", help="fixed, random (per sequence and head) or jitter (per sequence, shared)."),
     local_window: int = typer.Option(8, "--local-window", help="Recent tokens every query sees exactly."),
     top_k: int = typer.Option(8, "--top-k", help="kpool: windows each query reads."),
-    batch: int = typer.Option(32, help="Sequences per step."),
+    batch: int = typer.Option(TrainConfig.batch, help="Sequences per step."),
     lr: float = typer.Option(3e-3, help="Peak learning rate."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -38,7 +39,7 @@ def train(
     from kvphase.train.run import MODEL_FILE, default_train_dir, train as run_training
 
     config = TrainConfig(design=design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
-                         steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
+                         queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
                          local_window=local_window, top_k=top_k, batch=batch, lr=lr)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:

@@ -60,6 +60,7 @@ class SweepDefaults:
     """What `kvphase sweep` uses where an option is not given: fitted to the model file."""
 
     context: int = 1024
+    per_residue: int = 32
     task: str = "records"
     padding: str = "prefix"
     backend: str = "llama.cpp"
@@ -73,5 +74,6 @@ class SweepDefaults:
         if trained is None:
             return cls()
         compressed = trained.design != "dense"
-        return cls(context=trained.context, task=trained.task, padding="in-sequence",
+        return cls(context=trained.context, per_residue=min(32, trained.context // (2 * trained.stride)),
+                   task=trained.task, padding="in-sequence",
                    backend="reference" if compressed else "llama.cpp", design="trained")

@@ -29,7 +29,7 @@ class TrainConfig:
     queries: int = 8  # key -> value questions after the context of every training sequence
     max_gap: int = -1  # filler tokens between records are 0..max_gap; -1: 2 * stride - 1
     steps: int = 1500  # optimisation steps
-    batch: int = 32  # sequences per step
+    batch: int = 16  # sequences per step
     lr: float = 3e-3  # peak AdamW learning rate (linear warm-up, cosine decay)
     seed: int = 0  # weights, data and offsets
     eval_every: int = 100  # steps between evaluations by residue (and checkpoints)
