@@ -72,7 +72,7 @@ def sweep(
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
     defaults = SweepDefaults.for_model(info)
-    plan = make_plan(info, stride, modulus, context or defaults.context, per_residue or defaults.per_residue,
+    plan = make_plan(info, stride, modulus, _given(context, defaults.context), _given(per_residue, defaults.per_residue),
                      (padding or Padding(defaults.padding)).value, task or defaults.task, seed)
     if (backend.value if backend else defaults.backend) == "reference":
         plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
@@ -197,3 +197,8 @@ class _progress_bar:
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+def _given(value, default):
+    """An option's value, or the model's default when the option was not given (0 is a given value)."""
+    return default if value is None else value
