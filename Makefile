@@ -34,6 +34,7 @@ test: $(STAMP) llama-server
 bench: $(STAMP) llama-server
 	$(BIN)/python bench/bench_sweep.py
 	@if [ -f bench/bench_reference.py ]; then $(BIN)/python bench/bench_reference.py; fi
+	$(BIN)/python bench/bench_train.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

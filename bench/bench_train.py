@@ -1,0 +1,39 @@
+"""Training speed of `kvphase train`'s default model size, as ratios taken in one run.
+
+    .venv/bin/python bench/bench_train.py
+
+Prints steps/s and trained tokens/s for the default configuration of each design, and each
+design's time per step relative to the dense control (the cost of the compressor).
+"""
+
+from __future__ import annotations
+
+import time
+
+from kvphase.train.config import TrainConfig
+from kvphase.train.loop import Trainer
+
+STEPS = 20
+
+
+def steps_per_second(design: str) -> tuple[float, int]:
+    trainer = Trainer.new(TrainConfig(design=design))
+    trainer.train_step()  # compile
+    start = time.perf_counter()
+    for _ in range(STEPS):
+        trainer.train_step()
+    rate = STEPS / (time.perf_counter() - start)
+    return rate, trainer.config.batch * trainer.config.n_positions
+
+
+def main() -> None:
+    rates = {}
+    for design in ("dense", "gated", "meanpool", "kpool"):
+        rate, tokens = steps_per_second(design)
+        rates[design] = rate
+        print(f"train {design:9s} {rate:6.2f} steps/s  {rate * tokens:9.0f} tokens/s"
+              f"  time per step vs dense {rates['dense'] / rate:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
