@@ -230,7 +230,7 @@ def test_report_names_an_output_that_is_in_the_way(tmp_path, info):
 
 # --------------------------------------------------------------------------- real sweeps, killed and raced
 
-SWEEP_ARGS = ["--context", "256", "--per-residue", "8", "--quiet", "--threads", "1"]  # 64 targets, 4 contexts
+SWEEP_ARGS = ["--context", "512", "--per-residue", "8", "--quiet", "--threads", "1"]  # 64 targets, 4 contexts
 
 
 def _sweep(out, *extra):
@@ -259,7 +259,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_after_rows", [0, 1, 17, 40])
+@pytest.mark.parametrize("kill_after_rows", [0, 1, 40])
 def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_path, uninterrupted, kill_after_rows):
     """SIGKILL while the model loads (0 rows) or after some contexts; the lock it leaves is
     stale, and the resumed results.csv is byte-identical to a run never interrupted."""
@@ -281,16 +281,15 @@ def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_pa
 
 
 @pytest.mark.slow
-def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path):
+def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path, uninterrupted):
     out = tmp_path / "run"
-    first = _sweep(out, "--per-residue", "16")  # 128 targets: still running when the second starts
-    _wait_for_lock(first, out)
-    second = _sweep(out, "--per-residue", "16")
+    first = _sweep(out)
+    _wait_for_lock(first, out)  # then the second starts while the first holds the folder
+    second = _sweep(out)
     _, refusal = second.communicate(timeout=300)
     _, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert second.returncode == 1 and refusal.count("\n") == 1, refusal
     assert f"is in use by another sweep (pid {first.pid} on " in refusal
-    results = load_results(out)  # one header, every target once
-    assert len(results) == 128 == results["target_id"].nunique()
-    assert build_report(out).n_targets == 128
+    assert (out / "results.csv").read_bytes() == (uninterrupted / "results.csv").read_bytes()
+    assert build_report(out).n_targets == 64

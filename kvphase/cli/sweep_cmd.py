@@ -85,9 +85,9 @@ def sweep(
     console = Console(stderr=True, quiet=quiet)
     with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
         check_run_dir(run_dir, plan)
-        if lock.stale:
-            console.print(f"[yellow]{markup(run_dir)}: the sweep that held it ({markup(lock.stale)}) ended without "
-                          "releasing it; resuming.")
+        if lock.stale:  # said even with --quiet: a sweep died here
+            Console(stderr=True).print(f"[yellow]{markup(run_dir)}: the sweep that held it ({markup(lock.stale)}) "
+                                       "ended without releasing it; resuming.")
         if plan.control:
             console.print(f"[yellow]{markup(info.architecture)} declares no KV-cache compression: control run with "
                           f"stride {plan.stride}.")
