@@ -14,9 +14,10 @@ runs `python -m kvphase.cli ...` as its own process with a timeout and is classi
     nice -n 10 python scripts/fuzz_campaign.py              # everything, then the table
     python scripts/fuzz_campaign.py --only options -v       # one category, every trial shown
 
-Seeds: the default model (SmolLM2-135M-Instruct) and `make-tiny` models; crafted files come
-from `tests/gguf_corpus.py`. The same --seed builds the same files. Work files live in a
-temporary folder removed at the end.
+Seeds: the default model (SmolLM2-135M-Instruct), a tiny llama carrying its tokenizer (so a
+sweep on a damaged copy that still loads takes a second, not a minute) and the `make-tiny`
+models; crafted files come from `tests/gguf_corpus.py`. The same --seed builds the same
+files. Work files live in a temporary folder removed at the end.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ class Campaign:
     def __init__(self, work: Path, seed: int, scale: float):
         self.work, self.rng, self.scale = work, random.Random(seed), scale
         self.smol = default_model_path()
-        self.smol_fields, self.smol_header_end = layout(self.smol)
+        self.seed_model = write_tiny_model("llama", work / "tiny-smol.gguf", tokenizer_from=self.smol)
+        self.seed_fields, self.seed_header_end = layout(self.seed_model)
         self.counter = 0
 
     def n(self, count: int) -> int:
@@ -138,16 +140,20 @@ class Campaign:
                  "validate": ["validate", str(model), "--threads", "1", "--tokens", "32"]}
         return Case(category, label, [argvs[c] for c in commands], prepare=lambda: make(model), cleanup=[model, out])
 
-    def smol_case(self, label: str, edits, truncate=None) -> Case:
-        return self.model_case("gguf", label, lambda p: patched(self.smol, p, edits, truncate))
+    def smol_case(self, label: str, edits, truncate=None, source: Path | None = None) -> Case:
+        source = source or self.seed_model
+        return self.model_case("gguf", label, lambda p: patched(source, p, edits, truncate))
 
-    # -- GGUF truncations, flips, targeted edits of the default model
+    # -- GGUF truncations, flips, targeted edits of the default model's header
     def gguf(self) -> list[Case]:
-        size, end = self.smol.stat().st_size, self.smol_header_end
+        size, end = self.seed_model.stat().st_size, self.seed_header_end
         cuts = [0, 1, 3, 4, 7, 8, 15, 16, 23, 24, end - 1, end, size - 1]
         cuts += sorted(self.rng.randrange(24, end) for _ in range(self.n(12)))
         cuts += sorted(self.rng.randrange(end, size) for _ in range(self.n(3)))
         cases = [self.smol_case(f"truncated at {cut}", [], truncate=cut) for cut in cuts]
+        smol_size = self.smol.stat().st_size
+        cases += [self.smol_case(f"SmolLM2 truncated at {cut}", [], truncate=cut, source=self.smol)
+                  for cut in (end // 2, smol_size // 2, smol_size - 1)]
         for _ in range(self.n(30)):
             region = end if self.rng.random() < 0.85 else size
             flips = [(self.rng.randrange(8, region), bytes([self.rng.randrange(256)]))
@@ -167,7 +173,7 @@ class Campaign:
             "general.file_type": [2**32 - 1],
         }
         for key, values in targets.items():
-            at = self.smol_fields.get(key)
+            at = self.seed_fields.get(key)
             if at is None or at.value_type != UINT32:
                 continue
             cases += [self.smol_case(f"{key} = {v}", [(at.value_offset, u32(v))]) for v in values]
@@ -181,7 +187,7 @@ class Campaign:
                             ("tensor count 0", (8, struct.pack("<Q", 0)))]:
             cases.append(self.smol_case(label, [edit]))
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "general.architecture", "tokenizer.ggml.model"):
-            at = self.smol_fields.get(key)
+            at = self.seed_fields.get(key)
             if at is not None:
                 length_at = at.value_offset + (4 if at.value_type == ARRAY else 0)
                 cases += [self.smol_case(f"{key} length {v}", [(length_at, struct.pack("<Q", v))])
@@ -271,7 +277,7 @@ class Campaign:
     # -- damaged run folders
     def folders(self) -> list[Case]:
         good = self.work / "good-run"
-        outcome, detail = run_cli(["sweep", str(self.smol), *SWEEP, "--out", str(good)], 300, self.work)
+        outcome, detail = run_cli(["sweep", str(self.seed_model), *SWEEP, "--out", str(good)], 300, self.work)
         if outcome != "ok":
             raise SystemExit(f"could not make the seed run folder: {outcome}: {detail}")
         config = json.loads((good / "config.json").read_text())
@@ -355,7 +361,7 @@ class Campaign:
                 else:
                     target.write_bytes(content)
 
-            commands = [["report", str(folder)], ["sweep", str(self.smol), *SWEEP, "--out", str(folder)],
+            commands = [["report", str(folder)], ["sweep", str(self.seed_model), *SWEEP, "--out", str(folder)],
                         ["compare", str(folder), str(good), "--out", str(self.work / f"cmp-{folder.name}")]]
             cases.append(Case("folders", label, commands, prepare=prepare,
                               cleanup=[folder, self.work / f"cmp-{folder.name}"]))
@@ -363,7 +369,7 @@ class Campaign:
 
     # -- abusive options
     def options(self) -> list[Case]:
-        m, out, afile = str(self.smol), self.work / "opt-run", self.work / "plain-file"
+        m, out, afile = str(self.seed_model), self.work / "opt-run", self.work / "plain-file"
         afile.write_text("x")
         tiny = self.work / "tiny-options.gguf"
         write_tiny_model("deepseek4", tiny, seed=0)

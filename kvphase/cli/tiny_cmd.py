@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -18,8 +19,10 @@ def make_tiny(
     out: Path = typer.Argument(..., help="Where to write the .gguf file."),
     seed: int = typer.Option(0, help="Seed of the random weights; the same seed writes the same file."),
     yarn_factor: float = typer.Option(0.0, help="Declare YaRN RoPE scaling by this factor (deepseek4 only)."),
+    tokenizer_from: Optional[Path] = typer.Option(None, "--tokenizer-from", help="Take this GGUF's tokenizer, so "
+                                                  "`kvphase sweep` runs on the tiny model (fast tests)."),
 ) -> None:
     """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""
-    path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor)
+    path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor, tokenizer_from=tokenizer_from)
     yarn = f", YaRN x{yarn_factor:g}" if yarn_factor else ""
     typer.echo(f"wrote {plain(path)} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn})")

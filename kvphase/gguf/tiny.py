@@ -377,10 +377,30 @@ YARN_ARCHS = ("deepseek4",)  # where `validate` models YaRN RoPE
 YARN_ORIGINAL_CONTEXT = 4096  # puts the YaRN ramp mid-way through the tiny deepseek4's 8 rotary pairs
 
 
-def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: float = 0.0) -> Path:
+def _take_tokenizer(spec: TinySpec, donor: Path) -> None:
+    """Copy the donor's tokenizer keys into `spec` and size its vocabulary rows to match."""
+    from gguf import GGUFReader
+
+    from kvphase.gguf.header import read_gguf_header
+
+    if "tokenizer.ggml.tokens_count" not in read_gguf_header(donor).fields:  # a damaged donor: one GGUFError
+        raise PlanError(f"{donor} has no tokenizer to give")
+    keys = {name: field.contents() for name, field in GGUFReader(donor).fields.items() if name.startswith("tokenizer.")}
+    n_vocab = len(keys["tokenizer.ggml.tokens"])
+    spec.keys.update(keys)
+    spec.key("vocab_size", n_vocab)
+    vocab_rows = ("token_embd.weight", "output.weight")
+    spec.tensors = [(name, ne[:-1] + (n_vocab,) if name in vocab_rows else ne, kind) for name, ne, kind in spec.tensors]
+
+
+def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: float = 0.0,
+                     tokenizer_from: str | Path | None = None) -> Path:
     """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes.
 
-    `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do."""
+    `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do.
+    `tokenizer_from` gives the model another GGUF's tokenizer (every `tokenizer.*` key, and
+    its vocabulary size), so that `kvphase sweep` can build prompts for it: a sweep through
+    real llama.cpp in a fraction of a second."""
     specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
     if arch not in specs:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
@@ -390,6 +410,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
         raise PlanError(f"a YaRN factor must be positive and is offered for {', '.join(YARN_ARCHS)} only; "
                         f"got {yarn_factor} for {arch}")
     spec = specs[arch]()
+    if tokenizer_from is not None:
+        _take_tokenizer(spec, Path(tokenizer_from))
     if yarn_factor:
         spec.key("rope.scaling.type", "yarn")
         spec.key("rope.scaling.factor", float(yarn_factor))
