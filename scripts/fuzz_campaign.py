@@ -3,13 +3,17 @@
 Damaged GGUF files (truncations, random byte flips, targeted header edits) under
 `inspect` and `sweep`, crafted files and odd paths, damaged tiny models under `validate`,
 damaged run folders under `report`, resume and `compare`, and abusive options. Every trial
-runs `python -m kvphase.cli ...` as its own process with a timeout and is classified:
+runs `python -m kvphase.cli ...` as its own process and is classified:
 
     ok            exit 0
     clean error   exit 1 or 2 (one error line or a usage message), no traceback
     traceback     "Traceback" in the output
     native crash  killed by a signal (a llama.cpp abort, a segfault)
-    hang          still running at the timeout
+    hang          more than --timeout seconds of CPU (RLIMIT_CPU), or still running after
+                  --wall seconds (a process blocked on input)
+
+The limit is on CPU time, not wall time, so that a machine shared with other work does
+not turn a slow start into a "hang"; on an idle machine the two are the same.
 
     nice -n 10 python scripts/fuzz_campaign.py              # everything, then the table
     python scripts/fuzz_campaign.py --only options -v       # one category, every trial shown
@@ -27,6 +31,7 @@ import json
 import math
 import os
 import random
+import resource
 import shutil
 import signal
 import struct
@@ -72,21 +77,28 @@ class Case:
     results: list[tuple[str, str]] = field(default_factory=list)  # (outcome, first line) per command
 
 
-def run_cli(argv: list[str], timeout: float, cwd: Path) -> tuple[str, str]:
+def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300) -> tuple[str, str]:
     """(outcome, the telling line of output) of one CLI process, run in `cwd` (default run
-    folders land in cwd/reports)."""
+    folders land in cwd/reports), with `timeout` seconds of CPU and `wall` seconds in all."""
+
+    def limit_cpu() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (math.ceil(timeout), math.ceil(timeout) + 2))
+
     env = {**os.environ, "COLUMNS": "120", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "kvphase.cli", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=limit_cpu)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=wall)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        return "hang", f"still running after {timeout:g} s"
+        return "hang", f"still running after {wall:g} s"
     text = out.decode("utf-8", errors="replace")
     lines = [line for line in text.splitlines() if line.strip()]
+    if proc.returncode == -signal.SIGXCPU:
+        return "hang", f"more than {timeout:g} s of CPU"
     if proc.returncode < 0:
         return "native crash", f"signal {-proc.returncode}: " + (lines[-1] if lines else "")
     if "Traceback" in text:
@@ -98,11 +110,11 @@ def run_cli(argv: list[str], timeout: float, cwd: Path) -> tuple[str, str]:
     return "traceback", f"exit {proc.returncode}: " + (lines[-1] if lines else "")
 
 
-def run_case(case: Case, timeout: float, cwd: Path) -> Case:
+def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
     try:
         if case.prepare:
             case.prepare()
-        case.results = [run_cli(argv, timeout, cwd) for argv in case.commands]
+        case.results = [run_cli(argv, timeout, cwd, wall) for argv in case.commands]
     finally:
         for path in case.cleanup:
             remove(path)
@@ -137,7 +149,7 @@ class Campaign:
         model, out = self.path("model.gguf"), self.path("run")
         argvs = {"inspect": ["inspect", str(model)], "sweep": ["sweep", str(model), *SWEEP, "--out", str(out)],
                  "sweep-reference": ["sweep", str(model), "--backend", "reference", *SWEEP, "--out", str(out)],
-                 "validate": ["validate", str(model), "--threads", "1", "--tokens", "32"]}
+                 "validate": ["validate", str(model), "--threads", "1"]}
         return Case(category, label, [argvs[c] for c in commands], prepare=lambda: make(model), cleanup=[model, out])
 
     def smol_case(self, label: str, edits, truncate=None, source: Path | None = None) -> Case:
@@ -219,7 +231,7 @@ class Campaign:
             "a FIFO": self.work / "fifo.gguf",
             "a symlink loop": self.work / "loop.gguf",
             "a dangling symlink": self.work / "dangling.gguf",
-            "a name with markup": self.work / "[red]model[/red] [/x].gguf",
+            "a name with markup": self.work / "[red]model[bold] [x].gguf",
             "a name with escapes": self.work / "esc\x1b[2Jname\n.gguf",
             "a 300-character name": self.work / ("n" * 300 + ".gguf"),
             "a path under a file": afile / "x.gguf",
@@ -277,7 +289,7 @@ class Campaign:
     # -- damaged run folders
     def folders(self) -> list[Case]:
         good = self.work / "good-run"
-        outcome, detail = run_cli(["sweep", str(self.seed_model), *SWEEP, "--out", str(good)], 300, self.work)
+        outcome, detail = run_cli(["sweep", str(self.seed_model), *SWEEP, "--out", str(good)], 120, self.work)
         if outcome != "ok":
             raise SystemExit(f"could not make the seed run folder: {outcome}: {detail}")
         config = json.loads((good / "config.json").read_text())
@@ -454,7 +466,8 @@ def table(cases: list[Case]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of the random cuts and flips")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a trial counts as a hang")
+    parser.add_argument("--timeout", type=float, default=10.0, help="CPU seconds before a trial counts as a hang")
+    parser.add_argument("--wall", type=float, default=300.0, help="wall seconds before a trial counts as a hang")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the number of random cuts and flips")
     parser.add_argument("--only", choices=sorted(CATEGORIES), action="append", help="run these categories only")
@@ -466,7 +479,7 @@ def main() -> int:
         cases = [case for key in CATEGORIES if not args.only or key in args.only for case in getattr(campaign, key)()]
 
         def run(case: Case) -> None:
-            run_case(case, args.timeout, campaign.work)
+            run_case(case, args.timeout, campaign.work, args.wall)
             for argv, (outcome, detail) in zip(case.commands, case.results):
                 if args.verbose or outcome in BAD:
                     print(f"[{outcome}] {case.category}: {case.label} [{argv[0]}]\n    {short(detail, 300)}", flush=True)
@@ -474,8 +487,8 @@ def main() -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(run, cases))
     n = sum(len(case.results) for case in cases)
-    print(f"\n{n} trials in {time.time() - started:.0f} s (timeout {args.timeout:g} s, seed {args.seed}, "
-          f"scale {args.scale:g})\n")
+    print(f"\n{n} trials in {time.time() - started:.0f} s (hang: over {args.timeout:g} s of CPU or {args.wall:g} s "
+          f"in all; seed {args.seed}, scale {args.scale:g})\n")
     print(table(cases))
     return 1 if any(outcome in BAD for case in cases for outcome, _ in case.results) else 0
 
