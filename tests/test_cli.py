@@ -208,3 +208,16 @@ def test_ctrl_c_during_a_command_is_one_line(default_model, monkeypatch):
     monkeypatch.setattr(inspect_cmd, "read_model_info", interrupted)
     result = runner.invoke(app, ["inspect", str(default_model)])
     assert result.exit_code == 130 and result.output.strip().startswith("Interrupted:")
+
+
+def test_a_tiny_model_with_a_real_tokenizer_sweeps_through_llama_cpp(default_model, tmp_path):
+    """make-tiny --tokenizer-from: random weights, SmolLM2's vocabulary; a whole sweep in a moment."""
+    model = tmp_path / "tiny.gguf"
+    made = runner.invoke(app, ["make-tiny", "llama", str(model), "--tokenizer-from", str(default_model)])
+    assert made.exit_code == 0, made.output
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["sweep", str(model), "--context", "256", "--per-residue", "1", "--quiet",
+                                 "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["n_targets"] == 8
+    assert json.loads((out / "manifest.json").read_text())["model"]["architecture"] == "llama"
