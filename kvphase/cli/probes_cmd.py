@@ -78,3 +78,48 @@ def flip(
                                     options=plan.backend_options)
     typer.echo(plain(run_flip(plan, engine, run_dir, targets, cycles, info), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+@app.command()
+def cycle(
+    model: Path = typer.Argument(..., help="A GGUF with per-phase gate biases (see `kvphase gates`)."),
+    k: int = typer.Option(..., "--k", help="Roll every gate bias by k phases (1 .. S - 1)."),
+    context: int = typer.Option(512, help="Context length in tokens of both sweeps."),
+    per_residue: int = typer.Option(8, "--per-residue", help="Targets per residue group in both sweeps."),
+    task: str = typer.Option("records", help="Retrieval task from prompts/."),
+    seed: int = typer.Option(0, help="Seed of the sweep plan."),
+    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-cycle-k<K>."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    backend: str = typer.Option("auto", help="llama.cpp, reference, or auto: reference for kvphase-trained models."),
+) -> None:
+    """Gate cycling: sweep the model and a copy with its gate biases rolled by k; does the weak phase move by k?"""
+    import os
+    from dataclasses import replace
+
+    from kvphase.backends import BACKENDS
+    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan
+    from kvphase.engines.llamacpp import check_threads
+    from kvphase.errors import PlanError
+    from kvphase.gguf.header import read_gguf_header
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.probes.cycle import check_k, run_cycle
+    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.probes.gates import TRAINED, find_sources
+
+    if threads is not None:
+        check_threads(threads)
+    info = read_model_info(model)
+    fields = read_gguf_header(model).fields
+    stride = min(s.stride for s in find_sources(read_gguf_header(model)))  # refuses a model without a gate bias
+    check_k(k, stride)
+    name = backend if backend != "auto" else ("reference" if TRAINED + "design" in fields else "llama.cpp")
+    if name not in BACKENDS:
+        raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
+    plan = replace(make_plan(info, stride, None, context, per_residue, "prefix", task, seed), backend=name)
+    run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
+
+    def open_backend(path: Path):
+        return BACKENDS[name](path, n_ctx=context + QUERY_ROOM, n_threads=threads or os.cpu_count(), options={})
+
+    typer.echo(plain(run_cycle(plan, k, run_dir, open_backend), limit=2000))
+    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")

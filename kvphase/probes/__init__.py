@@ -3,6 +3,7 @@ like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
 
 - `gates`: static gate concentration from the per-phase bias tensors alone.
 - `flip`: single targets moved through the phases, right value against the strongest distractor.
+- `cycle`: every gate bias rolled by k; does the weak phase move by k?
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from kvphase.probes import flip, gates
+from kvphase.probes import cycle, flip, gates
 
 # probe name (config.json "probe") -> rebuild summary.json, report.md and figure; returns the headline
 REPORTS: dict[str, Callable[[Path], str]] = {
     "gates": gates.build_report,
     "flip": flip.build_report,
+    "cycle": cycle.build_report,
 }
 
-__all__ = ["REPORTS", "flip", "gates"]
+__all__ = ["REPORTS", "cycle", "flip", "gates"]
