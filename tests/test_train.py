@@ -213,3 +213,23 @@ def test_train_export_inspect_sweep_and_report_round_trip(tmp_path):
 
     rebuilt = runner.invoke(app, ["report", str(out)])
     assert rebuilt.exit_code == 0 and "held-out accuracy" in rebuilt.output
+
+
+@pytest.mark.slow
+def test_the_dense_control_runs_in_llamacpp_as_in_the_reference(tmp_path):
+    """The dense export is llama.cpp's own gpt2: its logits match the numpy GPT-2 (F32 KV cache)."""
+    from kvphase.reference.agreement import llamacpp_logits
+    from kvphase.train.export import export_gguf
+
+    trainer = tiny_trainer("dense")
+    params = loud(trainer.params, np.random.default_rng(3))
+    path = tmp_path / "dense.gguf"
+    export_gguf(path, params, trainer.config, trainer.data.vocab, 0)
+    tokens = trainer.data.batch(np.random.default_rng(9), 1).tokens[0]
+    expected = numpy_logits(path, tokens[None])[0]  # (T, n_vocab)
+    got = llamacpp_logits(path, [int(t) for t in tokens], n_ctx=len(tokens), type_k=0, type_v=0)
+    diff = np.abs(got - expected)
+    print(f"llama.cpp vs reference: max {diff.max():.3g}, mean {diff.mean():.3g}, logits up to {np.abs(expected).max():.3g}")
+    assert (got.argmax(1) == expected.argmax(1)).mean() == 1.0
+    # ggml's GELU reads an F16 table and its matmuls round activations: a few 1e-3 at most
+    assert diff.max() < 2e-2, f"max diff {diff.max():.3g}, mean {diff.mean():.3g} (logits up to {np.abs(expected).max():.3g})"

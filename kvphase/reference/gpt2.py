@@ -22,7 +22,7 @@ import numpy as np
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.tensors import tensor_array
-from kvphase.reference.model import N_BATCH, AttentionPolicy, DenseAttention, KVCache
+from kvphase.reference.model import AttentionPolicy, DenseAttention, KVCache, hidden_rows
 
 
 @dataclass(frozen=True)
@@ -165,19 +165,11 @@ class GPT2:
 
     def forward(self, tokens: Sequence[int], cache: KVCache, logits_for: Sequence[int] | None = None) -> np.ndarray:
         """Append `tokens` to the cached sequence; return the logits of rows `logits_for` (all when None)."""
-        tokens = np.asarray(tokens, dtype=np.int64)  # (n_tokens,)
         if cache.n + len(tokens) > self.config.n_ctx_train:
             raise ModelFileError(
                 f"gpt2 embeds {self.config.n_ctx_train} positions; {cache.n + len(tokens)} tokens do not fit"
             )
-        rows = np.arange(len(tokens)) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
-        cache.reserve(cache.n + len(tokens))
-        hidden = []
-        for start in range(0, len(tokens), N_BATCH):
-            chunk = tokens[start : start + N_BATCH]  # (n_chunk,)
-            x = self._blocks(chunk, cache)  # (n_chunk, n_embd)
-            hidden.append(x[rows[(rows >= start) & (rows < start + len(chunk))] - start])
-        x = np.concatenate(hidden) if hidden else np.zeros((0, self.config.n_embd), np.float32)  # (n_rows, n_embd)
+        x = hidden_rows(self._blocks, self.config.n_embd, tokens, cache, logits_for)  # (n_rows, n_embd)
         x = layer_norm(x, self.w.output_norm, self.w.output_norm_b, self.config.norm_eps)  # (n_rows, n_embd)
         return x @ self.w.output  # (n_rows, n_vocab)
 

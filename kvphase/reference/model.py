@@ -287,6 +287,20 @@ class KVCache:
 # ----------------------------------------------------------------------------- the model
 
 
+def hidden_rows(blocks, n_embd: int, tokens: Sequence[int], cache: KVCache, logits_for: Sequence[int] | None) -> np.ndarray:
+    """Run `blocks(chunk, cache)` over `tokens` in chunks of N_BATCH, appending to the cache;
+    return the final hidden states of the rows `logits_for` (all when None): (n_rows, n_embd)."""
+    tokens = np.asarray(tokens, dtype=np.int64)  # (n_tokens,)
+    rows = np.arange(len(tokens)) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
+    cache.reserve(cache.n + len(tokens))
+    hidden = []
+    for start in range(0, len(tokens), N_BATCH):
+        chunk = tokens[start : start + N_BATCH]  # (n_chunk,)
+        x = blocks(chunk, cache)  # (n_chunk, n_embd)
+        hidden.append(x[rows[(rows >= start) & (rows < start + len(chunk))] - start])
+    return np.concatenate(hidden) if hidden else np.zeros((0, n_embd), np.float32)  # (n_rows, n_embd)
+
+
 class Transformer:
     """A decoder-only llama-family model over dequantized GGUF weights."""
 
@@ -304,15 +318,7 @@ class Transformer:
     def forward(self, tokens: Sequence[int], cache: KVCache, logits_for: Sequence[int] | None = None) -> np.ndarray:
         """Append `tokens` to the cached sequence; return the logits of the rows
         `logits_for` (indices into `tokens`; all rows when None) as (n_rows, n_vocab)."""
-        tokens = np.asarray(tokens, dtype=np.int64)  # (n_tokens,)
-        rows = np.arange(len(tokens)) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
-        cache.reserve(cache.n + len(tokens))
-        hidden = []
-        for start in range(0, len(tokens), N_BATCH):
-            chunk = tokens[start : start + N_BATCH]  # (n_chunk,)
-            x = self._blocks(chunk, cache)  # (n_chunk, n_embd)
-            hidden.append(x[rows[(rows >= start) & (rows < start + len(chunk))] - start])
-        x = np.concatenate(hidden) if hidden else np.zeros((0, self.config.n_embd), np.float32)  # (n_rows, n_embd)
+        x = hidden_rows(self._blocks, self.config.n_embd, tokens, cache, logits_for)  # (n_rows, n_embd)
         x = rms_norm(x, self.w.output_norm, self.config.norm_eps)  # (n_rows, n_embd)
         return self.linear(x, self.w.output)  # (n_rows, n_vocab)
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvphase import __version__
 from kvphase.errors import PlanError, RunFolderError
+from kvphase.sweep.run import write_atomic
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
 
@@ -78,12 +79,6 @@ def is_train_dir(out: Path) -> bool:
         return False
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def evaluation_rows(evaluation: Evaluation, config: TrainConfig) -> list[dict]:
     """Per-residue tallies of one evaluation (residue = key position mod 2S)."""
     modulus = 2 * config.stride
@@ -126,7 +121,7 @@ def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] =
     check_train_dir(out, config)
     trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / CONFIG_FILE, json.dumps({"kind": "train", **config.to_json()}, indent=2) + "\n")
+    write_atomic(out / CONFIG_FILE, json.dumps({"kind": "train", **config.to_json()}, indent=2) + "\n")
     checkpoint = out / CHECKPOINT_FILE
     if checkpoint.is_file():
         trainer.load(checkpoint)
@@ -180,4 +175,4 @@ def _update_manifest(out: Path, wall_s: float, steps: int) -> None:
         "steps_trained": old.get("steps_trained", 0) + steps,
         "sessions": old.get("sessions", 0) + 1,
     }
-    _write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
