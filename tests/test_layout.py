@@ -1,0 +1,38 @@
+"""The package's layers import only downward (DESIGN.md, "Layout"):
+cli -> sweep / probes / validate / train -> backends -> engines, reference -> designs,
+with gguf, errors and defaults below them all; parts of one layer may import each other
+(probes and train reuse the sweep's run folder). Nothing imports the CLI, and nothing below
+the backends imports a backend."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvphase
+
+PACKAGE = Path(kvphase.__file__).resolve().parent
+LAYER = {"cli": 5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "backends": 3, "engines": 2,
+         "reference": 2, "designs": 1, "gguf": 0, "errors": 0, "defaults": 0}
+
+
+def _imports(path: Path) -> set[str]:
+    """The kvphase sub-packages or modules a file imports (kvphase.X -> X)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        found |= {n.split(".")[1] for n in names if n.startswith("kvphase.")}
+    return found
+
+
+def test_every_module_imports_only_its_own_layer_or_below():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if part not in LAYER:
+            continue  # kvphase/__init__.py
+        for target in _imports(path):
+            if LAYER.get(target, 0) > LAYER[part]:  # a sibling of the same layer may be imported
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} imports kvphase.{target}")
+    assert not wrong, "\n".join(wrong)
