@@ -19,7 +19,7 @@ def make_tiny(
     out: Path = typer.Argument(..., help="Where to write the .gguf file."),
     seed: int = typer.Option(0, help="Seed of the random weights; the same seed writes the same file."),
     yarn_factor: float = typer.Option(0.0, help="Declare YaRN RoPE scaling by this factor (deepseek4 only)."),
-    tokenizer_from: Optional[Path] = typer.Option(None, "--tokenizer-from", help="Take this GGUF's tokenizer, so "
+    tokenizer_from: Optional[Path] = typer.Option(None, "--tokenizer-from", "--vocab-from", help="Take this GGUF's tokenizer, so "
                                                   "`kvphase sweep` runs on the tiny model (fast tests)."),
 ) -> None:
     """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""
