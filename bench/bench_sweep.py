@@ -4,7 +4,9 @@
    naive loop that evaluates one full prompt per target and generates the answer greedily
    (same targets, same model, same threads);
 2. context tokens/s: kvphase's context decoding against llama.cpp's raw decode
-   (llama-cpp-python's `Llama.eval`) of the same tokens.
+   (llama-cpp-python's `Llama.eval`) of the same tokens;
+3. targets/s through a local llama-server (`--backend server`) with 1, 2 and 4 slots
+   against the naive loop on the same server (one full prompt per target).
 
 Run: `make bench` (or `python bench/bench_sweep.py --context 1024 --per-residue 8`).
 """
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--per-residue", type=int, default=16)
     parser.add_argument("--naive-targets", type=int, default=6, help="targets timed in the naive loop")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--no-server", action="store_true", help="skip the llama-server rows")
     args = parser.parse_args()
 
     model = default_model_path()
@@ -84,6 +87,36 @@ def main() -> None:
           f"{kvphase_rate / naive_rate:>9.1f}")
     print(f"{'context tokens/s (vs llama.cpp raw decode)':<44}{kvphase_tokens_rate:>12.1f}{raw_rate:>12.1f}"
           f"{kvphase_tokens_rate / raw_rate:>9.2f}")
+    if not args.no_server:
+        for label, rate, naive in server_rates(model, contexts, targets, picks, args):
+            print(f"{label:<44}{rate:>12.2f}{naive:>12.2f}{rate / naive:>9.1f}")
+
+
+def server_rates(model, contexts, targets, picks, args):
+    """targets/s of `--backend server` on one local llama-server with 4 slots, using 1, 2
+    and 4 of them, against the naive loop on the same server: one request per target with
+    the whole prompt evaluated (`cache_prompt: false`) and the answer generated greedily."""
+    from kvphase.backends.server import Http, Retry, open_server_backend
+    from kvphase.engines.llama_server import llama_server
+
+    jobs = [(c.tokens, [t.query for t in c.targets]) for c in contexts]
+    rows = []
+    with llama_server(model, slots=4, n_ctx_per_slot=args.context + 1024, threads=args.threads) as server:
+        http = Http(server.url, Retry())
+        start = time.perf_counter()
+        for i in picks:
+            context, target = targets[int(i)]
+            http.post("/completion", {"prompt": list(context.tokens) + list(target.query.prompt), "temperature": 0.0,
+                                      "n_predict": len(target.query.answer), "cache_prompt": False})
+        naive = len(picks) / (time.perf_counter() - start)
+        for slots in (1, 2, 4):
+            backend = open_server_backend(model, n_ctx=args.context + 64, urls=[server.url], slots=slots)
+            start = time.perf_counter()
+            for _ in backend.score_many(jobs):
+                pass
+            rows.append((f"server targets/s, {slots} slot{'s' * (slots > 1)} (vs naive on it)",
+                         len(targets) / (time.perf_counter() - start), naive))
+    return rows
 
 
 if __name__ == "__main__":

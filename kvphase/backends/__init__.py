@@ -38,9 +38,20 @@ def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | No
     return ReferenceBackend(model_path, policy=make_policy(**options))
 
 
+def server_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
+                   options: dict | None = None) -> Backend:
+    """Running servers that hold the model (`backends.server.ServerBackend`). Options:
+    `engine` ("llama-server" or "openai"; the plan records it), `urls` and `slots` (where
+    it runs); `n_ctx` is checked against each server's, `n_threads` does not apply."""
+    from kvphase.backends.server import open_server_backend
+
+    return open_server_backend(model_path, n_ctx=n_ctx, **(options or {}))
+
+
 BACKENDS: dict[str, Callable[..., Backend]] = {
     "llama.cpp": llamacpp_backend,
     "reference": reference_backend,
+    "server": server_backend,
 }
 
-__all__ = ["BACKENDS", "Backend", "llamacpp_backend", "reference_backend"]
+__all__ = ["BACKENDS", "Backend", "llamacpp_backend", "reference_backend", "server_backend"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -41,6 +41,25 @@ class Backend(Protocol):
         """Evaluate `context` once and each query after it; equal to scoring each
         `context + query.prompt + query.answer` as its own prompt."""
         ...
+
+
+def score_contexts(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]
+                   ) -> Iterator[tuple[int, list[Score]]]:
+    """(job index, scores) for each (context, queries) job, in the order they finish:
+    through `backend.score_many` where a backend scores several contexts at once (the
+    server backend), else one `score` call after the other, each made only when asked for."""
+    many = getattr(backend, "score_many", None)
+    if many is not None:
+        yield from many(jobs)
+        return
+    for index, (context, queries) in enumerate(jobs):
+        yield index, backend.score(context, queries)
+
+
+def engine_info(backend: Backend) -> dict:
+    """What the engine says about its own build (`backend.engine_info()`), for the manifest."""
+    describe = getattr(backend, "engine_info", None)
+    return describe() if describe is not None else {"engine": type(backend).__name__}
 
 
 def score_from_logits(logits: np.ndarray, answer: Sequence[int]) -> Score:

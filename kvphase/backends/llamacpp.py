@@ -15,7 +15,6 @@ context, batches, decode, logits) is `kvphase.engines.llamacpp`.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 from typing import Sequence
@@ -47,8 +46,8 @@ class LlamaCppBackend:
         self._model = engine.load_model(self.model_path)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.model_path} (unsupported architecture or corrupt file)")
-        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
-        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.vocab = engine.Vocab(self._model)
+        self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
         # n_seq_max 2: the context, and the query scored on a copy of it
         self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or os.cpu_count() or 1,
@@ -59,34 +58,21 @@ class LlamaCppBackend:
         self._context: tuple[int, ...] = ()
         self.tokens_evaluated = 0
 
-    # -- tokenizer -------------------------------------------------------------------
+    # -- tokenizer: the model's own vocabulary ------------------------------------------
 
     @property
     def n_ctx_train(self) -> int:
-        return self._lc.llama_model_n_ctx_train(self._model)
+        return self.vocab.n_ctx_train
 
     @property
     def prefix_ids(self) -> list[int]:
-        if self._lc.llama_vocab_get_add_bos(self._vocab):
-            return [self._lc.llama_vocab_bos(self._vocab)]
-        return []
+        return self.vocab.prefix_ids
 
     def tokenize(self, text: str) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        out = (self._lc.llama_token * capacity)()
-        n = self._lc.llama_tokenize(self._vocab, data, len(data), out, capacity, False, False)
-        if n < 0:
-            raise BackendError(f"llama.cpp could not tokenize {text[:40]!r}")
-        return list(out[:n])
+        return self.vocab.tokenize(text)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        buffer = ctypes.create_string_buffer(64)
-        pieces = []
-        for token in ids:
-            n = self._lc.llama_token_to_piece(self._vocab, int(token), buffer, len(buffer), 0, False)
-            pieces.append(buffer.raw[: max(n, 0)])
-        return b"".join(pieces).decode("utf-8", errors="replace")
+        return self.vocab.detokenize(ids)
 
     # -- scoring ---------------------------------------------------------------------
 
@@ -140,6 +126,11 @@ class LlamaCppBackend:
 
     def _requested_logits(self, rows) -> np.ndarray:
         return engine.logits(self._ctx, rows, self.n_vocab)  # (n_scored_rows, n_vocab)
+
+    def engine_info(self) -> dict:
+        """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
+        return {"engine": "llama-cpp-python", "version": self._lc.__version__,
+                "system_info": self._lc.llama_print_system_info().decode().strip()}
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

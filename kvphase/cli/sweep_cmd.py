@@ -37,6 +37,11 @@ class Padding(str, Enum):
     in_sequence = "in-sequence"
 
 
+class ServerEngine(str, Enum):
+    llama_server = "llama-server"
+    openai = "openai"
+
+
 BackendName = Enum("BackendName", {name: name for name in BACKENDS}, type=str)  # the names of the registry
 
 
@@ -63,6 +68,10 @@ def sweep(
                                          "'trained' (the default for trained models) is the file's own compressor."),
     option: list[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable "
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
+    url: list[str] = typer.Option([], "--url", help="--backend server: a server holding the model, repeatable."),
+    slots: Optional[int] = typer.Option(None, help="--backend server: requests per server at once; default its -np."),
+    engine: ServerEngine = typer.Option(ServerEngine.llama_server, help="--backend server: llama-server, or an "
+                                        "OpenAI-compatible engine with prompt logprobs (vLLM)."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
@@ -81,6 +90,9 @@ def sweep(
     elif info.trained is not None and info.compression.compressed:
         raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
                         "cannot run; use --backend reference (the default for it)")
+    connect = server_connection(backend.value if backend else defaults.backend, url, slots, engine.value)
+    if connect:
+        plan = replace(plan, backend="server", backend_options={"engine": engine.value})
     run_dir = out or default_run_dir(info, plan)
     console = Console(stderr=True, quiet=quiet)
     with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
@@ -91,7 +103,7 @@ def sweep(
         if plan.control:
             console.print(f"[yellow]{markup(info.architecture)} declares no KV-cache compression: control run with "
                           f"stride {plan.stride}.")
-        backend = open_backend(info, plan, threads)
+        backend = open_backend(info, plan, threads, connect)
         with _progress_bar(quiet) as progress:
             execute_sweep(plan, backend, run_dir, info, progress)
         summary = build_report(run_dir)
@@ -156,10 +168,22 @@ def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: 
                    control=plan.control and design == "dense")
 
 
-def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int]):
-    """The backend a plan names, through the `BACKENDS` registry."""
+def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str) -> dict:
+    """Where a server sweep runs (not part of the plan: a run may resume on other servers);
+    empty for the other backends, which take none of these options."""
+    if backend != "server":
+        if urls or slots is not None or engine != ServerEngine.llama_server.value:
+            raise PlanError("--url, --slots and --engine apply to --backend server only")
+        return {}
+    if not urls:
+        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    return {"urls": urls, "slots": slots}
+
+
+def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None):
+    """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs."""
     return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=threads or os.cpu_count(),
-                                  options=plan.backend_options)
+                                  options={**plan.backend_options, **(connect or {})})
 
 
 class _RateColumn(ProgressColumn):

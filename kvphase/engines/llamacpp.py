@@ -40,8 +40,9 @@ def silence_llama_logs() -> None:
     silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
 
 
-def load_model(path: str | Path, n_gpu_layers: int | None = None):
+def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bool = False):
     """Load a GGUF file into llama.cpp (logs silenced); None when llama.cpp refuses it.
+    `vocab_only` reads the header and vocabulary and no weights.
 
     The file's header is checked first (`check_llama_limits`: GGUFError for what llama.cpp
     would abort on rather than refuse). The caller frees the model with `llama_model_free`
@@ -54,7 +55,62 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None):
     params = llama_cpp.llama_model_default_params()
     if n_gpu_layers is not None:
         params.n_gpu_layers = n_gpu_layers
+    params.vocab_only = vocab_only
     return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
+
+
+class Vocab:
+    """A model's tokenizer in llama.cpp: text <-> ids with no special-token parsing, and
+    the ids every prompt starts with."""
+
+    def __init__(self, model, owned: bool = False):
+        import llama_cpp
+
+        self._lc = llama_cpp
+        self._model = model
+        self._owned = owned  # loaded by `Vocab.load`, freed with this object
+        self._vocab = llama_cpp.llama_model_get_vocab(model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Vocab":
+        """The vocabulary of a GGUF file alone (fast even for a model too big to run here)."""
+        model = load_model(path, vocab_only=True)
+        if not model:
+            raise BackendError(f"llama.cpp could not read the vocabulary of {path}")
+        return cls(model, owned=True)
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._lc.llama_model_n_ctx_train(self._model)
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        if self._lc.llama_vocab_get_add_bos(self._vocab):
+            return [self._lc.llama_vocab_bos(self._vocab)]
+        return []
+
+    def tokenize(self, text: str) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        out = (self._lc.llama_token * capacity)()
+        n = self._lc.llama_tokenize(self._vocab, data, len(data), out, capacity, False, False)
+        if n < 0:
+            raise BackendError(f"llama.cpp could not tokenize {text[:40]!r}")
+        return list(out[:n])
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        buffer = ctypes.create_string_buffer(64)
+        pieces = []
+        for token in ids:
+            n = self._lc.llama_token_to_piece(self._vocab, int(token), buffer, len(buffer), 0, False)
+            pieces.append(buffer.raw[: max(n, 0)])
+        return b"".join(pieces).decode("utf-8", errors="replace")
+
+    def __del__(self):
+        if self._owned and self._model:
+            self._lc.llama_model_free(self._model)
+            self._model = None
 
 
 def new_context(

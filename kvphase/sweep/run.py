@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from kvphase import __version__
-from kvphase.backends.base import Backend
+from kvphase.backends.base import Backend, engine_info, score_contexts
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.sweep.placement import ProbeContext, Target, build_probes
@@ -161,6 +161,8 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
         options = plan.backend_options
         name += "-ref-" + "-".join([str(options.get("design", "dense"))] + [
             f"{k}{v}" for k, v in sorted(options.items()) if k in ("stagger", "randomize", "local_window") and v])
+    if plan.backend == "server":
+        name += "-" + str(plan.backend_options.get("engine", "server"))
     return Path("reports") / name
 
 
@@ -304,18 +306,18 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     progress.start(total, len(done))  # every finished row is a planned target, checked above
     writer = ResultWriter(run_dir / RESULTS_FILE)
     tokens_before = getattr(backend, "tokens_evaluated", 0)
+    pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
+    pending = [(c, todo) for c, todo in pending if todo]
     try:
-        for context in contexts:
-            todo = [t for t in context.targets if t.target_id not in done]
-            if not todo:
-                continue
-            scores = backend.score(context.tokens, [t.query for t in todo])
+        jobs = [(c.tokens, [t.query for t in todo]) for c, todo in pending]
+        for index, scores in score_contexts(backend, jobs):  # in the order contexts finish
+            context, todo = pending[index]
             writer.write(_result_row(t, s, len(context.tokens), backend) for t, s in zip(todo, scores))
             progress.advance(len(todo))
     finally:
         writer.close()
         _update_manifest(run_dir, info, plan, time.time() - started,
-                         getattr(backend, "tokens_evaluated", 0) - tokens_before)
+                         getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend))
     return load_results(run_dir)
 
 
@@ -354,9 +356,10 @@ def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
     return digest.hexdigest()
 
 
-def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: float, tokens: int) -> None:
-    """manifest.json: model identity and what this folder cost, summed over resumed sessions."""
-    import llama_cpp
+def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: float, tokens: int,
+                     engine: dict) -> None:
+    """manifest.json: model identity, the engine that scored (its own build info), and what
+    this folder cost, summed over resumed sessions."""
     import numpy
 
     path = run_dir / MANIFEST_FILE
@@ -368,7 +371,8 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
         "compression": asdict(info.compression),
         "backend": plan.backend,
         "backend_options": plan.backend_options,
-        "versions": {"kvphase": __version__, "llama-cpp-python": llama_cpp.__version__, "numpy": numpy.__version__,
+        "engine": engine,
+        "versions": {"kvphase": __version__, "numpy": numpy.__version__,
                      "pandas": pd.__version__, "python": platform.python_version()},
         "host": {"machine": platform.machine(), "system": platform.system(), "node": platform.node(),
                  "processor": platform.processor()},

@@ -1,0 +1,445 @@
+"""Scoring through running inference servers: llama-server (one or many), or an
+OpenAI-compatible engine that returns prompt logprobs (vLLM's `/v1/completions`).
+
+llama-server gives no prompt logprobs and refuses echo, so teacher forcing is a grammar
+of literal token ids (`root ::= <[a1]> <[a2]>`) with `n_probs: 1` and
+`post_sampling_probs: false`: each generated entry then holds the raw-logit
+log-probability of the forced token and the top-1 (argmax) token. A context is first
+evaluated alone on a slot (`cache_prompt: false`, so it is evaluated from position 0
+whatever the slot held before); each query then resends the context, which the slot's
+prompt cache recognises, so only the query's own tokens are evaluated
+(tools/server/server-context.cpp: `get_common_prefix`).
+
+Contexts are spread over (server, slot) workers; a context and all its queries stay
+on one worker, so its prefix is reused. Each worker keeps one HTTP connection alive.
+Transient failures (refused, reset, timeout, 503 while loading) are retried with
+backoff; when a server stays away the sweep stops with one line, keeping every
+finished context in the run folder for a resume.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+from urllib.parse import urlsplit
+
+from kvphase.backends.base import Query, Score
+from kvphase.errors import BackendError, PlanError
+
+# Strings both sides must tokenize alike: words, digits, code, accents, CJK, emoji and
+# whitespace runs, where tokenizers of different models part ways.
+TOKENIZER_PROBES = (
+    "The quick brown fox jumps over the lazy dog.",
+    " key-0042: value 1234567 | x_y = f(z) * 3.14;\n\tdef main():",
+    "Ünïcödé naïve café, 東京タワー, 🙂👍 and  two  spaces\n\n",
+)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How long to keep trying a server that does not answer."""
+
+    attempts: int = 6  # tries per request before giving up
+    first_wait_s: float = 0.25  # wait after the first failure, doubled after each next one
+    timeout_s: float = 300.0  # per request: a long context on a slow machine takes a while
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.first_wait_s < 0 or self.timeout_s <= 0:
+            raise ValueError(f"Retry expects attempts >= 1, first_wait_s >= 0, timeout_s > 0, got {self}")
+
+
+class ServerRefused(BackendError):
+    """The server answered with an error status (not worth retrying)."""
+
+    def __init__(self, url: str, status: int, message: str):
+        super().__init__(f"{url} refused the request (HTTP {status}): {message}")
+        self.status, self.message = status, message
+
+
+TRANSIENT_STATUS = (502, 503, 504)  # a proxy hiccup, or llama-server still loading the model
+
+
+class Http:
+    """JSON requests to one server over one keep-alive connection (one per thread).
+
+    Until the server has answered once, a failure is retried only once: a wrong URL is
+    reported at once, a server that goes away mid-run gets every retry."""
+
+    def __init__(self, url: str, retry: Retry):
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise PlanError(f"--url expects http://HOST:PORT, got {url!r}")
+        self.url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        self._parts = parts
+        self._retry = retry
+        self._local = threading.local()
+        self._answered = False
+
+    def get(self, path: str) -> dict:
+        return self._request("GET", path, None)
+
+    def post(self, path: str, body: dict) -> dict:
+        return self._request("POST", path, body)
+
+    def _request(self, method: str, path: str, body: dict | None) -> dict:
+        wait, problem = self._retry.first_wait_s, ""
+        attempts = self._retry.attempts if self._answered else min(self._retry.attempts, 2)
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(wait)
+                wait *= 2
+            try:
+                status, data = self._send(method, path, body)
+            except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut mid-answer
+                self._drop_connection()
+                problem = _describe(exc)
+                continue
+            self._answered = True
+            if status in TRANSIENT_STATUS:
+                problem = f"HTTP {status}: {_error_message(data)}"
+                continue
+            if status >= 400:
+                raise ServerRefused(self.url, status, _error_message(data))
+            try:
+                return json.loads(data)
+            except json.JSONDecodeError:
+                raise BackendError(f"{self.url}{path} answered with something that is not JSON: {data[:80]!r}") from None
+        raise BackendError(f"{self.url} does not answer ({problem}) after {attempts} tries")
+
+    def _send(self, method: str, path: str, body: dict | None) -> tuple[int, bytes]:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+            connection = kind(self._parts.hostname, self._parts.port, timeout=self._retry.timeout_s)
+            self._local.connection = connection
+        payload = None if body is None else json.dumps(body).encode()
+        connection.request(method, self._parts.path.rstrip("/") + path, body=payload,
+                           headers={"Content-Type": "application/json"} if payload else {})
+        response = connection.getresponse()
+        return response.status, response.read()
+
+    def _drop_connection(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    return str(exc) or type(exc).__name__
+
+
+def _error_message(data: bytes) -> str:
+    """llama-server and vLLM both answer errors as {"error": {"message": ...}} (vLLM also {"message": ...})."""
+    try:
+        parsed = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return data[:200].decode("utf-8", errors="replace").strip() or "no message"
+    error = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return str(message).splitlines()[0] if str(message) else "no message"
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What a server says about itself and the model it serves."""
+
+    url: str
+    engine: str  # "llama-server" or "openai"
+    model: str  # the served model's name or path
+    n_vocab: int | None  # None when the engine does not say
+    n_ctx: int  # tokens one slot (or one request) can hold
+    slots: int  # requests it evaluates side by side
+    build_info: str
+
+
+class Engine(Protocol):
+    """One server of some kind; thread-safe, each thread has its own connection."""
+
+    http: Http
+
+    def info(self) -> ServerInfo: ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids with the model's own prefix (BOS) and no special-token parsing."""
+        ...
+
+    def score(self, slot: int, context: Sequence[int], queries: Sequence[Query]) -> tuple[list[Score], int]:
+        """Teacher-forced scores of `queries` after `context`, and the tokens the server evaluated."""
+        ...
+
+
+class LlamaServer:
+    """llama-server's native API (tools/server/README.md in llama.cpp)."""
+
+    kind = "llama-server"
+
+    def __init__(self, url: str, retry: Retry = Retry()):
+        self.http = Http(url, retry)
+
+    def info(self) -> ServerInfo:
+        props = self.http.get("/props")
+        model = self.http.get("/v1/models")["data"][0]
+        meta = model.get("meta") or {}
+        return ServerInfo(url=self.http.url, engine=self.kind, model=str(props.get("model_path") or model.get("id")),
+                          n_vocab=meta.get("n_vocab"), n_ctx=int(props["default_generation_settings"]["n_ctx"]),
+                          slots=int(props.get("total_slots", 1)), build_info=str(props.get("build_info", "unknown")))
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.http.post("/tokenize", {"content": text, "add_special": True, "parse_special": False})["tokens"]
+
+    def score(self, slot: int, context: Sequence[int], queries: Sequence[Query]) -> tuple[list[Score], int]:
+        primed = self.http.post("/completion", {"prompt": list(context), "n_predict": 0, "id_slot": slot,
+                                                "cache_prompt": False})
+        evaluated = _evaluated(primed)
+        scores = []
+        for query in queries:
+            answer = self._forced(slot, list(context) + list(query.prompt), query.answer)
+            evaluated += _evaluated(answer)
+            scores.append(self._score(answer["completion_probabilities"], query.answer))
+        return scores, evaluated
+
+    def _forced(self, slot: int, prompt: list[int], answer: Sequence[int]) -> dict:
+        """Generate exactly `answer` after `prompt`, with the raw log-probabilities of each step."""
+        return self.http.post("/completion", {
+            "prompt": prompt, "id_slot": slot, "cache_prompt": True, "n_predict": len(answer),
+            "grammar": "root ::= " + " ".join(f"<[{int(t)}]>" for t in answer),
+            "n_probs": 1, "post_sampling_probs": False, "temperature": 0.0, "stream": False,
+        })
+
+    def _score(self, steps: list[dict], answer: Sequence[int]) -> Score:
+        forced = tuple(int(step["id"]) for step in steps)
+        if forced != tuple(answer):
+            raise BackendError(f"{self.http.url} generated {list(forced)} where a token-id grammar forced "
+                               f"{list(answer)}: it does not support token-id grammars (`<[id]>`); use a newer llama-server")
+        predicted = tuple(int(step["top_logprobs"][0]["id"]) for step in steps)
+        return Score(correct=predicted == forced, logprob=float(sum(step["logprob"] for step in steps)),
+                     predicted=predicted)
+
+
+class OpenAICompatible:
+    """An OpenAI-style engine with prompt logprobs, in vLLM's format: `/v1/completions`
+    with token ids as the prompt and `prompt_logprobs: 1` returns, for every prompt
+    position, {token id: {logprob, rank}} for the actual token and the top-1 token.
+
+    One request per query holds context, query and answer; vLLM skips its prefix cache
+    for requests that ask for prompt logprobs, so each evaluates the whole context.
+    """
+
+    kind = "openai"
+
+    def __init__(self, url: str, retry: Retry = Retry()):
+        self.http = Http(url, retry)
+        self._model: str | None = None
+
+    def info(self) -> ServerInfo:
+        model = self.http.get("/v1/models")["data"][0]
+        self._model = str(model["id"])
+        try:
+            version = str(self.http.get("/version").get("version", "unknown"))
+        except BackendError:
+            version = "unknown"
+        return ServerInfo(url=self.http.url, engine=self.kind, model=self._model, n_vocab=None,
+                          n_ctx=int(model.get("max_model_len") or 0), slots=1, build_info=f"version {version}")
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.http.post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": True})["tokens"]
+
+    def score(self, slot: int, context: Sequence[int], queries: Sequence[Query]) -> tuple[list[Score], int]:
+        scores, evaluated = [], 0
+        for query in queries:
+            prompt = list(context) + list(query.prompt) + list(query.answer)
+            out = self.http.post("/v1/completions", {"model": self._model, "prompt": prompt, "max_tokens": 1,
+                                                     "temperature": 0.0, "prompt_logprobs": 1})
+            first = len(context) + len(query.prompt)
+            scores.append(self._score(out["choices"][0].get("prompt_logprobs"), first, query.answer))
+            evaluated += len(prompt)
+        return scores, evaluated
+
+    def _score(self, steps: list | None, first: int, answer: Sequence[int]) -> Score:
+        if not steps or len(steps) < first + len(answer):
+            raise BackendError(f"{self.http.url} returned no prompt logprobs; it needs vLLM-style `prompt_logprobs`")
+        logprob, predicted = 0.0, []
+        for position, token in enumerate(answer, start=first):
+            entry = {int(k): v for k, v in steps[position].items()}
+            logprob += float(entry[int(token)]["logprob"])
+            predicted.append(min(entry, key=lambda t: (entry[t]["rank"], t != token)))
+        return Score(correct=tuple(predicted) == tuple(answer), logprob=logprob, predicted=tuple(predicted))
+
+
+ENGINES = {LlamaServer.kind: LlamaServer, OpenAICompatible.kind: OpenAICompatible}
+
+
+def _evaluated(response: dict) -> int:
+    timings = response.get("timings") or {}
+    return int(timings.get("prompt_n", 0)) + int(timings.get("predicted_n", 0))
+
+
+class Vocab(Protocol):
+    """The local tokenizer of the model the plan names (llama.cpp, vocabulary only)."""
+
+    n_vocab: int
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, ids: Sequence[int]) -> str: ...
+
+    @property
+    def prefix_ids(self) -> list[int]: ...
+
+    @property
+    def n_ctx_train(self) -> int: ...
+
+
+@dataclass
+class ServerBackend:
+    """Scores on one or many servers; tokenizes locally with the model's own vocabulary,
+    after checking that every server tokenizes the same way."""
+
+    engines: list  # Engine, one per URL
+    vocab: Vocab
+    n_ctx_needed: int  # context plus the room a query needs
+    slots: int | None = None  # workers per server; default: every slot it has
+    servers: list[ServerInfo] = field(init=False)
+    tokens_evaluated: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.slots is not None and self.slots < 1:
+            raise PlanError(f"--slots must be at least 1, got {self.slots}")
+        self.servers = [self._check(engine) for engine in self.engines]
+        self.workers = [(engine, slot) for engine, info in zip(self.engines, self.servers)
+                        for slot in range(self.slots or info.slots)]
+        self._lock = threading.Lock()
+
+    def _check(self, engine) -> ServerInfo:
+        """One line for each way a server can be unfit, before anything is scored."""
+        try:
+            info = engine.info()
+        except ServerRefused as exc:
+            raise BackendError(f"{engine.http.url} does not look like a {engine.kind} server ({exc.message})") from None
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(f"{engine.http.url} does not look like a {engine.kind} server "
+                               f"(unexpected answer: {exc!r})") from None
+        if info.n_vocab is not None and info.n_vocab != self.vocab.n_vocab:
+            raise BackendError(f"{info.url} serves another model ({info.model}): its vocabulary has {info.n_vocab} "
+                               f"tokens, the model file's {self.vocab.n_vocab}")
+        for text in TOKENIZER_PROBES:
+            theirs, ours = list(engine.tokenize(text)), self.vocab.prefix_ids + self.vocab.tokenize(text)
+            if theirs != ours:
+                raise BackendError(f"{info.url} serves another model ({info.model}): it tokenizes {text[:24]!r} as "
+                                   f"{theirs[:6]}..., the model file as {ours[:6]}...")
+        if info.n_ctx and info.n_ctx < self.n_ctx_needed:
+            raise BackendError(f"{info.url} holds {info.n_ctx} tokens per slot, the sweep needs {self.n_ctx_needed}; "
+                               f"restart it with a larger -c (times -np slots)")
+        self._check_forcing(engine)
+        if self.slots is not None and engine.kind == LlamaServer.kind and self.slots > info.slots:
+            raise BackendError(f"{info.url} has {info.slots} slots, --slots asks for {self.slots}; "
+                               f"restart it with -np {self.slots}")
+        return info
+
+    def _check_forcing(self, engine) -> None:
+        """Score one short query: a server that cannot teacher-force fails here, not mid-sweep."""
+        ids = self.vocab.prefix_ids + self.vocab.tokenize(TOKENIZER_PROBES[0])  # at least 5 tokens in any vocabulary
+        try:
+            engine.score(0, ids[:-3], [Query(tuple(ids[-3:-2]), tuple(ids[-2:]))])
+        except ServerRefused as exc:
+            raise BackendError(f"{engine.http.url} cannot teacher-force a query ({exc.message})") from None
+
+    # -- tokenizer: the local vocabulary, checked against the servers above -------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.vocab.tokenize(text)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.vocab.detokenize(ids)
+
+    @property
+    def prefix_ids(self) -> list[int]:
+        return self.vocab.prefix_ids
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self.vocab.n_ctx_train
+
+    # -- scoring -------------------------------------------------------------------------
+
+    def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
+        [(_, scores)] = self.score_many([(context, queries)])
+        return scores
+
+    def score_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]) -> Iterator[tuple[int, list[Score]]]:
+        """(job index, scores) as contexts finish, each context on one worker; stops at the
+        first failure, which is raised here, and when the caller stops listening."""
+        todo, done, stop = queue.Queue(), queue.Queue(), threading.Event()
+        for item in enumerate(jobs):
+            todo.put(item)
+        threads = [threading.Thread(target=self._work, args=(worker, todo, done, stop), daemon=True)
+                   for worker in self.workers[:max(len(jobs), 1)]]
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in range(len(jobs)):
+                result = _next(done)
+                if isinstance(result, BaseException):
+                    raise result
+                yield result
+        finally:
+            stop.set()
+
+    def _work(self, worker, todo: queue.Queue, done: queue.Queue, stop: threading.Event) -> None:
+        engine, slot = worker
+        while not stop.is_set():
+            try:
+                index, (context, queries) = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                scores, evaluated = engine.score(slot, context, queries)
+            except BackendError as exc:
+                done.put(exc)
+                return
+            except Exception as exc:  # a malformed answer: one line, not a worker dying silently
+                done.put(BackendError(f"{engine.http.url} gave an answer kvphase cannot read ({exc!r})"))
+                return
+            with self._lock:
+                self.tokens_evaluated += evaluated
+            done.put((index, scores))
+
+    def engine_info(self) -> dict:
+        """What the manifest records about the engines: their own build, model and slots."""
+        return {"engine": self.servers[0].engine if self.servers else "server",
+                "servers": [{"url": s.url, "model": s.model, "build_info": s.build_info, "slots": s.slots,
+                             "n_ctx": s.n_ctx} for s in self.servers],
+                "workers": len(self.workers)}
+
+
+def _next(done: queue.Queue):
+    """The next result; waits in short steps so Ctrl-C reaches the main thread at once."""
+    while True:
+        try:
+            return done.get(timeout=0.2)
+        except queue.Empty:
+            continue
+
+
+def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kind, urls: Sequence[str] = (),
+                        slots: int | None = None, retry: Retry = Retry()) -> ServerBackend:
+    """Servers at `urls` checked against the model file's vocabulary (read locally, no weights)."""
+    from kvphase.engines.llamacpp import Vocab
+
+    if engine not in ENGINES:
+        raise PlanError(f"unknown server engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    if not urls:
+        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    engines = [ENGINES[engine](url, retry) for url in urls]
+    return ServerBackend(engines, Vocab.load(model_path), n_ctx_needed=n_ctx, slots=slots)

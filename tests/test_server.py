@@ -1,0 +1,149 @@
+"""The server backend against small fake servers that follow llama-server's and vLLM's
+documented formats (fast); the real llama-server is in tests/test_server_real.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from typer.testing import CliRunner
+
+from kvphase.backends.base import Query, score_from_logits
+from kvphase.backends.server import ENGINES, Retry, ServerBackend
+from kvphase.cli import app
+from kvphase.engines.llama_server import free_port
+from kvphase.errors import BackendError, PlanError
+
+from fake_servers import BOS, ByteVocab, FakeServer, fake_logits
+
+QUICK = Retry(attempts=3, first_wait_s=0.01, timeout_s=5)
+CONTEXT = tuple([BOS] + ByteVocab().tokenize("Records: alpha=17, beta=42, gamma=99. " * 4))
+QUERIES = [Query(tuple(ByteVocab().tokenize(f" {k}=")), tuple(ByteVocab().tokenize(v)))
+           for k, v in [("alpha", ">?"), ("beta", "42"), ("gamma", ">"), ("delta", ">x")]]  # the model says ">?@..." after "="
+
+
+def expected_scores(context, queries):
+    """Independent of the backend: the fake model's logits through score_from_logits."""
+    out = []
+    for query in queries:
+        sequence = list(context) + list(query.prompt) + list(query.answer)
+        first = len(context) + len(query.prompt)
+        rows = np.stack([fake_logits(sequence[p - 1], p - 1) for p in range(first, first + len(query.answer))])
+        out.append(score_from_logits(rows, query.answer))  # rows: (n_answer, n_vocab)
+    return out
+
+
+def backend_for(*servers, vocab=None, slots=None, n_ctx_needed=512):
+    engines = [ENGINES[s.engine](s.url, QUICK) for s in servers]
+    return ServerBackend(engines, vocab or ByteVocab(), n_ctx_needed=n_ctx_needed, slots=slots)
+
+
+def assert_scores_match(got, want):
+    assert [s.correct for s in got] == [s.correct for s in want]
+    assert [s.predicted for s in got] == [s.predicted for s in want]
+    diffs = np.abs(np.array([s.logprob for s in got]) - np.array([s.logprob for s in want]))
+    assert diffs.max() < 1e-9, f"logprob differences: max {diffs.max():.2e}, mean {diffs.mean():.2e}"
+
+
+@pytest.mark.parametrize("engine", ["llama-server", "openai"])
+def test_scores_equal_the_models_own_teacher_forced_scores(engine):
+    with FakeServer(engine) as server:
+        got = backend_for(server).score(CONTEXT, QUERIES)
+    want = expected_scores(CONTEXT, QUERIES)
+    assert {s.correct for s in want} == {True, False}  # the fake model gets some right and some wrong
+    assert_scores_match(got, want)
+
+
+def test_llama_server_evaluates_the_context_once_and_only_query_tokens_after_it():
+    with FakeServer() as server:
+        backend_for(server).score(CONTEXT, QUERIES)
+    priming, *per_query = server.evaluated_per_request[2:]  # after the two requests that check the server
+    assert priming == len(CONTEXT)
+    assert all(n <= len(q.prompt) for n, q in zip(per_query, QUERIES)), per_query
+
+
+def test_contexts_spread_over_servers_and_slots_give_the_same_scores_as_one_slot():
+    jobs = [(CONTEXT[:60 + 7 * i], QUERIES) for i in range(9)]
+    with FakeServer(slots=1) as one:
+        single = dict(backend_for(one).score_many(jobs))
+    with FakeServer(slots=2, delay_s=0.01) as a, FakeServer(slots=2, delay_s=0.01) as b:
+        spread = dict(backend_for(a, b).score_many(jobs))
+    assert sorted(spread) == list(range(len(jobs)))
+    for i in range(len(jobs)):
+        assert_scores_match(spread[i], single[i])
+    assert a.completions > 0 and b.completions > 0  # both servers took work
+    assert len(a.slot_prompts) == 2 and len(b.slot_prompts) == 2  # on both of their slots
+
+
+def test_slots_limits_the_workers_per_server():
+    with FakeServer(slots=4) as server:
+        assert len(backend_for(server, slots=2).workers) == 2
+        assert len(backend_for(server).workers) == 4
+        with pytest.raises(BackendError, match="has 4 slots, --slots asks for 5; restart it with -np 5"):
+            backend_for(server, slots=5)
+
+
+def test_unreachable_server_is_one_line():
+    with FakeServer() as server:
+        url = server.url
+    with pytest.raises(BackendError, match=f"{url} does not answer \\(connection refused\\) after 2 tries"):
+        backend_for(server)
+
+
+def test_a_malformed_url_is_refused():
+    with pytest.raises(PlanError, match="--url expects http://HOST:PORT"):
+        ENGINES["llama-server"]("ftp://somewhere", QUICK)
+
+
+@pytest.mark.parametrize("engine", ["llama-server", "openai"])
+def test_a_server_with_another_tokenizer_is_refused_before_scoring(engine):
+    with FakeServer(engine, vocab_shift=1) as server:
+        with pytest.raises(BackendError, match="serves another model .*tokenizes 'The quick brown fox jump' as"):
+            backend_for(server)
+    assert server.completions == 0
+
+
+def test_a_vocabulary_of_another_size_is_refused():
+    class Bigger(ByteVocab):
+        n_vocab = 32000
+
+    with FakeServer() as server, pytest.raises(BackendError, match="vocabulary has 257 tokens, the model file's 32000"):
+        backend_for(server, vocab=Bigger())
+
+
+def test_a_context_too_small_is_refused():
+    with FakeServer(n_ctx=256) as server, pytest.raises(BackendError, match="holds 256 tokens per slot, the sweep needs 512"):
+        backend_for(server, n_ctx_needed=512)
+
+
+def test_a_server_without_token_id_grammars_is_refused():
+    with FakeServer(grammar=False) as server, pytest.raises(BackendError, match="does not support token-id grammars"):
+        backend_for(server)
+
+
+def test_a_server_that_dies_mid_run_stops_the_run_with_one_line():
+    jobs = [(CONTEXT, QUERIES)] * 6
+    finished = []
+    with FakeServer(slots=1, down_after=12) as server:
+        with pytest.raises(BackendError, match="does not answer .* after 3 tries"):
+            for index, scores in backend_for(server).score_many(jobs):
+                finished.append(index)
+    assert finished == [0, 1]  # 2 requests check the server, 5 score a context: two finished, the third did not
+
+
+def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(app, ["sweep", str(default_model), "--backend", "server", "--url", url,
+                                      "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {url} does not answer (connection refused) after 2 tries"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--url", "http://127.0.0.1:1"], "--url, --slots and --engine apply to --backend server only"),
+    (["--backend", "server"], "--backend server needs --url http://HOST:PORT (once per server)"),
+])
+def test_cli_server_options_are_checked(default_model, tmp_path, args, message):
+    result = CliRunner().invoke(app, ["sweep", str(default_model), *args, "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {message}"
