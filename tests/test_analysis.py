@@ -1,4 +1,6 @@
-"""Statistics against values computed elsewhere (statsmodels' proportion_confint, scipy)."""
+"""Statistics against values computed elsewhere: scipy's Wilson interval and binomial
+tests, numpy moments, and the textbook stratified statistic written out in
+tests/test_stratified.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from kvphase.sweep.analysis import homogeneity_test, summarize, wilson_interval
+from kvphase.sweep.analysis import gap_difference, summarize, wilson_interval
+from kvphase.sweep.stratified import noncentrality_for_power
+from tests.test_stratified import _generalized_loop
 
 # scipy.stats.binomtest(correct, n).proportion_ci(0.95, method="wilson"), to 10 digits
 WILSON_KNOWN = [
@@ -25,13 +29,15 @@ def test_wilson_interval_matches_known_values(correct, n, low, high):
     assert got == pytest.approx((low, high), abs=1e-9)
 
 
-def _frame(accuracies, n=40, stride=4):
+def _frame(accuracies, n=40, stride=4, spread=8):
+    """Residue r has round(accuracies[r] * n) hits; context k holds target k of every residue;
+    target k of residue r sits at 1000 + spread * k + r."""
     rows = []
     for residue, acc in enumerate(accuracies):
         hits = int(round(acc * n))
         for i in range(n):
-            rows.append({"residue": residue, "phase": residue % stride, "target_pos": 1000 + i * 8 + residue,
-                         "correct": i < hits, "logprob": -1.0})
+            rows.append({"residue": residue, "phase": residue % stride, "target_pos": 1000 + i * spread + residue,
+                         "context": i, "correct": i < hits, "logprob": -1.0 - 0.01 * ((i * 7 + residue) % 13)})
     return pd.DataFrame(rows)
 
 
@@ -43,29 +49,86 @@ def test_summary_numbers_by_hand():
     assert (summary.best_residue, summary.best_accuracy) == (2, 100.0)
     assert summary.gap == 75.0
     assert summary.periodicity == pytest.approx(100 * np.mean([0, 0, 0.25, 0]))
+    assert (summary.n_targets, summary.n_contexts, summary.balanced) == (320, 40, True)
     assert "depends on the token phase" in summary.headline()
 
 
-def test_chi_square_agrees_with_scipy_when_counts_are_large():
-    frame = _frame([0.5, 0.6, 0.4, 0.55], n=50, stride=2)
-    table = pd.crosstab(frame["residue"], frame["correct"]).to_numpy()
-    chi2, p, dof, _ = stats.chi2_contingency(table, correction=False)
-    test = homogeneity_test(frame["correct"].to_numpy(), frame["residue"].to_numpy())
-    assert (test.statistic, test.p_value, test.dof) == (pytest.approx(chi2), pytest.approx(p), dof)
+def test_per_residue_intervals_and_position_moments_against_scipy():
+    frame = _frame([13 / 32, 24 / 32, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], n=32, spread=24)
+    rows = {row["residue"]: row for row in summarize(frame, stride=4, modulus=8).per_residue}
+    for residue, hits in [(0, 13), (1, 24)]:
+        wilson = stats.binomtest(hits, 32).proportion_ci(0.95, method="wilson")
+        assert (rows[residue]["ci_low"], rows[residue]["ci_high"]) == (
+            round(100 * wilson.low, 2), round(100 * wilson.high, 2))
+        positions = 1000 + 24 * np.arange(32) + residue
+        described = stats.describe(positions)
+        assert rows[residue]["position_mean"] == round(described.mean, 2)
+        assert rows[residue]["position_sd"] == round(np.sqrt(described.variance * 31 / 32), 2)  # population SD
+    assert (rows[0]["ci_low"], rows[0]["ci_high"]) == (25.52, 57.74)  # 95%, not 90% (28.2, 54.6)
+
+
+def test_accuracy_test_is_the_context_stratified_statistic():
+    rng = np.random.default_rng(0)
+    frame = _frame([0.5] * 8, n=48)
+    frame["correct"] = rng.random(len(frame)) < 0.55 + 0.2 * (frame["residue"] == 5)
+    summary = summarize(frame, stride=4, modulus=8)
+    statistic = _generalized_loop(frame["correct"].to_numpy(float), frame["residue"].to_numpy(),
+                                  frame["context"].to_numpy(), 8)
+    assert summary.test.statistic == pytest.approx(statistic, rel=1e-9)
+    assert summary.test.p_value == pytest.approx(stats.chi2.sf(statistic, 7), rel=1e-9)
+    assert "stratified by context" in summary.test.name and "chi-square law" in summary.test.note
+
+
+def test_logprob_test_finds_a_shift_accuracy_cannot_see():
+    frame = _frame([0.0] * 8, n=24)  # accuracy at the floor everywhere
+    frame["logprob"] = frame["logprob"] - 0.5 * (frame["residue"] == 3)
+    summary = summarize(frame, stride=4, modulus=8)
+    assert summary.test.p_value == 1.0 and summary.detectable_dip is None
+    assert summary.logprob_test.p_value < 0.001 and "permutations" in summary.logprob_test.note
+    assert summary.headline().startswith("No phase effect can be detected")
+
+
+def test_detectable_dip_in_a_balanced_run_by_hand():
+    rng = np.random.default_rng(1)
+    frame = _frame([0.5] * 8, n=32)
+    frame["correct"] = rng.random(len(frame)) < 0.64
+    summary = summarize(frame, stride=4, modulus=8)
+    # one target per residue and context: noncentrality of a unit dip is H^2 (1 - 1/M) / sum of within-context variances
+    variances = frame.groupby("context")["correct"].var(ddof=1).to_numpy()
+    unit = 32**2 * (1 - 1 / 8) / variances.sum()
+    expected = np.sqrt(noncentrality_for_power(7) / unit)
+    critical = stats.chi2.isf(0.05, 7)
+    assert stats.ncx2.sf(critical, 7, expected**2 * unit) == pytest.approx(0.80, abs=1e-6)
+    assert summary.detectable_dip == round(100 * expected, 2)
+    assert summary.headline().startswith(f"No phase effect larger than {summary.detectable_dip:.1f} points")
 
 
 def test_no_effect_when_every_residue_is_the_same():
-    summary = summarize(_frame([0.5] * 8), stride=4, modulus=8)
+    summary = summarize(_frame([0.5] * 8), stride=4, modulus=8)  # every context all right or all wrong
     assert summary.test.p_value == pytest.approx(1.0)
-    assert summary.headline().startswith("No phase effect detected")
+    assert summary.headline().startswith("No phase effect can be detected")
 
 
-def test_constant_outcomes_give_p_one():
-    test = homogeneity_test(np.ones(16, bool), np.arange(16) % 8)
-    assert test.p_value == 1.0 and "same outcome" in test.note
+def test_a_control_run_never_headlines_a_phase_effect_alone():
+    frame = _frame([0.5, 0.25, 1.0, 0.75, 0.5, 0.25, 0.75, 0.75])
+    summary = summarize(frame, stride=4, modulus=8, control=True)
+    line = summary.headline()
+    assert summary.test.p_value < 0.05
+    assert line.startswith("Control run: the model declares no KV-cache compression")
+    assert f"Chance alone gives a p this small in {100 * summary.test.p_value:.1f}% of runs" in line
 
 
-def test_small_counts_use_a_permutation_p_value():
-    frame = _frame([0.0, 1.0, 0.0, 1.0], n=4, stride=2)
-    test = homogeneity_test(frame["correct"].to_numpy(), frame["residue"].to_numpy())
-    assert "permutation" in test.name and test.p_value < 0.01
+def test_gap_interval_brackets_the_gap():
+    summary = summarize(_frame([0.5, 0.25, 1.0, 0.75, 0.5, 0.25, 0.75, 0.75]), stride=4, modulus=8)
+    low, high = summary.gap_ci
+    assert low < summary.gap <= high
+
+
+def test_gap_difference_of_a_run_with_itself_and_with_a_flat_run():
+    dipped = _frame([0.75, 0.75, 0.1, 0.75, 0.75, 0.75, 0.75, 0.75], n=64)
+    flat = _frame([0.75] * 8, n=64)
+    same = gap_difference(dipped, dipped)
+    assert same.difference == 0 and same.ci_low < 0 < same.ci_high and not same.differs
+    fixed = gap_difference(dipped, flat)
+    assert fixed.difference == pytest.approx(-65.62, abs=0.01)  # 100 * (0 - (48 - 6) / 64)
+    assert fixed.differs and fixed.ci_high < 0

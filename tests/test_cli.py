@@ -23,7 +23,9 @@ def _one_line_error(result, fragment):
     lines = [line for line in result.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
     assert fragment in lines[0]
-    assert "Traceback" not in result.output
+    # CliRunner catches any exception, so a traceback never reaches result.output: an uncaught
+    # exception shows up as result.exception instead (typer.Exit's is a SystemExit)
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
 
 
 @pytest.mark.parametrize("command", ["inspect", "sweep", "report", "compare", "validate", "make-tiny"])
@@ -90,6 +92,27 @@ def test_truncated_gguf(tmp_path, default_model, keep):
 def test_impossible_options(default_model, options, fragment, tmp_path):
     _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
                     fragment)
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--per-residue", "auto"], "--per-residue auto needs --detect GAP"),
+    (["--per-residue", "auto", "--detect", "120"], "a dip in points between 0 and 100, got 120"),
+    (["--detect", "20"], "--detect applies to --per-residue auto only"),
+    (["--per-residue", "many"], "--per-residue must be a whole number or 'auto', got 'many'"),
+])
+def test_sample_size_options(default_model, options, fragment, tmp_path):
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
+                    fragment)
+
+
+def test_auto_sample_size_detects_the_wanted_dip():
+    from kvphase.cli.sweep_cmd import sample_size
+
+    # a balanced design at the worst-case variance 1/4: n dip^2 (M - 1) / (M / 4) must reach the
+    # non-centrality scipy gives 80% power at (14.35 for 7 degrees of freedom)
+    n = sample_size("auto", 20, 8, default=32)
+    assert n == 104 and n * 0.2**2 * 7 / (8 * 0.25) >= 14.35 > (n - 8) * 0.2**2 * 7 / (8 * 0.25)
+    assert (sample_size("48", None, 8, 32), sample_size(None, None, 8, 32)) == (48, 32)
 
 
 def test_unknown_padding_is_a_usage_error(default_model):

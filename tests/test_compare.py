@@ -1,4 +1,4 @@
-"""`kvphase compare`: several run folders in one table and one figure, numbers from analysis.summarize.
+"""`kvphase compare`: several run folders in one table and one figure, a gap difference against the first.
 
 The run folders are written here (config.json as `kvphase sweep --context 512 --per-residue 8` writes it,
 results.csv with a chosen hit pattern), so no model runs.
@@ -10,15 +10,17 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 from typer.testing import CliRunner
 
-from kvphase.sweep.analysis import summarize
 from kvphase.cli import app
 from kvphase.sweep.compare import CSV_FILE, FIGURE_FILE, MARKDOWN_FILE, load_runs
 from kvphase.errors import PlanError
-from kvphase.sweep.run import RESULT_COLUMNS, load_plan, load_results
+from kvphase.sweep.run import RESULT_COLUMNS
+from tests.test_stratified import _generalized_loop
 
 WIDE = {"COLUMNS": "250"}  # so rich does not fold the numbers the tests look for
 
@@ -80,27 +82,40 @@ def test_writes_table_figure_and_csv(two_runs, tmp_path):
     assert "reference (design=kpool, stride=4)" in markdown and "reference (design=kpool, stride=4)" in result.output
 
 
-def test_numbers_equal_analysis_summarize(two_runs, tmp_path):
+def test_numbers_against_the_hit_patterns(two_runs, tmp_path):
+    """Every number in comparison.csv from the hit patterns directly: accuracies by hand,
+    the statistic from the stratum-by-stratum loop of tests/test_stratified.py."""
     out = tmp_path / "cmp"
     result = invoke([*two_runs, "--out", out])
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / CSV_FILE, keep_default_na=False).set_index("label")
-    for folder in two_runs:
-        plan = load_plan(folder)
-        expected = summarize(load_results(folder), plan.stride, plan.modulus, plan.seed)
-        row = table.loc[folder.name]
-        assert row["n"] == expected.n_targets
-        assert row["mean_accuracy"] == expected.mean_accuracy
-        assert row["worst_accuracy"] == expected.worst_accuracy
-        assert row["worst_residue"] == expected.worst_residue
-        assert row["gap"] == expected.gap
-        assert row["periodicity"] == expected.periodicity
-        assert row["p_value"] == pytest.approx(expected.test.p_value, rel=1e-12)
-        assert row["test"] == expected.test.name
-        # and the terminal shows the same numbers
-        assert f"{expected.mean_accuracy:.2f}" in result.output
-        assert f"{expected.worst_accuracy:.2f} (r={expected.worst_residue})" in result.output
-        assert f"{expected.test.p_value:.4g}" in result.output
+    flat, dipped = table.loc["flat"], table.loc["dipped"]
+    assert (flat["n"], flat["mean_accuracy"], flat["worst_accuracy"], flat["worst_residue"]) == (128, 59.38, 56.25, 1)
+    assert (flat["best_accuracy"], flat["gap"], flat["periodicity"]) == (62.5, 6.25, 0.0)
+    hits = [2, 14, 15, 14, 3, 14, 15, 13]
+    assert dipped["mean_accuracy"] == round(100 * np.mean(hits) / 16, 2) == 70.31
+    assert (dipped["worst_accuracy"], dipped["worst_residue"], dipped["gap"]) == (12.5, 0, 81.25)
+    assert dipped["periodicity"] == round(100 * np.mean([1, 0, 0, 1]) / 16, 2)
+    folder = two_runs[0]
+    frame = pd.read_csv(folder / "results.csv")
+    statistic = _generalized_loop(frame["correct"].to_numpy(float), frame["residue"].to_numpy(),
+                                  frame["context"].to_numpy(), 8)
+    assert flat["p_value"] == pytest.approx(stats.chi2.sf(statistic, 7), rel=1e-9)
+    assert dipped["p_value"] < 1e-3 and "stratified by context" in dipped["test"]
+    assert float(dipped["gap_minus_first"]) == 75.0 and float(dipped["gap_minus_first_ci_low"]) > 0  # the dip is real
+    assert flat["gap_minus_first"] == ""
+    # and the terminal shows the same numbers
+    for shown in ["59.38", "56.25 (r=1)", "12.50 (r=0)", f"{flat['p_value']:.4g}"]:
+        assert shown in result.output
+    markdown = (out / MARKDOWN_FILE).read_text()
+    assert "- **dipped**: +75.00 points (95% CI" in markdown and "the gaps differ" in markdown
+
+
+def test_two_runs_of_one_model_show_no_gap_difference(tmp_path):
+    a = write_run(tmp_path / "a", [10, 9, 10, 9, 10, 9, 10, 9])
+    b = write_run(tmp_path / "b", [9, 10, 9, 10, 11, 9, 10, 8])
+    (_, second) = load_runs([a, b])
+    assert second.versus_first.ci_low < 0 < second.versus_first.ci_high and not second.versus_first.differs
 
 
 def test_small_runs_show_the_permutation_p_value(tmp_path):
@@ -109,7 +124,7 @@ def test_small_runs_show_the_permutation_p_value(tmp_path):
     result = invoke([folder, "--out", tmp_path / "cmp"])
     assert result.exit_code == 0, result.output
     (run,) = load_runs([folder])
-    assert "permutation" in run.summary.test.name
+    assert "permutations" in run.summary.test.note
     assert f"{run.summary.test.p_value:.4g}" in result.output
 
 

@@ -289,11 +289,11 @@ def test_yarn_correction_dims_and_ramp_by_hand():
     fast, slow = 16 * np.log(4096 / (64 * np.pi)) / 4, 16 * np.log(4096 / (2 * np.pi)) / 4  # 12.04, 25.9
     assert yarn.correction_dims(16, np.e**2) == (12.0, 15.0)  # floor(12.04); ceil(25.9) capped at n_rot - 1
     assert (np.floor(fast), np.ceil(slow)) == (12.0, 26.0)
-    low_high = Yarn(ext_factor=0.5, n_ctx_orig=4096).correction_dims(16, 10000.0)
+    # base 10^4: dim(32) = 16 ln(4096 / 64 pi) / 2 ln 10^4 = 2.62, dim(1) = 5.63, so the ramp runs over
+    # pairs 2..6: 1 - clip((i - 2) / 4, 0, 1), times ext_factor 0.5 (llama.cpp's rope_yarn_ramp)
+    assert Yarn(ext_factor=0.5, n_ctx_orig=4096).correction_dims(16, 10000.0) == (2.0, 6.0)
     ramp = Yarn(ext_factor=0.5, n_ctx_orig=4096).ramp(8, 16, 10000.0)
-    low, high = low_high
-    expected = 0.5 * (1 - np.clip((np.arange(8) - low) / (high - low), 0, 1))
-    np.testing.assert_allclose(ramp, expected, rtol=1e-6)
+    np.testing.assert_allclose(ramp, [0.5, 0.5, 0.5, 0.375, 0.25, 0.125, 0.0, 0.0], rtol=1e-6)
     assert ramp[0] == 0.5 and ramp[-1] == 0.0  # first pairs extrapolate (ext_factor of them), last interpolate
 
 

@@ -14,7 +14,7 @@ def _separate_prompt_scores(model_path, context, queries):
     """Each prompt on its own through llama-cpp-python's high-level API, all logits kept."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(str(model_path), n_ctx=1024, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(str(model_path), n_ctx=2048, n_threads=2, logits_all=True, verbose=False)
     scores = []
     for query in queries:
         tokens = list(context) + list(query.prompt) + list(query.answer[:-1])
@@ -26,9 +26,11 @@ def _separate_prompt_scores(model_path, context, queries):
     return scores
 
 
-@pytest.mark.parametrize("task", ["records", "passkey"])
-def test_shared_context_equals_separate_prompts(default_model, llama_backend, task):
-    settings = ProbeSettings(512, 4, 8, 8, "in-sequence", seed=3)
+@pytest.mark.slow
+@pytest.mark.parametrize("task, length", [("records", 512), ("passkey", 512),
+                                          ("records", 1100)])  # 1100: three 512-token batches, positions must run on
+def test_shared_context_equals_separate_prompts(default_model, llama_backend, task, length):
+    settings = ProbeSettings(length, 4, 8, 8, "in-sequence", seed=3)
     context = build_probes(load_task(task), llama_backend, settings)[0]
     queries = [t.query for t in context.targets][:8]
     shared = llama_backend.score(context.tokens, queries)

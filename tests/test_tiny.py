@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -24,10 +22,8 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_model_is_small_fast_and_reproducible(arch, tmp_path):
-    started = time.perf_counter()
+def test_tiny_model_is_small_and_reproducible(arch, tmp_path):
     a = write_tiny_model(arch, tmp_path / "a.gguf", seed=1)
-    assert time.perf_counter() - started < 1.0
     b = write_tiny_model(arch, tmp_path / "b.gguf", seed=1)
     c = write_tiny_model(arch, tmp_path / "c.gguf", seed=2)
     assert a.read_bytes() == b.read_bytes()
@@ -55,7 +51,8 @@ def test_tiny_model_loads_and_decodes_in_llama_cpp(arch, tmp_path):
     assert [u.index for u in run.ubatches] == [0, 1, 2]
     assert layers[0] in run.layers(name)
     for ub in run.ubatches:
-        assert np.isfinite(run.get(name, layers[0], ub.index)).any()
+        captured = run.get(name, layers[0], ub.index)
+        assert captured.size and np.isfinite(captured).all() and np.abs(captured).max() > 0, captured
 
 
 def test_unknown_architecture_is_a_plan_error(tmp_path):

@@ -50,7 +50,8 @@ class LlamaCppBackend:
         self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
         # n_seq_max 2: the context, and the query scored on a copy of it
-        self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads or os.cpu_count() or 1,
+        self.n_threads = n_threads or os.cpu_count() or 1  # recorded in a run's manifest
+        self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
                                        n_seq_max=2, flash_attn=flash_attn, kv_unified=True, label=str(self.model_path))
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)

@@ -52,8 +52,11 @@ def sweep(
     modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens; every query starts here. "
                                           "Default 1024, or the context a `kvphase train` model learned."),
-    per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group; default 32 "
-                                             "(what the context holds, for trained models)."),
+    per_residue: Optional[str] = typer.Option(None, "--per-residue", help="Targets per residue group; default 32 "
+                                             "(what the context holds, for trained models); or 'auto': as many as "
+                                             "--detect needs."),
+    detect: Optional[float] = typer.Option(None, "--detect", metavar="GAP", help="With --per-residue auto: the "
+                                           "one-residue dip (points) to detect with 80% power at any accuracy."),
     padding: Optional[Padding] = typer.Option(None, help="prefix: records shift together; in-sequence: random gaps. "
                                               "Default prefix (in-sequence for trained models, as they learned)."),
     task: Optional[str] = typer.Option(None, help=f"Retrieval task from prompts/ ({', '.join(available_tasks())}); "
@@ -81,7 +84,8 @@ def sweep(
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
     defaults = SweepDefaults.for_model(info)
-    plan = make_plan(info, stride, modulus, _given(context, defaults.context), _given(per_residue, defaults.per_residue),
+    count = sample_size(per_residue, detect, stride_and_modulus(info, stride, modulus)[1], defaults.per_residue)
+    plan = make_plan(info, stride, modulus, _given(context, defaults.context), count,
                      (padding or Padding(defaults.padding)).value, task or defaults.task, seed)
     if (backend.value if backend else defaults.backend) == "reference":
         plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
@@ -100,6 +104,9 @@ def sweep(
         if lock.stale:  # said even with --quiet: a sweep died here
             Console(stderr=True).print(f"[yellow]{markup(run_dir)}: the sweep that held it ({markup(lock.stale)}) "
                                        "ended without releasing it; resuming.")
+        if detect is not None:
+            console.print(f"--per-residue auto: {plan.per_residue} targets per residue detect a one-residue dip of "
+                          f"{detect:g} points with 80% power at any accuracy.")
         if plan.control:
             console.print(f"[yellow]{markup(info.architecture)} declares no KV-cache compression: control run with "
                           f"stride {plan.stride}.")
@@ -117,8 +124,7 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
         raise PlanError(f"{info.path.name} has no tokenizer (tokenizer.ggml.model = {info.tokenizer_model}), so no "
                         "prompt can be built; random-weight models from make-tiny are for `kvphase validate`")
     control = not info.compression.compressed
-    stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
-    modulus = modulus if modulus is not None else 2 * stride
+    stride, modulus = stride_and_modulus(info, stride, modulus)
     room = query_room(info)
     if info.context_length and context + room > info.context_length:
         raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
@@ -135,6 +141,34 @@ def query_room(info: ModelInfo) -> int:
     if info.trained is not None:
         return info.context_length - info.trained.context
     return QUERY_ROOM
+
+
+def stride_and_modulus(info: ModelInfo, stride: Optional[int], modulus: Optional[int]) -> tuple[int, int]:
+    """--stride or the model's (CONTROL_STRIDE when it declares none), --modulus or twice the stride."""
+    stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
+    return stride, modulus if modulus is not None else 2 * stride
+
+
+def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: int, default: int) -> int:
+    """--per-residue as given (`default` when not given), or for 'auto' the smallest multiple
+    of M with which a balanced design detects a one-residue dip of --detect points with 80%
+    power at any accuracy."""
+    if per_residue is None and detect is None:
+        return default
+    if per_residue is not None and per_residue.strip().lower() == "auto":
+        from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
+
+        if detect is None or not 0 < detect < 100:
+            raise PlanError(f"--per-residue auto needs --detect GAP, a dip in points between 0 and 100, got {detect}")
+        if modulus < 2:
+            raise PlanError(f"--modulus must be at least 2, got {modulus}")
+        return per_residue_for_dip(detect / 100, modulus)
+    if detect is not None:
+        raise PlanError("--detect applies to --per-residue auto only")
+    try:
+        return int(per_residue or "")
+    except ValueError:
+        raise PlanError(f"--per-residue must be a whole number or 'auto', got {per_residue!r}") from None
 
 
 def parse_options(pairs: list[str]) -> dict:

@@ -1,5 +1,7 @@
-"""Statistics over a run's results: per-residue accuracy with Wilson intervals, gap,
-periodicity, and a test of "accuracy does not depend on the residue". Prints nothing."""
+"""Statistics over a run's results: per-residue accuracy with Wilson intervals, gap with a
+bootstrap interval over contexts, periodicity, context-stratified tests of "the outcome
+does not depend on the residue" on accuracy and on the answer log-probability, and the
+smallest dip the run could have detected. Prints nothing."""
 
 from __future__ import annotations
 
@@ -7,11 +9,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from kvphase.sweep.stratified import (ALPHA, POWER, Design, StratifiedTest, bootstrap_gaps, detectable_dip,
+                                      percentile_interval, stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-PERMUTATIONS = 10_000
-ALPHA = 0.05
 
 
 def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float]:
@@ -26,72 +28,45 @@ def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float
 
 
 @dataclass(frozen=True)
-class HomogeneityTest:
-    """Pearson's chi-square test that accuracy is the same in every residue group."""
-
-    name: str
-    statistic: float
-    dof: int
-    p_value: float
-    cramers_v: float  # effect size, 0 (none) to 1
-    note: str
-
-
-def homogeneity_test(correct: np.ndarray, groups: np.ndarray, seed: int = 0) -> HomogeneityTest:
-    """Chi-square on the groups x {correct, wrong} table; the p-value comes from label
-    permutations when an expected count is below 5, where the chi-square law is poor."""
-    labels, codes = np.unique(groups, return_inverse=True)
-    correct = np.asarray(correct, dtype=bool)
-    if correct.all() or not correct.any():
-        return HomogeneityTest("Pearson chi-square test of homogeneity", 0.0, len(labels) - 1, 1.0, 0.0,
-                               "every target has the same outcome, so accuracy cannot vary")
-    statistic, expected_min = _chi_square(correct, codes, len(labels))
-    dof = len(labels) - 1
-    cramers_v = float(np.sqrt(statistic / len(correct)))  # one of the table's sides has 2 levels
-    if expected_min >= 5:
-        p = float(stats.chi2.sf(statistic, dof))
-        return HomogeneityTest("Pearson chi-square test of homogeneity", statistic, dof, p, cramers_v,
-                               f"chi-square law (df = {dof}); every expected count is at least 5")
-    rng = np.random.default_rng(seed)
-    exceed = sum(_chi_square(rng.permutation(correct), codes, len(labels))[0] >= statistic - 1e-12
-                 for _ in range(PERMUTATIONS))
-    p = (exceed + 1) / (PERMUTATIONS + 1)
-    return HomogeneityTest("Pearson chi-square test of homogeneity (permutation p-value)", statistic, dof, p,
-                           cramers_v, f"p from {PERMUTATIONS} label permutations: an expected count is below 5")
-
-
-def _chi_square(correct: np.ndarray, codes: np.ndarray, n_groups: int) -> tuple[float, float]:
-    n = np.bincount(codes, minlength=n_groups).astype(float)  # (n_groups,)
-    hits = np.bincount(codes, weights=correct, minlength=n_groups)  # (n_groups,)
-    observed = np.stack([hits, n - hits])  # (2, n_groups)
-    expected = np.outer(observed.sum(axis=1), n) / n.sum()  # (2, n_groups)
-    return float(((observed - expected) ** 2 / expected).sum()), float(expected.min())
-
-
-@dataclass(frozen=True)
 class Summary:
     """What a report says, as numbers (accuracies in percent, two decimals)."""
 
     n_targets: int
+    n_contexts: int
+    balanced: bool  # every context holds the same number of targets of each residue it serves
+    control: bool  # the model declares no compression: the stride is the user's
     mean_accuracy: float  # mean over residues
     worst_accuracy: float
     worst_residue: int
     best_accuracy: float
     best_residue: int
-    gap: float  # best - worst, points
+    gap: float  # best - worst, points; biased upward at small n
+    gap_ci: tuple[float, float]  # 95% percentile interval of the gap, bootstrap over contexts
     periodicity: float | None  # mean over r < S of |A(r) - A(r + S)|, when M = 2S
-    test: HomogeneityTest
+    detectable_dip: float | None  # points: a one-residue dip the accuracy test finds with 80% power
+    test: StratifiedTest  # accuracy
+    logprob_test: StratifiedTest  # answer log-probability
     per_residue: list[dict]
     per_phase: list[dict]
 
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
         p = _format_p(self.test.p_value)
+        numbers = (f"gap {self.gap:.1f} points, 95% CI {self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f}; p = {p}, "
+                   f"log-probability p = {_format_p(self.logprob_test.p_value)}")
         if self.test.p_value < ALPHA:
-            return (f"Accuracy depends on the token phase: residue {self.worst_residue} reaches "
-                    f"{self.worst_accuracy:.1f}% against {self.best_accuracy:.1f}% at residue {self.best_residue} "
-                    f"(gap {self.gap:.1f} points, p = {p}).")
-        return f"No phase effect detected at this sample size (gap {self.gap:.1f} points, p = {p})."
+            claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
+                     f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
+            if self.control:
+                return (f"Control run: the model declares no KV-cache compression, yet accuracy varies with the "
+                        f"residue: {claim}. Chance alone gives a p this small in {100 * self.test.p_value:.1f}% "
+                        f"of runs of a model without any phase effect, so one run is no evidence of one.")
+            return f"Accuracy depends on the token phase: {claim}."
+        if self.detectable_dip is None:
+            return (f"No phase effect can be detected: accuracy is {self.mean_accuracy:.1f}% and never varies "
+                    f"within a context ({numbers}).")
+        return (f"No phase effect larger than {self.detectable_dip:.1f} points at this sample size (a one-residue "
+                f"dip of that size would be detected {POWER:.0%} of the time; {numbers}).")
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -119,7 +94,7 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0) -> Summary:
+def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False) -> Summary:
     """The run's statistics from its results frame (one row per scored target)."""
     by_residue = per_group(results, "residue")
     by_phase = per_group(results, "phase")
@@ -127,17 +102,26 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0) -
     periodicity = None
     if modulus == 2 * stride and all(r in acc.index for r in range(modulus)):
         periodicity = round(float(np.mean([abs(acc[r] - acc[r + stride]) for r in range(stride)])), 2)
-    test = homogeneity_test(results["correct"].to_numpy(), results["residue"].to_numpy(), seed)
+    correct = results["correct"].to_numpy(dtype=float)  # (N,)
+    design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
+    dip = detectable_dip(correct, design)
+    gaps = bootstrap_gaps(correct, results["residue"].to_numpy(), results["context"].to_numpy(), seed)
     return Summary(
         n_targets=len(results),
+        n_contexts=int(results["context"].nunique()),
+        balanced=design.balanced,
+        control=control,
         mean_accuracy=round(float(acc.mean()), 2),
         worst_accuracy=float(acc.min()),
         worst_residue=int(acc.idxmin()),
         best_accuracy=float(acc.max()),
         best_residue=int(acc.idxmax()),
         gap=round(float(acc.max() - acc.min()), 2),
+        gap_ci=tuple(round(v, 2) for v in percentile_interval(gaps)),
         periodicity=periodicity,
-        test=test,
+        detectable_dip=None if dip is None else round(100 * dip, 2),
+        test=stratified_test(correct, design, binary=True, seed=seed),
+        logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), design, binary=False, seed=seed),
         per_residue=by_residue.to_dict("records"),
         per_phase=by_phase.to_dict("records"),
     )
@@ -145,3 +129,28 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0) -
 
 def _format_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
+
+
+@dataclass(frozen=True)
+class GapDifference:
+    """One run's gap minus a baseline run's, with a 95% interval from bootstrapping each
+    run's contexts independently."""
+
+    difference: float  # points
+    ci_low: float
+    ci_high: float
+
+    @property
+    def differs(self) -> bool:
+        """The interval excludes zero: the two gaps differ at the 5% level."""
+        return self.ci_low > 0 or self.ci_high < 0
+
+
+def gap_difference(baseline: pd.DataFrame, other: pd.DataFrame, seed: int = 0) -> GapDifference:
+    """`other`'s gap minus `baseline`'s (e.g. a fix against the run it should improve)."""
+    samples = [bootstrap_gaps(r["correct"].to_numpy(dtype=float), r["residue"].to_numpy(), r["context"].to_numpy(),
+                              seed + i) for i, r in enumerate((baseline, other))]
+    n = min(len(s) for s in samples)
+    low, high = percentile_interval(samples[1][:n] - samples[0][:n])
+    observed = [100 * np.ptp(r.groupby("residue")["correct"].mean().to_numpy()) for r in (baseline, other)]
+    return GapDifference(round(float(observed[1] - observed[0]), 2), round(low, 2), round(high, 2))

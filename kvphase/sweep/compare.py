@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
-from kvphase.sweep.analysis import Summary, summarize
+from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, summarize
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.sweep.report import markdown_table, plot_accuracy
 from kvphase.sweep.plan import SweepPlan
@@ -24,7 +24,8 @@ MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "compa
 # comparison.csv: one row per run, numbers unformatted
 CSV_COLUMNS = ["label", "run_dir", "model", "backend", "backend_options", "task", "stride", "modulus", "context",
                "n", "mean_accuracy", "worst_accuracy", "worst_residue", "best_accuracy", "best_residue", "gap",
-               "periodicity", "p_value", "test"]
+               "gap_ci_low", "gap_ci_high", "periodicity", "detectable_dip", "p_value", "test", "logprob_p_value",
+               "gap_minus_first", "gap_minus_first_ci_low", "gap_minus_first_ci_high"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class ComparedRun:
     run_dir: Path
     plan: SweepPlan
     summary: Summary
+    results: pd.DataFrame  # one row per scored target
+    versus_first: GapDifference | None = None  # this run's gap minus the first run's (None for the first)
 
     @property
     def design(self) -> str:
@@ -73,15 +76,18 @@ def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
         results = load_results(path)
         if results.empty:
             raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
-        runs.append(ComparedRun(label, path, plan, summarize(results, plan.stride, plan.modulus, plan.seed)))
-    return runs
+        summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
+        runs.append(ComparedRun(label, path, plan, summary, results))
+    # the first run is the baseline: did a fix change the gap?
+    return runs[:1] + [replace(run, versus_first=gap_difference(runs[0].results, run.results, run.plan.seed))
+                       for run in runs[1:]]
 
 
 def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
     """One row per run with CSV_COLUMNS; numbers as `summarize` gives them."""
     rows = []
     for run in runs:
-        s = run.summary
+        s, versus = run.summary, run.versus_first
         rows.append({
             "label": run.label,
             "run_dir": str(run.run_dir),
@@ -99,9 +105,16 @@ def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
             "best_accuracy": s.best_accuracy,
             "best_residue": s.best_residue,
             "gap": s.gap,
+            "gap_ci_low": s.gap_ci[0],
+            "gap_ci_high": s.gap_ci[1],
             "periodicity": s.periodicity,
+            "detectable_dip": s.detectable_dip,
             "p_value": s.test.p_value,
             "test": s.test.name,
+            "logprob_p_value": s.logprob_test.p_value,
+            "gap_minus_first": None if versus is None else versus.difference,
+            "gap_minus_first_ci_low": None if versus is None else versus.ci_low,
+            "gap_minus_first_ci_high": None if versus is None else versus.ci_high,
         })
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
 
@@ -118,10 +131,11 @@ def display_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
         "n": run.summary.n_targets,
         "mean acc. %": f"{run.summary.mean_accuracy:.2f}",
         "worst % (residue)": f"{run.summary.worst_accuracy:.2f} (r={run.summary.worst_residue})",
-        "gap (points)": f"{run.summary.gap:.2f}",
+        "gap (95% CI)": f"{run.summary.gap:.2f} ({run.summary.gap_ci[0]:.1f}-{run.summary.gap_ci[1]:.1f})",
         "periodicity": "n/a" if run.summary.periodicity is None else f"{run.summary.periodicity:.2f}",
+        "detectable dip": "n/a" if run.summary.detectable_dip is None else f"{run.summary.detectable_dip:.1f}",
         "p": f"{run.summary.test.p_value:.4g}",
-        "test": run.summary.test.name,
+        "logprob p": f"{run.summary.logprob_test.p_value:.4g}",
     } for run in runs])
 
 
@@ -155,8 +169,10 @@ def render_markdown(runs: Sequence[ComparedRun], stride: int) -> str:
         "",
         markdown_table(display_table(runs)),
         "",
-        "Accuracies in percent; mean over residues; gap = best - worst residue; periodicity = mean over r < S "
-        "of abs(A(r) - A(r+S)) (n/a unless M = 2S); p from each run's own test of homogeneity over residues.",
+        "Accuracies in percent; mean over residues; gap = best - worst residue, with a 95% interval from "
+        "resampling contexts; periodicity = mean over r < S of abs(A(r) - A(r+S)) (n/a unless M = 2S); detectable "
+        "dip = the one-residue dip each run finds with 80% power; p from each run's Cochran-Mantel-Haenszel test "
+        "stratified by context, on accuracy and on the answer log-probability.",
         "",
         f"![accuracy by residue]({FIGURE_FILE})",
         "",
@@ -164,6 +180,14 @@ def render_markdown(runs: Sequence[ComparedRun], stride: int) -> str:
     if len(strides) > 1:
         lines += [f"The runs' strides differ ({', '.join(map(str, strides))}): dotted lines in the figure fall "
                   f"every {stride} positions, a step that divides every stride.", ""]
+    if len(runs) > 1:
+        lines += [f"## Gaps against the first run ({runs[0].label})", "",
+                  "Each run's gap minus the first run's, with a 95% interval from resampling each run's contexts; "
+                  "an interval that excludes 0 says the gaps differ.", ""]
+        lines += [f"- **{run.label}**: {versus.difference:+.2f} points (95% CI {versus.ci_low:+.2f} to "
+                  f"{versus.ci_high:+.2f}): {'the gaps differ' if versus.differs else 'no evidence the gaps differ'}."
+                  for run in runs[1:] for versus in [run.versus_first]]
+        lines += [""]
     lines += ["## Headlines", ""]
     lines += [f"- **{run.label}** (`{run.run_dir}`): {run.summary.headline()}" for run in runs]
     lines += ["", "Numbers per run: `comparison.csv`; each folder's `kvphase report` gives the full detail.", ""]

@@ -2,13 +2,16 @@
 
 Every segment is tokenized on its own and the ids are joined, so a position is known
 exactly and never shifts by re-tokenizing joined text. Target positions are planned
-first (`plan_slots`): for each residue `r` (mod M) the same number of positions with
-the same mean and standard deviation, so a residue effect is never a depth effect
-(PROTOCOL.md). Contexts are then laid out around those positions, in one of the two
-padding modes:
+first, context by context (`plan_contexts`): every residue `r` (mod M) gets the same
+number of positions with the same mean and standard deviation, so a residue effect is
+never a depth effect, and every context serves every residue equally (or, when a context
+holds fewer than M targets, different residues once each), so a context that is hard as a
+whole pulls every residue down alike (PROTOCOL.md). Contexts are then laid out around
+those positions, in one of the two padding modes:
 
-- prefix: records sit back to back; a prefix of `p` filler tokens shifts them all,
-  so distractors move in lockstep with the target.
+- prefix: records sit back to back after a pad of filler, so distractors move in
+  lockstep with the targets; the runs of records between targets are drawn to end
+  exactly at the next target.
 - in-sequence: random gaps of 0..M-1 filler tokens between records, so distractor
   phases are independent of the target's.
 
@@ -19,9 +22,12 @@ position.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple, Protocol, Sequence
 
+import hashlib
 import itertools
+import json
 import math
 
 import numpy as np
@@ -35,6 +41,7 @@ MEAN_TOLERANCE = 0.5  # tokens: largest distance of a residue group's mean posit
 EXHAUSTIVE_CHOICES = 20_000  # up to this many ways to pick the moved anchors, try them all
 SD_TOLERANCE = 0.02  # relative: largest spread of the groups' position standard deviations
 MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
+EXACT_RUN_STEPS = 10_000  # records drawn (or taken back) for one exact run before giving up
 
 
 class Tokenizer(Protocol):
@@ -106,34 +113,67 @@ class ProbeContext(NamedTuple):
 
 
 def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> list[ProbeContext]:
-    """Plan target positions and lay out contexts around them; deterministic in the seed."""
+    """Plan target positions context by context and lay each context out around them;
+    deterministic in the seed."""
     records = RecordMaker(task, tokenizer)
     layout = Layout.of(task, tokenizer, settings, records)
-    slots = plan_slots(layout.lowest_slot, layout.highest_slot, settings.modulus, settings.per_residue)
-    order = np.random.default_rng(settings.seed).permutation(len(slots))
-    pending = [int(slots[i]) for i in order]
+    planned = plan_contexts(layout.lowest_slot, layout.highest_slot, settings.modulus, settings.per_residue,
+                            layout.lanes)
     contexts: list[ProbeContext] = []
     n_targets = 0
-    while pending:
-        rng = np.random.default_rng([settings.seed, len(contexts)])
-        context = layout.build(len(contexts), pending, rng, first_target_id=n_targets)
-        if not context.targets:
-            raise PlanError("could not place any target in a new context; try a longer --context")
-        pending = _remove_once(pending, [t.position for t in context.targets])
+    for index, slots in enumerate(planned):
+        rng = np.random.default_rng([settings.seed, index])
+        context = layout.build(index, [int(s) for s in slots], rng, first_target_id=n_targets)
         n_targets += len(context.targets)
         contexts.append(context)
     check_matched_moments([t for c in contexts for t in c.targets], settings.modulus)
     return contexts
 
 
-def plan_slots(lowest: int, highest: int, modulus: int, per_residue: int) -> np.ndarray:
-    """Target positions: `per_residue` for each residue, equal mean and near-equal SD.
+def plan_fingerprint(contexts: Sequence[ProbeContext]) -> str:
+    """sha256 of every context's token ids and every target's id, position, key and answer.
 
-    Residue r takes anchors B_j + r (B_j multiples of M spread over the range) and moves
-    k = round(n r / M) of them down by M: the sum then loses about n r, which cancels the
-    offset r, so every group has the anchors' mean (within M / 2n). Which anchors move is
-    chosen to keep the standard deviation (`_spread_keeping_choice`).
+    It depends on the tokenizer, the task files and the plan only, so it is the same on
+    every machine: two runs with the same fingerprint scored the same targets.
     """
+    digest = hashlib.sha256()
+    for context in contexts:
+        targets = [(t.target_id, t.position, t.key, t.answer) for t in context.targets]
+        digest.update(json.dumps([context.index, list(context.tokens), targets]).encode())
+    return digest.hexdigest()
+
+
+def plan_contexts(lowest: int, highest: int, modulus: int, per_residue: int, lanes: int) -> list[np.ndarray]:
+    """Target positions, grouped into contexts that serve every residue equally.
+
+    Targets come in rounds of M contexts. A round has t lanes (depths spread over the
+    range); in its context c, lane l holds residue (l + c) mod M, so over the round every
+    residue visits every lane once. With t a multiple of M each context holds t / M
+    targets of every residue; with t < M (short contexts, one target per context, large
+    moduli) each holds t different residues once each. Every residue thus sits at the same
+    depths, and `residue_slots` moves some of its targets down by M so that the groups'
+    means and SDs agree.
+    """
+    first, last = _slot_range(lowest, highest, modulus)
+    sizes = _round_sizes(per_residue, modulus, lanes)
+    blocks = (last - first) // modulus
+    anchors = np.concatenate([
+        first + modulus * np.floor((np.arange(t) + (i + 0.5) / len(sizes)) * blocks / t).astype(int)
+        for i, t in enumerate(sizes)])  # (n,) the lanes of every round, round after round
+    slots = residue_slots(anchors, modulus)  # (M, n)
+    contexts, done = [], 0
+    for t in sizes:
+        lane = np.arange(t)  # (t,)
+        for c in range(modulus):
+            residue = (lane + c) % modulus  # (t,) which residue each lane holds in this context
+            contexts.append(np.sort(slots[residue, done + lane]))  # (t,)
+        done += t
+    return contexts
+
+
+def _slot_range(lowest: int, highest: int, modulus: int) -> tuple[int, int]:
+    """The first and last anchor (multiples of M) whose slots, r - M .. r + M - 1 around
+    them, stay within [lowest, highest]."""
     first = -(-(lowest + modulus) // modulus) * modulus
     last = (highest - modulus + 1) // modulus * modulus
     if last < first:
@@ -141,14 +181,42 @@ def plan_slots(lowest: int, highest: int, modulus: int, per_residue: int) -> np.
             f"the context leaves no room for targets (needs at least {3 * modulus} tokens "
             f"between {lowest} and {highest}); use a longer --context"
         )
-    n = per_residue
-    anchors = first + modulus * np.round(np.linspace(0, (last - first) // modulus, n)).astype(int)  # (n,)
-    slots = []
+    return first, last
+
+
+def _round_sizes(per_residue: int, modulus: int, lanes: int) -> list[int]:
+    """Lanes per round: as many as a context holds, a multiple of M once that is at least M,
+    so that every context holds the same number of each residue."""
+    most = lanes // modulus * modulus if lanes >= modulus else lanes
+    sizes, left = [], per_residue
+    while left:
+        t = min(most, left)
+        t = t // modulus * modulus if t >= modulus else t
+        sizes.append(t)
+        left -= t
+    return sizes
+
+
+def residue_slots(anchors: np.ndarray, modulus: int) -> np.ndarray:
+    """For each residue r, the positions anchors + r, some moved down by M: (M, n).
+
+    Moving k = round(n r / M) anchors down by M takes about n r off the sum, which cancels
+    the offset r, so every group has the anchors' mean (within M / 2n; exactly when M
+    divides n). Which anchors move is chosen to keep the standard deviation
+    (`_spread_keeping_choice`). With fewer anchors than residues no choice keeps it (two
+    targets have one distance), so there the residues from M / 2 on move as a whole: equal
+    SDs, means within M / 2.
+    """
+    n = len(anchors)
+    slots = np.empty((modulus, n), dtype=int)
     for r in range(modulus):
         shifted = np.zeros(n, dtype=int)  # (n,)
-        shifted[_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus)] = 1
-        slots.append(anchors + r - modulus * shifted)  # (n,)
-    return np.concatenate(slots)  # (M * n,)
+        if n < modulus:
+            shifted[:] = r >= modulus / 2
+        else:
+            shifted[_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus)] = 1
+        slots[r] = anchors + r - modulus * shifted  # (n,)
+    return slots
 
 
 def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int) -> list[int]:
@@ -173,13 +241,15 @@ def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
     """Raise PlanError unless every residue group's mean position is within 0.5 token of the
     common mean and the groups' SDs agree within 2%.
 
-    Positions of residue r sum to n*r mod M, so with n < M per group the means cannot all
-    agree within 0.5; there the bound is M / 2n, the best any choice of positions reaches.
+    Positions of residue r sum to n*r mod M, so with n < 2M per group the means cannot all
+    agree within 0.5; there the bound is M / 2n, the best any choice of positions reaches,
+    and with n < M, where only whole groups move (`residue_slots`), M / 2.
     """
     positions = [np.array([t.position for t in targets if t.residue == r]) for r in range(modulus)]
     means = np.array([p.mean() for p in positions])  # (M,)
     sds = np.array([p.std() for p in positions])  # (M,)
-    bound = max(MEAN_TOLERANCE, modulus / (2 * min(len(p) for p in positions)))
+    n = min(len(p) for p in positions)
+    bound = modulus / 2 if n < modulus else max(MEAN_TOLERANCE, modulus / (2 * n))
     if np.abs(means - means.mean()).max() > bound + 1e-9:
         raise PlanError(f"target position means {np.round(means, 2).tolist()} differ by more than {bound} tokens")
     if sds.max() > 0 and np.ptp(sds) / sds.max() > SD_TOLERANCE:
@@ -286,45 +356,102 @@ class Layout:
     def highest_slot(self) -> int:
         return self.records_end - self.pad_max - self.record_max
 
-    def build(self, index: int, pending: list[int], rng: np.random.Generator, first_target_id: int) -> ProbeContext:
-        if self.task.distractors and self.settings.padding == "prefix":
-            items, chosen = self._prefix_items(pending, rng)
-        else:
-            chosen = self._spaced_slots(pending)
-            items = self._in_sequence_items(chosen, rng)
-        return self._assemble(index, items, chosen, rng, first_target_id)
+    @property
+    def min_separation(self) -> int:
+        """Tokens between two targets of one context: room for a record and distractors
+        around it, and with prefix padding for a run of records of exactly that length."""
+        longest = max(self._fill.lengths)  # the records these word lists make; record_max only bounds them
+        gap = 2 * longest + self.settings.modulus
+        if not self.prefix:
+            return gap
+        if self._fill.shortest is None:
+            raise PlanError(f"task {self.task.name}: every record has the same length, so back-to-back records "
+                            "cannot reach every residue; use --padding in-sequence")
+        return max(gap, longest + self._fill.shortest)
 
-    def _spaced_slots(self, pending: list[int]) -> list[int]:
-        """Up to targets_per_context pending slots, far enough apart for a record each."""
-        chosen: list[int] = []
-        gap = 2 * self.record_max + self.settings.modulus
-        for slot in pending:
-            if all(abs(slot - c) >= gap for c in chosen):
-                chosen.append(slot)
-                if len(chosen) == self.task.targets_per_context:
-                    break
-        return sorted(chosen)
+    @property
+    def lanes(self) -> int:
+        """Targets one context holds: the task's targets_per_context, fewer when that many,
+        spaced by `min_separation`, do not fit between the lowest and highest slot."""
+        m = self.settings.modulus
+        first, last = _slot_range(self.lowest_slot, self.highest_slot, m)
+        blocks = (last - first) // m
+        # adjacent lanes' anchors lie at least m * (blocks // t) apart, their slots up to 2m - 1 closer
+        fitting = [t for t in range(2, self.task.targets_per_context + 1)
+                   if m * (blocks // t) - 2 * m + 1 >= self.min_separation]
+        return max(fitting, default=1)
 
-    def _prefix_items(self, pending: list[int], rng: np.random.Generator):
-        """Records back to back, shifted by a prefix pad chosen to hit the first pending slot."""
+    @property
+    def prefix(self) -> bool:
+        return self.task.distractors and self.settings.padding == "prefix"
+
+    def build(self, index: int, slots: list[int], rng: np.random.Generator, first_target_id: int) -> ProbeContext:
+        """The context whose target records start exactly at `slots` (sorted)."""
+        items = self._prefix_items(slots, rng) if self.prefix else self._in_sequence_items(slots, rng)
+        return self._assemble(index, items, slots, rng, first_target_id)
+
+    def _prefix_items(self, slots: list[int], rng: np.random.Generator):
+        """Records back to back after a pad of filler; the runs of distractor records between
+        targets are drawn to end exactly where the next target starts."""
         start = len(self.head)
-        base = self._records_run(self.records_end - self.pad_max - start, rng)
-        offsets = np.cumsum([0] + [len(r.ids) for r in base])[:-1]  # (n_records,)
-        lead = pending[0] - start
-        reachable = [int(o) for o in offsets if 0 <= lead - o < self.pad_max]
-        if not reachable:
-            raise PlanError(f"no record can reach position {pending[0]}; use a longer --context")
-        pad = lead - reachable[int(rng.integers(len(reachable)))]
-        starts = {start + pad + int(o): i for i, o in enumerate(offsets)}
-        chosen = []
-        for slot in pending:
-            if slot in starts and slot not in chosen:
-                chosen.append(slot)
-                if len(chosen) == self.task.targets_per_context:
-                    break
-        items = [self._filler(pad, rng)] + [("target" if start + pad + int(o) in chosen else "distractor", r)
-                                            for o, r in zip(offsets, base)]
-        return items, sorted(chosen)
+        pads = [p for p in range(self.pad_max) if self._fill.fillable(slots[0] - start - p)]
+        if not pads:
+            raise PlanError(f"no run of records reaches position {slots[0]}; use --padding in-sequence")
+        pad = pads[int(rng.integers(len(pads)))]
+        items: list = [self._filler(pad, rng)]
+        used: set = set()
+        cursor = start + pad
+        for slot in slots:
+            items += [("distractor", r) for r in self._exact_run(slot - cursor, used, rng)]
+            target = self._new_record(used, rng)
+            items.append(("target", target))
+            cursor = slot + len(target.ids)
+        return items + [("distractor", r) for r in self._records_run(self.records_end - cursor, rng, used)]
+
+    def _exact_run(self, length: int, used: set, rng: np.random.Generator) -> list[Record]:
+        """Random records whose lengths add up to exactly `length`. A record that would leave
+        a remainder no records can make is redrawn at a length that leaves a makeable one;
+        when no unused key gives such a record, the previous record is taken back."""
+        run: list[Record] = []
+        for _ in range(EXACT_RUN_STEPS):
+            if not length:
+                return run
+            record = self._new_record(used, rng)
+            if not self._fill.fillable(length - len(record.ids)):
+                used.discard(record.key)
+                record = self._record_leaving_fillable(length, used, rng)
+            if record is None and run:
+                record = run.pop()
+                used.discard(record.key)
+                length += len(record.ids)
+                continue
+            if record is None:
+                break
+            run.append(record)
+            length -= len(record.ids)
+        raise PlanError(f"task {self.task.name}: the keys left cannot make a run of records of exactly "
+                        f"{length} tokens; use --padding in-sequence or a shorter --context")
+
+    def _record_leaving_fillable(self, length: int, used: set, rng: np.random.Generator) -> Record | None:
+        """A record with an unused key whose length leaves a makeable remainder of `length`."""
+        fill = self._fill
+        pairs = [(k, v) for k in fill.keys_by_length for v in fill.values_by_length
+                 if fill.fillable(length - k - v)]
+        for i in rng.permutation(len(pairs)):
+            key_part, value_part = pairs[int(i)]
+            keys = [k for k in fill.keys_by_length[key_part] if k not in used]
+            if not keys:
+                continue
+            values = fill.values_by_length[value_part]
+            record = self.records.make(keys[int(rng.integers(len(keys)))], values[int(rng.integers(len(values)))])
+            if len(record.ids) == key_part + value_part:  # the lengths add up, as they do segment by segment
+                used.add(record.key)
+                return record
+        return None
+
+    @cached_property
+    def _fill(self) -> "RecordLengths":
+        return RecordLengths.of(self.records, self.keys, self.record_max)
 
     def _in_sequence_items(self, chosen: list[int], rng: np.random.Generator):
         """Random gaps between records; each target record starts exactly at its slot."""
@@ -347,11 +474,13 @@ class Layout:
             cursor = boundary + len(target.ids)
         return items
 
-    def _records_run(self, length: int, rng: np.random.Generator) -> list[Record]:
-        run, used, total = [], set(), 0
+    def _records_run(self, length: int, rng: np.random.Generator, used: set) -> list[Record]:
+        """Random records back to back, as many as fit in `length` tokens."""
+        run, total = [], 0
         while len(used) < max(1, len(self.keys)):
             record = self._new_record(used, rng)
             if total + len(record.ids) > length:
+                used.discard(record.key)
                 break
             run.append(record)
             total += len(record.ids)
@@ -403,8 +532,46 @@ class Layout:
         return [distractors[int(i)] for i in picks]
 
 
-def _remove_once(values: list[int], taken: list[int]) -> list[int]:
-    left = list(values)
-    for t in taken:
-        left.remove(t)
-    return left
+@dataclass(frozen=True)
+class RecordLengths:
+    """How long records are, and which runs of back-to-back records can be made exactly.
+
+    A record's length is its key's share plus its value's share (each segment is
+    tokenized on its own); `_record_of_length` checks every record it draws anyway.
+    """
+
+    keys_by_length: dict[int, list[str]]  # tokens a key brings (with the record's fixed segments) -> keys
+    values_by_length: dict[int, list[str]]  # extra tokens a value brings -> values
+    lengths: tuple[int, ...]  # every record length the lists give
+    reachable: np.ndarray  # (limit,) bool: a run of records can be exactly this long
+    shortest: int | None  # every run length from here on can be made; None when not all can
+
+    @classmethod
+    def of(cls, records: RecordMaker, keys: Sequence[str], record_max: int) -> "RecordLengths":
+        rng = np.random.default_rng(0)
+        values = list(records.values) or sorted({records.random_value(rng) for _ in range(64)})
+        key0 = keys[0] if keys else ""
+        base = len(records.make(key0, values[0]).ids)
+        keys_by_length: dict[int, list[str]] = {}
+        for key in keys or [""]:
+            keys_by_length.setdefault(len(records.make(key, values[0]).ids), []).append(key)
+        values_by_length: dict[int, list[str]] = {}
+        for value in values:
+            values_by_length.setdefault(len(records.make(key0, value).ids) - base, []).append(value)
+        lengths = tuple(sorted({k + v for k in keys_by_length for v in values_by_length}))
+        limit = 4 * record_max * record_max
+        reachable = np.zeros(limit, dtype=bool)  # (limit,)
+        reachable[0] = True
+        for total in range(1, limit):
+            reachable[total] = any(reachable[total - n] for n in lengths if n <= total)
+        gaps = np.flatnonzero(~reachable)  # (n_gaps,)
+        shortest = None if gaps.size and gaps[-1] > limit - record_max else int(gaps[-1] + 1 if gaps.size else 0)
+        return cls(keys_by_length, values_by_length, lengths, reachable, shortest)
+
+    def fillable(self, length: int) -> bool:
+        """Whether back-to-back records can make a run of exactly `length` tokens."""
+        if length < 0:
+            return False
+        if length < len(self.reachable):
+            return bool(self.reachable[length])
+        return self.shortest is not None

@@ -26,7 +26,7 @@ def build_report(run_dir: Path) -> Summary:
         raise RunFolderError(f"{run_dir} has no scored targets yet; run the sweep first")
     manifest = load_manifest(run_dir)
     check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
-    summary = summarize(results, plan.stride, plan.modulus, plan.seed)
+    summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
     write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary.to_json(), indent=2) + "\n")
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
     write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest))
@@ -72,7 +72,6 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
 
 def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
-    test = summary.test
     model = manifest.get("model", {})
     lines = [
         f"# Phase sensitivity: {Path(plan.model).name}",
@@ -82,31 +81,21 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     ]
     if plan.control:
         lines += [f"This is a **control run**: the model declares no KV-cache compression, so the stride "
-                  f"S = {plan.stride} is the user's choice and no phase effect is expected from compression.", ""]
+                  f"S = {plan.stride} is the user's choice and no phase effect is expected from compression. "
+                  f"At alpha = 0.05, one control run in twenty rejects by chance alone.", ""]
     elif plan.backend == "reference":
         lines += [f"Compression applied post hoc by the numpy reference model: {plan.describe_backend()}.", ""]
     lines += [
         "## Over residues",
         "",
-        markdown_table(pd.DataFrame([
-            ("targets scored", f"{summary.n_targets}"),
-            ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}%"),
-            ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
-            ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
-            ("gap (best - worst)", f"{summary.gap:.2f} points"),
-            ("periodicity check, mean over r < S of abs(A(r) - A(r+S))",
-             "n/a (modulus is not twice the stride)" if summary.periodicity is None
-             else f"{summary.periodicity:.2f} points"),
-            (f"test: {test.name}", f"chi2 = {test.statistic:.2f}, df = {test.dof}, p = {test.p_value:.4g}"),
-            ("effect size (Cramer's V)", f"{test.cramers_v:.3f}"),
-            ("test note", test.note),
-        ], columns=["quantity", "value"])),
+        markdown_table(pd.DataFrame(_overview_rows(summary), columns=["quantity", "value"])),
         "",
         f"![accuracy by residue]({FIGURE_FILE})",
         "",
         "## Per residue",
         "",
-        "Accuracy in percent with a two-sided 95% Wilson interval. Target positions have the same mean "
+        "Accuracy in percent with a two-sided 95% Wilson interval (each target counted as independent, so "
+        "the intervals are somewhat narrow when contexts differ). Target positions have the same mean "
         "and standard deviation in every residue group, so depth does not confound residue.",
         "",
         markdown_table(pd.DataFrame(summary.per_residue)),
@@ -120,18 +109,68 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
         f"- Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
         f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.describe_backend()}.",
         f"- Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
-        f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue; "
-        f"{plan.padding} padding; seed {plan.seed}.",
+        f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
+        f"in {summary.n_contexts} contexts; {plan.padding} padding; seed {plan.seed}.",
         "- Scoring is teacher-forced: a target is correct when every answer token is the argmax given the "
         "answer tokens before it (greedy exact match); the answer's log-probability is recorded.",
+        "- Tests: " + STATISTICS_NOTE,
         f"- Wall time {manifest.get('wall_time_s', '?')} s over {manifest.get('sessions', '?')} session(s), "
         f"{manifest.get('tokens_evaluated', '?')} tokens evaluated; versions {manifest.get('versions', {})}.",
+        f"- Machine: {describe_machine(manifest)}",
+        "- What reproduces elsewhere: " + REPRODUCIBILITY_NOTE,
         "",
         "Files: `config.json` (the plan), `results.csv` (one row per target), `summary.json`, `manifest.json`. "
         "`kvphase report <this folder>` rebuilds this page from the first two.",
         "",
     ]
     return "\n".join(lines)
+
+
+STATISTICS_NOTE = (
+    "targets that share a context are not independent, so residues are compared within contexts: the "
+    "Cochran-Mantel-Haenszel test stratified by context (residue x correct, and the same statistic on the "
+    "answer log-probability, whose p comes from permutations of residue labels within contexts); the gap's "
+    "interval resamples whole contexts; the detectable dip is where the accuracy test reaches 80% power at "
+    "alpha = 0.05 (non-central chi-square with the test's own variance).")
+REPRODUCIBILITY_NOTE = (
+    "the plan, the probes and every target position depend only on the tokenizer and the seed and are the "
+    "same on every machine; per-target log-probabilities are machine-bound (llama.cpp picks its kernels by "
+    "instruction set and thread count; the same plan on another CPU moved logprobs by up to 0.6 nats and "
+    "flipped 2 of 256 targets' correctness), so accuracies and p-values agree across machines only within "
+    "a few targets.")
+
+
+def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
+    test, lp = summary.test, summary.logprob_test
+    dip = "none (nothing varies within a context)" if summary.detectable_dip is None else (
+        f"{summary.detectable_dip:.1f} points (one residue that far below the rest is found 80% of the time)")
+    return [
+        ("targets scored", f"{summary.n_targets} in {summary.n_contexts} contexts"),
+        ("contexts balanced over residues", "yes" if summary.balanced else "no (short contexts or few targets)"),
+        ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}%"),
+        ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
+        ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
+        ("gap (best - worst)", f"{summary.gap:.2f} points (95% CI {summary.gap_ci[0]:.2f} to {summary.gap_ci[1]:.2f}, "
+                               "bootstrap over contexts; the raw gap is biased upward at small n)"),
+        ("periodicity check, mean over r < S of abs(A(r) - A(r+S))",
+         "n/a (modulus is not twice the stride)" if summary.periodicity is None
+         else f"{summary.periodicity:.2f} points"),
+        (f"accuracy test: {test.name}", f"statistic = {test.statistic:.2f}, df = {test.dof}, p = {test.p_value:.4g}"),
+        ("accuracy test note", test.note),
+        (f"log-probability test: {lp.name}", f"statistic = {lp.statistic:.2f}, df = {lp.dof}, p = {lp.p_value:.4g}"),
+        ("log-probability test note", lp.note),
+        ("smallest dip detectable (80% power)", dip),
+    ]
+
+
+def describe_machine(manifest: dict) -> str:
+    """CPU, threads and llama.cpp's instruction sets from the manifest, in one line."""
+    machine = manifest.get("machine")
+    if not machine:
+        return "not recorded (a run from before kvphase recorded it)."
+    cpu, build = machine.get("cpu", {}), machine.get("llama_cpp", {})
+    return (f"{cpu.get('model', '?')} ({cpu.get('logical_cpus', '?')} logical CPUs), {machine.get('threads', '?')} "
+            f"threads; llama.cpp {build.get('version', '?')}: `{build.get('system_info', '?')}`.")
 
 
 def markdown_table(frame: pd.DataFrame) -> str:

@@ -29,7 +29,8 @@ from kvphase import __version__
 from kvphase.backends.base import Backend, engine_info, score_contexts
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
-from kvphase.sweep.placement import ProbeContext, Target, build_probes
+from kvphase.sweep.machine import machine_info
+from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
 
@@ -317,7 +318,8 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     finally:
         writer.close()
         _update_manifest(run_dir, info, plan, time.time() - started,
-                         getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend))
+                         getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend),
+                         getattr(backend, "n_threads", None), plan_fingerprint(contexts))
     return load_results(run_dir)
 
 
@@ -357,9 +359,9 @@ def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
 
 
 def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: float, tokens: int,
-                     engine: dict) -> None:
-    """manifest.json: model identity, the engine that scored (its own build info), and what
-    this folder cost, summed over resumed sessions."""
+                     engine: dict, threads: int | None = None, fingerprint: str | None = None) -> None:
+    """manifest.json: model identity, the engine that scored (its own build info), the machine
+    (of the latest session), and what this folder cost, summed over resumed sessions."""
     import numpy
 
     path = run_dir / MANIFEST_FILE
@@ -374,8 +376,8 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
         "engine": engine,
         "versions": {"kvphase": __version__, "numpy": numpy.__version__,
                      "pandas": pd.__version__, "python": platform.python_version()},
-        "host": {"machine": platform.machine(), "system": platform.system(), "node": platform.node(),
-                 "processor": platform.processor()},
+        "plan_sha256": fingerprint,  # the same on every machine (placement.plan_fingerprint)
+        "machine": machine_info(threads),
         "wall_time_s": round(old.get("wall_time_s", 0.0) + wall_s, 2),
         "tokens_evaluated": old.get("tokens_evaluated", 0) + tokens,
         "sessions": old.get("sessions", 0) + 1,

@@ -1,0 +1,253 @@
+"""Tests, power and intervals that respect a clustered design.
+
+Targets that share a context are not independent: a context that confuses the model
+pulls all of its targets down together (PROTOCOL.md, "Statistics that respect the
+design"). Everything here therefore compares residues *within* contexts, or resamples
+whole contexts:
+
+- The test is the generalized Cochran-Mantel-Haenszel statistic stratified by context
+  (Agresti, Categorical Data Analysis, 3rd ed., section 8.4): within each context, each
+  residue's outcome sum is compared with what the context's own mean predicts, and the
+  differences are weighed by their variance under residue labels permuted within the
+  context. For a 0/1 outcome it is CMH's general-association statistic for residue x
+  correct; for a continuous outcome (the answer log-probability) its mean-score form. A
+  context effect moves every residue of that context alike, so it cancels.
+- The p-value comes from the chi-square law where counts are large, and otherwise from
+  the permutations themselves (residue labels shuffled within each context, fixed seed).
+- Power: the smallest one-residue dip the test detects with 80% power, from the
+  non-central chi-square law with the test's own variance (so the run's design and the
+  context effects it saw are in it).
+- Gap intervals come from a bootstrap over contexts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize, stats
+
+ALPHA = 0.05
+POWER = 0.80
+PERMUTATIONS = 4_000
+BOOTSTRAPS = 2_000
+MIN_EXPECTED = 5  # the chi-square law is used when every expected count reaches this
+WORST_CASE_VARIANCE = 0.25  # p (1 - p) at p = 1/2: the largest a 0/1 outcome can have
+_CHUNK = 1_000  # permutations per matrix product, to bound memory
+
+
+@dataclass(frozen=True)
+class Design:
+    """Which residue group and which stratum each scored target belongs to.
+
+    A stratum is a context; contexts holding a single target carry no within-context
+    comparison, and being independent of one another they share one stratum.
+    """
+
+    groups: np.ndarray  # (N,) residue codes 0..G-1
+    strata: np.ndarray  # (N,) stratum codes 0..H-1
+    labels: np.ndarray  # (G,) the residue each code stands for
+
+    def __post_init__(self) -> None:
+        if self.groups.shape != self.strata.shape or self.groups.ndim != 1:
+            raise ValueError(f"expected one group and one stratum per target, got shapes "
+                             f"{self.groups.shape} and {self.strata.shape}")
+
+    @classmethod
+    def of(cls, residues, contexts) -> "Design":
+        labels, groups = np.unique(np.asarray(residues), return_inverse=True)
+        _, context_codes, sizes = np.unique(np.asarray(contexts), return_inverse=True, return_counts=True)
+        pooled = np.where(sizes[context_codes] == 1, -1, context_codes)  # (N,) singletons share -1
+        _, strata = np.unique(pooled, return_inverse=True)
+        return cls(groups.ravel(), strata.ravel(), labels)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.labels)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Targets per stratum and group."""
+        table = np.zeros((self.strata.max() + 1, self.n_groups))  # (H, G)
+        np.add.at(table, (self.strata, self.groups), 1)
+        return table
+
+    @property
+    def balanced(self) -> bool:
+        """True when every stratum holds the same number of targets of each group it holds."""
+        table = self.counts  # (H, G)
+        return bool(all(len(set(row[row > 0])) == 1 for row in table))
+
+
+@dataclass(frozen=True)
+class StratifiedTest:
+    """A test that the outcome does not depend on the residue, stratified by context."""
+
+    name: str
+    statistic: float
+    dof: int
+    p_value: float
+    note: str
+
+
+def cmh_parts(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray]:
+    """Per batch row: each group's outcome sum minus its expectation within strata, and
+    the covariance of those differences under within-stratum permutation."""
+    y = np.atleast_2d(np.asarray(outcomes, dtype=float))  # (B, N)
+    n_strata = design.strata.max() + 1
+    in_stratum = np.eye(n_strata)[design.strata]  # (N, H)
+    in_group = np.eye(design.n_groups)[design.groups]  # (N, G)
+    table = design.counts  # (H, G)
+    size = table.sum(axis=1)  # (H,)
+    sums = y @ in_stratum  # (B, H)
+    means = sums / size  # (B, H)
+    excess = y @ in_group - means @ table  # (B, G)
+    squares = np.clip((y * y) @ in_stratum - sums * means, 0, None)  # (B, H) sum of squared deviations
+    spread = np.where(size > 1, squares / np.maximum(size - 1, 1), 0.0)  # (B, H) within-stratum variance
+    shape = np.einsum("hg,gk->hgk", table, np.eye(design.n_groups)) - (
+        table[:, :, None] * table[:, None, :] / size[:, None, None])  # (H, G, G)
+    covariance = np.einsum("bh,hgk->bgk", spread, shape)  # (B, G, G)
+    return excess, covariance
+
+
+def cmh_statistic(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, int]:
+    """Generalized CMH statistic for each row of `outcomes` (B, N), and its degrees of freedom."""
+    excess, covariance = cmh_parts(outcomes, design)  # (B, G), (B, G, G)
+    inverse = np.linalg.pinv(covariance, rcond=1e-10, hermitian=True)  # (B, G, G)
+    statistic = np.einsum("bg,bgk,bk->b", excess, inverse, excess)  # (B,)
+    dof = int(np.linalg.matrix_rank(covariance[0], hermitian=True)) if len(covariance) else 0
+    return np.clip(statistic, 0, None), dof
+
+
+def permute_within(values: np.ndarray, strata: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` copies of `values`, each shuffled within every stratum (n, N)."""
+    order = np.argsort(strata, kind="stable")  # (N,) targets grouped by stratum
+    keys = strata[order] + rng.random((n, len(values)))  # (n, N) the stratum, then a random rank inside it
+    shuffled = order[np.argsort(keys, axis=1)]  # (n, N) each stratum's slots, refilled in a random order
+    out = np.empty((n, len(values)))
+    out[:, order] = np.asarray(values, dtype=float)[shuffled]
+    return out
+
+
+def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: int,
+                  permutations: int = PERMUTATIONS) -> float:
+    """Share of within-context permutations whose CMH statistic reaches the observed one
+    (counting the observed arrangement itself, so p is never 0)."""
+    rng = np.random.default_rng(seed)
+    reached = 0
+    for start in range(0, permutations, _CHUNK):
+        shuffled = permute_within(outcome, design.strata, min(_CHUNK, permutations - start), rng)  # (b, N)
+        reached += int((cmh_statistic(shuffled, design)[0] >= observed * (1 - 1e-9) - 1e-12).sum())
+    return (reached + 1) / (permutations + 1)
+
+
+def stratified_test(outcome: np.ndarray, design: Design, binary: bool, seed: int = 0) -> StratifiedTest:
+    """CMH test that the outcome is the same in every group, stratified by context."""
+    kind = "residue x correct" if binary else "answer log-probability by residue"
+    name = f"Cochran-Mantel-Haenszel test stratified by context ({kind})"
+    statistic, dof = cmh_statistic(outcome, design)
+    if dof == 0:
+        return StratifiedTest(name, 0.0, 0, 1.0, "no context holds two targets that differ, so nothing varies "
+                              "within a context")
+    p, exact = stratified_p_values(np.atleast_2d(outcome), design, binary, seed)
+    if not exact[0]:
+        return StratifiedTest(name, float(statistic[0]), dof, float(p[0]),
+                              f"chi-square law (df = {dof}); every expected count is at least {MIN_EXPECTED}")
+    why = f"an expected count is below {MIN_EXPECTED}" if binary else "log-probabilities are heavy-tailed"
+    return StratifiedTest(name, float(statistic[0]), dof, float(p[0]),
+                          f"p from {PERMUTATIONS} permutations of residue labels within contexts ({why})")
+
+
+def stratified_p_values(outcomes: np.ndarray, design: Design, binary: bool, seed: int = 0,
+                        permutations: int = PERMUTATIONS) -> tuple[np.ndarray, np.ndarray]:
+    """p-values of the stratified test for each row of `outcomes` (B, N), and whether each
+    came from permutations. A 0/1 outcome uses the chi-square law when every group's
+    expected number of successes and failures is at least MIN_EXPECTED; a continuous one
+    (heavy-tailed log-probabilities) always takes its p from within-context permutations."""
+    statistic, dof = cmh_statistic(outcomes, design)  # (B,)
+    p = stats.chi2.sf(statistic, max(dof, 1))  # (B,)
+    exact = np.ones(len(outcomes), dtype=bool) if not binary else np.array(
+        [_expected_extremes(row, design) < MIN_EXPECTED for row in outcomes])  # (B,)
+    for i in np.flatnonzero(exact):
+        p[i] = permutation_p(outcomes[i], design, statistic[i], seed, permutations)
+    return p, exact
+
+
+def _expected_extremes(correct: np.ndarray, design: Design) -> float:
+    """The smallest expected count of successes or failures of any group, given each
+    stratum's own success rate."""
+    table = design.counts  # (H, G)
+    rate = np.bincount(design.strata, weights=correct) / table.sum(axis=1)  # (H,)
+    successes = rate @ table  # (G,)
+    return float(min(successes.min(), (table.sum(axis=0) - successes).min()))
+
+
+def noncentrality_for_power(dof: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The non-centrality at which a chi-square test with `dof` degrees of freedom at level
+    `alpha` rejects with probability `power`."""
+    critical = stats.chi2.isf(alpha, dof)
+    return float(optimize.brentq(lambda lam: stats.ncx2.sf(critical, dof, lam) - power, 1e-9, 1e4))
+
+
+def detectable_dip(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest drop of one residue's mean (outcome units) that the stratified test
+    detects with `power`, for the residue where a drop is hardest to see.
+
+    A drop `delta` of group g shifts the CMH differences by `delta * u_g` (u_g: the
+    drop's weight in each group's sum minus its share of the stratum means); the
+    statistic is then non-central chi-square with non-centrality delta^2 u' V^+ u, V
+    being the test's own covariance at the observed outcomes. None when nothing varies
+    within a context (accuracy 0% or 100% everywhere).
+    """
+    excess, covariance = cmh_parts(outcome, design)
+    dof = int(np.linalg.matrix_rank(covariance[0], hermitian=True))
+    if dof == 0:
+        return None
+    inverse = np.linalg.pinv(covariance[0], rcond=1e-10, hermitian=True)  # (G, G)
+    table = design.counts  # (H, G)
+    share = table / table.sum(axis=1, keepdims=True)  # (H, G) each group's share of its stratum
+    shifts = share.T @ table - np.diag(table.sum(axis=0))  # (G, G) row g: u_g
+    per_unit = np.einsum("gk,kl,gl->g", shifts, inverse, shifts)  # (G,) non-centrality of a unit drop
+    return math.sqrt(noncentrality_for_power(dof, alpha, power) / per_unit.min())
+
+
+def per_residue_for_dip(dip: float, modulus: int, variance: float = WORST_CASE_VARIANCE,
+                        alpha: float = ALPHA, power: float = POWER) -> int:
+    """Targets per residue (a multiple of the modulus, so contexts can be balanced) for
+    which a balanced design detects a one-residue drop of `dip` (a fraction) with `power`.
+
+    In a balanced design the non-centrality of a drop is n dip^2 (M - 1) / (M variance);
+    the worst-case variance 1/4 keeps n large enough at any accuracy.
+    """
+    if not 0 < dip < 1:
+        raise ValueError(f"expected a dip between 0 and 1 (a fraction of targets), got {dip}")
+    lam = noncentrality_for_power(modulus - 1, alpha, power)
+    n = math.ceil(lam * variance * modulus / ((modulus - 1) * dip * dip))
+    return -(-n // modulus) * modulus
+
+
+def bootstrap_gaps(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
+                   n: int = BOOTSTRAPS) -> np.ndarray:
+    """Best - worst residue accuracy (points) in `n` resamples of whole contexts (n,).
+
+    Contexts are drawn with replacement, so targets that share a context stay together.
+    A resample in which some residue has no target is dropped.
+    """
+    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
+    _, groups = np.unique(np.asarray(residues), return_inverse=True)
+    shape = (context_codes.max() + 1, groups.max() + 1)
+    hits, totals = np.zeros(shape), np.zeros(shape)  # (H, G)
+    np.add.at(hits, (context_codes, groups), np.asarray(correct, dtype=float))
+    np.add.at(totals, (context_codes, groups), 1)
+    draws = np.random.default_rng(seed).multinomial(shape[0], np.full(shape[0], 1 / shape[0]), size=n)  # (n, H)
+    counted = draws @ totals  # (n, G)
+    complete = (counted > 0).all(axis=1)  # (n,)
+    accuracy = 100 * (draws @ hits)[complete] / counted[complete]  # (n', G)
+    return accuracy.max(axis=1) - accuracy.min(axis=1)
+
+
+def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The central `level` interval of bootstrap samples."""
+    low, high = np.percentile(samples, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)

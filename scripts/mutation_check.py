@@ -1,0 +1,167 @@
+"""Plant known bugs in a copy of kvphase, one at a time, and see whether the tests catch them.
+
+Each mutation is a text substitution in one file (statistics, placement, scoring, resume,
+validate) and names the tests that should fail with it. The copy lives in a temporary
+folder; the working tree is never touched. A mutation whose text no longer appears is
+reported as stale, so the list cannot silently rot.
+
+    python scripts/mutation_check.py            # all mutations
+    python scripts/mutation_check.py --fast     # skip the ones whose tests run a real model
+    python scripts/mutation_check.py --only wilson-90,chunk-restart
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ["kvphase", "tests", "prompts", "pyproject.toml", "setup.py"]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest node ids or files that should fail
+    slow: bool = False  # its tests run a real model through llama.cpp
+
+
+STATS, STRAT = "kvphase/sweep/analysis.py", "kvphase/sweep/stratified.py"
+PLACE, RUN = "kvphase/sweep/placement.py", "kvphase/sweep/run.py"
+LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
+VREPORT, VCLI = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py"
+T_ANALYSIS, T_STRAT, T_PROBES = "tests/test_analysis.py", "tests/test_stratified.py", "tests/test_probes.py"
+T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.py", "tests/test_scoring.py"
+T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
+
+MUTATIONS = [
+    # statistics
+    Mutation("report-intervals-90", STATS, "low, high = wilson_interval(hits, n)",
+             "low, high = wilson_interval(hits, n, z=1.6448536269514722)", (T_ANALYSIS,)),
+    Mutation("wilson-z-90", STATS, "Z_95 = 1.959963984540054", "Z_95 = 1.6448536269514722", (T_ANALYSIS,)),
+    Mutation("gap-best-minus-mean", STATS, "gap=round(float(acc.max() - acc.min()), 2)",
+             "gap=round(float(acc.max() - acc.mean()), 2)", (T_ANALYSIS, T_COMPARE)),
+    Mutation("periodicity-next-residue", STATS, "abs(acc[r] - acc[r + stride])", "abs(acc[r] - acc[r + 1])",
+             (T_ANALYSIS, T_COMPARE)),
+    Mutation("control-headline-dropped", STATS, "            if self.control:", "            if False:",
+             (T_ANALYSIS,)),
+    Mutation("cmh-overall-mean", STRAT, "excess = y @ in_group - means @ table",
+             "excess = y @ in_group - y.mean(axis=1, keepdims=True) * table.sum(axis=0)", (T_STRAT,)),
+    Mutation("cmh-variance-over-n", STRAT, "squares / np.maximum(size - 1, 1)", "squares / np.maximum(size, 1)",
+             (T_STRAT,)),
+    Mutation("singletons-not-pooled", STRAT, "pooled = np.where(sizes[context_codes] == 1, -1, context_codes)",
+             "pooled = context_codes", (T_STRAT,)),
+    Mutation("permute-across-contexts", STRAT, "keys = strata[order] + rng.random((n, len(values)))",
+             "keys = 0 * strata[order] + rng.random((n, len(values)))", (T_STRAT,)),
+    Mutation("chi-square-at-small-counts", STRAT, "MIN_EXPECTED = 5 ", "MIN_EXPECTED = 0 ", (T_STRAT,)),
+    Mutation("power-50-percent", STRAT, "POWER = 0.80", "POWER = 0.50", (T_STRAT, T_ANALYSIS)),
+    Mutation("sample-size-not-balanced", STRAT, "return -(-n // modulus) * modulus", "return n", (T_STRAT,)),
+    Mutation("interval-90-percent", STRAT, "def percentile_interval(samples: np.ndarray, level: float = 0.95)",
+             "def percentile_interval(samples: np.ndarray, level: float = 0.90)", (T_STRAT, T_ANALYSIS)),
+    Mutation("bootstrap-unseeded", STRAT, "draws = np.random.default_rng(seed)", "draws = np.random.default_rng()",
+             (T_STRAT,)),
+    # placement
+    Mutation("sd-drift", PLACE, "_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus)",
+             "_spread_keeping_choice(anchors, int(round(n * r / modulus)), 2 * modulus)", (T_PROBES,)),
+    Mutation("no-residue-rotation", PLACE, "residue = (lane + c) % modulus", "residue = lane % modulus",
+             (T_PROBES, T_DESIGN)),
+    Mutation("rounds-not-multiples-of-m", PLACE, "most = lanes // modulus * modulus if lanes >= modulus else lanes",
+             "most = lanes", (T_PROBES,)),
+    Mutation("phase-mod-m", PLACE, "Target(first_target_id + i, index, p, p % m, p % s,",
+             "Target(first_target_id + i, index, p, p % m, p % m,", (T_PROBES,)),
+    Mutation("mean-not-cancelled", PLACE, "slots[r] = anchors + r - modulus * shifted",
+             "slots[r] = anchors + r", (T_PROBES,)),
+    # scoring
+    Mutation("chunk-restart", LLAMA, "(t, start + i, CONTEXT_SEQ, False)", "(t, i, CONTEXT_SEQ, False)",
+             (T_SCORING,), slow=True),
+    Mutation("query-off-by-one", LLAMA, "(t, n_context + i, QUERY_SEQ,", "(t, n_context + i + 1, QUERY_SEQ,",
+             (T_SCORING,), slow=True),
+    Mutation("any-token-correct", BASE, "correct=bool(np.all(predicted == answer_arr))",
+             "correct=bool(np.any(predicted == answer_arr))", (T_SCORING + "::test_teacher_forced_score_from_logits_by_hand",)),
+    # resume
+    Mutation("rescore-finished", RUN, "todo = [t for t in context.targets if t.target_id not in done]",
+             "todo = list(context.targets)", (T_RUN,)),
+    Mutation("keep-half-row", RUN, 'return data[: data.rfind(b"\\n") + 1]', "return data", (T_RUN,)),
+    Mutation("foreign-rows-accepted", RUN,
+             "if planned.get(int(row.target_id)) != (int(row.target_pos), str(row.key)):", "if False:", (T_RUN,)),
+    Mutation("other-plan-accepted", RUN, "if existing != plan.comparable():", "if False:", (T_RUN,)),
+    # validate
+    Mutation("validate-always-pass", VCLI,
+             'console.print("[bold green]PASS[/bold green]" if report.passed else "[bold red]FAIL[/bold red]")',
+             'console.print("[bold green]PASS[/bold green]")', (T_VERDICT,)),
+    Mutation("scores-tolerance-100x", VREPORT, "scores_rel: float = 1e-4", "scores_rel: float = 1e-2", (T_VERDICT,)),
+    Mutation("cli-scores-tolerance-100x", VCLI, 'scores_tol: float = typer.Option(1e-4,',
+             'scores_tol: float = typer.Option(1e-2,', (T_VERDICT,)),
+    Mutation("keys-tolerance-100x", VREPORT, "keys_abs: float = 1e-5", "keys_abs: float = 1e-3", (T_VERDICT,)),
+    Mutation("mismatched-sets-ignored", VREPORT, "        if self.mismatched:", "        if False:",
+             ("tests/test_validate.py::test_deepseek4_rolled_ape_fails",), slow=True),
+]
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, float]:
+    """pytest's exit code on `tests` in `tree` (0: all passed) and the seconds it took."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    started = time.time()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        code = done.returncode
+    except subprocess.TimeoutExpired:
+        code = -1
+    return code, time.time() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fast", action="store_true", help="skip mutations whose tests run a real model")
+    parser.add_argument("--only", default="", help="comma-separated mutation names")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per pytest run")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if (not args.fast or not m.slow)
+              and (not args.only or m.name in args.only.split(","))]
+    with tempfile.TemporaryDirectory(prefix="kvphase-mutants-") as tmp:
+        tree = Path(tmp)
+        for name in COPIED:
+            source = ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+            elif source.exists():
+                shutil.copy2(source, tree / name)
+        baseline = sorted({t for m in chosen for t in m.tests})
+        code, seconds = run_tests(tree, tuple(baseline), args.timeout)
+        if code != 0:
+            print(f"the unmutated tests fail (exit {code}); fix them first: {' '.join(baseline)}")
+            return 2
+        print(f"baseline: {len(baseline)} test targets pass ({seconds:.0f} s)")
+        caught, missed, stale = [], [], []
+        for m in chosen:
+            path = tree / m.path
+            original = path.read_text()
+            if original.count(m.old) != 1:
+                stale.append(m.name)
+                print(f"STALE   {m.name}: {m.old!r} occurs {original.count(m.old)} times in {m.path}")
+                continue
+            path.write_text(original.replace(m.old, m.new))
+            try:
+                code, seconds = run_tests(tree, m.tests, args.timeout)
+            finally:
+                path.write_text(original)
+            (caught if code != 0 else missed).append(m.name)
+            print(f"{'caught' if code != 0 else 'MISSED':7} {m.name} ({m.path}, {seconds:.0f} s)")
+        print(f"\n{len(caught)} of {len(caught) + len(missed)} planted bugs caught"
+              + (f"; missed: {', '.join(missed)}" if missed else "") + (f"; stale: {', '.join(stale)}" if stale else ""))
+        return 1 if missed or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

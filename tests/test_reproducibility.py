@@ -1,0 +1,24 @@
+"""What reproduces across machines (README, "What reproduces across machines").
+
+The plan is not machine-bound: the default sweep's probes hash to a committed fingerprint.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvphase.sweep.placement import ProbeSettings, build_probes, plan_fingerprint
+from kvphase.sweep.tasks import load_task
+
+# `kvphase sweep`'s default plan on SmolLM2-135M-Instruct (records, 1024 tokens, S = 4, M = 8,
+# 32 per residue, prefix padding, seed 0): a planner change that moves any token changes it
+DEFAULT_PLAN_SHA256 = "410d1b0ade575e6648f8c725a0abc2cf263ec92bca3380856fd6d66fb3618b5a"
+
+
+@pytest.fixture(scope="module")
+def default_contexts(llama_backend):
+    return build_probes(load_task("records"), llama_backend, ProbeSettings(1024, 4, 8, 32, "prefix", 0))
+
+
+def test_the_default_plan_matches_its_fingerprint(default_contexts):
+    assert plan_fingerprint(default_contexts) == DEFAULT_PLAN_SHA256
