@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from kvphase.sweep.analysis import gap_difference, summarize, wilson_interval
+from kvphase.sweep.analysis import gap_difference, homogeneity_test, summarize, wilson_interval
 from kvphase.sweep.stratified import noncentrality_for_power
 from tests.test_stratified import _generalized_loop
 
@@ -132,3 +132,12 @@ def test_gap_difference_of_a_run_with_itself_and_with_a_flat_run():
     fixed = gap_difference(dipped, flat)
     assert fixed.difference == pytest.approx(-65.62, abs=0.01)  # 100 * (0 - (48 - 6) / 64)
     assert fixed.differs and fixed.ci_high < 0
+
+
+def test_homogeneity_of_independent_targets_is_pearson_chi_square():
+    correct = np.r_[np.ones(30), np.zeros(10), np.ones(18), np.zeros(22)]  # 75% and 45%, 40 each
+    groups = np.repeat([0, 1], 40)
+    chi2 = stats.chi2_contingency([[30, 10], [18, 22]], correction=False)[0]
+    test = homogeneity_test(correct, groups)
+    assert test.statistic == pytest.approx(chi2 * 79 / 80, rel=1e-9) and "independent targets" in test.name
+    assert test.p_value == pytest.approx(stats.chi2.sf(chi2 * 79 / 80, 1), rel=1e-9)

@@ -27,6 +27,13 @@ def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def homogeneity_test(correct: np.ndarray, groups: np.ndarray, seed: int = 0) -> StratifiedTest:
+    """The accuracy test for targets independent of one another (each its own context, as
+    a trained model's held-out questions): one stratum, so (N - 1) / N x Pearson's chi-square."""
+    correct = np.asarray(correct, dtype=float)  # (N,)
+    return stratified_test(correct, Design.of(groups, np.arange(len(correct))), binary=True, seed=seed)
+
+
 @dataclass(frozen=True)
 class Summary:
     """What a report says, as numbers (accuracies in percent, two decimals)."""

@@ -145,7 +145,8 @@ def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: in
 def stratified_test(outcome: np.ndarray, design: Design, binary: bool, seed: int = 0) -> StratifiedTest:
     """CMH test that the outcome is the same in every group, stratified by context."""
     kind = "residue x correct" if binary else "answer log-probability by residue"
-    name = f"Cochran-Mantel-Haenszel test stratified by context ({kind})"
+    name = (f"Cochran-Mantel-Haenszel test stratified by context ({kind})" if design.strata.max() > 0
+            else f"chi-square test of homogeneity, independent targets ({kind})")
     statistic, dof = cmh_statistic(outcome, design)
     if dof == 0:
         return StratifiedTest(name, 0.0, 0, 1.0, "no context holds two targets that differ, so nothing varies "
