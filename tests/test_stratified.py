@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from kvphase.sweep.stratified import (Design, bootstrap_gaps, cmh_statistic, detectable_dip, per_residue_for_dip,
+from kvphase.sweep.stratified import (Design, basic_interval, bootstrap_gaps, cmh_statistic, detectable_dip, per_residue_for_dip,
                                       percentile_interval, permute_within, stratified_test)
 
 
@@ -193,3 +193,8 @@ def test_bootstrap_interval_holds_the_gap_and_is_deterministic():
 
 def test_percentile_interval_is_the_central_95_percent():
     assert percentile_interval(np.arange(1001.0)) == pytest.approx((25.0, 975.0), abs=1e-9)
+
+
+def test_basic_interval_reflects_the_quantiles_about_the_observed_value():
+    # resamples sit above the observed gap (biased upward): the interval moves down by as much
+    assert basic_interval(np.arange(1001.0), 600.0) == pytest.approx((225.0, 1175.0), abs=1e-9)

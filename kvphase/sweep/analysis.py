@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.stratified import (ALPHA, POWER, Design, StratifiedTest, bootstrap_gaps, detectable_dip,
-                                      percentile_interval, stratified_test)
+from kvphase.sweep.stratified import (ALPHA, POWER, Design, StratifiedTest, basic_interval, bootstrap_gaps,
+                                      detectable_dip, stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -48,7 +48,7 @@ class Summary:
     best_accuracy: float
     best_residue: int
     gap: float  # best - worst, points; biased upward at small n
-    gap_ci: tuple[float, float]  # 95% percentile interval of the gap, bootstrap over contexts
+    gap_ci: tuple[float, float]  # 95% basic bootstrap interval of the gap over contexts (bias taken out)
     periodicity: float | None  # mean over r < S of |A(r) - A(r + S)|, when M = 2S
     detectable_dip: float | None  # points: a one-residue dip the accuracy test finds with 80% power
     test: StratifiedTest  # accuracy
@@ -124,7 +124,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         best_accuracy=float(acc.max()),
         best_residue=int(acc.idxmax()),
         gap=round(float(acc.max() - acc.min()), 2),
-        gap_ci=tuple(round(v, 2) for v in percentile_interval(gaps)),
+        gap_ci=tuple(round(max(v, 0.0), 2) for v in basic_interval(gaps, float(acc.max() - acc.min()))),
         periodicity=periodicity,
         detectable_dip=None if dip is None else round(100 * dip, 2),
         test=stratified_test(correct, design, binary=True, seed=seed),
@@ -158,6 +158,7 @@ def gap_difference(baseline: pd.DataFrame, other: pd.DataFrame, seed: int = 0) -
     samples = [bootstrap_gaps(r["correct"].to_numpy(dtype=float), r["residue"].to_numpy(), r["context"].to_numpy(),
                               seed + i) for i, r in enumerate((baseline, other))]
     n = min(len(s) for s in samples)
-    low, high = percentile_interval(samples[1][:n] - samples[0][:n])
     observed = [100 * np.ptp(r.groupby("residue")["correct"].mean().to_numpy()) for r in (baseline, other)]
-    return GapDifference(round(float(observed[1] - observed[0]), 2), round(low, 2), round(high, 2))
+    difference = float(observed[1] - observed[0])
+    low, high = basic_interval(samples[1][:n] - samples[0][:n], difference)
+    return GapDifference(round(difference, 2), round(low, 2), round(high, 2))

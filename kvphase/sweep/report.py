@@ -151,7 +151,7 @@ def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
         ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
         ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
         ("gap (best - worst)", f"{summary.gap:.2f} points (95% CI {summary.gap_ci[0]:.2f} to {summary.gap_ci[1]:.2f}, "
-                               "bootstrap over contexts; the raw gap is biased upward at small n)"),
+                               "basic bootstrap over contexts, which takes out the upward bias the raw gap has at small n)"),
         ("periodicity check, mean over r < S of abs(A(r) - A(r+S))",
          "n/a (modulus is not twice the stride)" if summary.periodicity is None
          else f"{summary.periodicity:.2f} points"),

@@ -17,7 +17,8 @@ whole contexts:
 - Power: the smallest one-residue dip the test detects with 80% power, from the
   non-central chi-square law with the test's own variance (so the run's design and the
   context effects it saw are in it).
-- Gap intervals come from a bootstrap over contexts.
+- Gap intervals come from a bootstrap over contexts (basic intervals, which undo the
+  upward bias of a best - worst difference).
 """
 
 from __future__ import annotations
@@ -252,3 +253,11 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float
     """The central `level` interval of bootstrap samples."""
     low, high = np.percentile(samples, [50 * (1 - level), 50 * (1 + level)])
     return float(low), float(high)
+
+
+def basic_interval(samples: np.ndarray, observed: float, level: float = 0.95) -> tuple[float, float]:
+    """The basic (reverse percentile) bootstrap interval, 2 x observed - the samples' upper and
+    lower quantiles: a gap is biased upward (noise alone makes some residue best and another
+    worst), resamples are biased once more, and this interval takes that bias back out."""
+    low, high = percentile_interval(samples, level)
+    return 2 * observed - high, 2 * observed - low
