@@ -8,7 +8,8 @@ dense model reuses the whole context; recurrent/hybrid (glm5-next) and sliding-w
 (deepseek4's iSWA cache) models can reuse a prefix only through a checkpoint near the
 end of a prompt.
 
-Tiny `make-tiny` models have no tokenizer, so token ids are sent directly.
+Tiny `make-tiny` models get the default model's tokenizer (llama-server aborts on a
+model without one when it renders a token), and token ids are sent directly.
 
     python scripts/server_prefix_reuse.py [--context 512] [--arch glm5-next deepseek4 llama]
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kvphase.backends.server import Http, Retry
+from kvphase.defaults import default_model_path
 from kvphase.engines.llama_server import llama_server
 from kvphase.gguf.tiny import TINY_VOCAB, write_tiny_model
 
@@ -30,7 +32,7 @@ def measure(model: Path, context_len: int, query_len: int = 6, answer_len: int =
     """Prompt tokens the server evaluated for: the context alone, a first and a second query."""
     rng = np.random.default_rng(0)
     context = [int(t) for t in rng.integers(1, TINY_VOCAB, context_len)]
-    with llama_server(model, n_ctx_per_slot=context_len + 64) as server:
+    with llama_server(model, n_ctx_per_slot=context_len + 64, threads=1) as server:
         http = Http(server.url, Retry())
         evaluated = [http.post("/completion", {"prompt": context, "n_predict": 0, "id_slot": 0,
                                                "cache_prompt": False})["timings"]["prompt_n"]]
@@ -53,7 +55,7 @@ def main() -> None:
     print(f"{'model':<14}{'context alone':>15}{'1st query':>11}{'2nd query':>11}")
     with tempfile.TemporaryDirectory() as folder:
         for arch in args.arch:
-            path = write_tiny_model(arch, Path(folder) / f"{arch}.gguf")
+            path = write_tiny_model(arch, Path(folder) / f"{arch}.gguf", tokenizer_from=default_model_path())
             alone, first, second = measure(path, args.context)
             print(f"{arch:<14}{alone:>15}{first:>11}{second:>11}")
 
