@@ -471,14 +471,20 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies the number of random cuts and flips")
     parser.add_argument("--only", choices=sorted(CATEGORIES), action="append", help="run these categories only")
+    parser.add_argument("--budget", type=float, default=None, help="start no new case after this many seconds; "
+                        "cases run in a seeded random order, so a partial campaign samples every category")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every trial, not only the bad ones")
     args = parser.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kvphase-fuzz-") as tmp:
         campaign = Campaign(Path(tmp), args.seed, args.scale)
         cases = [case for key in CATEGORIES if not args.only or key in args.only for case in getattr(campaign, key)()]
+        random.Random(args.seed).shuffle(cases)
+        planned = sum(len(case.commands) for case in cases)
 
         def run(case: Case) -> None:
+            if args.budget is not None and time.time() - started > args.budget:
+                return
             run_case(case, args.timeout, campaign.work, args.wall)
             for argv, (outcome, detail) in zip(case.commands, case.results):
                 if args.verbose or outcome in BAD:
@@ -487,7 +493,7 @@ def main() -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(run, cases))
     n = sum(len(case.results) for case in cases)
-    print(f"\n{n} trials in {time.time() - started:.0f} s (hang: over {args.timeout:g} s of CPU or {args.wall:g} s "
+    print(f"\n{n} of {planned} planned trials in {time.time() - started:.0f} s (hang: over {args.timeout:g} s of CPU or {args.wall:g} s "
           f"in all; seed {args.seed}, scale {args.scale:g})\n")
     print(table(cases))
     return 1 if any(outcome in BAD for case in cases for outcome, _ in case.results) else 0
