@@ -253,7 +253,7 @@ def _rows(folder) -> int:
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("whole") / "run"
     proc = _sweep(out)
-    stdout, stderr = proc.communicate(timeout=300)
+    stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     return out
 
@@ -273,7 +273,7 @@ def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_pa
     assert _rows(out) < 8, "the sweep finished before it could be killed"
     assert (out / ".lock").read_text().startswith("pid ")
     resumed = _sweep(out)
-    _, stderr = resumed.communicate(timeout=300)
+    _, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr
     assert "ended without releasing it; resuming" in stderr
     assert (out / "results.csv").read_bytes() == (uninterrupted / "results.csv").read_bytes()
@@ -286,8 +286,8 @@ def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path, uninte
     first = _sweep(out)
     _wait_for_lock(first, out)  # then the second starts while the first holds the folder
     second = _sweep(out)
-    _, refusal = second.communicate(timeout=300)
-    _, stderr = first.communicate(timeout=300)
+    _, refusal = second.communicate(timeout=900)
+    _, stderr = first.communicate(timeout=900)
     assert first.returncode == 0, stderr
     assert second.returncode == 1 and refusal.count("\n") == 1, refusal
     assert f"is in use by another sweep (pid {first.pid} on " in refusal
