@@ -89,8 +89,8 @@ MUTATIONS = [
     Mutation("any-token-correct", BASE, "correct=bool(np.all(predicted == answer_arr))",
              "correct=bool(np.any(predicted == answer_arr))", (T_SCORING + "::test_teacher_forced_score_from_logits_by_hand",)),
     # resume
-    Mutation("rescore-finished", RUN, "todo = [t for t in context.targets if t.target_id not in done]",
-             "todo = list(context.targets)", (T_RUN,)),
+    Mutation("rescore-finished", RUN, "pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]",
+             "pending = [(c, list(c.targets)) for c in contexts]", (T_RUN,)),
     Mutation("keep-half-row", RUN, 'return data[: data.rfind(b"\\n") + 1]', "return data", (T_RUN,)),
     Mutation("foreign-rows-accepted", RUN,
              "if planned.get(int(row.target_id)) != (int(row.target_pos), str(row.key)):", "if False:", (T_RUN,)),
