@@ -1,0 +1,64 @@
+"""`kvphase sweep --backend server` through the real llama-server, built from the
+llama.cpp that llama-cpp-python vendors (`make llama-server`; `make test` builds it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.cli import app
+from kvphase.engines.llama_server import find_llama_server, llama_server
+from kvphase.sweep.run import load_results
+
+pytestmark = pytest.mark.slow
+SWEEP = ["--context", "512", "--per-residue", "8", "--threads", "1", "-q"]  # one thread: no spinning on a busy machine
+
+
+@pytest.fixture(scope="module")
+def binary():
+    return find_llama_server()
+
+
+@pytest.fixture(scope="module")
+def one_server(binary, default_model):
+    with llama_server(default_model, binary=binary, threads=1, slots=1, n_ctx_per_slot=1024) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, default_model):
+    out = tmp_path_factory.mktemp("local") / "run"
+    result = CliRunner().invoke(app, ["sweep", str(default_model), *SWEEP, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return load_results(out).sort_values("target_id").reset_index(drop=True)
+
+
+def server_sweep(model, out, *urls, extra=()):
+    args = ["sweep", str(model), *SWEEP, "--backend", "server", "--out", str(out), *extra]
+    for url in urls:
+        args += ["--url", url]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.fixture(scope="module")
+def one_server_run(tmp_path_factory, default_model, one_server):
+    out = tmp_path_factory.mktemp("server") / "run"
+    result = server_sweep(default_model, out, one_server.url)
+    assert result.exit_code == 0, result.output
+    return load_results(out).sort_values("target_id").reset_index(drop=True)
+
+
+def flag_agreement(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, str]:
+    """How many targets' correctness flags differ, and a line with the logprob differences."""
+    assert list(a["target_id"]) == list(b["target_id"])
+    diffs = np.abs(a["logprob"].to_numpy() - b["logprob"].to_numpy())  # (n_targets,)
+    return int((a["correct"] != b["correct"]).sum()), f"logprob |diff| max {diffs.max():.3g}, mean {diffs.mean():.3g}"
+
+
+def test_server_sweep_flags_agree_with_the_in_process_backend(local_run, one_server_run):
+    differing, spread = flag_agreement(local_run, one_server_run)
+    print(f"\n{differing} of {len(local_run)} flags differ; {spread}")
+    assert differing <= 0.01 * len(local_run), f"{differing} of {len(local_run)} flags differ; {spread}"
+    assert (local_run["predicted"] == one_server_run["predicted"]).mean() >= 0.99
