@@ -128,6 +128,8 @@ def summarize(results: pd.DataFrame, stride: int) -> dict:
         "n_targets": len(targets),
         "flipping_targets": int(table["flips"].sum()),
         "mean_periodic_share": round(float(table["periodic_share"].mean()), 4),
+        # what a margin of pure noise scores: S - 1 of the n_shifts - 1 degrees of freedom are phase means
+        "chance_periodic_share": round((stride - 1) / max(1, results["shift"].nunique() - 1), 4),
     }
 
 
@@ -146,7 +148,7 @@ def headline(summary: dict) -> str:
     worst = min((p for p in summary["per_phase"] if p["mean_margin"] is not None), key=lambda p: p["mean_margin"])
     return (f"{summary['flipping_targets']} of {summary['n_targets']} targets flip between the right value and a "
             f"distractor as they move through the phases; phase explains {100 * summary['mean_periodic_share']:.0f}% "
-            f"of the margin's variation; mean margin best at phase {best['phase']} ({best['mean_margin']:+.2f} nats), "
+            f"of the margin's variation (noise alone: {100 * summary['chance_periodic_share']:.0f}%); mean margin best at phase {best['phase']} ({best['mean_margin']:+.2f} nats), "
             f"worst at phase {worst['phase']} ({worst['mean_margin']:+.2f})")
 
 
@@ -186,7 +188,8 @@ def render_markdown(config: dict, summary: dict, manifest: dict) -> str:
         f"{config['cycles'] * plan['stride'] - 1} filler tokens right before it, everything else unchanged. "
         "Margin: logprob of the right value minus that of the strongest distractor (any other value of the "
         "task that occurs in the context); above 0 the model prefers the right value. `periodic_share`: the share of a "
-        "target's margin variation that its phase explains (1: purely periodic in S).",
+        "target's margin variation that its phase explains (1: purely periodic in S); a margin of pure noise "
+        "scores (S - 1) / (shifts - 1) on average, so use several cycles before reading it.",
         "",
         f"![margin per shift]({FIGURE_FILE})",
         "",
