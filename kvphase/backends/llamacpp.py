@@ -99,7 +99,9 @@ class LlamaCppBackend:
         """
         if context == self._context:
             return
-        self._lc.llama_memory_seq_rm(self._memory, -1, -1, -1)
+        # clear, not seq_rm(-1, -1, -1): glm5-next's hybrid (KDA + k-pool) memory refuses that removal
+        # after a query was copied off the context, and the next context then fails to decode (status -1)
+        self._lc.llama_memory_clear(self._memory, True)
         self._context = ()
         for start in range(0, len(context), self.n_batch):
             chunk = context[start:start + self.n_batch]
