@@ -116,7 +116,7 @@ def test_deepseek4_with_yarn_rope_equals_llama_cpp(tmp_path, monkeypatch):
     assert report.passed, _describe(report)
     assert all(layer.keys.count > 0 for layer in report.layers)
     # the same scaling without YaRN's ramp must miss llama.cpp's CSA entries
-    monkeypatch.setattr("kvphase.validate.dsv4_rope_scaling", lambda fields, arch: (freq_scale, None))
+    monkeypatch.setattr("kvphase.validate.dsv4.dsv4_rope_scaling", lambda fields, arch: (freq_scale, None))
     without = validate_model(model, n_tokens=160, splits=[[97, 63]], settings=ONE_THREAD)
     assert not without.passed
     assert "keys differ by up to" in " ".join(without.layers[0].failures(without.tolerances))
