@@ -62,3 +62,15 @@ def test_server_sweep_flags_agree_with_the_in_process_backend(local_run, one_ser
     print(f"\n{differing} of {len(local_run)} flags differ; {spread}")
     assert differing <= 0.01 * len(local_run), f"{differing} of {len(local_run)} flags differ; {spread}"
     assert (local_run["predicted"] == one_server_run["predicted"]).mean() >= 0.99
+
+
+def test_two_servers_give_the_results_of_one(tmp_path, binary, default_model, one_server_run):
+    with llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as a, \
+         llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as b:
+        result = server_sweep(default_model, tmp_path / "two", a.url, b.url)
+    assert result.exit_code == 0, result.output
+    two = load_results(tmp_path / "two").sort_values("target_id").reset_index(drop=True)
+    differing, spread = flag_agreement(one_server_run, two)
+    assert differing == 0, spread
+    # one slot per server: each context is evaluated alone from position 0, so the numbers are the same
+    assert np.array_equal(one_server_run["logprob"], two["logprob"]), spread
