@@ -108,12 +108,14 @@ MUTATIONS = [
 ]
 
 
-def run_tests(tree: Path, tests: tuple[str, ...], timeout: int) -> tuple[int, float]:
-    """pytest's exit code on `tests` in `tree` (0: all passed) and the seconds it took."""
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: int, slow: bool = False) -> tuple[int, float]:
+    """pytest's exit code on `tests` in `tree` (0: all passed) and the seconds it took; the
+    fast tests only unless `slow`."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
     started = time.time()
+    select = [] if slow else ["-m", "not slow"]
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *select, *tests],
                               cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         code = done.returncode
     except subprocess.TimeoutExpired:
@@ -138,7 +140,7 @@ def main() -> int:
             elif source.exists():
                 shutil.copy2(source, tree / name)
         baseline = sorted({t for m in chosen for t in m.tests})
-        code, seconds = run_tests(tree, tuple(baseline), args.timeout)
+        code, seconds = run_tests(tree, tuple(baseline), args.timeout, slow=any(m.slow for m in chosen))
         if code != 0:
             print(f"the unmutated tests fail (exit {code}); fix them first: {' '.join(baseline)}")
             return 2
@@ -153,7 +155,7 @@ def main() -> int:
                 continue
             path.write_text(original.replace(m.old, m.new))
             try:
-                code, seconds = run_tests(tree, m.tests, args.timeout)
+                code, seconds = run_tests(tree, m.tests, args.timeout, slow=m.slow)
             finally:
                 path.write_text(original)
             (caught if code != 0 else missed).append(m.name)
