@@ -1,30 +1,44 @@
 #!/usr/bin/env bash
-# The trained-models study (issue 8): each design and each fix at S = 4, three seeds, each
-# model trained into reports/trained/<name>-seed<k>/ (resumable: re-running continues), then
-# swept with the standard protocol, then one comparison of the final sweeps.
+# The trained-models study (issue 8): the dense control, the gated compressor and its offset
+# fixes at S = 4, meanpool and kpool, gated at S = 8, and the capacity question (per-head
+# staggering with 2, 4 and 8 heads against S = 4), three seeds each, every model trained into reports/trained/<name>-seed<k>/
+# (resumable: re-running continues) and swept with the standard protocol (`kvphase sweep FILE`
+# with no options: 256 targets per residue), then one comparison of the final sweeps.
 #
-#     bash scripts/train_study.sh [STEPS]
+#     bash scripts/train_study.sh [STEPS] [CONFIG ...]      # JOBS=2 trainings at a time
 #
-# About 27 models; at the default size count on several CPU-minutes each on 2 cores.
+# CONFIG is a name below (default: all). About 3 CPU-minutes per model at 1500 steps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KV=${KV:-.venv/bin/kvphase}
-STEPS=${1:-1500}
-run() {  # name, then kvphase train options
-  local name=$1; shift
-  for seed in 0 1 2; do
-    local out="reports/trained/${name}-seed${seed}"
-    "$KV" train "$@" "$out" --steps "$STEPS" --seed "$seed" --quiet
-    "$KV" sweep "$out/model.gguf" --out "$out/sweep" --quiet
-  done
+STEPS=${1:-1500}; shift || true
+JOBS=${JOBS:-2}
+export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"  # one core per training
+declare -A OPTIONS=(
+  [dense]="dense"
+  [gated]="gated"
+  [gated-stagger-head]="gated --stagger head"
+  [gated-offsets-random]="gated --offsets random"
+  [gated-offsets-jitter]="gated --offsets jitter"
+  [meanpool]="meanpool"
+  [kpool]="kpool"
+  [gated-S8]="gated --stride 8"
+  [gated-stagger-head-h2]="gated --stagger head --heads 2"
+  [gated-stagger-head-h8]="gated --stagger head --heads 8"
+)
+CONFIGS=("$@")
+[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-head gated-offsets-random gated-offsets-jitter meanpool kpool
+                                     gated-S8 gated-stagger-head-h2 gated-stagger-head-h8)
+one() {  # name seed: train, then sweep
+  local out="reports/trained/$1-seed$2"
+  # shellcheck disable=SC2086
+  "$KV" train ${OPTIONS[$1]} "$out" --steps "$STEPS" --seed "$2" --quiet > /dev/null
+  [ -f "$out/sweep/summary.json" ] || "$KV" sweep "$out/model.gguf" --out "$out/sweep" --quiet > /dev/null
+  echo "$1 seed $2: $(head -c 300 "$out/sweep/report.md" | sed -n 3p)"
 }
-run dense dense
-run gated gated
-run meanpool meanpool
-run kpool kpool
-run gated-stagger-layer gated --stagger layer
-run gated-stagger-head gated --stagger head
-run gated-stagger-layer-head gated --stagger layer_head
-run gated-offsets-random gated --offsets random
-run gated-offsets-jitter gated --offsets jitter
+export -f one; export KV STEPS
+export OPTIONS_DECL; OPTIONS_DECL=$(declare -p OPTIONS)
+for seed in 0 1 2; do for name in "${CONFIGS[@]}"; do echo "$name $seed"; done; done |
+  xargs -P "$JOBS" -L 1 bash -c 'eval "$OPTIONS_DECL"; one "$0" "$1"'
 "$KV" compare reports/trained/*/sweep --out reports/trained/comparison
+python3 scripts/train_study_figure.py reports/trained

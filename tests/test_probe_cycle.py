@@ -73,7 +73,7 @@ def test_rolled_copy_moves_each_row_by_k(tmp_path):
 def test_weak_phase_moves_by_exactly_k(tmp_path):
     model, out = _model(tmp_path), tmp_path / "run"
     headline = run_cycle(_plan(model), 1, out, GateBackend)
-    assert f"weakest phase {WEAK} -> {WEAK + 1} (predicted {WEAK + 1})" in headline
+    assert f"weakest phase off the boundary {WEAK} -> {WEAK + 1} (predicted {WEAK + 1})" in headline
     summary = json.loads((out / "summary.json").read_text())
     assert summary["r_squared"] == 1.0
     table = {row["phase"]: row for row in summary["phases"]}

@@ -161,3 +161,30 @@ def test_impossible_settings_raise_plan_errors(llama_backend):
         _settings("sideways")
     with pytest.raises(PlanError, match="no room for targets"):
         build_probes(load_task("records"), llama_backend, _settings("prefix", context=64, per_residue=4))
+
+
+def test_scattered_distractors_sit_at_random_free_places():
+    """pairs.toml asks for 3 distractor records per context at random places: every context holds its
+    targets at their slots plus exactly 3 more records, none overlapping, at varying positions."""
+    task = load_task("pairs")
+    assert task.distractors_per_context == 3
+    backend = CharBackend()
+    contexts = build_probes(task, backend, _settings("in-sequence", context=512, modulus=4, per_residue=8))
+    keys, starts = set(task.keys), set()
+    for context in contexts:
+        words = backend.detokenize(context.tokens).split()
+        found = [w for w in words if w in keys]
+        assert len(found) == len(set(found)) == len(context.targets) + 3
+        text = backend.detokenize(context.tokens)
+        for target in context.targets:
+            assert text[target.position:].startswith(f" {target.key} {target.answer}")
+        starts |= {text.index(f" {k} ") for k in found if k not in {t.key for t in context.targets}}
+    assert len(starts) > 20  # distractors are not parked at a few fixed places
+
+
+def test_a_task_with_more_distractors_than_room_is_a_plan_error():
+    import dataclasses
+
+    task = dataclasses.replace(load_task("pairs"), distractors_per_context=40)
+    with pytest.raises(PlanError, match="40 distractors do not fit"):
+        build_probes(task, CharBackend(), _settings("in-sequence", context=256, modulus=4, per_residue=4))

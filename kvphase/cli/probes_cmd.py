@@ -84,9 +84,11 @@ def flip(
 def cycle(
     model: Path = typer.Argument(..., help="A GGUF with per-phase gate biases (see `kvphase gates`)."),
     k: int = typer.Option(..., "--k", help="Roll every gate bias by k phases (1 .. S - 1)."),
-    context: int = typer.Option(512, help="Context length in tokens of both sweeps."),
-    per_residue: int = typer.Option(8, "--per-residue", help="Targets per residue group in both sweeps."),
-    task: str = typer.Option("records", help="Retrieval task from prompts/."),
+    context: Optional[int] = typer.Option(None, help="Context length in tokens of both sweeps; default 512, a "
+                                          "trained model's own context."),
+    per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group in both sweeps; "
+                                              "default 8, 256 for a trained model."),
+    task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-cycle-k<K>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
@@ -97,7 +99,7 @@ def cycle(
     from dataclasses import replace
 
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan
+    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan, with_reference_design
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
     from kvphase.gguf.header import read_gguf_header
@@ -105,6 +107,7 @@ def cycle(
     from kvphase.probes.cycle import check_k, run_cycle
     from kvphase.probes.folder import REPORT_FILE
     from kvphase.probes.gates import TRAINED, find_sources
+    from kvphase.sweep.plan import SweepDefaults
 
     if threads is not None:
         check_threads(threads)
@@ -115,11 +118,48 @@ def cycle(
     name = backend if backend != "auto" else ("reference" if TRAINED + "design" in fields else "llama.cpp")
     if name not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
-    plan = replace(make_plan(info, stride, None, context, per_residue, "prefix", task, seed), backend=name)
+    trained = info.trained is not None
+    defaults = SweepDefaults.for_model(info) if trained else SweepDefaults(context=512, per_residue=8, padding="prefix")
+    plan = replace(make_plan(info, stride, None, context or defaults.context, per_residue or defaults.per_residue,
+                             defaults.padding, task or defaults.task, seed), backend=name)
+    if name == "reference":
+        plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
     run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
 
     def open_backend(path: Path):
-        return BACKENDS[name](path, n_ctx=context + QUERY_ROOM, n_threads=threads or os.cpu_count(), options={})
+        return BACKENDS[name](path, n_ctx=plan.context + QUERY_ROOM, n_threads=threads or os.cpu_count(),
+                              options=plan.backend_options)
 
     typer.echo(plain(run_cycle(plan, k, run_dir, open_backend), limit=2000))
+    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+@app.command()
+def knockout(
+    model: Path = typer.Argument(..., help="A GGUF the numpy reference runs (a kvphase-trained model, or llama/gpt2)."),
+    context: Optional[int] = typer.Option(None, help="Context length; default 512, a trained model's own context."),
+    per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group in every sweep; "
+                                              "default 8, 64 for a trained model."),
+    task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
+    layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads (repeatable); default every layer."),
+    seed: int = typer.Option(0, help="Seed of the sweep plan."),
+    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-knockout."),
+) -> None:
+    """Knockouts: mean-ablate each attention head in turn and map the accuracy change per phase."""
+    from kvphase.backends import BACKENDS
+    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan, with_reference_design
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.probes.knockout import run_knockout
+    from kvphase.sweep.plan import SweepDefaults
+
+    info = read_model_info(model)
+    trained = info.trained is not None
+    defaults = SweepDefaults.for_model(info) if trained else SweepDefaults(context=512, per_residue=8, padding="prefix")
+    plan = make_plan(info, None, None, context or defaults.context, per_residue or (64 if trained else 8),
+                     defaults.padding, task or defaults.task, seed)
+    plan = with_reference_design(plan, defaults.design if trained else "dense", {}, info.n_layers)
+    backend = BACKENDS["reference"](info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=1, options=plan.backend_options)
+    run_dir = out or Path("reports") / f"{info.short_name}-knockout"
+    typer.echo(plain(run_knockout(plan, backend, run_dir, info, layer or None), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")

@@ -144,9 +144,13 @@ def query_room(info: ModelInfo) -> int:
 
 
 def stride_and_modulus(info: ModelInfo, stride: Optional[int], modulus: Optional[int]) -> tuple[int, int]:
-    """--stride or the model's (CONTROL_STRIDE when it declares none), --modulus or twice the stride."""
+    """--stride or the model's (CONTROL_STRIDE when it declares none); --modulus, or twice the
+    stride (the periodicity check), or for a `kvphase train` file the stride itself: its short
+    trained context leaves too few positions to match depths over 2S residues."""
     stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
-    return stride, modulus if modulus is not None else 2 * stride
+    if modulus is None:
+        modulus = stride if info.trained is not None else 2 * stride
+    return stride, modulus
 
 
 def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: int, default: int) -> int:

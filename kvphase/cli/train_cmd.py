@@ -17,21 +17,22 @@ from kvphase.train.config import TrainConfig
 def train(
     design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool."),
     out: Optional[Path] = typer.Argument(None, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
-    stride: int = typer.Option(4, help="S: tokens per pooled entry."),
-    layers: int = typer.Option(2, help="Transformer blocks."),
-    heads: int = typer.Option(4, help="Attention heads (each has its own compressor offset)."),
-    d_model: int = typer.Option(64, "--d-model", help="Width of the residual stream."),
-    context: int = typer.Option(128, help="Tokens before the questions (the sweep's default --context)."),
+    stride: int = typer.Option(TrainConfig.stride, help="S: tokens per pooled entry."),
+    layers: int = typer.Option(TrainConfig.layers, help="Transformer blocks."),
+    heads: int = typer.Option(TrainConfig.heads, help="Attention heads (each has its own compressor offset)."),
+    d_model: int = typer.Option(TrainConfig.d_model, "--d-model", help="Width of the residual stream."),
+    context: int = typer.Option(TrainConfig.context, help="Tokens before the questions (the sweep's default --context)."),
+    records: int = typer.Option(TrainConfig.records, help="Key value records in each training context."),
     queries: int = typer.Option(TrainConfig.queries, help="Questions after the context of every training sequence."),
-    steps: int = typer.Option(1500, help="Optimisation steps."),
+    steps: int = typer.Option(TrainConfig.steps, help="Optimisation steps."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
-    eval_every: int = typer.Option(100, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
+    eval_every: int = typer.Option(TrainConfig.eval_every, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
     stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),
     offsets: str = typer.Option("fixed", help="fixed, random (per sequence and head) or jitter (per sequence, shared)."),
-    local_window: int = typer.Option(8, "--local-window", help="Recent tokens every query sees exactly."),
-    top_k: int = typer.Option(8, "--top-k", help="kpool: windows each query reads."),
+    local_window: int = typer.Option(TrainConfig.local_window, "--local-window", help="Recent tokens every query sees exactly."),
+    top_k: int = typer.Option(TrainConfig.top_k, "--top-k", help="kpool: windows each query reads."),
     batch: int = typer.Option(TrainConfig.batch, help="Sequences per step."),
-    lr: float = typer.Option(3e-3, help="Peak learning rate."),
+    lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Train a model with a chunked compressor from scratch; Ctrl-C keeps a checkpoint, the same command resumes."""
@@ -39,7 +40,7 @@ def train(
     from kvphase.train.run import MODEL_FILE, default_train_dir, train as run_training
 
     config = TrainConfig(design=design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
-                         queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
+                         records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
                          local_window=local_window, top_k=top_k, batch=batch, lr=lr)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:

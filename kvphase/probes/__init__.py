@@ -4,6 +4,7 @@ like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
 - `gates`: static gate concentration from the per-phase bias tensors alone.
 - `flip`: single targets moved through the phases, right value against the strongest distractor.
 - `cycle`: every gate bias rolled by k; does the weak phase move by k?
+- `knockout`: each head mean-ablated in turn; which phase does it serve?
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from kvphase.probes import cycle, flip, gates
+from kvphase.probes import cycle, flip, gates, knockout
 
 # probe name (config.json "probe") -> rebuild summary.json, report.md and figure; returns the headline
 REPORTS: dict[str, Callable[[Path], str]] = {
     "gates": gates.build_report,
     "flip": flip.build_report,
     "cycle": cycle.build_report,
+    "knockout": knockout.build_report,
 }
 
-__all__ = ["REPORTS", "cycle", "flip", "gates"]
+__all__ = ["REPORTS", "cycle", "flip", "gates", "knockout"]

@@ -103,9 +103,12 @@ def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_backend: Callable[[Pa
 def headline(summary: dict) -> str:
     r2 = summary["r_squared"]
     fit = "undefined (accuracy does not vary off the boundary)" if r2 is None else f"{r2:.3f}"
-    return (f"rolling the gate bias by k = {summary['k']}: weakest phase {summary['weakest_k0']} -> "
+    boundary = next((p for p in summary["phases"] if p["boundary"]), None)
+    edge = "" if boundary is None else (f"; boundary phase {boundary['phase']}: {boundary['accuracy_k0']:.1f}% -> "
+                                        f"{boundary['accuracy_k']:.1f}%")
+    return (f"rolling the gate bias by k = {summary['k']}: weakest phase off the boundary {summary['weakest_k0']} -> "
             f"{summary['weakest_k']} (predicted {(summary['weakest_k0'] + summary['k']) % summary['stride']}); "
-            f"R^2 of A_k(r) against A_0((r - k) mod S) off the boundary phase: {fit}")
+            f"R^2 of A_k(r) against A_0((r - k) mod S) off the boundary phase: {fit}{edge}")
 
 
 def build_report(run_dir: Path) -> str:

@@ -13,7 +13,9 @@ those positions, in one of the two padding modes:
   lockstep with the targets; the runs of records between targets are drawn to end
   exactly at the next target.
 - in-sequence: random gaps of 0..M-1 filler tokens between records, so distractor
-  phases are independent of the target's.
+  phases are independent of the target's; or, for a task with `distractors_per_context`,
+  that many distractor records at uniformly random free places (the sparse contexts
+  `kvphase train` models learn on).
 
 All contexts have exactly `context_length` tokens, so every query starts at the same
 position.
@@ -40,6 +42,7 @@ PADDING_MODES = ("prefix", "in-sequence")
 MEAN_TOLERANCE = 0.5  # tokens: largest distance of a residue group's mean position from the common mean
 EXHAUSTIVE_CHOICES = 20_000  # up to this many ways to pick the moved anchors, try them all
 SD_TOLERANCE = 0.02  # relative: largest spread of the groups' position standard deviations
+MAX_TARGETS = 1 << 16  # targets in one run: about a minute of planning, and more than any test needs
 MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
 EXACT_RUN_STEPS = 10_000  # records drawn (or taken back) for one exact run before giving up
 
@@ -75,9 +78,11 @@ class ProbeSettings:
             raise PlanError(f"--context must be at most {MAX_CONTEXT} tokens, got {self.context_length}")
         if self.per_residue < 1:
             raise PlanError(f"--per-residue must be at least 1, got {self.per_residue}")
-        if self.per_residue > self.context_length // self.modulus:  # checked before any planning, however large
-            raise PlanError(f"--per-residue {self.per_residue} is more than a {self.context_length}-token context "
-                            f"holds: {self.context_length // self.modulus} positions of each residue mod {self.modulus}")
+        if self.modulus > self.context_length:
+            raise PlanError(f"--context {self.context_length} is shorter than one period of the modulus {self.modulus}")
+        if self.per_residue * self.modulus > MAX_TARGETS:  # checked before any planning, however large
+            raise PlanError(f"--per-residue {self.per_residue} asks for {self.per_residue * self.modulus} targets "
+                            f"(mod {self.modulus}); one run holds at most {MAX_TARGETS}")
         if self.padding not in PADDING_MODES:
             raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
         if self.seed < 0:
@@ -387,7 +392,10 @@ class Layout:
 
     def build(self, index: int, slots: list[int], rng: np.random.Generator, first_target_id: int) -> ProbeContext:
         """The context whose target records start exactly at `slots` (sorted)."""
-        items = self._prefix_items(slots, rng) if self.prefix else self._in_sequence_items(slots, rng)
+        if self.task.distractors_per_context:
+            items = self._scattered_items(slots, rng)
+        else:
+            items = self._prefix_items(slots, rng) if self.prefix else self._in_sequence_items(slots, rng)
         return self._assemble(index, items, slots, rng, first_target_id)
 
     def _prefix_items(self, slots: list[int], rng: np.random.Generator):
@@ -472,6 +480,31 @@ class Layout:
             target = self._new_record(used, rng)
             items += [self._filler(boundary - cursor, rng), ("target", target)]
             cursor = boundary + len(target.ids)
+        return items
+
+    def _scattered_items(self, slots: list[int], rng: np.random.Generator):
+        """The targets at their slots and `distractors_per_context` distractor records, each at
+        a uniformly random place among the free stretches left, filler everywhere else."""
+        used: set = set()
+        placed = [(slot, "target", self._new_record(used, rng)) for slot in slots]
+        bounds = [len(self.head)] + [x for slot, _, r in placed for x in (slot, slot + len(r.ids))] + [self.records_end]
+        free = [(a, b) for a, b in zip(bounds[::2], bounds[1::2]) if b > a]  # stretches without a record
+        for _ in range(self.task.distractors_per_context):
+            record = self._new_record(used, rng)
+            n = len(record.ids)
+            room = np.array([max(0, b - a - n + 1) for a, b in free])  # (stretches,) starts that fit
+            if not room.sum():
+                raise PlanError(f"task {self.task.name}: {self.task.distractors_per_context} distractors do not fit "
+                                f"a {self.settings.context_length}-token context; use a longer --context")
+            i = int(rng.choice(len(free), p=room / room.sum()))
+            a, b = free[i]
+            start = a + int(rng.integers(room[i]))
+            free[i:i + 1] = [(a, start), (start + n, b)]
+            placed.append((start, "distractor", record))
+        items, cursor = [], len(self.head)
+        for start, kind, record in sorted(placed, key=lambda p: p[0]):
+            items += [self._filler(start - cursor, rng), (kind, record)]
+            cursor = start + len(record.ids)
         return items
 
     def _records_run(self, length: int, rng: np.random.Generator, used: set) -> list[Record]:

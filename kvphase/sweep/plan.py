@@ -55,6 +55,9 @@ class SweepPlan:
         return out
 
 
+TRAINED_PER_RESIDUE = 256  # the study's sample size; short contexts through numpy make it cheap
+
+
 @dataclass(frozen=True)
 class SweepDefaults:
     """What `kvphase sweep` uses where an option is not given: fitted to the model file."""
@@ -74,6 +77,6 @@ class SweepDefaults:
         if trained is None:
             return cls()
         compressed = trained.design != "dense"
-        return cls(context=trained.context, per_residue=min(32, trained.context // (2 * trained.stride)),
+        return cls(context=trained.context, per_residue=TRAINED_PER_RESIDUE,
                    task=trained.task, padding="in-sequence",
                    backend="reference" if compressed else "llama.cpp", design="trained")

@@ -34,8 +34,12 @@ class Task:
     values: tuple[str, ...]  # empty when values are generated (see value_digits)
     value_digits: int  # > 0: values are random numbers with this many digits
     filler: str  # text whose tokens pad and separate records
+    distractors_per_context: int = 0  # > 0: that many distractor records at random places instead of filling
 
     def __post_init__(self) -> None:
+        if self.distractors_per_context < 0 or (self.distractors_per_context and not self.distractors):
+            raise PlanError(f"task {self.name}: distractors_per_context must be >= 0 and needs distractors = true, "
+                            f"found {self.distractors_per_context}")
         if self.demonstrations < 0 or self.targets_per_context < 1:
             raise PlanError(
                 f"task {self.name}: expected demonstrations >= 0 and targets_per_context >= 1, "
@@ -78,6 +82,7 @@ def load_task(name: str) -> Task:
         values=() if digits else _word_list(values),
         value_digits=digits,
         filler=(PROMPTS_DIR / spec["filler"]).read_text(),
+        distractors_per_context=int(spec.get("distractors_per_context", 0)),
     )
 
 

@@ -1,7 +1,7 @@
 """Training sequences: key value records scattered among filler, then questions.
 
-A sequence is BOS, then records (" key", " value") separated by 0..gap random filler
-words until `context` tokens are filled, then `queries` questions that repeat the key
+A sequence is BOS, then `context - 1` tokens of random filler words holding `records`
+records (" key", " value") at uniformly random non-overlapping places, then `queries` questions that repeat the key
 of a record in the context and its value. The loss is on the values of the questions
 only. Random gaps put records on every residue, and the first question sits at position
 `context`, where `kvphase sweep` puts its query, so a sweep asks the model exactly what
@@ -55,11 +55,10 @@ class PairData:
             np.array([vocab.word_id(w) for w in task.values]),
             np.array([vocab.word_id(w) for w in task.filler.split()]),
         )
-        most = (config.context - 1) // 2
-        if most > min(len(data.keys), len(data.values)):
+        if config.records > min(len(data.keys), len(data.values)):
             raise PlanError(
-                f"--context {config.context} can hold {most} records, but task {task.name!r} has only "
-                f"{min(len(data.keys), len(data.values))} distinct keys/values"
+                f"--records {config.records} needs as many distinct keys and values, but task {task.name!r} has only "
+                f"{min(len(data.keys), len(data.values))}"
             )
         return data
 
@@ -70,16 +69,10 @@ class PairData:
         tokens[0] = self.vocab.bos_id
         keys = rng.permutation(self.keys)  # (n_keys,)
         values = rng.permutation(self.values)  # (n_values,)
-        starts, pos = [], 1
-        while True:
-            pos += int(rng.integers(c.gap + 1))
-            if pos + 2 > c.context:
-                break
-            starts.append(pos)
-            pos += 2
-        if len(starts) < c.queries:
-            raise PlanError(f"--context {c.context} holds {len(starts)} records, fewer than {c.queries} questions")
-        starts = np.array(starts)  # (n_records,)
+        # n sorted draws from the free slots, each shifted past the records before it: every
+        # non-overlapping placement is equally likely, so records land on every residue alike
+        free = c.context - 1 - c.records
+        starts = 1 + np.sort(rng.choice(free, size=c.records, replace=False)) + np.arange(c.records)  # (records,)
         tokens[starts] = keys[: len(starts)]
         tokens[starts + 1] = values[: len(starts)]
         asked = rng.choice(len(starts), size=c.queries, replace=False)  # (queries,)

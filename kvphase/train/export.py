@@ -64,7 +64,6 @@ def tensors(params: dict, config: TrainConfig) -> list[tuple[str, np.ndarray]]:
         ("position_embd.weight", p["wpe"]),  # (n_positions, d)
         ("output_norm.weight", p["lnf_g"]),
         ("output_norm.bias", p["lnf_b"]),
-        ("output.weight", np.ascontiguousarray(p["w_out"].T)),  # (n_vocab, d)
     ]
     for i, block in enumerate(params["blocks"]):
         b = {k: np.asarray(v, dtype=np.float32) for k, v in block.items()}

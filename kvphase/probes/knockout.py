@@ -1,0 +1,229 @@
+"""Knockouts: which attention head serves which phase.
+
+A calibration sweep with its own seed (`calibration/`, contexts disjoint from the
+measured ones) averages every head's attention output over the query rows, the final
+positions where the answer is read. The sweep plan is then scored on the unchanged model
+(`base/`) and, for each (layer, head), with that head's output at the query rows replaced
+by its mean (mean ablation: the head still contributes its average, but nothing that
+depends on the context; `L<l>H<h>/`). The report maps the change of accuracy and of the
+answer's log-probability per component and phase, with 95% intervals from the paired
+per-target differences: a head that serves phase p shows a drop at p and not elsewhere
+(PROTOCOL.md, "Knockouts").
+
+The probe runs on the numpy reference backend, whose attention policy it wraps
+(`HeadRecorder`, `HeadKnockout`); knocking out a slot of the gate is not implemented.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvphase.errors import PlanError, RunFolderError
+from kvphase.sweep.plan import SweepPlan
+
+BASE_RUN, CALIBRATION_RUN = "base", "calibration"
+MEANS_FILE, EFFECTS_FILE, FIGURE_FILE = "head_means.json", "effects.csv", "knockouts.png"
+CALIBRATION_SEED_OFFSET = 1000  # the calibration plan's seed is the sweep's plus this: other contexts
+Z95 = 1.959964
+
+
+class HeadRecorder:
+    """The inner policy, unchanged, summing every head's output over the rows at positions
+    `from_position` and later (the query rows when that is the context length)."""
+
+    def __init__(self, inner, from_position: int = 0):
+        self.inner, self.from_position = inner, from_position
+        self.sums: dict[int, np.ndarray] = {}  # layer -> (n_head, head_dim)
+        self.rows: dict[int, int] = {}
+
+    def begin(self, context: Sequence[int]):
+        return self.inner.begin(context) if hasattr(self.inner, "begin") else None
+
+    def attend(self, layer, q, k, v, q_pos, scale):
+        out = self.inner.attend(layer, q, k, v, q_pos, scale)  # (n_head_kv, n_group, n_q, head_dim)
+        rows = np.asarray(q_pos) >= self.from_position  # (n_q,)
+        by_head = out[:, :, rows].sum(axis=2).reshape(-1, out.shape[3])  # (n_head, head_dim)
+        self.sums[layer] = self.sums.get(layer, 0.0) + by_head
+        self.rows[layer] = self.rows.get(layer, 0) + int(rows.sum())
+        return out
+
+    def means(self) -> dict[int, np.ndarray]:
+        return {layer: total / self.rows[layer] for layer, total in self.sums.items()}  # layer -> (n_head, head_dim)
+
+
+class HeadKnockout:
+    """The inner policy with head `head` of layer `layer` replaced by a fixed output `mean`
+    at positions `from_position` and later."""
+
+    def __init__(self, inner, layer: int, head: int, mean: np.ndarray, from_position: int = 0):
+        self.inner, self.layer, self.head = inner, layer, head
+        self.mean, self.from_position = np.asarray(mean), from_position  # mean: (head_dim,)
+
+    def begin(self, context: Sequence[int]):
+        return self.inner.begin(context) if hasattr(self.inner, "begin") else None
+
+    def attend(self, layer, q, k, v, q_pos, scale):
+        out = self.inner.attend(layer, q, k, v, q_pos, scale)  # (n_head_kv, n_group, n_q, head_dim)
+        if layer != self.layer:
+            return out
+        out = out.copy()
+        n_group, rows = out.shape[1], np.asarray(q_pos) >= self.from_position  # rows: (n_q,)
+        out[self.head // n_group, self.head % n_group, rows] = self.mean.astype(out.dtype)  # (rows, head_dim) by broadcast
+        return out
+
+
+def component_run(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence[int] | None = None) -> str:
+    """Score `plan` on the model, then once per knocked-out head; write the folder and its report."""
+    from kvphase.probes import folder
+    from kvphase.sweep.run import RESULTS_FILE, execute_sweep
+
+    if not hasattr(backend, "policy"):
+        raise PlanError("knockouts wrap the numpy reference model's attention; use the reference backend")
+    started, run_dir = time.time(), Path(run_dir)
+    n_layer, n_head = backend.model.config.n_layer, backend.model.config.n_head
+    chosen = sorted(set(layers)) if layers else list(range(n_layer))
+    if any(not 0 <= layer < n_layer for layer in chosen):
+        raise PlanError(f"--layer must be from 0 to {n_layer - 1}, got {sorted(chosen)}")
+    folder.start_folder(run_dir, {"probe": "knockout", "model": plan.model, "plan": asdict(plan), "layers": chosen,
+                                  "heads": n_head}, [MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
+    base_policy = backend.policy
+    means = _calibrated_means(plan, backend, run_dir, info, execute_sweep, RESULTS_FILE)
+    execute_sweep(plan, backend, run_dir / BASE_RUN, info)
+    for layer in chosen:
+        for head in range(n_head):
+            backend.policy = HeadKnockout(base_policy, layer, head, means[layer][head], from_position=plan.context)
+            execute_sweep(plan, backend, run_dir / component_run(layer, head), info)
+    backend.policy = base_policy
+    folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
+        Path(plan.model), info.architecture, time.time() - started, backend=plan.describe_backend()))
+    return build_report(run_dir)
+
+
+def _calibrated_means(plan, backend, run_dir: Path, info, execute_sweep, results_file: str) -> dict[int, np.ndarray]:
+    """Every head's mean output at the query rows of the calibration sweep, which is (re)scored
+    whole when no means were saved."""
+    from kvphase.probes import folder
+
+    path = run_dir / MEANS_FILE
+    if path.is_file():
+        try:
+            return {int(layer): np.array(rows, dtype=np.float32) for layer, rows in json.loads(path.read_text()).items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise RunFolderError(f"{path} is damaged ({exc}); delete it to calibrate again") from None
+    (run_dir / CALIBRATION_RUN / results_file).unlink(missing_ok=True)  # a partial run saw part of the set only
+    recorder = HeadRecorder(backend.policy, from_position=plan.context)
+    backend.policy = recorder
+    try:
+        calibration = replace(plan, seed=plan.seed + CALIBRATION_SEED_OFFSET)
+        execute_sweep(calibration, backend, run_dir / CALIBRATION_RUN, info)
+    finally:
+        backend.policy = recorder.inner
+    means = recorder.means()
+    folder.write_json(path, {str(layer): m.round(7).tolist() for layer, m in means.items()})
+    return means
+
+
+# --------------------------------------------------------------------------- report
+
+
+def effects(base: pd.DataFrame, knocked: pd.DataFrame, component: str) -> pd.DataFrame:
+    """Per phase: the change in accuracy (points) and in mean answer log-probability, with
+    95% intervals from the paired per-target differences (same targets in both runs)."""
+    joined = base.merge(knocked, on="target_id", suffixes=("_base", "_ko"))
+    if len(joined) != len(base):
+        raise RunFolderError(f"{component}: scored {len(joined)} of the base run's {len(base)} targets; run the probe again")
+    joined["d_correct"] = 100 * (joined.correct_ko.astype(float) - joined.correct_base.astype(float))
+    joined["d_logprob"] = joined.logprob_ko - joined.logprob_base
+    rows = []
+    for phase, group in joined.groupby("phase_base"):
+        n = len(group)
+        row = {"component": component, "phase": int(phase), "n": n,
+               "accuracy_base": 100 * group.correct_base.mean(), "accuracy_ko": 100 * group.correct_ko.mean()}
+        for name in ("d_correct", "d_logprob"):
+            mean, half = group[name].mean(), Z95 * group[name].std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+            row |= {name: mean, f"{name}_low": mean - half, f"{name}_high": mean + half}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def summarize(table: pd.DataFrame) -> dict:
+    """For each phase, the head whose knockout hurts it most, and whether the harm is specific."""
+    by_phase = []
+    for phase, group in table.groupby("phase"):
+        worst = group.loc[group.d_correct.idxmin()]
+        elsewhere = table[(table.component == worst.component) & (table.phase != phase)].d_correct
+        by_phase.append({"phase": int(phase), "component": worst.component, "d_correct": round(float(worst.d_correct), 2),
+                         "ci": [round(float(worst.d_correct_low), 2), round(float(worst.d_correct_high), 2)],
+                         "significant": bool(worst.d_correct_high < 0),
+                         "d_correct_other_phases": round(float(elsewhere.mean()), 2) if len(elsewhere) else None})
+    return {"components": sorted(table.component.unique().tolist()), "by_phase": by_phase}
+
+
+def headline(summary: dict) -> str:
+    parts = []
+    for p in summary["by_phase"]:
+        mark = "" if p["significant"] else ", not significant"
+        other = "" if p["d_correct_other_phases"] is None else f"; {p['d_correct_other_phases']:+.1f} at the other phases"
+        parts.append(f"phase {p['phase']}: {p['component']} {p['d_correct']:+.1f} points "
+                     f"(CI {p['ci'][0]:+.1f} to {p['ci'][1]:+.1f}{mark}{other})")
+    return "Largest knockout harm per phase: " + "; ".join(parts)
+
+
+def build_report(run_dir: Path) -> str:
+    from kvphase.probes import folder
+    from kvphase.sweep.report import markdown_table
+    from kvphase.sweep.run import load_results
+
+    run_dir = Path(run_dir)
+    config = folder.load_probe_config(run_dir)
+    base = load_results(run_dir / BASE_RUN)
+    components = [component_run(layer, head) for layer in config["layers"] for head in range(int(config["heads"]))]
+    if base.empty:
+        raise RunFolderError(f"{run_dir}: the base sweep has no results; run the probe again")
+    table = pd.concat([effects(base, load_results(run_dir / c), c) for c in components], ignore_index=True)
+    folder.write_csv(run_dir / EFFECTS_FILE, table.round(4))
+    summary = summarize(table)
+    _plot(table, run_dir / FIGURE_FILE)
+    shown = table[["component", "phase", "n", "accuracy_base", "accuracy_ko", "d_correct", "d_correct_low",
+                   "d_correct_high", "d_logprob", "d_logprob_low", "d_logprob_high"]].round(2)
+    markdown = "\n".join([
+        f"# Knockouts: {Path(config['model']).name}", "", f"**{headline(summary)}**", "",
+        "Each head's attention output at the query rows replaced by its mean there over a calibration sweep of "
+        f"other contexts (`{CALIBRATION_RUN}/`; mean ablation), the same targets scored again; changes per phase "
+        "(position mod S) with 95% intervals from the paired per-target differences. A head that serves one phase "
+        "shows a drop at that phase only.", "",
+        f"![accuracy change per head and phase]({FIGURE_FILE})", "", markdown_table(shown), "",
+        f"Files: `config.json`, `{CALIBRATION_RUN}/`, `{BASE_RUN}/` and one sweep folder per head, `{MEANS_FILE}`, `{EFFECTS_FILE}`, "
+        "`summary.json`, `manifest.json`; `kvphase report <this folder>` rebuilds this page from the sweeps.", ""])
+    folder.write_report(run_dir, summary, markdown)
+    return headline(summary)
+
+
+def _plot(table: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = table.pivot(index="component", columns="phase", values="d_correct")  # (components, S)
+    grid = grid.loc[sorted(grid.index, key=lambda c: tuple(int(x) for x in c[1:].split("H")))]
+    fig, ax = plt.subplots(figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5))
+    limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
+    image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]), yticklabels=grid.index,
+           xlabel="phase (position mod S)", ylabel="knocked-out head", title="accuracy change (points)")
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
