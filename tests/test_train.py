@@ -153,6 +153,8 @@ def test_vocabulary_tokenizes_in_llamacpp_as_in_training(tmp_path):
     (["dense", "--stagger", "head"], "dense control"),
     (["gated", "--context", "16"], "fewer than 8 windows"),
     (["gated", "--steps", "0"], "--steps must be a positive integer"),
+    (["gated", "--records", "2"], "--records must lie between --queries (4)"),
+    (["gated", "--records", "40"], "what --context 64 holds (31), got 40"),
 ])
 def test_bad_options_are_one_line(args, fragment, tmp_path):
     result = runner.invoke(app, ["train", *args[:1], str(tmp_path / "o"), *args[1:]])
