@@ -402,7 +402,7 @@ class Campaign:
             sweep("--threads", "abc"), sweep("--per-residue", "1000000000000"), sweep("--per-residue", "1000000"),
             sweep("--per-residue", "-1"), sweep("--per-residue", str(2**70)), sweep("--context", "0"),
             sweep("--context", "-5"), sweep("--context", "1"), sweep("--context", "10"), sweep("--context", str(2**40)),
-            sweep("--context", "8128", "--per-residue", "1017"), sweep("--stride", "0"), sweep("--stride", "-3"),
+            sweep("--context", "8128", "--per-residue", "9000"), sweep("--stride", "0"), sweep("--stride", "-3"),
             sweep("--stride", str(10**9)), sweep("--stride", "2", "--modulus", "0"), sweep("--modulus", "-8"),
             sweep("--modulus", str(10**12)), sweep("--modulus", "7"), sweep("--seed", "-1"),
             sweep("--task", "../../etc/passwd"), sweep("--task", "[red]x[/x]"), sweep("--task", ""),

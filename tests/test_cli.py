@@ -185,8 +185,8 @@ def test_design_options_need_the_reference_backend(default_model):
 
 def test_a_refused_sweep_leaves_no_folder_and_the_corrected_one_runs_there(default_model, tmp_path):
     out = tmp_path / "run"
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(out), "--per-residue", "999"]),
-                    "--per-residue 999 is more than")
+    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(out), "--per-residue", "9999"]),
+                    "--per-residue 9999 asks for 79992 targets")
     assert not out.exists()
 
 

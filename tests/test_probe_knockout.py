@@ -86,3 +86,9 @@ def test_knockouts_on_a_trained_model_find_the_head_that_matters_and_none_in_a_s
     rebuilt = runner.invoke(app, ["report", str(out)])
     assert rebuilt.exit_code == 0 and (out / "report.md").is_file()
     assert json.loads((out / "summary.json").read_text()) == summary
+
+
+def test_a_layer_the_model_lacks_is_one_line_and_leaves_no_folder(tmp_path):
+    result = runner.invoke(app, ["knockout", str(GATED), "--layer", "5", "--out", str(tmp_path / "ko")])
+    assert result.exit_code == 1 and "--layer must be from 0 to 1, got [5]" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "ko").exists()
