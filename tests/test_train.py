@@ -195,7 +195,7 @@ def test_train_export_inspect_sweep_and_report_round_trip(tmp_path):
     """A trained file is a model like any other: inspect shows its compressor, sweep needs no options."""
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", "gated", str(out), "--steps", "4", "--eval-every", "2", "--d-model", "16",
-                                 "--heads", "2", "--context", "128", "--queries", "6", "--quiet"])
+                                 "--heads", "2", "--context", "128", "--queries", "6", "--records", "6", "--quiet"])
     assert result.exit_code == 0, result.output
     assert "held-out accuracy" in result.output and (out / "model.gguf").is_file()
     assert {"config.json", "results.csv", "training.csv", "summary.json", "report.md", "manifest.json",
