@@ -18,7 +18,9 @@ export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thread
 declare -A OPTIONS=(
   [dense]="dense"
   [gated]="gated"
+  [gated-stagger-layer]="gated --stagger layer"
   [gated-stagger-head]="gated --stagger head"
+  [gated-stagger-layer-head]="gated --stagger layer_head"
   [gated-offsets-random]="gated --offsets random"
   [gated-offsets-jitter]="gated --offsets jitter"
   [meanpool]="meanpool"
@@ -27,7 +29,8 @@ declare -A OPTIONS=(
   [gated-stagger-head-h8]="gated --stagger head --heads 8"
 )
 CONFIGS=("$@")
-[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-head gated-offsets-random gated-offsets-jitter meanpool kpool
+[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
+                                     gated-offsets-random gated-offsets-jitter meanpool kpool
                                      gated-stagger-head-h2 gated-stagger-head-h8)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"
