@@ -107,7 +107,6 @@ def cycle(
     from kvphase.probes.cycle import check_k, run_cycle
     from kvphase.probes.folder import REPORT_FILE
     from kvphase.probes.gates import TRAINED, find_sources
-    from kvphase.sweep.plan import SweepDefaults
 
     if threads is not None:
         check_threads(threads)
@@ -118,8 +117,7 @@ def cycle(
     name = backend if backend != "auto" else ("reference" if TRAINED + "design" in fields else "llama.cpp")
     if name not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
-    trained = info.trained is not None
-    defaults = SweepDefaults.for_model(info) if trained else SweepDefaults(context=512, per_residue=8, padding="prefix")
+    defaults = _probe_defaults(info)
     plan = replace(make_plan(info, stride, None, context or defaults.context, per_residue or defaults.per_residue,
                              defaults.padding, task or defaults.task, seed), backend=name)
     if name == "reference":
@@ -151,15 +149,23 @@ def knockout(
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.folder import REPORT_FILE
     from kvphase.probes.knockout import run_knockout
-    from kvphase.sweep.plan import SweepDefaults
 
     info = read_model_info(model)
     trained = info.trained is not None
-    defaults = SweepDefaults.for_model(info) if trained else SweepDefaults(context=512, per_residue=8, padding="prefix")
+    defaults = _probe_defaults(info)
     plan = make_plan(info, None, None, context or defaults.context, per_residue or (64 if trained else 8),
                      defaults.padding, task or defaults.task, seed)
-    plan = with_reference_design(plan, defaults.design if trained else "dense", {}, info.n_layers)
+    plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
     backend = BACKENDS["reference"](info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=1, options=plan.backend_options)
     run_dir = out or Path("reports") / f"{info.short_name}-knockout"
     typer.echo(plain(run_knockout(plan, backend, run_dir, info, layer or None), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+def _probe_defaults(info):
+    """What a probe's sweeps use where no option is given: a trained file's own settings, else a
+    512-token prefix-padded plan with 8 per residue."""
+    from kvphase.sweep.plan import SweepDefaults
+
+    return SweepDefaults.for_model(info) if info.trained is not None else SweepDefaults(context=512, per_residue=8,
+                                                                                        padding="prefix")

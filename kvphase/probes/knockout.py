@@ -86,7 +86,7 @@ def component_run(layer: int, head: int) -> str:
 def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence[int] | None = None) -> str:
     """Score `plan` on the model, then once per knocked-out head; write the folder and its report."""
     from kvphase.probes import folder
-    from kvphase.sweep.run import RESULTS_FILE, execute_sweep
+    from kvphase.sweep.run import execute_sweep
 
     if not hasattr(backend, "policy"):
         raise PlanError("knockouts wrap the numpy reference model's attention; use the reference backend")
@@ -98,7 +98,7 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     folder.start_folder(run_dir, {"probe": "knockout", "model": plan.model, "plan": asdict(plan), "layers": chosen,
                                   "heads": n_head}, [MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
     base_policy = backend.policy
-    means = _calibrated_means(plan, backend, run_dir, info, execute_sweep, RESULTS_FILE)
+    means = _calibrated_means(plan, backend, run_dir, info)
     execute_sweep(plan, backend, run_dir / BASE_RUN, info)
     for layer in chosen:
         for head in range(n_head):
@@ -110,10 +110,11 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     return build_report(run_dir)
 
 
-def _calibrated_means(plan, backend, run_dir: Path, info, execute_sweep, results_file: str) -> dict[int, np.ndarray]:
+def _calibrated_means(plan, backend, run_dir: Path, info) -> dict[int, np.ndarray]:
     """Every head's mean output at the query rows of the calibration sweep, which is (re)scored
     whole when no means were saved."""
     from kvphase.probes import folder
+    from kvphase.sweep.run import RESULTS_FILE, execute_sweep
 
     path = run_dir / MEANS_FILE
     if path.is_file():
@@ -121,7 +122,7 @@ def _calibrated_means(plan, backend, run_dir: Path, info, execute_sweep, results
             return {int(layer): np.array(rows, dtype=np.float32) for layer, rows in json.loads(path.read_text()).items()}
         except (ValueError, TypeError, AttributeError) as exc:
             raise RunFolderError(f"{path} is damaged ({exc}); delete it to calibrate again") from None
-    (run_dir / CALIBRATION_RUN / results_file).unlink(missing_ok=True)  # a partial run saw part of the set only
+    (run_dir / CALIBRATION_RUN / RESULTS_FILE).unlink(missing_ok=True)  # a partial run saw part of the set only
     recorder = HeadRecorder(backend.policy, from_position=plan.context)
     backend.policy = recorder
     try:
