@@ -74,7 +74,7 @@ class Case:
     commands: list[list[str]]
     prepare: Callable[[], object] | None = None
     cleanup: list[Path] = field(default_factory=list)
-    results: list[tuple[str, str]] = field(default_factory=list)  # (outcome, first line) per command
+    results: list[tuple[str, str, float]] = field(default_factory=list)  # (outcome, first line, wall s) per command
 
 
 def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300) -> tuple[str, str]:
@@ -110,11 +110,17 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300) -> tu
     return "traceback", f"exit {proc.returncode}: " + (lines[-1] if lines else "")
 
 
+def timed(run, *args) -> tuple[str, str, float]:
+    started = time.monotonic()
+    outcome, detail = run(*args)
+    return outcome, detail, time.monotonic() - started
+
+
 def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
     try:
         if case.prepare:
             case.prepare()
-        case.results = [run_cli(argv, timeout, cwd, wall) for argv in case.commands]
+        case.results = [timed(run_cli, argv, timeout, cwd, wall) for argv in case.commands]
     finally:
         for path in case.cleanup:
             remove(path)
@@ -452,14 +458,17 @@ def short(text: str, limit: int = 50) -> str:
 
 
 def table(cases: list[Case]) -> str:
-    rows = ["| category | trials | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * (len(OUTCOMES) + 1)]
+    rows = ["| category | trials | " + " | ".join(OUTCOMES) + " | longest (s) |", "|---|" + "---|" * (len(OUTCOMES) + 2)]
     total: Counter = Counter()
     for key, name in CATEGORIES.items():
-        outcomes = Counter(outcome for case in cases if case.category == key for outcome, _ in case.results)
+        outcomes = Counter(outcome for case in cases if case.category == key for outcome, *_ in case.results)
+        longest = max((s for case in cases if case.category == key for *_, s in case.results), default=0.0)
         if outcomes:
             total.update(outcomes)
-            rows.append(f"| {name} | {sum(outcomes.values())} | " + " | ".join(str(outcomes[o]) for o in OUTCOMES) + " |")
-    rows.append(f"| all | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
+            rows.append(f"| {name} | {sum(outcomes.values())} | " + " | ".join(str(outcomes[o]) for o in OUTCOMES)
+                        + f" | {longest:.1f} |")
+    longest = max((s for case in cases for *_, s in case.results), default=0.0)
+    rows.append(f"| all | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + f" | {longest:.1f} |")
     return "\n".join(rows)
 
 
@@ -486,9 +495,10 @@ def main() -> int:
             if args.budget is not None and time.time() - started > args.budget:
                 return
             run_case(case, args.timeout, campaign.work, args.wall)
-            for argv, (outcome, detail) in zip(case.commands, case.results):
-                if args.verbose or outcome in BAD:
-                    print(f"[{outcome}] {case.category}: {case.label} [{argv[0]}]\n    {short(detail, 300)}", flush=True)
+            for argv, (outcome, detail, seconds) in zip(case.commands, case.results):
+                if args.verbose or outcome in BAD or seconds > args.timeout:
+                    print(f"[{outcome}, {seconds:.1f} s] {case.category}: {case.label} [{argv[0]}]\n    "
+                          f"{short(detail, 300)}", flush=True)
 
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(run, cases))
@@ -496,7 +506,7 @@ def main() -> int:
     print(f"\n{n} of {planned} planned trials in {time.time() - started:.0f} s (hang: over {args.timeout:g} s of CPU or {args.wall:g} s "
           f"in all; seed {args.seed}, scale {args.scale:g})\n")
     print(table(cases))
-    return 1 if any(outcome in BAD for case in cases for outcome, _ in case.results) else 0
+    return 1 if any(outcome in BAD for case in cases for outcome, *_ in case.results) else 0
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
     def __enter__(self) -> "FakeServer":
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        # a short poll: shutdown() waits up to one poll interval, 0.5 s by default, in every test
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
         return self
 
     def __exit__(self, *exc) -> None:

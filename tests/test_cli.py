@@ -131,6 +131,7 @@ def test_report_on_a_folder_that_is_not_a_run(tmp_path):
     _one_line_error(runner.invoke(app, ["report", str(tmp_path)]), "config.json is missing")
 
 
+@pytest.mark.slow
 def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_path):
     out = tmp_path / "run"
     args = ["sweep", "--context", "512", "--per-residue", "8", "--out", str(out), "--quiet", "--threads", "2"]
@@ -161,6 +162,7 @@ def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_p
     ["--design", "kpool", "-o", "top_k=32", "-o", "randomize=true", "-o", "seed=3"],
     ["--design", "meanpool", "-o", "local_window=8", "-o", "stagger=head"],
 ])
+@pytest.mark.slow
 def test_sweep_through_the_reference_backend(tmp_path, design_args):
     out = tmp_path / "ref"
     args = ["sweep", "--backend", "reference", "--context", "320", "--per-residue", "8", "--out", str(out),
@@ -233,6 +235,7 @@ def test_ctrl_c_during_a_command_is_one_line(default_model, monkeypatch):
     assert result.exit_code == 130 and result.output.strip().startswith("Interrupted:")
 
 
+@pytest.mark.slow
 def test_a_tiny_model_with_a_real_tokenizer_sweeps_through_llama_cpp(default_model, tmp_path):
     """make-tiny --tokenizer-from: random weights, SmolLM2's vocabulary; a whole sweep in a moment."""
     model = tmp_path / "tiny.gguf"

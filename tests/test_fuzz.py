@@ -167,6 +167,7 @@ def test_a_file_name_with_markup_and_escapes_prints_as_written(tmp_path):
     assert "[red]m[bold]\\x1b[2J.gguf" in result.output and "\x1b" not in result.output
 
 
+@pytest.mark.slow
 def test_the_real_cli_on_a_sample_of_the_corpus_never_prints_a_traceback(tmp_path):
     for name in ["nested arrays 100000 deep", "alignment 0", "name with rich markup [/x]", "tensor count 2^63",
                  "block_count NaN"]:
@@ -185,6 +186,7 @@ def smol_layout(default_model):
     ("llama.block_count", 0, "llama.block_count is 0, expected an integer from 1 to 512"),
     ("llama.block_count", 513, "llama.block_count is 513, expected an integer from 1 to 512"),
 ])
+@pytest.mark.slow
 def test_a_sweep_refuses_what_llama_cpp_would_abort_on_before_it_loads(tmp_path, default_model, smol_layout,
                                                                        key, value, fragment):
     """Unchecked, these reach GGML_ASSERT in llama_model_base::load_hparams and kill the process."""

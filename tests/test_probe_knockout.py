@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from typer.testing import CliRunner
 
 from kvphase.cli import app
@@ -51,6 +52,7 @@ def test_the_recorder_returns_outputs_unchanged_and_their_mean_per_head():
     np.testing.assert_allclose(recorder.means()[0], expected, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_knockouts_on_a_trained_model_find_the_head_that_matters_and_none_in_a_silent_one(tmp_path):
     """Known answers on the committed positive control: a head whose output projection is zeroed
     contributes nothing, so mean-ablating it changes no target at any phase; the base run is the

@@ -62,6 +62,7 @@ def test_llama_server_evaluates_the_context_once_and_only_query_tokens_after_it(
     assert all(n <= len(q.prompt) for n, q in zip(per_query, QUERIES)), per_query
 
 
+@pytest.mark.slow
 def test_contexts_spread_over_servers_and_slots_give_the_same_scores_as_one_slot():
     jobs = [(CONTEXT[:60 + 7 * i], QUERIES) for i in range(9)]
     with FakeServer(slots=1) as one:

@@ -53,6 +53,7 @@ def numpy_logits(path, tokens):
     ("dense", {}), ("meanpool", {}), ("gated", {}), ("kpool", {}),
     ("gated", {"stagger": "head"}), ("gated", {"stagger": "layer_head"}), ("meanpool", {"stagger": "layer"}),
 ])
+@pytest.mark.slow
 def test_trained_forward_equals_the_numpy_reference(tmp_path, design, fix):
     """The JAX forward and the numpy reference (designs/ + reference/gpt2.py) on the same weights."""
     from kvphase.train.export import export_gguf
@@ -71,6 +72,7 @@ def test_trained_forward_equals_the_numpy_reference(tmp_path, design, fix):
     assert diff.max() < 1e-4, f"max diff {diff.max():.3g}, mean {diff.mean():.3g} (logits up to {np.abs(expected).max():.3g})"
 
 
+@pytest.mark.slow
 def test_the_equality_test_sees_a_wrong_phase_bias(tmp_path):
     """Planted bug: the numpy side reads the per-phase bias one slot off; the forward must differ."""
     from kvphase.train.export import export_gguf
@@ -87,6 +89,7 @@ def test_the_equality_test_sees_a_wrong_phase_bias(tmp_path):
     assert diff.max() > 1e-2
 
 
+@pytest.mark.slow
 def test_a_short_training_run_lowers_the_loss():
     from kvphase.train.loop import Trainer
 
@@ -97,6 +100,7 @@ def test_a_short_training_run_lowers_the_loss():
     assert last < first - 0.5, f"loss {first:.3f} -> {last:.3f}"
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_gives_the_weights_of_an_uninterrupted_run(tmp_path):
     from kvphase.train.run import train
 
@@ -116,6 +120,7 @@ def test_resume_from_a_checkpoint_gives_the_weights_of_an_uninterrupted_run(tmp_
     assert rows == (tmp_path / "whole" / "results.csv").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_a_folder_with_another_run_is_refused(tmp_path):
     from kvphase.errors import RunFolderError
     from kvphase.train.run import train
@@ -191,6 +196,7 @@ def test_config_rejects_what_cannot_train():
     assert TrainConfig(design="gated", stagger="head", heads=6, d_model=48, stride=4).starts()[0] == [0, 1, 2, 3, 0, 1]
 
 
+@pytest.mark.slow
 def test_train_export_inspect_sweep_and_report_round_trip(tmp_path):
     """A trained file is a model like any other: inspect shows its compressor, sweep needs no options."""
     out = tmp_path / "run"
@@ -263,6 +269,7 @@ def test_training_records_are_exactly_as_many_as_asked_and_land_on_every_residue
 POSITIVE_CONTROL = Path(__file__).parent / "data" / "trained"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,effect", [("gated", True), ("dense", False)])
 def test_a_trained_positive_control_shows_its_phase_effect_and_its_dense_twin_none(tmp_path, name, effect):
     """Committed models of the study (scripts/train_study.sh, seed 0; 0.7 MB each): `kvphase sweep FILE`

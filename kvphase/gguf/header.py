@@ -30,6 +30,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
 WINDOW = 1 << 20  # bytes read ahead at a time
+_U64 = struct.Struct("<Q")
 
 # GGUFValueType ids -> struct format (strings and arrays handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -280,15 +281,25 @@ class _Parser:
             return count, list(struct.unpack(f"<{count}{fmt}", self.read(item_bytes * count, what)))
         if item_type == _STRING:
             if not keep:
-                for _ in range(count):
-                    n_at, n = self.pos, self.scalar("Q", what)
-                    if n > self.left:
-                        raise self.beyond_end(n_at, f"{what} is {n} bytes long, more than the {self.left} bytes left")
-                    self.pos += n
+                self.skip_strings(count, what)
                 return count, None
             return count, [self.string(what, limit=KEPT_STRING_LIMIT) for _ in range(count)]
         items = [self.array(key, depth + 1) for _ in range(count)]
         return count, [values for _, values in items] if keep else None
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """Step over `count` length-prefixed strings. A vocabulary holds 10^5 of them, so the
+        lengths are read straight from the window; `scalar` refills it when one crosses its end."""
+        length_at = _U64.unpack_from
+        for _ in range(count):
+            at, rel = self.pos, self.pos - self.base
+            if 0 <= rel and rel + 8 <= len(self.window):
+                n, self.pos = length_at(self.window, rel)[0], at + 8
+            else:
+                n = self.scalar("Q", what)
+            if n > self.size - self.pos:
+                raise self.beyond_end(at, f"{what} is {n} bytes long, more than the {self.left} bytes left")
+            self.pos += n
 
     def alignment(self) -> int:
         """general.alignment as llama.cpp requires it: a uint32 power of two."""

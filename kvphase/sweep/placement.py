@@ -192,10 +192,9 @@ def _slot_range(lowest: int, highest: int, modulus: int) -> tuple[int, int]:
 def _round_sizes(per_residue: int, modulus: int, lanes: int) -> list[int]:
     """Lanes per round: as many as a context holds, a multiple of M once that is at least M,
     so that every context holds the same number of each residue."""
-    most = lanes // modulus * modulus if lanes >= modulus else lanes
     sizes, left = [], per_residue
     while left:
-        t = min(most, left)
+        t = min(lanes, left)
         t = t // modulus * modulus if t >= modulus else t
         sizes.append(t)
         left -= t
