@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, Score
 from kvphase.probes.flip import build_report, pick_targets, run_flip, shifted
 from kvphase.sweep.placement import build_probes
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
+from kvphase.cli import app
 from tests.fakes import CharBackend
+
+runner = CliRunner()
 
 GOOD_PHASE, STRIDE = 1, 4
 
@@ -81,12 +87,8 @@ def test_bad_counts(tmp_path):
 
 
 def test_cli_refuses_in_one_line(tmp_path):
-    from typer.testing import CliRunner
-
-    from kvphase.cli import app
     from kvphase.gguf.tiny import write_tiny_model
 
-    runner = CliRunner()
     assert runner.invoke(app, ["flip", "--help"]).exit_code == 0
     tiny = write_tiny_model("glm5-next", tmp_path / "glm.gguf")
     for args, message in ((["--targets", "0"], "--targets and --cycles must be at least 1"),
@@ -96,3 +98,23 @@ def test_cli_refuses_in_one_line(tmp_path):
         assert result.exit_code == 1 and message in result.output, result.output
         assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_trained_model_with_a_weak_phase_flips_periodically_and_its_dense_twin_does_not(tmp_path):
+    """The positive controls of the training issue, with their own context, task and compressor:
+    the gated model's margins follow the phase (S = 4) far above what noise gives, the dense
+    twin's do not."""
+    data = Path(__file__).parent / "data" / "trained"
+    shares = {}
+    for name in ("gated", "dense"):
+        out = tmp_path / name
+        result = runner.invoke(app, ["flip", str(data / f"{name}.gguf"), "--out", str(out), "--targets", "8",
+                                     "--cycles", "3", "--threads", "1"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads((out / "summary.json").read_text())
+        config = json.loads((out / "config.json").read_text())
+        assert config["plan"]["context"] == 64 - 3 * 4  # the longest shift ends at the trained context
+        shares[name] = (summary["mean_periodic_share"], summary["chance_periodic_share"])
+    assert shares["gated"][0] > 2 * shares["gated"][1], shares
+    assert shares["dense"][0] < 1.5 * shares["dense"][1], shares

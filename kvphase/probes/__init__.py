@@ -2,6 +2,7 @@
 like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
 
 - `gates`: static gate concentration from the per-phase bias tensors alone.
+- `activations`: the gate weights the windows of real contexts actually used.
 - `flip`: single targets moved through the phases, right value against the strongest distractor.
 - `cycle`: every gate bias rolled by k; does the weak phase move by k?
 - `knockout`: each head mean-ablated in turn; which phase does it serve?
@@ -12,14 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from kvphase.probes import cycle, flip, gates, knockout
+from kvphase.probes import activations, cycle, flip, gates, knockout
 
 # probe name (config.json "probe") -> rebuild summary.json, report.md and figure; returns the headline
 REPORTS: dict[str, Callable[[Path], str]] = {
     "gates": gates.build_report,
+    "gate-activations": activations.build_report,
     "flip": flip.build_report,
     "cycle": cycle.build_report,
     "knockout": knockout.build_report,
 }
 
-__all__ = ["REPORTS", "cycle", "flip", "gates", "knockout"]
+__all__ = ["REPORTS", "activations", "cycle", "flip", "gates", "knockout"]

@@ -137,7 +137,7 @@ class CompressedAttention:
         index = {"layer": layer, "head": kv_head, "layer_head": layer * n_head_kv + kv_head}[self.stagger]
         return (self.design.start + index * self.stagger_step) % self.stride
 
-    def _design(self, layer: int, kv_head: int, n_head_kv: int):
+    def design_for(self, layer: int, kv_head: int, n_head_kv: int):
         key = (layer, kv_head)
         if key not in self._designs:
             self._designs[key] = _with_start(self.design, self.start(layer, kv_head, n_head_kv))
@@ -149,7 +149,7 @@ class CompressedAttention:
         n_head_kv = k.shape[0]
         out = np.empty_like(q)  # (n_head_kv, n_group, n_q, head_dim)
         for h in range(n_head_kv):
-            design = self._design(layer, h, n_head_kv)
+            design = self.design_for(layer, h, n_head_kv)
             queries = q[h].transpose(1, 0, 2)  # (n_q, n_group, head_dim)
             cache = design.compress(queries, k[h][:, None], v[h][:, None], q_pos)  # one KV head
             visible = cache.visible if cache.visible.ndim == 2 else cache.visible[:, 0]  # (n_q, n_entries)

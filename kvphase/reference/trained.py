@@ -33,7 +33,7 @@ class TrainedCompression(CompressedAttention):
             return super().start(layer, kv_head, n_head_kv)
         return self.spec.starts[layer][kv_head]
 
-    def _design(self, layer: int, kv_head: int, n_head_kv: int):
+    def design_for(self, layer: int, kv_head: int, n_head_kv: int):
         key = (layer, kv_head)
         if key not in self._designs:
             s = self.spec
