@@ -135,4 +135,28 @@ def test_glm5_next_through_llama_cpp_uses_its_one_hot_bias(tmp_path):
     assert (layer0.dominant_phase == 3).all() and (layer0.entropy_bits == 0.0).all()
     other = windows[windows.layer != 0]
     assert len(other) and other.entropy_bits.max() > 0  # the random bias of the other layers is not one-hot
-    assert "layer 0: median 0.00 of 2.00 bits" in result.output
+    assert "layer 0 kpool-indexer: median 0.00 of 2.00 bits" in result.output
+
+
+@pytest.mark.slow
+def test_deepseek4_compressors_through_llama_cpp_use_their_one_hot_biases(tmp_path):
+    """A ratio-4 (CSA) entry's softmax spans the previous block's rows (first half of the
+    channels) and its own (second half): with row 1 dominant in both halves every entry splits
+    its weight over two rows at phase 1, so phase 1 holds all of it. The ratio-128 (HCA)
+    compressor with row 100 dominant gives phase 100."""
+    from kvphase.defaults import default_model_path
+    from kvphase.gguf.tiny import write_tiny_model
+
+    path = write_tiny_model("deepseek4", tmp_path / "ds.gguf", tokenizer_from=default_model_path())
+    for name, row in (("blk.1.attn_compressor_ape.weight", 1), ("blk.1.indexer_compressor_ape.weight", 1),
+                      ("blk.2.attn_compressor_ape.weight", 100)):
+        ape = np.zeros_like(read_model_tensor(path, name))  # (ratio, C)
+        ape[row] = BIG
+        overwrite_tensor(path, name, ape)
+    _, windows = _run(path, tmp_path / "run", "--threads", "1")
+    expected = {"csa-compressor": (1, 4), "csa-indexer": (1, 4), "hca-compressor": (100, 128)}
+    assert set(windows.source) == set(expected)
+    for source, (phase, stride) in expected.items():
+        rows = windows[windows.source == source]
+        assert (rows.stride == stride).all() and rows.window.nunique() == 512 // stride, source
+        assert (rows.dominant_phase == phase).all() and (rows.entropy_bits < 1e-6).all(), source

@@ -224,20 +224,35 @@ class DSV4:
         kv, logits = np.asarray(kv, np.float32), np.asarray(logits, np.float32)
         check_shape("DSV4", "logits", logits, kv.shape)
         members = self.layout.members(self.layout.n_complete(kv.shape[0]))  # (n_blocks, ratio)
+        weights = self.pool_weights(logits)  # (n_blocks, ratio or 2*ratio, d)
         if not self.is_csa:
-            weights = softmax(logits[members], axis=1)  # (n_blocks, ratio, d)
             return np.sum(weights * kv[members], axis=1, dtype=np.float32)  # (n_blocks, d)
-
         d = kv.shape[1] // 2
-        # the previous block's first d channels; before `start` a zero row with a -inf gate
+        prev = members - self.ratio  # (n_blocks, ratio)
+        prev_kv = np.where((prev >= self.start)[:, :, None], kv[np.maximum(prev, 0), :d], 0.0)  # (n_blocks, ratio, d)
+        rows_kv = np.concatenate([prev_kv, kv[members, d:]], axis=1)  # (n_blocks, 2*ratio, d)
+        return np.sum(weights * rows_kv, axis=1, dtype=np.float32)  # (n_blocks, d)
+
+    def pool_weights(self, logits: np.ndarray) -> np.ndarray:
+        """Each row's per-channel weight in its complete block's entry (softmax over the block):
+        (n_blocks, ratio, C) for HCA; for CSA (n_blocks, 2 * ratio, C / 2), the previous block's
+        rows (first C / 2 channels; weight 0 before `start`) then the block's own (last C / 2).
+        Row j of block b sits at position first_rows(n_blocks)[b] + j."""
+        logits = np.asarray(logits, np.float32)
+        members = self.layout.members(self.layout.n_complete(logits.shape[0]))  # (n_blocks, ratio)
+        if not self.is_csa:
+            return softmax(logits[members], axis=1)  # (n_blocks, ratio, d)
+        d = logits.shape[1] // 2
+        # the previous block's first d channels; before `start` a -inf gate
         prev = members - self.ratio  # (n_blocks, ratio)
         exists = (prev >= self.start)[:, :, None]  # (n_blocks, ratio, 1)
-        prev_kv = np.where(exists, kv[np.maximum(prev, 0), :d], 0.0)  # (n_blocks, ratio, d)
         prev_logit = np.where(exists, logits[np.maximum(prev, 0), :d], -np.inf)  # (n_blocks, ratio, d)
-        rows_kv = np.concatenate([prev_kv, kv[members, d:]], axis=1)  # (n_blocks, 2*ratio, d)
         rows_logit = np.concatenate([prev_logit, logits[members, d:]], axis=1)  # (n_blocks, 2*ratio, d)
-        weights = softmax(rows_logit, axis=1)  # (n_blocks, 2*ratio, d)
-        return np.sum(weights * rows_kv, axis=1, dtype=np.float32)  # (n_blocks, d)
+        return softmax(rows_logit, axis=1)  # (n_blocks, 2*ratio, d)
+
+    def first_rows(self, n_blocks: int) -> np.ndarray:
+        """The position of row 0 of each block's `pool_weights`: (n_blocks,), the previous block's for CSA."""
+        return self.layout.first_positions(n_blocks) - (self.ratio if self.is_csa else 0)  # (n_blocks,)
 
     def block_positions(self, n_blocks: int) -> np.ndarray:
         """RoPE position of each compressed entry: its block's first position (`state_write_pos`)."""

@@ -14,9 +14,12 @@ Sources of the weights:
   windows a forward pass completes;
 - glm5-next, through llama.cpp: the k-pool indexer's `indexer_gate-N` is captured while
   llama.cpp evaluates the context (`kvphase.engines.capture`) and pooled with the file's
-  `indexer_compressor_ape` exactly as `kvphase.designs.kpool.KPool.pool_weights` does
-  (proven equal to llama.cpp by `kvphase validate`).
-deepseek4's compressors are not read yet (their CSA softmax spans two blocks).
+  `indexer_compressor_ape` exactly as `kvphase.designs.kpool.KPool.pool_weights` does;
+- deepseek4, through llama.cpp: each compressor's gate logits with the bias added
+  (`csa_state_score_ape`, `lid_state_score_ape`, `hca_state_score_ape`) are captured and
+  pooled as `kvphase.designs.dsv4.DSV4.pool_weights` does (a CSA entry's softmax spans the
+  previous block's rows and its own; both map to their phases).
+Both llama.cpp paths are the ones `kvphase validate` proves equal to llama.cpp's pooling.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ import numpy as np
 import pandas as pd
 
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.probes.gates import entropy_bits
+from kvphase.probes.gates import GateSource, entropy_bits
 
 WINDOWS_FILE, FIGURE_FILE = "windows.csv", "gate_activations.png"
-COLUMNS = ["layer", "head", "context", "window", "first_position", "channel", "stride", "dominant_phase",
+COLUMNS = ["layer", "source", "head", "context", "window", "first_position", "channel", "stride", "dominant_phase",
            "dominant_share", "entropy_bits"]
 MAX_CAPTURE_BATCH = 512  # tokens per llama_decode call while capturing
 
@@ -47,12 +50,13 @@ def phase_shares(weights: np.ndarray, first_positions: np.ndarray, stride: int) 
     return np.einsum("nws,nwc->nsc", one_hot.astype(np.float64), weights.astype(np.float64))  # (n_windows, S, C)
 
 
-def window_rows(shares: np.ndarray, first_positions: np.ndarray, layer: int, head: int, context: int) -> pd.DataFrame:
+def window_rows(shares: np.ndarray, first_positions: np.ndarray, layer: int, source: str, head: int,
+                context: int) -> pd.DataFrame:
     """One row per window and channel: dominant phase, its share, entropy in bits."""
     n_windows, stride, n_channels = shares.shape
     window, channel = np.meshgrid(np.arange(n_windows), np.arange(n_channels), indexing="ij")  # (n_windows, C) each
     return pd.DataFrame({
-        "layer": layer, "head": head, "context": context, "window": window.ravel(),
+        "layer": layer, "source": source, "head": head, "context": context, "window": window.ravel(),
         "first_position": np.asarray(first_positions)[window.ravel()], "channel": channel.ravel(), "stride": stride,
         "dominant_phase": shares.argmax(axis=1).ravel(), "dominant_share": shares.max(axis=1).ravel().round(6),
         "entropy_bits": entropy_bits(shares).ravel().round(6)})
@@ -62,8 +66,8 @@ class GateRecorder:
     """The inner policy, unchanged, recording the pool weights of every window a forward
     pass completes, for the gated (layer, head)s of `layers`."""
 
-    def __init__(self, inner, stride: int, layers: Sequence[int]):
-        self.inner, self.stride, self.layers = inner, stride, set(layers)
+    def __init__(self, inner, stride: int, layers: Sequence[int], source: str = "trained-gated"):
+        self.inner, self.stride, self.layers, self.source = inner, stride, set(layers), source
         self.context = 0
         self.frames: list[pd.DataFrame] = []
 
@@ -86,15 +90,16 @@ class GateRecorder:
         members = layout.members(n_windows)[new]  # (n_new, W)
         weights = design.pool_weights(keys[:, None][members])[:, :, 0]  # (n_new, W, head_dim)
         first = layout.first_positions(n_windows)[new]  # (n_new,)
-        self.frames.append(window_rows(phase_shares(weights, first, self.stride), first, layer, head, self.context))
+        shares = phase_shares(weights, first, self.stride)  # (n_new, S, head_dim)
+        self.frames.append(window_rows(shares, first, layer, self.source, head, self.context))
 
 
-def reference_windows(backend, contexts: Sequence[Sequence[int]], stride: int, layers: Sequence[int]) -> pd.DataFrame:
+def reference_windows(backend, contexts: Sequence[Sequence[int]], sources: Sequence[GateSource]) -> pd.DataFrame:
     """Every context through the numpy reference with its policy wrapped by a `GateRecorder`."""
     inner = backend.policy
     if not hasattr(inner, "design_for"):
         raise PlanError("the reference model's attention is dense here; nothing pools windows")
-    recorder = GateRecorder(inner, stride, layers)
+    recorder = GateRecorder(inner, sources[0].stride, [s.layer for s in sources], sources[0].kind)
     backend.policy = recorder
     try:
         for index, tokens in enumerate(contexts):
@@ -106,28 +111,45 @@ def reference_windows(backend, contexts: Sequence[Sequence[int]], stride: int, l
     return pd.concat(recorder.frames, ignore_index=True)
 
 
-def kpool_windows(model_path: Path, info, contexts: Sequence[Sequence[int]], layers: Sequence[int],
-                  n_threads: int) -> pd.DataFrame:
-    """glm5-next: each context through llama.cpp, `indexer_gate` captured, pooled as KPool pools it."""
-    from kvphase.designs.kpool import KPool
+DSV4_CAPTURE = {"csa-compressor": "csa_state_score_ape", "csa-indexer": "lid_state_score_ape",
+                "hca-compressor": "hca_state_score_ape"}  # gate source -> llama.cpp's node of gate + ape
+
+
+def engine_windows(info, contexts: Sequence[Sequence[int]], sources: Sequence[GateSource], n_threads: int) -> pd.DataFrame:
+    """glm5-next and deepseek4: each context through llama.cpp with the gate nodes captured,
+    pooled as `KPool.pool_weights` / `DSV4.pool_weights` pool them."""
     from kvphase.engines.capture import EngineSettings, by_name, run_and_capture
     from kvphase.gguf.tensors import read_model_tensor
 
-    params = info.compression.params
-    design = KPool(kpool=params["kpool"], top_k=params["top_k"], select_tail=params["select_tail"])
-    apes = {layer: read_model_tensor(model_path, f"blk.{layer}.indexer_compressor_ape.weight") for layer in layers}
+    apes = {s.tensor: read_model_tensor(info.path, s.tensor) for s in sources}  # (S, C) each
+    names = ["indexer_gate"] if info.architecture == "glm5-next" else sorted({DSV4_CAPTURE[s.kind] for s in sources})
     frames = []
     for index, tokens in enumerate(contexts):
         split = [min(MAX_CAPTURE_BATCH, len(tokens) - i) for i in range(0, len(tokens), MAX_CAPTURE_BATCH)]
-        settings = EngineSettings(n_ctx=len(tokens), n_threads=n_threads)
-        run = run_and_capture(model_path, list(tokens), split, by_name(["indexer_gate"]), settings)
-        for layer in layers:
-            d = apes[layer].shape[-1]
-            gates = np.concatenate([run.get("indexer_gate", layer, u.index).reshape(-1, d) for u in run.ubatches])  # (n, d)
-            weights = design.pool_weights(gates, apes[layer])  # (n_pool, kpool, d)
-            first = design.layout.first_positions(weights.shape[0])  # (n_pool,)
-            frames.append(window_rows(phase_shares(weights, first, design.kpool), first, layer, 0, index))
+        run = run_and_capture(info.path, list(tokens), split, by_name(names),
+                              EngineSettings(n_ctx=len(tokens), n_threads=n_threads))
+        for source in sources:
+            weights, first = _engine_weights(info, run, source, apes[source.tensor])  # (n_windows, W, C), (n_windows,)
+            frames.append(window_rows(phase_shares(weights, first, source.stride), first, source.layer, source.kind,
+                                      0, index))
     return pd.concat(frames, ignore_index=True)
+
+
+def _engine_weights(info, run, source: GateSource, ape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One source's pool weights on one captured run, and the position of each window's row 0."""
+    from kvphase.designs.dsv4 import DSV4
+    from kvphase.designs.kpool import KPool
+
+    width = ape.shape[-1]
+    name = "indexer_gate" if info.architecture == "glm5-next" else DSV4_CAPTURE[source.kind]
+    rows = np.concatenate([run.get(name, source.layer, u.index).reshape(-1, width) for u in run.ubatches])  # (n, C)
+    if info.architecture == "glm5-next":
+        design = KPool(kpool=source.stride, top_k=source.stride)  # top_k plays no part in the weights
+        weights = design.pool_weights(rows, ape)  # (n_pool, kpool, C)
+        return weights, design.layout.first_positions(weights.shape[0])
+    design = DSV4(ratio=source.stride, n_swa=1)  # only the block shape matters for the weights
+    weights = design.pool_weights(rows)  # (n_blocks, ratio or 2 * ratio, C or C / 2)
+    return weights, design.first_rows(weights.shape[0])
 
 
 def run_gate_activations(plan, backend, run_dir: Path, info, layers: Sequence[int] | None, n_contexts: int,
@@ -146,20 +168,17 @@ def run_gate_activations(plan, backend, run_dir: Path, info, layers: Sequence[in
     if any(layer not in present for layer in chosen):
         raise PlanError(f"layer {next(x for x in chosen if x not in present)} has no gate in {info.path.name}; "
                         f"layers with one: {', '.join(map(str, present))}")
-    if info.architecture == "deepseek4":
-        raise PlanError("gate activations are read from kvphase-trained models (reference) and glm5-next "
-                        "(llama.cpp); deepseek4's compressors are not supported yet (`kvphase gates` reads their bias)")
+    sources = [s for s in sources if s.layer in chosen]
     if n_contexts < 1:
         raise PlanError(f"--contexts must be at least 1, got {n_contexts}")
     contexts = [c.tokens for c in build_probes(load_task(plan.task), backend, plan.probe_settings)][:n_contexts]
     config = {"probe": "gate-activations", "model": plan.model, "plan": asdict(plan), "layers": chosen,
               "contexts": len(contexts)}
     folder.start_folder(run_dir, config, [WINDOWS_FILE, FIGURE_FILE])
-    stride = min(s.stride for s in sources)
-    if info.architecture == "glm5-next":
-        windows = kpool_windows(info.path, info, contexts, chosen, n_threads)
+    if info.trained is not None:
+        windows = reference_windows(backend, contexts, sources)
     else:
-        windows = reference_windows(backend, contexts, stride, chosen)
+        windows = engine_windows(info, contexts, sources, n_threads)
     folder.write_csv(run_dir / WINDOWS_FILE, windows[COLUMNS])
     folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
         Path(plan.model), info.architecture, time.time() - started, backend=plan.describe_backend(),
@@ -173,14 +192,14 @@ def run_gate_activations(plan, backend, run_dir: Path, info, layers: Sequence[in
 def summarize(windows: pd.DataFrame) -> dict:
     """Per layer: the entropy distribution over (window, channel) and how often one phase takes over half."""
     layers = []
-    for layer, rows in windows.groupby("layer", sort=True):
+    for (layer, source), rows in windows.groupby(["layer", "source"], sort=True):
         stride = int(rows.stride.iloc[0])
         over_half = rows.dominant_share > 0.5
         by_window = over_half.groupby([rows["head"], rows["context"], rows["window"]]).any()  # some channel has a dominant phase
         top = rows[over_half].dominant_phase.value_counts(normalize=True).reindex(range(stride), fill_value=0.0)
         quartiles = rows.entropy_bits.quantile([0.1, 0.25, 0.5, 0.75, 0.9]).round(4).tolist()
         layers.append({
-            "layer": int(layer), "stride": stride, "max_bits": round(float(np.log2(stride)), 4),
+            "layer": int(layer), "source": source, "stride": stride, "max_bits": round(float(np.log2(stride)), 4),
             "windows": int(len(by_window)), "channels": int(rows.channel.nunique()), "values": int(len(rows)),
             "mean_bits": round(float(rows.entropy_bits.mean()), 4),
             "entropy_p10_p25_p50_p75_p90": quartiles,
@@ -197,7 +216,7 @@ def headline(summary: dict) -> str:
         shares = layer["dominant_phase_shares"]
         favoured = int(np.argmax(shares)) if layer["share_over_half"] > 0 else None
         tail = f", phase {favoured} most often ({100 * shares[favoured]:.0f}% of those)" if favoured is not None else ""
-        parts.append(f"layer {layer['layer']}: median {layer['entropy_p10_p25_p50_p75_p90'][2]:.2f} of "
+        parts.append(f"layer {layer['layer']} {layer['source']}: median {layer['entropy_p10_p25_p50_p75_p90'][2]:.2f} of "
                      f"{layer['max_bits']:.2f} bits, one phase over half in {100 * layer['share_over_half']:.1f}% "
                      f"of window channels{tail}")
     return "Gate weights used on real contexts: " + "; ".join(parts)
@@ -213,14 +232,16 @@ def plot(windows: pd.DataFrame, path: Path) -> None:
     stride = int(windows.stride.max())
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
     bins = np.linspace(0, np.log2(stride), 25)
-    for layer, rows in windows.groupby("layer"):
-        left.hist(rows.entropy_bits, bins=bins, histtype="step", density=True, label=f"layer {layer}")
+    for (layer, source), rows in windows.groupby(["layer", "source"]):
+        label = f"layer {layer} {source}"
+        left.hist(rows.entropy_bits, bins=bins, histtype="step", density=True, label=label)
         dominant = rows[rows.dominant_share > 0.5].dominant_phase
-        counts = np.bincount(dominant, minlength=stride) / max(1, len(rows))  # (S,)
-        right.plot(range(stride), 100 * counts, "o-", label=f"layer {layer}")
+        counts = np.bincount(dominant, minlength=int(rows.stride.iloc[0])) / max(1, len(rows))  # (S,)
+        right.plot(range(len(counts)), 100 * counts, "o-", label=label)
     left.set(xlabel=f"entropy of the phase weights (bits; uniform = {np.log2(stride):.2f})", ylabel="density")
-    right.set(xlabel="phase (position mod S)", ylabel="% of window channels it takes over half",
-              xticks=range(stride) if stride <= 16 else None)
+    right.set(xlabel="phase (position mod S)", ylabel="% of window channels it takes over half")
+    if stride <= 16:
+        right.set_xticks(range(stride))
     left.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
