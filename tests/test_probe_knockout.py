@@ -94,3 +94,48 @@ def test_a_layer_the_model_lacks_is_one_line_and_leaves_no_folder(tmp_path):
     result = runner.invoke(app, ["knockout", str(GATED), "--layer", "5", "--out", str(tmp_path / "ko")])
     assert result.exit_code == 1 and "--layer must be from 0 to 1, got [5]" in result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "ko").exists()
+
+
+def test_a_held_phase_keeps_its_weight_fixed_and_the_others_in_proportion():
+    from kvphase.designs import GatedPool
+    from kvphase.probes.knockout import held_phase
+
+    gate = np.zeros((1, 2, 2), np.float32)  # (n_kv_head, head_dim, head_dim): no content term
+    ape = np.log(np.array([[1.0, 2.0], [2.0, 2.0], [3.0, 2.0], [4.0, 2.0]], np.float32))[:, None, :]  # (S, 1, hd)
+    design = GatedPool(window=4, stride=4, start=1, gate=gate, ape=ape)  # slot j sits at phase (1 + j) % 4
+    held = held_phase(design, phase=3, weight=np.array([0.5, 0.25]))  # phase 3 is slot 2
+    weights = held.pool_weights(np.zeros((1, 4, 1, 2), np.float32))[0, :, 0]  # (W, hd)
+    # channel 0: static weights 0.1, 0.2, 0.3, 0.4; slot 2 held at 0.5, the rest 0.5 split 1 : 2 : 4
+    np.testing.assert_allclose(weights[:, 0], [0.5 / 7, 1.0 / 7, 0.5, 2.0 / 7], rtol=1e-6)
+    np.testing.assert_allclose(weights[:, 1], [0.25, 0.25, 0.25, 0.25], rtol=1e-6)  # uniform, slot 2 held at 0.25
+
+
+def test_holding_slots_at_their_mean_changes_nothing_when_the_gate_ignores_content(tmp_path):
+    """With the content term zeroed every window's weights are the static ones, equal to their
+    calibration mean, so a slot knockout is the model itself: 0 change at every phase."""
+    from kvphase.gguf.tensors import read_model_tensor
+    from kvphase.gguf.writer import overwrite_tensor
+
+    model = tmp_path / "gated.gguf"
+    shutil.copyfile(GATED, model)
+    for layer in range(2):
+        name = f"blk.{layer}.attn_gate.weight"
+        overwrite_tensor(model, name, np.zeros_like(read_model_tensor(model, name)))
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["knockout", str(model), "--slots", "--layer", "0", "--per-residue", "16",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    effects = pd.read_csv(out / "effects.csv")
+    assert sorted(effects.component.unique()) == ["L0P0", "L0P1", "L0P2", "L0P3"]
+    assert (effects.d_correct == 0).all(), effects
+    assert effects.d_logprob.abs().max() < 1e-3, f"max {effects.d_logprob.abs().max():.2e}"
+    means = json.loads((out / "gate_means.json").read_text())
+    assert sorted(means) == ["0,0", "0,1", "0,2", "0,3"]
+    np.testing.assert_allclose(np.array(means["0,0"]).sum(axis=0), 1.0, atol=1e-5)  # shares of the 4 phases sum to 1
+
+
+def test_slots_need_a_trained_gate(tmp_path):
+    dense = GATED.parent / "dense.gguf"
+    result = runner.invoke(app, ["knockout", str(dense), "--slots", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "--slots knocks out phase slots of a trained gate" in result.output, result.output
+    assert not (tmp_path / "r").exists()

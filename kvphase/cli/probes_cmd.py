@@ -196,8 +196,10 @@ def knockout(
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads (repeatable); default every layer."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-knockout."),
+    slots: bool = typer.Option(False, "--slots", help="Knock out the trained gate's phase slots (each phase's "
+                               "weight held at its mean) instead of heads."),
 ) -> None:
-    """Knockouts: mean-ablate each attention head in turn and map the accuracy change per phase."""
+    """Knockouts: mean-ablate each attention head (or gate phase slot) in turn and map the accuracy change per phase."""
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
     from kvphase.gguf.modelinfo import read_model_info
@@ -211,8 +213,8 @@ def knockout(
                      defaults.padding, task or defaults.task, seed)
     plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
     backend = BACKENDS["reference"](info.path, n_ctx=plan.context + query_room(info), n_threads=1, options=plan.backend_options)
-    run_dir = out or Path("reports") / f"{info.short_name}-knockout"
-    typer.echo(plain(run_knockout(plan, backend, run_dir, info, layer or None), limit=2000))
+    run_dir = out or Path("reports") / f"{info.short_name}-knockout{'-slots' if slots else ''}"
+    typer.echo(plain(run_knockout(plan, backend, run_dir, info, layer or None, slots), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 

@@ -66,10 +66,12 @@ class GateRecorder:
     """The inner policy, unchanged, recording the pool weights of every window a forward
     pass completes, for the gated (layer, head)s of `layers`."""
 
-    def __init__(self, inner, stride: int, layers: Sequence[int], source: str = "trained-gated"):
+    def __init__(self, inner, stride: int, layers: Sequence[int], source: str = "trained-gated", keep_rows: bool = True):
         self.inner, self.stride, self.layers, self.source = inner, stride, set(layers), source
-        self.context = 0
+        self.context, self.keep_rows = 0, keep_rows
         self.frames: list[pd.DataFrame] = []
+        self.sums: dict[tuple[int, int], np.ndarray] = {}  # (layer, head) -> (S, head_dim) summed phase shares
+        self.windows: dict[tuple[int, int], int] = {}
 
     def begin(self, context: Sequence[int]):
         return self.inner.begin(context) if hasattr(self.inner, "begin") else None
@@ -91,7 +93,14 @@ class GateRecorder:
         weights = design.pool_weights(keys[:, None][members])[:, :, 0]  # (n_new, W, head_dim)
         first = layout.first_positions(n_windows)[new]  # (n_new,)
         shares = phase_shares(weights, first, self.stride)  # (n_new, S, head_dim)
-        self.frames.append(window_rows(shares, first, layer, self.source, head, self.context))
+        self.sums[layer, head] = self.sums.get((layer, head), 0.0) + shares.sum(axis=0)
+        self.windows[layer, head] = self.windows.get((layer, head), 0) + len(new)
+        if self.keep_rows:
+            self.frames.append(window_rows(shares, first, layer, self.source, head, self.context))
+
+    def means(self) -> dict[tuple[int, int], np.ndarray]:
+        """(layer, head) -> the mean weight of each phase per channel over every recorded window: (S, head_dim)."""
+        return {key: total / self.windows[key] for key, total in self.sums.items()}
 
 
 def reference_windows(backend, contexts: Sequence[Sequence[int]], sources: Sequence[GateSource]) -> pd.DataFrame:

@@ -10,26 +10,36 @@ answer's log-probability per component and phase, with 95% intervals from the pa
 per-target differences: a head that serves phase p shows a drop at p and not elsewhere
 (PROTOCOL.md, "Knockouts").
 
+With `slots=True` the components are the gate's phase slots instead: for a model whose
+compressor has a trained gate (kvphase-trained gated or kpool), the calibration sweep
+averages the weight each phase gets per head and channel (`GateRecorder`), and component
+`L<l>P<p>` holds phase p's weight in every window of layer l at that mean, the other slots
+sharing the rest in their own proportions (`HeldPhaseGate`): the slot keeps its average say
+but loses everything that depends on content.
+
 The probe runs on the numpy reference backend, whose attention policy it wraps
-(`HeadRecorder`, `HeadKnockout`); knocking out a slot of the gate is not implemented.
+(`HeadRecorder`, `HeadKnockout`) or whose designs it swaps (`with_designs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
+from kvphase.designs import GatedPool, GatedTopK
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.sweep.plan import SweepPlan
 
 BASE_RUN, CALIBRATION_RUN = "base", "calibration"
-MEANS_FILE, EFFECTS_FILE, FIGURE_FILE = "head_means.json", "effects.csv", "knockouts.png"
+MEANS_FILE, GATE_MEANS_FILE, EFFECTS_FILE, FIGURE_FILE = "head_means.json", "gate_means.json", "effects.csv", "knockouts.png"
 CALIBRATION_SEED_OFFSET = 1000  # the calibration plan's seed is the sweep's plus this: other contexts
 Z95 = 1.959964
 
@@ -79,12 +89,45 @@ class HeadKnockout:
         return out
 
 
-def component_run(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
+@dataclass(frozen=True, eq=False)
+class HeldPhaseGate(GatedPool):
+    """GatedPool with the weight of one phase held at a fixed value per channel (its
+    calibration mean); the other slots share the rest in their own proportions."""
+
+    phase: int = 0
+    weight: np.ndarray | None = None  # (head_dim,)
+
+    def pool_weights(self, window_keys: np.ndarray) -> np.ndarray:
+        weights = super().pool_weights(window_keys)  # (n_windows, W, n_kv_head, head_dim)
+        held = ((self.start + np.arange(self.window)) % self.stride == self.phase)[None, :, None, None]  # (1, W, 1, 1)
+        own = np.where(held, weights, 0.0).sum(axis=1, keepdims=True)  # (n_windows, 1, n_kv_head, head_dim)
+        target = np.asarray(self.weight, dtype=weights.dtype)  # (head_dim,)
+        others = (1 - target) / np.maximum(1 - own, 1e-12)  # (n_windows, 1, n_kv_head, head_dim)
+        return np.where(held, weights * target / np.maximum(own, 1e-12), weights * others)
 
 
-def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence[int] | None = None) -> str:
-    """Score `plan` on the model, then once per knocked-out head; write the folder and its report."""
+@dataclass(frozen=True, eq=False)
+class HeldPhaseTopK(HeldPhaseGate, GatedTopK):
+    """The same for a trained kpool model's gated windows."""
+
+
+def held_phase(design, phase: int, weight: np.ndarray) -> HeldPhaseGate:
+    """`design` (a trained gate) with phase `phase` held at `weight`: (head_dim,)."""
+    if not isinstance(design, GatedPool):
+        raise PlanError("--slots knocks out phase slots of a trained gate; this model's compressor has none "
+                        "(kvphase-trained gated and kpool models do)")
+    kind = HeldPhaseTopK if isinstance(design, GatedTopK) else HeldPhaseGate
+    return kind(**{f.name: getattr(design, f.name) for f in dataclasses.fields(design)}, phase=phase, weight=weight)
+
+
+def component_run(layer: int, index: int, slots: bool = False) -> str:
+    """L<layer>H<head>, or L<layer>P<phase> for a gate slot."""
+    return f"L{layer}{'P' if slots else 'H'}{index}"
+
+
+def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence[int] | None = None,
+                 slots: bool = False) -> str:
+    """Score `plan` on the model, then once per knocked-out head (or gate slot); write the folder and its report."""
     from kvphase.probes import folder
     from kvphase.sweep.run import execute_sweep
 
@@ -95,44 +138,98 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     chosen = sorted(set(layers)) if layers else list(range(n_layer))
     if any(not 0 <= layer < n_layer for layer in chosen):
         raise PlanError(f"--layer must be from 0 to {n_layer - 1}, got {sorted(chosen)}")
-    folder.start_folder(run_dir, {"probe": "knockout", "model": plan.model, "plan": asdict(plan), "layers": chosen,
-                                  "heads": n_head}, [MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
     base_policy = backend.policy
-    means = _calibrated_means(plan, backend, run_dir, info)
+    if slots:
+        _check_gated(base_policy, chosen, _n_head_kv(backend))
+    folder.start_folder(run_dir, {"probe": "knockout", "model": plan.model, "plan": asdict(plan), "layers": chosen,
+                                  "heads": n_head, "slots": slots},
+                        [MEANS_FILE, GATE_MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
+    knockouts = _slot_knockouts if slots else _head_knockouts
     execute_sweep(plan, backend, run_dir / BASE_RUN, info)
-    for layer in chosen:
-        for head in range(n_head):
-            backend.policy = HeadKnockout(base_policy, layer, head, means[layer][head], from_position=plan.context)
-            execute_sweep(plan, backend, run_dir / component_run(layer, head), info)
+    for name, policy in knockouts(plan, backend, run_dir, info, chosen):
+        backend.policy = policy
+        execute_sweep(plan, backend, run_dir / name, info)
     backend.policy = base_policy
     folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
         Path(plan.model), info.architecture, time.time() - started, backend=plan.describe_backend()))
     return build_report(run_dir)
 
 
+def _n_head_kv(backend) -> int:
+    config = backend.model.config
+    return int(getattr(config, "n_head_kv", config.n_head))
+
+
+def _check_gated(policy, layers: Sequence[int], n_head_kv: int) -> None:
+    if not hasattr(policy, "design_for") or getattr(policy, "randomize", False):
+        raise PlanError("--slots knocks out phase slots of a trained gate at fixed window offsets; this model's "
+                        "attention has none (kvphase-trained gated and kpool models with fixed offsets do)")
+    for layer in layers:
+        held_phase(policy.design_for(layer, 0, n_head_kv), 0, np.zeros(1))  # refuses a design without a gate
+
+
+def _head_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
+    """(run name, policy) per head: its output at the query rows held at its calibration mean."""
+    base_policy = backend.policy
+    means = _calibrated_means(plan, backend, run_dir, info)
+    for layer in layers:
+        for head in range(backend.model.config.n_head):
+            yield component_run(layer, head), HeadKnockout(base_policy, layer, head, means[layer][head],
+                                                           from_position=plan.context)
+
+
+def _slot_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
+    """(run name, policy) per layer and phase: that phase's gate weight held at its calibration mean in every head."""
+    base_policy, n_head_kv = backend.policy, _n_head_kv(backend)
+    means = _calibrated_gate_means(plan, backend, run_dir, info, layers)
+    for layer in layers:
+        for phase in range(plan.stride):
+            pinned = {(layer, h): held_phase(base_policy.design_for(layer, h, n_head_kv), phase, means[layer, h][phase])
+                      for h in range(n_head_kv)}
+            yield component_run(layer, phase, slots=True), base_policy.with_designs(pinned)
+
+
 def _calibrated_means(plan, backend, run_dir: Path, info) -> dict[int, np.ndarray]:
-    """Every head's mean output at the query rows of the calibration sweep, which is (re)scored
-    whole when no means were saved."""
+    """Every head's mean output at the query rows of the calibration sweep: layer -> (n_head, head_dim)."""
+    recorder = HeadRecorder(backend.policy, from_position=plan.context)
+    saved = _calibrate(plan, backend, run_dir, info, recorder, MEANS_FILE)
+    return {int(layer): np.array(rows, dtype=np.float32) for layer, rows in saved.items()}
+
+
+def _calibrated_gate_means(plan, backend, run_dir: Path, info, layers) -> dict[tuple[int, int], np.ndarray]:
+    """Every gated head's mean weight per phase and channel over the calibration windows: (layer, head) -> (S, head_dim)."""
+    from kvphase.probes.activations import GateRecorder
+
+    recorder = GateRecorder(backend.policy, plan.stride, layers, keep_rows=False)
+    saved = _calibrate(plan, backend, run_dir, info, recorder, GATE_MEANS_FILE)
+    return {tuple(int(x) for x in key.split(",")): np.array(rows, dtype=np.float32) for key, rows in saved.items()}
+
+
+def _calibrate(plan, backend, run_dir: Path, info, recorder, means_file: str) -> dict:
+    """The recorder's means as saved in `means_file`; the calibration sweep is (re)scored whole
+    with the recorder wrapping the policy when they were not saved yet."""
     from kvphase.probes import folder
     from kvphase.sweep.run import RESULTS_FILE, execute_sweep
 
-    path = run_dir / MEANS_FILE
+    path = run_dir / means_file
     if path.is_file():
         try:
-            return {int(layer): np.array(rows, dtype=np.float32) for layer, rows in json.loads(path.read_text()).items()}
-        except (ValueError, TypeError, AttributeError) as exc:
+            saved = json.loads(path.read_text())
+            if not isinstance(saved, dict):
+                raise ValueError("expected an object")
+            return saved
+        except (ValueError, UnicodeDecodeError) as exc:
             raise RunFolderError(f"{path} is damaged ({exc}); delete it to calibrate again") from None
     (run_dir / CALIBRATION_RUN / RESULTS_FILE).unlink(missing_ok=True)  # a partial run saw part of the set only
-    recorder = HeadRecorder(backend.policy, from_position=plan.context)
     backend.policy = recorder
     try:
-        calibration = replace(plan, seed=plan.seed + CALIBRATION_SEED_OFFSET)
-        execute_sweep(calibration, backend, run_dir / CALIBRATION_RUN, info)
+        execute_sweep(replace(plan, seed=plan.seed + CALIBRATION_SEED_OFFSET), backend, run_dir / CALIBRATION_RUN, info)
     finally:
         backend.policy = recorder.inner
-    means = recorder.means()
-    folder.write_json(path, {str(layer): m.round(7).tolist() for layer, m in means.items()})
-    return means
+    saved = {(key if isinstance(key, int) else ",".join(map(str, key))): m.round(7).tolist()
+             for key, m in recorder.means().items()}
+    folder.write_json(path, {str(k): v for k, v in saved.items()})
+    return {str(k): v for k, v in saved.items()}
 
 
 # --------------------------------------------------------------------------- report
@@ -189,41 +286,52 @@ def build_report(run_dir: Path) -> str:
     run_dir = Path(run_dir)
     config = folder.load_probe_config(run_dir)
     base = load_results(run_dir / BASE_RUN)
-    components = [component_run(layer, head) for layer in config["layers"] for head in range(int(config["heads"]))]
+    slots = bool(config.get("slots", False))
+    per_layer = int(config["plan"]["stride"]) if slots else int(config["heads"])
+    components = [component_run(layer, i, slots) for layer in config["layers"] for i in range(per_layer)]
     if base.empty:
         raise RunFolderError(f"{run_dir}: the base sweep has no results; run the probe again")
     table = pd.concat([effects(base, load_results(run_dir / c), c) for c in components], ignore_index=True)
     folder.write_csv(run_dir / EFFECTS_FILE, table.round(4))
     summary = summarize(table)
-    _plot(table, run_dir / FIGURE_FILE)
+    _plot(table, run_dir / FIGURE_FILE, "gate slot (layer, phase)" if slots else "knocked-out head")
     shown = table[["component", "phase", "n", "accuracy_base", "accuracy_ko", "d_correct", "d_correct_low",
                    "d_correct_high", "d_logprob", "d_logprob_low", "d_logprob_high"]].round(2)
     markdown = "\n".join([
         f"# Knockouts: {Path(config['model']).name}", "", f"**{headline(summary)}**", "",
-        "Each head's attention output at the query rows replaced by its mean there over a calibration sweep of "
-        f"other contexts (`{CALIBRATION_RUN}/`; mean ablation), the same targets scored again; changes per phase "
-        "(position mod S) with 95% intervals from the paired per-target differences. A head that serves one phase "
-        "shows a drop at that phase only.", "",
-        f"![accuracy change per head and phase]({FIGURE_FILE})", "", markdown_table(shown), "",
-        f"Files: `config.json`, `{CALIBRATION_RUN}/`, `{BASE_RUN}/` and one sweep folder per head, `{MEANS_FILE}`, `{EFFECTS_FILE}`, "
-        "`summary.json`, `manifest.json`; `kvphase report <this folder>` rebuilds this page from the sweeps.", ""])
+        (SLOT_TEXT if slots else HEAD_TEXT).format(calibration=CALIBRATION_RUN), "",
+        f"![accuracy change per component and phase]({FIGURE_FILE})", "", markdown_table(shown), "",
+        f"Files: `config.json`, `{CALIBRATION_RUN}/`, `{BASE_RUN}/` and one sweep folder per component, "
+        f"`{GATE_MEANS_FILE if slots else MEANS_FILE}`, `{EFFECTS_FILE}`, `summary.json`, `manifest.json`; "
+        "`kvphase report <this folder>` rebuilds this page from the sweeps.", ""])
     folder.write_report(run_dir, summary, markdown)
     return headline(summary)
 
 
-def _plot(table: pd.DataFrame, path: Path) -> None:
+HEAD_TEXT = ("Each head's attention output at the query rows replaced by its mean there over a calibration sweep of "
+             "other contexts (`{calibration}/`; mean ablation), the same targets scored again; changes per phase "
+             "(position mod S) with 95% intervals from the paired per-target differences. A head that serves one "
+             "phase shows a drop at that phase only.")
+SLOT_TEXT = ("Component `L<l>P<p>`: in every window of layer l, the gate weight of phase p held at its mean over a "
+             "calibration sweep of other contexts (`{calibration}/`), per head and channel, the other slots sharing "
+             "the rest in their own proportions; the same targets scored again. Changes per phase (position mod S) "
+             "with 95% intervals from the paired per-target differences. A slot whose content-driven weight serves "
+             "phase p shows a drop at that phase.")
+
+
+def _plot(table: pd.DataFrame, path: Path, ylabel: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     grid = table.pivot(index="component", columns="phase", values="d_correct")  # (components, S)
-    grid = grid.loc[sorted(grid.index, key=lambda c: tuple(int(x) for x in c[1:].split("H")))]
+    grid = grid.loc[sorted(grid.index, key=lambda c: tuple(int(x) for x in re.findall(r"\d+", c)))]
     fig, ax = plt.subplots(figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5))
     limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
     image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
     ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]), yticklabels=grid.index,
-           xlabel="phase (position mod S)", ylabel="knocked-out head", title="accuracy change (points)")
+           xlabel="phase (position mod S)", ylabel=ylabel, title="accuracy change (points)")
     fig.colorbar(image, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -10,6 +10,7 @@ attention over them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import zlib
 from dataclasses import dataclass
@@ -136,6 +137,15 @@ class CompressedAttention:
             return self.design.start
         index = {"layer": layer, "head": kv_head, "layer_head": layer * n_head_kv + kv_head}[self.stagger]
         return (self.design.start + index * self.stagger_step) % self.stride
+
+    def with_designs(self, pinned: dict[tuple[int, int], object]) -> "CompressedAttention":
+        """A copy that uses the `pinned` designs for those (layer, KV head)s: how a probe swaps
+        one design (a knockout) without touching the others."""
+        if self.randomize:
+            raise PlanError("a design cannot be swapped when window offsets are drawn per context")
+        twin = copy.copy(self)
+        twin._designs = {**self._designs, **pinned}
+        return twin
 
     def design_for(self, layer: int, kv_head: int, n_head_kv: int):
         key = (layer, kv_head)
