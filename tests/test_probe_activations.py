@@ -108,6 +108,7 @@ def test_report_rebuilds_and_the_content_term_shows_on_the_trained_model(tmp_pat
 @pytest.mark.parametrize("args, message", [
     (["--layer", "7"], "layer 7 has no gate"),
     (["--contexts", "0"], "--contexts must be at least 1"),
+    (["--context", "100000"], "--context 100000 does not fit"),
 ])
 def test_bad_options_are_one_line(tmp_path, args, message):
     result = runner.invoke(app, ["gate-activations", str(DATA / "gated.gguf"), "--out", str(tmp_path / "r"), *args])
