@@ -30,3 +30,26 @@ def test_compressed_tiny_model_sweeps_through_llama_cpp(arch, default_model, tmp
     config = json.loads((out / "config.json").read_text())
     assert config["stride"] == SPEC_STRIDES[arch] and config["control"] is False and config["backend"] == "llama.cpp"
     assert json.loads((out / "summary.json").read_text())["n_targets"] == 2 * SPEC_STRIDES[arch]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(SPEC_STRIDES))
+def test_probes_run_through_llama_cpps_compressed_attention(arch, default_model, tmp_path):
+    """flip on every compressed architecture, and cycle where the model has a per-phase gate
+    bias (glm5-next, deepseek4): both through llama.cpp, the stride from the spec."""
+    model = tmp_path / f"{arch}.gguf"
+    assert runner.invoke(app, ["make-tiny", arch, str(model), "--vocab-from", str(default_model)]).exit_code == 0
+    flip = runner.invoke(app, ["flip", str(model), "--context", "256", "--targets", "2", "--cycles", "1",
+                               "--threads", "1", "--out", str(tmp_path / "flip")])
+    assert flip.exit_code == 0, flip.output
+    shifts = json.loads((tmp_path / "flip" / "summary.json").read_text())["per_phase"]
+    assert [p["n"] for p in shifts] == [2] * SPEC_STRIDES[arch]  # each target at every phase once
+    cycle = runner.invoke(app, ["cycle", str(model), "--k", "1", "--context", "256", "--per-residue", "1",
+                                "--threads", "1", "--out", str(tmp_path / "cycle")])
+    if arch == "minimax-m3":
+        assert cycle.exit_code == 1 and "declares no compressor with a per-phase gate bias" in cycle.output
+        return
+    assert cycle.exit_code == 0, cycle.output
+    for run in ("k0", "k1"):
+        config = json.loads((tmp_path / "cycle" / run / "config.json").read_text())
+        assert config["stride"] == SPEC_STRIDES[arch] and config["backend"] == "llama.cpp", config
