@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
 
 ALPHA = 0.05
 POWER = 0.80
@@ -167,6 +166,8 @@ def stratified_p_values(outcomes: np.ndarray, design: Design, binary: bool, seed
     came from permutations. A 0/1 outcome uses the chi-square law when every group's
     expected number of successes and failures is at least MIN_EXPECTED; a continuous one
     (heavy-tailed log-probabilities) always takes its p from within-context permutations."""
+    from scipy import stats  # imported here: scipy.stats alone takes seconds, and most commands never test
+
     statistic, dof = cmh_statistic(outcomes, design)  # (B,)
     p = stats.chi2.sf(statistic, max(dof, 1))  # (B,)
     exact = np.ones(len(outcomes), dtype=bool) if not binary else np.array(
@@ -188,6 +189,8 @@ def _expected_extremes(correct: np.ndarray, design: Design) -> float:
 def noncentrality_for_power(dof: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The non-centrality at which a chi-square test with `dof` degrees of freedom at level
     `alpha` rejects with probability `power`."""
+    from scipy import optimize, stats
+
     critical = stats.chi2.isf(alpha, dof)
     return float(optimize.brentq(lambda lam: stats.ncx2.sf(critical, dof, lam) - power, 1e-9, 1e4))
 
