@@ -5,8 +5,8 @@ independent targets give 0.18), scored by the report's own test.
 
 - false positive rate: no residue effect, `kvphase sweep` defaults (32 per residue);
   at most 5% within Monte Carlo error;
-- power: one residue 20 points down at 256 per residue (2048-token contexts, the shortest
-  that holds 256 positions of each residue); at least 90%.
+- power: one residue 20 points down at 256 per residue, on the default 1024-token
+  contexts; at least 90%.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_false_positive_rate_at_most_five_percent(default_plan):
 
 @pytest.mark.slow  # planning 2048 targets takes seconds
 def test_power_against_a_20_point_dip_at_256_per_residue(llama_backend):
-    residues, contexts = _plan(llama_backend, 256, context=2048)
+    residues, contexts = _plan(llama_backend, 256)
     outcomes = _simulate(residues, contexts, POWER_RUNS, np.random.default_rng(1), dip=0.20)
     p, _ = stratified_p_values(outcomes, Design.of(residues, contexts), binary=True)
     power = (p < ALPHA).mean()
