@@ -61,6 +61,7 @@ def test_phase_shares_follow_each_windows_first_position():
     assert shares[1, :, 0].tolist() == [0, 0, 1, 0]  # position 6
 
 
+@pytest.mark.slow
 def test_a_dominant_bias_makes_every_window_one_hot_at_its_heads_phase(tmp_path):
     path = _copy(tmp_path)
     n_layer, starts = _layers_and_starts(path)
@@ -91,6 +92,7 @@ def test_without_a_content_term_every_window_shows_the_static_shares(tmp_path):
     assert (joined.dominant_phase == joined.dominant_phase_static).mean() > 0.99  # ties may pick another phase
 
 
+@pytest.mark.slow
 def test_report_rebuilds_and_the_content_term_shows_on_the_trained_model(tmp_path):
     out = tmp_path / "run"
     _, windows = _run(_copy(tmp_path), out)

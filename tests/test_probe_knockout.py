@@ -110,6 +110,7 @@ def test_a_held_phase_keeps_its_weight_fixed_and_the_others_in_proportion():
     np.testing.assert_allclose(weights[:, 1], [0.25, 0.25, 0.25, 0.25], rtol=1e-6)  # uniform, slot 2 held at 0.25
 
 
+@pytest.mark.slow
 def test_holding_slots_at_their_mean_changes_nothing_when_the_gate_ignores_content(tmp_path):
     """With the content term zeroed every window's weights are the static ones, equal to their
     calibration mean, so a slot knockout is the model itself: 0 change at every phase."""

@@ -3,6 +3,11 @@ llama.cpp that llama-cpp-python vendors (`make llama-server`; `make test` builds
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -10,7 +15,7 @@ from typer.testing import CliRunner
 
 from kvphase.cli import app
 from kvphase.engines.llama_server import find_llama_server, llama_server
-from kvphase.sweep.run import load_results
+from kvphase.sweep.run import RESULTS_FILE, load_results
 
 pytestmark = pytest.mark.slow
 SWEEP = ["--context", "512", "--per-residue", "8", "--threads", "1", "-q"]  # one thread: no spinning on a busy machine
@@ -74,3 +79,36 @@ def test_two_servers_give_the_results_of_one(tmp_path, binary, default_model, on
     assert differing == 0, spread
     # one slot per server: each context is evaluated alone from position 0, so the numbers are the same
     assert np.array_equal(one_server_run["logprob"], two["logprob"]), spread
+
+
+def test_a_server_killed_mid_run_stops_the_sweep_with_one_line_and_a_resume_completes(
+        tmp_path, binary, default_model, one_server_run):
+    out = tmp_path / "run"
+    with llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as server:
+        sweep = subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(default_model), *SWEEP,
+                                  "--backend", "server", "--url", server.url, "--out", str(out)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "PYTHONPATH": os.getcwd()})
+        while _rows(out) < 16 and sweep.poll() is None:
+            time.sleep(0.05)
+        server.kill()
+        stdout, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 1, stderr
+    assert stderr.strip().count("\n") == 0, stderr
+    assert stderr.startswith(f"Error: {server.url} does not answer"), stderr
+    finished = load_results(out)
+    assert 16 <= len(finished) < len(one_server_run)
+
+    with llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as again:
+        result = server_sweep(default_model, out, again.url)
+    assert result.exit_code == 0, result.output
+    lines = (out / RESULTS_FILE).read_text().strip().splitlines()[1:]
+    assert len(lines) == len(one_server_run)  # nothing scored twice, nothing missing
+    resumed = load_results(out).sort_values("target_id").reset_index(drop=True)
+    assert list(resumed["target_id"]) == list(one_server_run["target_id"])
+    assert list(resumed["correct"]) == list(one_server_run["correct"])
+
+
+def _rows(out) -> int:
+    path = out / RESULTS_FILE
+    return max(path.read_text().count("\n") - 1, 0) if path.exists() else 0
