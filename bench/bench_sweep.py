@@ -50,7 +50,8 @@ def main() -> None:
         backend._load_context(context.tokens)
         context_seconds += time.perf_counter() - t0
         backend.score(context.tokens, [t.query for t in context.targets])
-    kvphase_rate = len(targets) / (time.perf_counter() - start)
+    kvphase_seconds = time.perf_counter() - start
+    kvphase_rate = len(targets) / kvphase_seconds
     kvphase_tokens_rate = len(contexts) * args.context / context_seconds
 
     llm = llama_cpp.Llama(str(model), n_ctx=args.context + 1024, n_threads=args.threads,
@@ -87,6 +88,12 @@ def main() -> None:
           f"{kvphase_rate / naive_rate:>9.1f}")
     print(f"{'context tokens/s (vs llama.cpp raw decode)':<44}{kvphase_tokens_rate:>12.1f}{raw_rate:>12.1f}"
           f"{kvphase_tokens_rate / raw_rate:>9.2f}")
+    query_seconds = kvphase_seconds - context_seconds
+    print(f"where kvphase's time goes: contexts {context_seconds:.1f} s ({100 * context_seconds / kvphase_seconds:.0f}%), "
+          f"queries {query_seconds:.1f} s ({1000 * query_seconds / len(targets):.0f} ms per target, one decode each); "
+          f"{len(targets) / len(contexts):.0f} targets share each context evaluation")
+    print(f"ceiling with free queries (contexts only): {len(targets) / context_seconds / naive_rate:.1f}x the naive loop; "
+          f"with free contexts (queries only): {len(targets) / query_seconds / naive_rate:.1f}x")
     if not args.no_server:
         for label, rate, naive in server_rates(model, contexts, targets, picks, args):
             print(f"{label:<44}{rate:>12.2f}{naive:>12.2f}{rate / naive:>9.1f}")
