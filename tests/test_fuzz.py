@@ -202,6 +202,10 @@ def test_a_sweep_refuses_what_llama_cpp_would_abort_on_before_it_loads(tmp_path,
     ("glm5-next", "glm5-next.attention.indexer.kpool", 1, "kpool is 1, expected an integer from 2"),
     ("glm5-next", "glm5-next.attention.indexer.top_k", 5, "top_k is 5, expected a multiple of the kpool"),
     ("minimax-m3", "minimax-m3.attention.indexer.block_size", 0, "block_size is 0, expected an integer from 1"),
+    # found by the fuzz campaign: llama.cpp casts it to int, so this is -1 there (abort)
+    ("minimax-m3", "minimax-m3.attention.indexer.block_size", 2**32 - 1,
+     "block_size is 4294967295, expected an integer from 1 to 2147483647"),
+    ("minimax-m3", "minimax-m3.attention.indexer.top_k", 2**31, "top_k is 2147483648, expected an integer from 0 to"),
     ("deepseek4", "deepseek4.block_count", 0, "block_count is 0, expected an integer from 1 to 512"),
 ])
 def test_validate_refuses_compression_keys_llama_cpp_asserts_on(tmp_path, arch, key, value, fragment):

@@ -16,6 +16,7 @@ from kvphase.gguf.header import GGUFHeader, Metadata, read_gguf_header
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # LLAMA_ROPE_SCALING_TYPES, src/llama-model.cpp
+INT32_MAX = 2**31 - 1
 HYPER_CONNECTIONS = 4  # "mHC with hc_mult != 4 is not supported" (src/models/glm5-next.cpp, deepseek4.cpp)
 
 
@@ -69,8 +70,11 @@ def _check_deepseek4(meta: Metadata, arch: str, n_layer: int) -> None:
 
 
 def _check_minimax_m3(meta: Metadata, arch: str, n_layer: int) -> None:
-    # src/models/minimax-m3.cpp: indexer_block_size > 0
-    meta.integer(f"{arch}.attention.indexer.block_size", low=1)
+    # src/models/minimax-m3.cpp: indexer_block_size > 0; it and the top-k and local block counts
+    # are cast to int (msa_p), so a uint32 above INT32_MAX turns negative and aborts in the graph
+    meta.integer(f"{arch}.attention.indexer.block_size", low=1, high=INT32_MAX)
+    meta.integer(f"{arch}.attention.indexer.top_k", 0, high=INT32_MAX)
+    meta.integer(f"{arch}.attention.indexer.local_blocks", 0, high=INT32_MAX)
 
 
 CHECKS = {"glm5-next": _check_glm5_next, "deepseek4": _check_deepseek4, "minimax-m3": _check_minimax_m3}
