@@ -233,28 +233,22 @@ def headline(summary: dict) -> str:
 
 def plot(windows: pd.DataFrame, path: Path) -> None:
     """Per layer: the entropy distribution (left) and which phase dominates where one does (right)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from kvphase.probes import folder
 
     stride = int(windows.stride.max())
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
-    bins = np.linspace(0, np.log2(stride), 25)
-    for (layer, source), rows in windows.groupby(["layer", "source"]):
-        label = f"layer {layer} {source}"
-        left.hist(rows.entropy_bits, bins=bins, histtype="step", density=True, label=label)
-        dominant = rows[rows.dominant_share > 0.5].dominant_phase
-        counts = np.bincount(dominant, minlength=int(rows.stride.iloc[0])) / max(1, len(rows))  # (S,)
-        right.plot(range(len(counts)), 100 * counts, "o-", label=label)
-    left.set(xlabel=f"entropy of the phase weights (bits; uniform = {np.log2(stride):.2f})", ylabel="density")
-    right.set(xlabel="phase (position mod S)", ylabel="% of window channels it takes over half")
-    if stride <= 16:
-        right.set_xticks(range(stride))
-    left.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with folder.figure(path, 1, 2, figsize=(10, 3.8), dpi=110) as (fig, (left, right)):
+        bins = np.linspace(0, np.log2(stride), 25)
+        for (layer, source), rows in windows.groupby(["layer", "source"]):
+            label = f"layer {layer} {source}"
+            left.hist(rows.entropy_bits, bins=bins, histtype="step", density=True, label=label)
+            dominant = rows[rows.dominant_share > 0.5].dominant_phase
+            counts = np.bincount(dominant, minlength=int(rows.stride.iloc[0])) / max(1, len(rows))  # (S,)
+            right.plot(range(len(counts)), 100 * counts, "o-", label=label)
+        left.set(xlabel=f"entropy of the phase weights (bits; uniform = {np.log2(stride):.2f})", ylabel="density")
+        right.set(xlabel="phase (position mod S)", ylabel="% of window channels it takes over half")
+        if stride <= 16:
+            right.set_xticks(range(stride))
+        left.legend(fontsize=7)
 
 
 def render_markdown(config: dict, summary: dict, manifest: dict) -> str:

@@ -144,20 +144,14 @@ def build_report(run_dir: Path) -> str:
 
 
 def _plot(table: pd.DataFrame, k: int, path: Path) -> None:
-    import matplotlib
+    from kvphase.probes import folder
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=120)
-    ax.plot(table["phase"], table["accuracy_k0"], "o-", label="original (k = 0)")
-    ax.plot(table["phase"], table["accuracy_k"], "s-", label=f"rolled by k = {k}")
-    ax.plot(table["phase"], table["predicted"], "x:", label="predicted A_0((r - k) mod S)")
-    ax.axvspan(len(table) - 1.5, len(table) - 0.5, color="gray", alpha=0.15, label="boundary phase")
-    ax.set_xlabel("phase of the target (position mod S)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_xticks(table["phase"])
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with folder.figure(path, figsize=(6.5, 3.6), dpi=120) as (fig, ax):
+        ax.plot(table["phase"], table["accuracy_k0"], "o-", label="original (k = 0)")
+        ax.plot(table["phase"], table["accuracy_k"], "s-", label=f"rolled by k = {k}")
+        ax.plot(table["phase"], table["predicted"], "x:", label="predicted A_0((r - k) mod S)")
+        ax.axvspan(len(table) - 1.5, len(table) - 0.5, color="gray", alpha=0.15, label="boundary phase")
+        ax.set_xlabel("phase of the target (position mod S)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_xticks(table["phase"])
+        ax.legend(fontsize=7)

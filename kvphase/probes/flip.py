@@ -154,25 +154,19 @@ def headline(summary: dict) -> str:
 
 def plot(results: pd.DataFrame, stride: int, path: Path) -> None:
     """Margin (right - strongest distractor) per shift, one line per target; dotted lines mark cycles."""
-    import matplotlib
+    from kvphase.probes import folder
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
-    for target_id, rows in results.groupby("target_id"):
-        rows = rows.sort_values("shift")
-        ax.plot(rows["shift"], rows["margin"], "o-", markersize=3, label=f"target {target_id}")
-    for cycle in range(stride, int(results["shift"].max()) + 1, stride):
-        ax.axvline(cycle - 0.5, color="gray", linestyle=":", linewidth=1)
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xlabel(f"filler tokens inserted before the target (stride {stride})")
-    ax.set_ylabel("logprob right - strongest distractor (nats)")
-    if results["target_id"].nunique() <= 10:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with folder.figure(path, figsize=(7, 3.8), dpi=120) as (fig, ax):
+        for target_id, rows in results.groupby("target_id"):
+            rows = rows.sort_values("shift")
+            ax.plot(rows["shift"], rows["margin"], "o-", markersize=3, label=f"target {target_id}")
+        for cycle in range(stride, int(results["shift"].max()) + 1, stride):
+            ax.axvline(cycle - 0.5, color="gray", linestyle=":", linewidth=1)
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xlabel(f"filler tokens inserted before the target (stride {stride})")
+        ax.set_ylabel("logprob right - strongest distractor (nats)")
+        if results["target_id"].nunique() <= 10:
+            ax.legend(fontsize=7)
 
 
 def render_markdown(config: dict, summary: dict, manifest: dict) -> str:

@@ -270,10 +270,7 @@ def headline(summary: dict) -> str:
 
 def plot_heatmap(phases: pd.DataFrame, path: Path) -> None:
     """Mean static share per unit (rows) and phase (columns); one panel per stride."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from kvphase.probes import folder
 
     strides = sorted(phases["stride"].unique())
     grids = []
@@ -282,20 +279,17 @@ def plot_heatmap(phases: pd.DataFrame, path: Path) -> None:
                                                            values="mean_share")
         grids.append((stride, grid))
     height = sum(max(1.2, 0.28 * len(g)) for _, g in grids) + 1.0
-    fig, axes = plt.subplots(len(grids), 1, figsize=(7.5, min(height, 40)), dpi=110, squeeze=False)
-    for ax, (stride, grid) in zip(axes[:, 0], grids):
-        values = grid.to_numpy()  # (units, S)
-        top = max(float(values.max()), 2.0 / stride)  # a uniform gate (1/S everywhere) stays dark at any S
-        image = ax.imshow(values, aspect="auto", cmap="viridis", vmin=0, vmax=top, interpolation="nearest")
-        labels = [f"L{l} {s}" + (f" h{h}" if grid.index.get_level_values("head").max() > 0 else "") for l, s, h in grid.index]
-        ax.set_yticks(range(len(labels)), labels, fontsize=6 if len(labels) > 24 else 8)
-        ax.set_xlabel(f"phase (position mod {stride})")
-        if stride <= 32:
-            ax.set_xticks(range(stride))
-        fig.colorbar(image, ax=ax, label="static share")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with folder.figure(path, len(grids), 1, figsize=(7.5, min(height, 40)), dpi=110, squeeze=False) as (fig, axes):
+        for ax, (stride, grid) in zip(axes[:, 0], grids):
+            values = grid.to_numpy()  # (units, S)
+            top = max(float(values.max()), 2.0 / stride)  # a uniform gate (1/S everywhere) stays dark at any S
+            image = ax.imshow(values, aspect="auto", cmap="viridis", vmin=0, vmax=top, interpolation="nearest")
+            labels = [f"L{l} {s}" + (f" h{h}" if grid.index.get_level_values("head").max() > 0 else "") for l, s, h in grid.index]
+            ax.set_yticks(range(len(labels)), labels, fontsize=6 if len(labels) > 24 else 8)
+            ax.set_xlabel(f"phase (position mod {stride})")
+            if stride <= 32:
+                ax.set_xticks(range(stride))
+            fig.colorbar(image, ax=ax, label="static share")
 
 
 def render_markdown(config: dict, summary: dict, manifest: dict) -> str:

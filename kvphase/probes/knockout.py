@@ -320,19 +320,13 @@ SLOT_TEXT = ("Component `L<l>P<p>`: in every window of layer l, the gate weight 
 
 
 def _plot(table: pd.DataFrame, path: Path, ylabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from kvphase.probes import folder
 
     grid = table.pivot(index="component", columns="phase", values="d_correct")  # (components, S)
     grid = grid.loc[sorted(grid.index, key=lambda c: tuple(int(x) for x in re.findall(r"\d+", c)))]
-    fig, ax = plt.subplots(figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5))
-    limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
-    image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
-    ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]), yticklabels=grid.index,
-           xlabel="phase (position mod S)", ylabel=ylabel, title="accuracy change (points)")
-    fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with folder.figure(path, figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5), dpi=110) as (fig, ax):
+        limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
+        image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+        ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]), yticklabels=grid.index,
+               xlabel="phase (position mod S)", ylabel=ylabel, title="accuracy change (points)")
+        fig.colorbar(image, ax=ax)
