@@ -140,3 +140,59 @@ def test_slots_need_a_trained_gate(tmp_path):
     result = runner.invoke(app, ["knockout", str(dense), "--slots", "--out", str(tmp_path / "r")])
     assert result.exit_code == 1 and "--slots knocks out phase slots of a trained gate" in result.output, result.output
     assert not (tmp_path / "r").exists()
+
+
+class PhaseHeads:
+    """A hand-built model for the knockout plumbing: one layer of S heads, every head carrying
+    a value unique to the context, and head p alone read for targets at phase p (a target is
+    right when head p's output at the query row is its own context's value). Knocking out
+    head p must therefore cost phase p all its targets and no other phase anything."""
+
+    def __init__(self, stride: int):
+        from types import SimpleNamespace
+
+        from tests.fakes import CharBackend
+
+        self.stride, self.chars, self.tokens_evaluated = stride, CharBackend(), 0
+        self.model = SimpleNamespace(config=SimpleNamespace(n_layer=1, n_head=stride))
+        self.policy = DenseAttention()
+        self.prefix_ids, self.n_ctx_train = self.chars.prefix_ids, self.chars.n_ctx_train
+        self.tokenize, self.detokenize = self.chars.tokenize, self.chars.detokenize
+
+    def score(self, context, queries):
+        import zlib
+
+        from kvphase.backends.base import Score
+
+        self.tokens_evaluated += len(context)
+        own = np.sqrt(zlib.crc32(np.asarray(context, np.int64).tobytes()) % 1000 + 2.0)  # this context's value
+        q, k = np.zeros((self.stride, 1, 1, 1)), np.zeros((self.stride, 1, 1))  # one key: attention copies v
+        v = np.full((self.stride, 1, 1), own)  # (n_head_kv, n_kv, head_dim)
+        out = self.policy.attend(0, q, k, v, np.array([len(context)]), 1.0)  # (n_head, 1, 1, 1) at the query row
+        text = "".join(map(chr, context))
+        scores = []
+        for query in queries:
+            phase = text.index("".join(map(chr, query.prompt))) % self.stride  # the record starts with the query
+            right = bool(out[phase, 0, 0, 0] == own)
+            scores.append(Score(right, 0.0 if right else -5.0, tuple(query.answer)))
+        return scores
+
+
+@pytest.mark.slow
+def test_knocking_out_the_head_that_serves_phase_p_hurts_phase_p_only(tmp_path, default_model):
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.probes.knockout import run_knockout
+    from kvphase.sweep.plan import SweepPlan
+
+    info = read_model_info(default_model)  # identity for the manifest only; the fake scores
+    plan = SweepPlan(model=str(info.path), task="records", stride=4, modulus=8, context=600, per_residue=4,
+                     padding="prefix", seed=0, control=True, backend="fake")
+    run_knockout(plan, PhaseHeads(4), tmp_path / "ko", info)
+    effects = pd.read_csv(tmp_path / "ko" / "effects.csv")
+    assert (effects.accuracy_base == 100).all()
+    for row in effects.itertuples():
+        expected = -100.0 if row.component == f"L0H{row.phase}" else 0.0
+        assert row.d_correct == expected, (row.component, row.phase, row.d_correct)
+    summary = json.loads((tmp_path / "ko" / "summary.json").read_text())
+    assert [(p["phase"], p["component"], p["d_correct_other_phases"]) for p in summary["by_phase"]] == \
+        [(p, f"L0H{p}", 0.0) for p in range(4)]
