@@ -5,7 +5,7 @@ like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
 - `activations`: the gate weights the windows of real contexts actually used.
 - `flip`: single targets moved through the phases, right value against the strongest distractor.
 - `cycle`: every gate bias rolled by k; does the weak phase move by k?
-- `knockout`: each head mean-ablated in turn; which phase does it serve?
+- `knockout`: each head (or gate phase slot) mean-ablated in turn; which phase does it serve?
 """
 
 from __future__ import annotations
