@@ -28,8 +28,8 @@ def gates(
 
 @app.command("gate-activations")
 def gate_activations(
-    model: Path = typer.Argument(..., help="A kvphase-trained gated/kpool model (numpy reference) or a glm5-next "
-                                 "GGUF with a tokenizer (llama.cpp)."),
+    model: Path = typer.Argument(..., help="A kvphase-trained gated/kpool model (numpy reference), or a glm5-next "
+                                 "or deepseek4 GGUF with a tokenizer (llama.cpp)."),
     contexts: int = typer.Option(8, help="Contexts of the sweep plan evaluated."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens; default 512, a trained model's own."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
