@@ -196,3 +196,20 @@ def test_knocking_out_the_head_that_serves_phase_p_hurts_phase_p_only(tmp_path, 
     summary = json.loads((tmp_path / "ko" / "summary.json").read_text())
     assert [(p["phase"], p["component"], p["d_correct_other_phases"]) for p in summary["by_phase"]] == \
         [(p, f"L0H{p}", 0.0) for p in range(4)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saved", ['{"0": "not numbers"}', '{"layer 0": [[1.0]]}', "[1, 2]", "{"])
+def test_a_damaged_means_file_is_named_in_one_error(tmp_path, default_model, saved):
+    from kvphase.errors import RunFolderError
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.probes.knockout import run_knockout
+    from kvphase.sweep.plan import SweepPlan
+
+    info = read_model_info(default_model)
+    plan = SweepPlan(model=str(info.path), task="records", stride=4, modulus=8, context=600, per_residue=4,
+                     padding="prefix", seed=0, control=True, backend="fake")
+    (tmp_path / "ko").mkdir()
+    (tmp_path / "ko" / "head_means.json").write_text(saved)
+    with pytest.raises(RunFolderError, match="head_means.json is damaged"):
+        run_knockout(plan, PhaseHeads(4), tmp_path / "ko", info)

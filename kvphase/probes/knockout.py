@@ -111,11 +111,8 @@ class HeldPhaseTopK(HeldPhaseGate, GatedTopK):
     """The same for a trained kpool model's gated windows."""
 
 
-def held_phase(design, phase: int, weight: np.ndarray) -> HeldPhaseGate:
+def held_phase(design: GatedPool, phase: int, weight: np.ndarray) -> HeldPhaseGate:
     """`design` (a trained gate) with phase `phase` held at `weight`: (head_dim,)."""
-    if not isinstance(design, GatedPool):
-        raise PlanError("--slots knocks out phase slots of a trained gate; this model's compressor has none "
-                        "(kvphase-trained gated and kpool models do)")
     kind = HeldPhaseTopK if isinstance(design, GatedTopK) else HeldPhaseGate
     return kind(**{f.name: getattr(design, f.name) for f in dataclasses.fields(design)}, phase=phase, weight=weight)
 
@@ -161,11 +158,12 @@ def _n_head_kv(backend) -> int:
 
 
 def _check_gated(policy, layers: Sequence[int], n_head_kv: int) -> None:
-    if not hasattr(policy, "design_for") or getattr(policy, "randomize", False):
+    """PlanError unless every chosen layer pools its windows with a trained gate at fixed offsets."""
+    gated = (hasattr(policy, "design_for") and not getattr(policy, "randomize", False)
+             and all(isinstance(policy.design_for(layer, 0, n_head_kv), GatedPool) for layer in layers))
+    if not gated:
         raise PlanError("--slots knocks out phase slots of a trained gate at fixed window offsets; this model's "
                         "attention has none (kvphase-trained gated and kpool models with fixed offsets do)")
-    for layer in layers:
-        held_phase(policy.design_for(layer, 0, n_head_kv), 0, np.zeros(1))  # refuses a design without a gate
 
 
 def _head_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
@@ -192,8 +190,7 @@ def _slot_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
 def _calibrated_means(plan, backend, run_dir: Path, info) -> dict[int, np.ndarray]:
     """Every head's mean output at the query rows of the calibration sweep: layer -> (n_head, head_dim)."""
     recorder = HeadRecorder(backend.policy, from_position=plan.context)
-    saved = _calibrate(plan, backend, run_dir, info, recorder, MEANS_FILE)
-    return {int(layer): np.array(rows, dtype=np.float32) for layer, rows in saved.items()}
+    return _calibrate(plan, backend, run_dir, info, recorder, MEANS_FILE, int)
 
 
 def _calibrated_gate_means(plan, backend, run_dir: Path, info, layers) -> dict[tuple[int, int], np.ndarray]:
@@ -201,24 +198,25 @@ def _calibrated_gate_means(plan, backend, run_dir: Path, info, layers) -> dict[t
     from kvphase.probes.activations import GateRecorder
 
     recorder = GateRecorder(backend.policy, plan.stride, layers, keep_rows=False)
-    saved = _calibrate(plan, backend, run_dir, info, recorder, GATE_MEANS_FILE)
-    return {tuple(int(x) for x in key.split(",")): np.array(rows, dtype=np.float32) for key, rows in saved.items()}
+    return _calibrate(plan, backend, run_dir, info, recorder, GATE_MEANS_FILE,
+                      lambda text: tuple(int(x) for x in text.split(",")))
 
 
-def _calibrate(plan, backend, run_dir: Path, info, recorder, means_file: str) -> dict:
-    """The recorder's means as saved in `means_file`; the calibration sweep is (re)scored whole
-    with the recorder wrapping the policy when they were not saved yet."""
+def _calibrate(plan, backend, run_dir: Path, info, recorder, means_file: str, parse_key) -> dict:
+    """The recorder's means as saved in `means_file` (keys as text: "3", "3,1"; `parse_key` reads
+    them back); the calibration sweep is (re)scored whole with the recorder wrapping the policy
+    when they were not saved yet. A fresh run returns what it saved, so a resumed one sees the same."""
     from kvphase.probes import folder
     from kvphase.sweep.run import RESULTS_FILE, execute_sweep
+
+    def parsed(saved: dict) -> dict:
+        return {parse_key(key): np.array(rows, dtype=np.float32) for key, rows in saved.items()}
 
     path = run_dir / means_file
     if path.is_file():
         try:
-            saved = json.loads(path.read_text())
-            if not isinstance(saved, dict):
-                raise ValueError("expected an object")
-            return saved
-        except (ValueError, UnicodeDecodeError) as exc:
+            return parsed(json.loads(path.read_text()))
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise RunFolderError(f"{path} is damaged ({exc}); delete it to calibrate again") from None
     (run_dir / CALIBRATION_RUN / RESULTS_FILE).unlink(missing_ok=True)  # a partial run saw part of the set only
     backend.policy = recorder
@@ -226,10 +224,9 @@ def _calibrate(plan, backend, run_dir: Path, info, recorder, means_file: str) ->
         execute_sweep(replace(plan, seed=plan.seed + CALIBRATION_SEED_OFFSET), backend, run_dir / CALIBRATION_RUN, info)
     finally:
         backend.policy = recorder.inner
-    saved = {(key if isinstance(key, int) else ",".join(map(str, key))): m.round(7).tolist()
-             for key, m in recorder.means().items()}
-    folder.write_json(path, {str(k): v for k, v in saved.items()})
-    return {str(k): v for k, v in saved.items()}
+    saved = {",".join(map(str, np.atleast_1d(key))): m.round(7).tolist() for key, m in recorder.means().items()}
+    folder.write_json(path, saved)
+    return parsed(saved)
 
 
 # --------------------------------------------------------------------------- report
