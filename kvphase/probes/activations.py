@@ -233,10 +233,10 @@ def headline(summary: dict) -> str:
 
 def plot(windows: pd.DataFrame, path: Path) -> None:
     """Per layer: the entropy distribution (left) and which phase dominates where one does (right)."""
-    from kvphase.probes import folder
+    from kvphase.sweep.report import figure
 
     stride = int(windows.stride.max())
-    with folder.figure(path, 1, 2, figsize=(10, 3.8), dpi=110) as (fig, (left, right)):
+    with figure(path, 1, 2, figsize=(10, 3.8), dpi=110) as (fig, (left, right)):
         bins = np.linspace(0, np.log2(stride), 25)
         for (layer, source), rows in windows.groupby(["layer", "source"]):
             label = f"layer {layer} {source}"

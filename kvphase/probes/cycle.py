@@ -144,9 +144,9 @@ def build_report(run_dir: Path) -> str:
 
 
 def _plot(table: pd.DataFrame, k: int, path: Path) -> None:
-    from kvphase.probes import folder
+    from kvphase.sweep.report import figure
 
-    with folder.figure(path, figsize=(6.5, 3.6), dpi=120) as (fig, ax):
+    with figure(path, figsize=(6.5, 3.6), dpi=120) as (fig, ax):
         ax.plot(table["phase"], table["accuracy_k0"], "o-", label="original (k = 0)")
         ax.plot(table["phase"], table["accuracy_k"], "s-", label=f"rolled by k = {k}")
         ax.plot(table["phase"], table["predicted"], "x:", label="predicted A_0((r - k) mod S)")

@@ -154,9 +154,9 @@ def headline(summary: dict) -> str:
 
 def plot(results: pd.DataFrame, stride: int, path: Path) -> None:
     """Margin (right - strongest distractor) per shift, one line per target; dotted lines mark cycles."""
-    from kvphase.probes import folder
+    from kvphase.sweep.report import figure
 
-    with folder.figure(path, figsize=(7, 3.8), dpi=120) as (fig, ax):
+    with figure(path, figsize=(7, 3.8), dpi=120) as (fig, ax):
         for target_id, rows in results.groupby("target_id"):
             rows = rows.sort_values("shift")
             ax.plot(rows["shift"], rows["margin"], "o-", markersize=3, label=f"target {target_id}")

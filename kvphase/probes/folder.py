@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import platform
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -84,22 +83,6 @@ def manifest(model: Path, architecture: str, wall_s: float, **extra) -> dict:
         "host": {"machine": platform.machine(), "system": platform.system(), "node": platform.node()},
         "wall_time_s": round(wall_s, 3),
     }
-
-
-@contextmanager
-def figure(path: Path, nrows: int = 1, ncols: int = 1, **options):
-    """(figure, axes) drawn on the Agg canvas and saved to `path` on exit. pyplot is not
-    imported: its import alone costs a third of a second in a command that takes two.
-    `options`: Figure's (figsize, dpi) and subplots' (squeeze)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    squeeze = options.pop("squeeze", True)
-    fig = Figure(**options)
-    FigureCanvasAgg(fig)
-    yield fig, fig.subplots(nrows, ncols, squeeze=squeeze)
-    fig.tight_layout()
-    fig.savefig(path)
 
 
 def write_report(run_dir: Path, summary: dict, markdown: str) -> None:

@@ -270,7 +270,7 @@ def headline(summary: dict) -> str:
 
 def plot_heatmap(phases: pd.DataFrame, path: Path) -> None:
     """Mean static share per unit (rows) and phase (columns); one panel per stride."""
-    from kvphase.probes import folder
+    from kvphase.sweep.report import figure
 
     strides = sorted(phases["stride"].unique())
     grids = []
@@ -279,7 +279,7 @@ def plot_heatmap(phases: pd.DataFrame, path: Path) -> None:
                                                            values="mean_share")
         grids.append((stride, grid))
     height = sum(max(1.2, 0.28 * len(g)) for _, g in grids) + 1.0
-    with folder.figure(path, len(grids), 1, figsize=(7.5, min(height, 40)), dpi=110, squeeze=False) as (fig, axes):
+    with figure(path, len(grids), 1, figsize=(7.5, min(height, 40)), dpi=110, squeeze=False) as (fig, axes):
         for ax, (stride, grid) in zip(axes[:, 0], grids):
             values = grid.to_numpy()  # (units, S)
             top = max(float(values.max()), 2.0 / stride)  # a uniform gate (1/S everywhere) stays dark at any S

@@ -317,11 +317,11 @@ SLOT_TEXT = ("Component `L<l>P<p>`: in every window of layer l, the gate weight 
 
 
 def _plot(table: pd.DataFrame, path: Path, ylabel: str) -> None:
-    from kvphase.probes import folder
+    from kvphase.sweep.report import figure
 
     grid = table.pivot(index="component", columns="phase", values="d_correct")  # (components, S)
     grid = grid.loc[sorted(grid.index, key=lambda c: tuple(int(x) for x in re.findall(r"\d+", c)))]
-    with folder.figure(path, figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5), dpi=110) as (fig, ax):
+    with figure(path, figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5), dpi=110) as (fig, ax):
         limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
         image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
         ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]), yticklabels=grid.index,

@@ -15,7 +15,7 @@ import pandas as pd
 
 from kvphase.errors import RunFolderError
 from kvphase.sweep.analysis import homogeneity_test, wilson_interval
-from kvphase.sweep.report import markdown_table
+from kvphase.sweep.report import figure, markdown_table
 from kvphase.train.config import TrainConfig
 from kvphase.train.run import RESULTS_FILE, TRAINING_FILE, load_train_config
 
@@ -92,24 +92,16 @@ def headline(summary: dict) -> str:
 
 
 def plot_curve(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     frame = pd.DataFrame(summary["curve"])
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.plot(frame.step, 100 * frame.accuracy, label="mean accuracy")
-    ax.plot(frame.step, 100 * frame.gap, label="gap (best - worst residue)")
-    ax.plot(frame.step, 100 * frame.worst, ":", label="worst residue")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("%")
-    ax.set_ylim(0, 100)
-    ax.set_title(f"{summary['design']} S={summary['stride']} seed {summary['seed']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, figsize=(6.4, 3.6), dpi=110) as (fig, ax):
+        ax.plot(frame.step, 100 * frame.accuracy, label="mean accuracy")
+        ax.plot(frame.step, 100 * frame.gap, label="gap (best - worst residue)")
+        ax.plot(frame.step, 100 * frame.worst, ":", label="worst residue")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("%")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"{summary['design']} S={summary['stride']} seed {summary['seed']}")
+        ax.legend(fontsize=8)
 
 
 def build_training_report(out: Path) -> dict:
