@@ -49,12 +49,14 @@ def gate_activations(
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.activations import run_gate_activations
     from kvphase.probes.folder import REPORT_FILE
-    from kvphase.probes.gates import find_sources
+    from kvphase.probes.gates import find_sources, select_sources
 
     if threads is not None:
         check_threads(threads)
     info = read_model_info(model)
-    stride = min(s.stride for s in find_sources(read_gguf_header(model)))  # refuses a model without a gate
+    declared = find_sources(read_gguf_header(model))  # refuses a model without a gate
+    stride = min(s.stride for s in declared)  # the plan only provides contexts: the model's shortest window
+    sources = select_sources(declared, layer, info.path.name)
     trained = info.trained is not None
     if not trained:
         check_llama_limits(info.path)
@@ -67,7 +69,7 @@ def gate_activations(
     backend = BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=n_threads,
                                      options=plan.backend_options)
     run_dir = out or Path("reports") / f"{info.short_name}-gate-activations"
-    typer.echo(plain(run_gate_activations(plan, backend, run_dir, info, layer or None, contexts, n_threads), limit=2000))
+    typer.echo(plain(run_gate_activations(plan, backend, run_dir, info, sources, contexts, n_threads), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 

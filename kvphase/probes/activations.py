@@ -161,23 +161,16 @@ def _engine_weights(info, run, source: GateSource, ape: np.ndarray) -> tuple[np.
     return weights, design.first_rows(weights.shape[0])
 
 
-def run_gate_activations(plan, backend, run_dir: Path, info, layers: Sequence[int] | None, n_contexts: int,
+def run_gate_activations(plan, backend, run_dir: Path, info, sources: Sequence[GateSource], n_contexts: int,
                          n_threads: int = 1) -> str:
-    """Build the plan's contexts, record the windows' gate weights on the first `n_contexts`, write the folder."""
+    """Build the plan's contexts, record the windows' gate weights of `sources` (`gates.find_sources`,
+    `select_sources`) on the first `n_contexts`, write the folder."""
     from kvphase.probes import folder
-    from kvphase.probes.gates import find_sources
-    from kvphase.gguf.header import read_gguf_header
     from kvphase.sweep.placement import build_probes
     from kvphase.sweep.tasks import load_task
 
     started, run_dir = time.time(), Path(run_dir)
-    sources = find_sources(read_gguf_header(info.path))  # refuses a model without a gate bias
-    present = sorted({s.layer for s in sources})
-    chosen = sorted(set(layers)) if layers else present
-    if any(layer not in present for layer in chosen):
-        raise PlanError(f"layer {next(x for x in chosen if x not in present)} has no gate in {info.path.name}; "
-                        f"layers with one: {', '.join(map(str, present))}")
-    sources = [s for s in sources if s.layer in chosen]
+    chosen = sorted({s.layer for s in sources})
     if n_contexts < 1:
         raise PlanError(f"--contexts must be at least 1, got {n_contexts}")
     contexts = [c.tokens for c in build_probes(load_task(plan.task), backend, plan.probe_settings)][:n_contexts]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -177,13 +178,7 @@ PHASE_COLUMNS = ["layer", "source", "head", "stride", "phase", "mean_share", "do
 def measure_gates(path: str | Path, layers: list[int] | None = None) -> tuple[list[GateSource], GateTables]:
     """Static gate concentration of every per-phase bias in the file (or the `layers` given)."""
     header = read_gguf_header(path)
-    sources = find_sources(header)
-    if layers:
-        present = sorted({s.layer for s in sources})
-        missing = [layer for layer in layers if layer not in present]
-        if missing:
-            raise PlanError(f"layer {missing[0]} has no gate bias in {header.path.name}; layers with one: {_short(present)}")
-        sources = [s for s in sources if s.layer in layers]
+    sources = select_sources(find_sources(header), layers, header.path.name)
     infos = {t.name: t for t in header.tensors}
     raw = np.memmap(header.path, dtype=np.uint8, mode="r")  # only the bias tensors' pages are ever touched
     digest = hashlib.sha256()
@@ -217,6 +212,17 @@ def _phase_frame(source: GateSource, shares: np.ndarray) -> pd.DataFrame:
         "layer": source.layer, "source": source.kind, "head": head.ravel(), "stride": source.stride,
         "phase": phase.ravel(), "mean_share": shares.mean(axis=2).ravel().round(6), "dominant_channels": counts.ravel(),
     })
+
+
+def select_sources(sources: list[GateSource], layers: Sequence[int] | None, model_name: str) -> list[GateSource]:
+    """The sources of the chosen layers (all for none); PlanError naming a chosen layer without one."""
+    if not layers:
+        return sources
+    present = sorted({s.layer for s in sources})
+    missing = [layer for layer in layers if layer not in present]
+    if missing:
+        raise PlanError(f"layer {missing[0]} has no gate bias in {model_name}; layers with one: {_short(present)}")
+    return [s for s in sources if s.layer in layers]
 
 
 def _short(values: list[int]) -> str:
