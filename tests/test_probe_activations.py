@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -20,8 +21,7 @@ from kvphase.cli import app
 from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.tensors import read_model_tensor
 from kvphase.gguf.writer import overwrite_tensor
-from kvphase.probes.activations import phase_shares
-from kvphase.probes.gates import measure_gates
+from kvphase.probes.gates import measure_gates, sum_by_phase
 
 runner = CliRunner()
 DATA = Path(__file__).parent / "data" / "trained"
@@ -48,15 +48,13 @@ def _zero_content_gate(path: Path, n_layer: int) -> None:
 def _run(path: Path, out: Path, *extra: str):
     result = runner.invoke(app, ["gate-activations", str(path), "--out", str(out), "--contexts", "2", *extra])
     assert result.exit_code == 0, result.output
-    import pandas as pd
-
     return result, pd.read_csv(out / "windows.csv")
 
 
-def test_phase_shares_follow_each_windows_first_position():
+def test_phase_sums_follow_each_windows_first_position():
     weights = np.zeros((2, 4, 1))  # (n_windows, W, C)
     weights[:, 1, 0] = 1.0  # slot 1 of every window
-    shares = phase_shares(weights, np.array([0, 5]), 4)  # windows starting at positions 0 and 5
+    shares = sum_by_phase(weights, np.array([0, 5]), 4)  # windows starting at positions 0 and 5
     assert shares[0, :, 0].tolist() == [0, 1, 0, 0]  # position 1
     assert shares[1, :, 0].tolist() == [0, 0, 1, 0]  # position 6
 

@@ -33,21 +33,12 @@ import numpy as np
 import pandas as pd
 
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.probes.gates import GateSource, entropy_bits
+from kvphase.probes.gates import GateSource, entropy_bits, sum_by_phase
 
 WINDOWS_FILE, FIGURE_FILE = "windows.csv", "gate_activations.png"
 COLUMNS = ["layer", "source", "head", "context", "window", "first_position", "channel", "stride", "dominant_phase",
            "dominant_share", "entropy_bits"]
 MAX_CAPTURE_BATCH = 512  # tokens per llama_decode call while capturing
-
-
-def phase_shares(weights: np.ndarray, first_positions: np.ndarray, stride: int) -> np.ndarray:
-    """Per window and channel, the weight of each phase: (n_windows, S, C) from window
-    weights (n_windows, W, C) whose slot j sits at position first_positions[w] + j."""
-    n_windows, width, _ = weights.shape
-    phases = (np.asarray(first_positions)[:, None] + np.arange(width)) % stride  # (n_windows, W)
-    one_hot = phases[:, :, None] == np.arange(stride)  # (n_windows, W, S)
-    return np.einsum("nws,nwc->nsc", one_hot.astype(np.float64), weights.astype(np.float64))  # (n_windows, S, C)
 
 
 def window_rows(shares: np.ndarray, first_positions: np.ndarray, layer: int, source: str, head: int,
@@ -92,7 +83,7 @@ class GateRecorder:
         members = layout.members(n_windows)[new]  # (n_new, W)
         weights = design.pool_weights(keys[:, None][members])[:, :, 0]  # (n_new, W, head_dim)
         first = layout.first_positions(n_windows)[new]  # (n_new,)
-        shares = phase_shares(weights, first, self.stride)  # (n_new, S, head_dim)
+        shares = sum_by_phase(weights, first, self.stride)  # (n_new, S, head_dim)
         self.sums[layer, head] = self.sums.get((layer, head), 0.0) + shares.sum(axis=0)
         self.windows[layer, head] = self.windows.get((layer, head), 0) + len(new)
         if self.keep_rows:
@@ -139,7 +130,7 @@ def engine_windows(info, contexts: Sequence[Sequence[int]], sources: Sequence[Ga
                               EngineSettings(n_ctx=len(tokens), n_threads=n_threads))
         for source in sources:
             weights, first = _engine_weights(info, run, source, apes[source.tensor])  # (n_windows, W, C), (n_windows,)
-            frames.append(window_rows(phase_shares(weights, first, source.stride), first, source.layer, source.kind,
+            frames.append(window_rows(sum_by_phase(weights, first, source.stride), first, source.layer, source.kind,
                                       0, index))
     return pd.concat(frames, ignore_index=True)
 

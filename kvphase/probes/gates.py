@@ -148,11 +148,16 @@ def phase_shares(bias: np.ndarray, source: GateSource) -> np.ndarray:
     bias = np.asarray(bias, dtype=np.float64)  # (units, W, C)
     shifted = bias - bias.max(axis=1, keepdims=True)  # (units, W, C)
     weights = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)  # (units, W, C)
-    shares = np.zeros((bias.shape[0], source.stride, bias.shape[2]))  # (units, S, C)
-    for unit, start in enumerate(source.starts):
-        phases = (start + np.arange(bias.shape[1])) % source.stride  # (W,): slot -> phase
-        np.add.at(shares[unit], phases, weights[unit])
-    return shares
+    return sum_by_phase(weights, np.asarray(source.starts), source.stride)  # each unit's slot 0 sits at its start
+
+
+def sum_by_phase(weights: np.ndarray, first_positions: np.ndarray, stride: int) -> np.ndarray:
+    """Per window (or unit) and channel, the weight of each phase: (n, S, C) from weights
+    (n, W, C) whose slot j sits at position first_positions[i] + j."""
+    n, width, _ = weights.shape
+    phases = (np.asarray(first_positions)[:, None] + np.arange(width)) % stride  # (n, W)
+    one_hot = phases[:, :, None] == np.arange(stride)  # (n, W, S)
+    return np.einsum("nws,nwc->nsc", one_hot.astype(np.float64), weights.astype(np.float64))  # (n, S, C)
 
 
 def entropy_bits(shares: np.ndarray) -> np.ndarray:
