@@ -35,6 +35,7 @@ bench: $(STAMP) llama-server
 	$(BIN)/python bench/bench_sweep.py
 	@if [ -f bench/bench_reference.py ]; then $(BIN)/python bench/bench_reference.py; fi
 	$(BIN)/python bench/bench_train.py
+	$(BIN)/python bench/bench_taps.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

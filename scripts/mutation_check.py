@@ -43,6 +43,8 @@ VREPORT, VCLI = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py"
 T_ANALYSIS, T_STRAT, T_PROBES = "tests/test_analysis.py", "tests/test_stratified.py", "tests/test_probes.py"
 T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.py", "tests/test_scoring.py"
 T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
+KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
+T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 
 MUTATIONS = [
     # statistics
@@ -98,6 +100,13 @@ MUTATIONS = [
     Mutation("foreign-rows-accepted", RUN,
              "if planned.get(int(row.target_id)) != (int(row.target_pos), str(row.key)):", "if False:", (T_RUN,)),
     Mutation("other-plan-accepted", RUN, "if existing != plan.comparable():", "if False:", (T_RUN,)),
+    # knockouts inside llama.cpp's graph
+    Mutation("tap-writes-next-head", KNOCKOUT, "heads[:, self.head] = self.mean.astype(heads.dtype)",
+             "heads[:, (self.head + 1) % heads.shape[1]] = self.mean.astype(heads.dtype)", (T_TAP,), slow=True),
+    Mutation("tap-heads-token-major-misread", TAPS, "return array.reshape(n_tokens, n_head, -1)",
+             "return array.reshape(n_head, n_tokens, -1).transpose(1, 0, 2)", (T_TAP,), slow=True),
+    Mutation("tap-sees-the-context", LLAMA, "point.active, point.n_tokens = query, len(rows)",
+             "point.active, point.n_tokens = True, len(rows)", (T_TAP,), slow=True),
     # validate
     Mutation("validate-always-pass", VCLI,
              'console.print("[bold green]PASS[/bold green]" if report.passed else "[bold red]FAIL[/bold red]")',

@@ -38,7 +38,10 @@ class LlamaCppBackend:
         n_threads: int | None = None,
         n_batch: int = 512,
         flash_attn: bool = False,
+        head_tap: bool = False,
     ):
+        """`head_tap`: install a `TapPoint` (`self.tap_point`) whose tap sees, and may
+        overwrite, every layer's per-head attention output during query decodes (knockouts)."""
         import llama_cpp
 
         self._lc = llama_cpp
@@ -51,13 +54,33 @@ class LlamaCppBackend:
         self.n_batch = n_batch
         # n_seq_max 2: the context, and the query scored on a copy of it
         self.n_threads = n_threads or os.cpu_count() or 1  # recorded in a run's manifest
+        self.tap_point = self._tap_point() if head_tap else None
         self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
-                                       n_seq_max=2, flash_attn=flash_attn, kv_unified=True, label=str(self.model_path))
+                                       n_seq_max=2, flash_attn=flash_attn, kv_unified=True, label=str(self.model_path),
+                                       cb_eval=self.tap_point.c_callback if head_tap else None)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self._context: tuple[int, ...] = ()
         self.tokens_evaluated = 0
+
+    def _tap_point(self):
+        from kvphase.engines.taps import TapPoint, head_output_node
+
+        architecture = engine.model_architecture(self._model)
+        return TapPoint(head_output_node(architecture), self._lc.llama_model_n_head(self._model))
+
+    def tapped_layers(self) -> list[int]:
+        """The layers whose head outputs the tap can reach: those where llama.cpp computes its
+        node, found by decoding one token (the context cache is cleared)."""
+        if self.tap_point is None:
+            raise BackendError("this llama.cpp backend was opened without a head tap")
+        self._lc.llama_memory_clear(self._memory, True)
+        self._context = ()
+        self.tap_point.seen.clear()
+        self._decode([(self.prefix_ids[0] if self.prefix_ids else 0, 0, QUERY_SEQ, True)], query=True)
+        self._lc.llama_memory_clear(self._memory, True)
+        return sorted(self.tap_point.seen)
 
     # -- tokenizer: the model's own vocabulary ------------------------------------------
 
@@ -115,14 +138,24 @@ class LlamaCppBackend:
         rows = [(t, n_context + i, QUERY_SEQ, i >= first_scored)
                 for i, t in enumerate(query.prompt + query.answer[:-1])]
         try:
-            self._decode(rows)
+            self._decode(rows, query=True)
             return score_from_logits(self._requested_logits(rows), query.answer)
         finally:
             self._lc.llama_memory_seq_rm(self._memory, QUERY_SEQ, -1, -1)
 
-    def _decode(self, rows: list[tuple[int, int, int, bool]]) -> None:
-        """Decode (token, position, sequence, wants logits) rows as one batch."""
-        status = engine.decode(self._ctx, self._batch, rows)
+    def _decode(self, rows: list[tuple[int, int, int, bool]], query: bool = False) -> None:
+        """Decode (token, position, sequence, wants logits) rows as one batch; the head tap,
+        if any, sees query decodes only."""
+        point = self.tap_point
+        if point is not None:
+            point.active, point.n_tokens = query, len(rows)
+        try:
+            status = engine.decode(self._ctx, self._batch, rows)
+        finally:
+            if point is not None:
+                point.active = False
+        if point is not None:
+            point.raise_errors()
         if status != 0:
             raise BackendError(f"llama_decode failed with status {status} on a batch of {len(rows)} tokens")
         self.tokens_evaluated += len(rows)

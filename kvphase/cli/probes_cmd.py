@@ -190,33 +190,56 @@ def cycle(
 
 @app.command()
 def knockout(
-    model: Path = typer.Argument(..., help="A GGUF the numpy reference runs (a kvphase-trained model, or llama/gpt2)."),
+    model: Path = typer.Argument(..., help="A GGUF model: kvphase-trained (numpy reference), or any model llama.cpp "
+                                 "runs, compressed glm5-next, deepseek4 and minimax-m3 included."),
     context: Optional[int] = typer.Option(None, help="Context length; default 512, a trained model's own context."),
     per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group in every sweep; "
                                               "default 8, 64 for a trained model."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
-    layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads (repeatable); default every layer."),
+    layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads (repeatable); default every layer "
+                                              "with attention heads."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-knockout."),
     slots: bool = typer.Option(False, "--slots", help="Knock out the trained gate's phase slots (each phase's "
                                "weight held at its mean) instead of heads."),
+    backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (a tap on each layer's head "
+                                "outputs), or auto: reference for kvphase-trained models, else llama.cpp."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
 ) -> None:
     """Knockouts: mean-ablate each attention head (or gate phase slot) in turn and map the accuracy change per phase."""
+    import os
+    from dataclasses import replace
+
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
+    from kvphase.cli.sweep_cmd import make_plan, query_room, refuse_trained_compressor, with_reference_design
+    from kvphase.engines.llamacpp import check_threads
+    from kvphase.errors import PlanError
+    from kvphase.gguf.limits import check_llama_limits
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.folder import REPORT_FILE
-    from kvphase.probes.knockout import run_knockout
+    from kvphase.probes.knockout import open_tapped_backend, run_knockout
 
+    if threads is not None:
+        check_threads(threads)
     info = read_model_info(model)
     trained = info.trained is not None
+    name = backend if backend != "auto" else ("reference" if trained else "llama.cpp")
+    if name not in ("reference", "llama.cpp"):
+        raise PlanError(f"unknown backend {backend!r}; expected auto, reference or llama.cpp")
+    if name == "llama.cpp":
+        refuse_trained_compressor(info)
+        check_llama_limits(info.path)
     defaults = _probe_defaults(info)
-    plan = make_plan(info, None, None, context or defaults.context, per_residue or (64 if trained else 8),
-                     defaults.padding, task or defaults.task, seed)
-    plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
-    backend = BACKENDS["reference"](info.path, n_ctx=plan.context + query_room(info), n_threads=1, options=plan.backend_options)
+    plan = replace(make_plan(info, None, None, context or defaults.context, per_residue or (64 if trained else 8),
+                             defaults.padding, task or defaults.task, seed), backend=name)
+    n_ctx = plan.context + query_room(info)
+    if name == "reference":
+        plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
+        engine = BACKENDS["reference"](info.path, n_ctx=n_ctx, n_threads=1, options=plan.backend_options)
+    else:
+        engine = open_tapped_backend(info.path, n_ctx, threads or os.cpu_count() or 1)
     run_dir = out or Path("reports") / f"{info.short_name}-knockout{'-slots' if slots else ''}"
-    typer.echo(plain(run_knockout(plan, backend, run_dir, info, layer or None, slots), limit=2000))
+    typer.echo(plain(run_knockout(plan, engine, run_dir, info, layer or None, slots), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 

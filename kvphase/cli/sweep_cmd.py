@@ -91,9 +91,8 @@ def sweep(
         plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
     elif design is not None or option:
         raise PlanError("--design and --option apply to --backend reference only")
-    elif info.trained is not None and info.compression.compressed:
-        raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
-                        "cannot run; use --backend reference (the default for it)")
+    else:
+        refuse_trained_compressor(info)
     connect = server_connection(backend.value if backend else defaults.backend, url, slots, engine.value)
     if connect:
         plan = replace(plan, backend="server", backend_options={"engine": engine.value})
@@ -187,6 +186,13 @@ def parse_options(pairs: list[str]) -> dict:
         except json.JSONDecodeError:
             options[key.strip().replace("-", "_")] = value
     return options
+
+
+def refuse_trained_compressor(info) -> None:
+    """PlanError for a kvphase-trained model whose compressor llama.cpp cannot run."""
+    if info.trained is not None and info.compression.compressed:
+        raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
+                        "cannot run; use --backend reference (the default for it)")
 
 
 def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:

@@ -106,7 +106,7 @@ class CaptureRun:
 
 
 def _ggml_library() -> ctypes.CDLL:
-    """libggml-base from the llama_cpp package: it exports ggml_nbytes, ggml_op_name, ggml_backend_tensor_get."""
+    """libggml-base from the llama_cpp package: it exports ggml_nbytes, ggml_op_name, ggml_backend_tensor_get/set."""
     import llama_cpp
 
     lib_dir = Path(llama_cpp.__file__).parent / "lib"
@@ -124,6 +124,8 @@ def _ggml_library() -> ctypes.CDLL:
     lib.ggml_op_name.argtypes = [ctypes.c_int]
     lib.ggml_backend_tensor_get.restype = None
     lib.ggml_backend_tensor_get.argtypes = [ctypes.POINTER(GgmlTensor), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    lib.ggml_backend_tensor_set.restype = None
+    lib.ggml_backend_tensor_set.argtypes = [ctypes.POINTER(GgmlTensor), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     return lib
 
 
@@ -168,6 +170,19 @@ def tensor_to_numpy(t: GgmlTensor) -> np.ndarray:
         return np.zeros(shape, dtype)
     # (ne3, ne2, ne1, ne0) over the copied bytes, with ggml's byte strides
     return np.ndarray(shape, dtype=dtype, buffer=raw, strides=strides).copy()
+
+
+def numpy_to_tensor(array: np.ndarray, t: GgmlTensor) -> None:
+    """Overwrite a computed, contiguous tensor with `array` (its shape as `tensor_to_numpy`
+    gives it); the nodes llama.cpp computes after the eval callback returns read the new values."""
+    dtype = _NUMPY_TYPES.get(t.type)
+    shape = tuple(int(t.ne[i]) for i in reversed(range(GGML_MAX_DIMS)))
+    contiguous = all(int(t.nb[i]) == int(t.nb[i - 1]) * int(t.ne[i - 1]) for i in range(1, GGML_MAX_DIMS))
+    if dtype is None or not contiguous or int(t.nb[0]) != np.dtype(dtype).itemsize or array.shape != shape:
+        raise BackendError(f"cannot overwrite tensor {tensor_name(t)} (ggml type {t.type}, shape {shape}, "
+                           f"contiguous: {contiguous}) with a {array.dtype} array of shape {array.shape}")
+    data = np.ascontiguousarray(array, dtype=dtype)
+    ggml().ggml_backend_tensor_set(ctypes.byref(t), data.ctypes.data, 0, data.nbytes)
 
 
 # --------------------------------------------------------------------------- driving llama.cpp

@@ -59,6 +59,15 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
 
 
+def model_architecture(model) -> str:
+    """general.architecture of a loaded model, as llama.cpp read it."""
+    import llama_cpp
+
+    buffer = ctypes.create_string_buffer(128)
+    n = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buffer, len(buffer))
+    return buffer.value.decode("utf-8", "replace") if n >= 0 else ""
+
+
 class Vocab:
     """A model's tokenizer in llama.cpp: text <-> ids with no special-token parsing, and
     the ids every prompt starts with."""

@@ -17,8 +17,11 @@ averages the weight each phase gets per head and channel (`GateRecorder`), and c
 sharing the rest in their own proportions (`HeldPhaseGate`): the slot keeps its average say
 but loses everything that depends on content.
 
-The probe runs on the numpy reference backend, whose attention policy it wraps
-(`HeadRecorder`, `HeadKnockout`) or whose designs it swaps (`with_designs`).
+Head knockouts run on the numpy reference backend, whose attention policy they wrap
+(`HeadRecorder`, `HeadKnockout`), and on any model in llama.cpp, compressed
+architectures included, through a tap on each layer's per-head attention output node
+(`engines.taps`; `TapRecorder`, `TapKnockout`): `PolicyHeads` and `EngineHeads` give the
+probe one way to reach either. Slot knockouts swap the reference's designs (`with_designs`).
 """
 
 from __future__ import annotations
@@ -44,14 +47,29 @@ CALIBRATION_SEED_OFFSET = 1000  # the calibration plan's seed is the sweep's plu
 Z95 = 1.959964
 
 
-class HeadRecorder:
+class HeadSums:
+    """Every head's output summed over the rows seen, per layer; `means` divides by the rows."""
+
+    def __init__(self):
+        self.sums: dict[int, np.ndarray] = {}  # layer -> (n_head, head_dim)
+        self.rows: dict[int, int] = {}
+
+    def add(self, layer: int, by_head: np.ndarray, n_rows: int) -> None:
+        """by_head: (n_head, head_dim), the sum over `n_rows` rows."""
+        self.sums[layer] = self.sums.get(layer, 0.0) + by_head
+        self.rows[layer] = self.rows.get(layer, 0) + n_rows
+
+    def means(self) -> dict[int, np.ndarray]:
+        return {layer: total / self.rows[layer] for layer, total in self.sums.items()}  # layer -> (n_head, head_dim)
+
+
+class HeadRecorder(HeadSums):
     """The inner policy, unchanged, summing every head's output over the rows at positions
     `from_position` and later (the query rows when that is the context length)."""
 
     def __init__(self, inner, from_position: int = 0):
+        super().__init__()
         self.inner, self.from_position = inner, from_position
-        self.sums: dict[int, np.ndarray] = {}  # layer -> (n_head, head_dim)
-        self.rows: dict[int, int] = {}
 
     def begin(self, context: Sequence[int]):
         return self.inner.begin(context) if hasattr(self.inner, "begin") else None
@@ -59,13 +77,8 @@ class HeadRecorder:
     def attend(self, layer, q, k, v, q_pos, scale):
         out = self.inner.attend(layer, q, k, v, q_pos, scale)  # (n_head_kv, n_group, n_q, head_dim)
         rows = np.asarray(q_pos) >= self.from_position  # (n_q,)
-        by_head = out[:, :, rows].sum(axis=2).reshape(-1, out.shape[3])  # (n_head, head_dim)
-        self.sums[layer] = self.sums.get(layer, 0.0) + by_head
-        self.rows[layer] = self.rows.get(layer, 0) + int(rows.sum())
+        self.add(layer, out[:, :, rows].sum(axis=2).reshape(-1, out.shape[3]), int(rows.sum()))  # (n_head, head_dim)
         return out
-
-    def means(self) -> dict[int, np.ndarray]:
-        return {layer: total / self.rows[layer] for layer, total in self.sums.items()}  # layer -> (n_head, head_dim)
 
 
 class HeadKnockout:
@@ -87,6 +100,91 @@ class HeadKnockout:
         n_group, rows = out.shape[1], np.asarray(q_pos) >= self.from_position  # rows: (n_q,)
         out[self.head // n_group, self.head % n_group, rows] = self.mean.astype(out.dtype)  # (rows, head_dim) by broadcast
         return out
+
+
+class TapRecorder(HeadSums):
+    """A llama.cpp head tap (`engines.taps`) summing every head's output over the query rows."""
+
+    def wants(self, layer: int) -> bool:
+        return True
+
+    def update(self, layer: int, heads: np.ndarray) -> None:
+        self.add(layer, heads.sum(axis=0, dtype=np.float64), heads.shape[0])  # heads: (n_tokens, n_head, head_dim)
+
+
+class TapKnockout:
+    """A llama.cpp head tap writing the fixed output `mean` over head `head` of layer `layer` at the query rows."""
+
+    def __init__(self, layer: int, head: int, mean: np.ndarray):
+        self.layer, self.head, self.mean = layer, head, np.asarray(mean)  # mean: (head_dim,)
+
+    def wants(self, layer: int) -> bool:
+        return layer == self.layer
+
+    def update(self, layer: int, heads: np.ndarray) -> np.ndarray:
+        heads = heads.copy()  # (n_tokens, n_head, head_dim)
+        heads[:, self.head] = self.mean.astype(heads.dtype)
+        return heads
+
+
+class PolicyHeads:
+    """The heads of the numpy reference model: hooks wrap its attention policy."""
+
+    def __init__(self, backend):
+        self.backend, self.base = backend, backend.policy
+        self.layers, self.n_head = list(range(backend.model.config.n_layer)), backend.model.config.n_head
+
+    def recorder(self, context: int) -> HeadRecorder:
+        return HeadRecorder(self.base, from_position=context)
+
+    def knockout(self, layer: int, head: int, mean: np.ndarray, context: int) -> HeadKnockout:
+        return HeadKnockout(self.base, layer, head, mean, from_position=context)
+
+    def install(self, hook) -> None:
+        self.backend.policy = hook
+
+    def restore(self) -> None:
+        self.backend.policy = self.base
+
+
+class EngineHeads:
+    """The heads of a model in llama.cpp: hooks are taps on each layer's head-output node,
+    which see query decodes only (the rows at the context length and later)."""
+
+    def __init__(self, backend):
+        self.backend, self.n_head = backend, backend.tap_point.n_head
+        self.layers = backend.tapped_layers()
+        if not self.layers:
+            raise PlanError(f"llama.cpp computes no per-head attention output ({backend.tap_point.node}) "
+                            f"in {backend.model_path.name}; there are no heads to knock out")
+
+    def recorder(self, context: int) -> TapRecorder:
+        return TapRecorder()
+
+    def knockout(self, layer: int, head: int, mean: np.ndarray, context: int) -> TapKnockout:
+        return TapKnockout(layer, head, mean)
+
+    def install(self, hook) -> None:
+        self.backend.tap_point.tap = hook
+
+    def restore(self) -> None:
+        self.backend.tap_point.tap = None
+
+
+def open_tapped_backend(model_path: Path, n_ctx: int, n_threads: int):
+    """The model in llama.cpp with a head tap installed (`LlamaCppBackend(head_tap=True)`)."""
+    from kvphase.backends.llamacpp import LlamaCppBackend
+
+    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, head_tap=True)
+
+
+def model_heads(backend) -> PolicyHeads | EngineHeads:
+    """Where a backend's heads can be reached: its reference policy, or its llama.cpp head tap."""
+    if hasattr(backend, "policy"):
+        return PolicyHeads(backend)
+    if getattr(backend, "tap_point", None) is not None:
+        return EngineHeads(backend)
+    raise PlanError("knockouts need the numpy reference backend or llama.cpp opened with a head tap")
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,28 +226,37 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     from kvphase.probes import folder
     from kvphase.sweep.run import execute_sweep
 
-    if not hasattr(backend, "policy"):
-        raise PlanError("knockouts wrap the numpy reference model's attention; use the reference backend")
     started, run_dir = time.time(), Path(run_dir)
-    n_layer, n_head = backend.model.config.n_layer, backend.model.config.n_head
-    chosen = sorted(set(layers)) if layers else list(range(n_layer))
-    if any(not 0 <= layer < n_layer for layer in chosen):
-        raise PlanError(f"--layer must be from 0 to {n_layer - 1}, got {sorted(chosen)}")
-    base_policy = backend.policy
+    if slots and not hasattr(backend, "policy"):
+        raise PlanError("--slots holds the phase slots of a kvphase-trained gate in the numpy reference; "
+                        "models in llama.cpp take head knockouts")
+    heads = model_heads(backend)
+    chosen = sorted(set(layers)) if layers else heads.layers
+    if not set(chosen) <= set(heads.layers):
+        raise PlanError(f"--layer must be {_layer_range(heads.layers)}, got {sorted(chosen)}")
     if slots:
-        _check_gated(base_policy, chosen, _n_head_kv(backend))
+        _check_gated(heads.base, chosen, _n_head_kv(backend))
     folder.start_folder(run_dir, {"probe": "knockout", "model": plan.model, "plan": asdict(plan), "layers": chosen,
-                                  "heads": n_head, "slots": slots},
+                                  "heads": heads.n_head, "slots": slots},
                         [MEANS_FILE, GATE_MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
     knockouts = _slot_knockouts if slots else _head_knockouts
     execute_sweep(plan, backend, run_dir / BASE_RUN, info)
-    for name, policy in knockouts(plan, backend, run_dir, info, chosen):
-        backend.policy = policy
-        execute_sweep(plan, backend, run_dir / name, info)
-    backend.policy = base_policy
+    try:
+        for name, hook in knockouts(plan, heads, run_dir, info, chosen):
+            heads.install(hook)
+            execute_sweep(plan, backend, run_dir / name, info)
+    finally:
+        heads.restore()
     folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
         Path(plan.model), info.architecture, time.time() - started, backend=plan.describe_backend()))
     return build_report(run_dir)
+
+
+def _layer_range(layers: Sequence[int]) -> str:
+    """"from 0 to 11", or "one of 1, 3, 5" for the layers with heads of a hybrid model."""
+    if list(layers) == list(range(len(layers))):
+        return f"from 0 to {len(layers) - 1}"
+    return "one of " + ", ".join(map(str, layers)) + " (the layers with attention heads)"
 
 
 def _n_head_kv(backend) -> int:
@@ -166,20 +273,18 @@ def _check_gated(policy, layers: Sequence[int], n_head_kv: int) -> None:
                         "attention has none (kvphase-trained gated and kpool models with fixed offsets do)")
 
 
-def _head_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
-    """(run name, policy) per head: its output at the query rows held at its calibration mean."""
-    base_policy = backend.policy
-    means = _calibrated_means(plan, backend, run_dir, info)
+def _head_knockouts(plan, heads, run_dir: Path, info, layers: Sequence[int]):
+    """(run name, hook) per head: its output at the query rows held at its calibration mean."""
+    means = _calibrate(plan, heads, run_dir, info, heads.recorder(plan.context), MEANS_FILE, int)
     for layer in layers:
-        for head in range(backend.model.config.n_head):
-            yield component_run(layer, head), HeadKnockout(base_policy, layer, head, means[layer][head],
-                                                           from_position=plan.context)
+        for head in range(heads.n_head):
+            yield component_run(layer, head), heads.knockout(layer, head, means[layer][head], plan.context)
 
 
-def _slot_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
+def _slot_knockouts(plan, heads: PolicyHeads, run_dir: Path, info, layers: Sequence[int]):
     """(run name, policy) per layer and phase: that phase's gate weight held at its calibration mean in every head."""
-    base_policy, n_head_kv = backend.policy, _n_head_kv(backend)
-    means = _calibrated_gate_means(plan, backend, run_dir, info, layers)
+    base_policy, n_head_kv = heads.base, _n_head_kv(heads.backend)
+    means = _calibrated_gate_means(plan, heads, run_dir, info, layers)
     for layer in layers:
         for phase in range(plan.stride):
             pinned = {(layer, h): held_phase(base_policy.design_for(layer, h, n_head_kv), phase, means[layer, h][phase])
@@ -187,25 +292,19 @@ def _slot_knockouts(plan, backend, run_dir: Path, info, layers: Sequence[int]):
             yield component_run(layer, phase, slots=True), base_policy.with_designs(pinned)
 
 
-def _calibrated_means(plan, backend, run_dir: Path, info) -> dict[int, np.ndarray]:
-    """Every head's mean output at the query rows of the calibration sweep: layer -> (n_head, head_dim)."""
-    recorder = HeadRecorder(backend.policy, from_position=plan.context)
-    return _calibrate(plan, backend, run_dir, info, recorder, MEANS_FILE, int)
-
-
-def _calibrated_gate_means(plan, backend, run_dir: Path, info, layers) -> dict[tuple[int, int], np.ndarray]:
+def _calibrated_gate_means(plan, heads: PolicyHeads, run_dir: Path, info, layers) -> dict[tuple[int, int], np.ndarray]:
     """Every gated head's mean weight per phase and channel over the calibration windows: (layer, head) -> (S, head_dim)."""
     from kvphase.probes.activations import GateRecorder
 
-    recorder = GateRecorder(backend.policy, plan.stride, layers, keep_rows=False)
-    return _calibrate(plan, backend, run_dir, info, recorder, GATE_MEANS_FILE,
+    recorder = GateRecorder(heads.base, plan.stride, layers, keep_rows=False)
+    return _calibrate(plan, heads, run_dir, info, recorder, GATE_MEANS_FILE,
                       lambda text: tuple(int(x) for x in text.split(",")))
 
 
-def _calibrate(plan, backend, run_dir: Path, info, recorder, means_file: str, parse_key) -> dict:
+def _calibrate(plan, heads, run_dir: Path, info, recorder, means_file: str, parse_key) -> dict:
     """The recorder's means as saved in `means_file` (keys as text: "3", "3,1"; `parse_key` reads
-    them back); the calibration sweep is (re)scored whole with the recorder wrapping the policy
-    when they were not saved yet. A fresh run returns what it saved, so a resumed one sees the same."""
+    them back); the calibration sweep is (re)scored whole with the recorder installed when they
+    were not saved yet. A fresh run returns what it saved, so a resumed one sees the same."""
     from kvphase.probes import folder
     from kvphase.sweep.run import RESULTS_FILE, execute_sweep
 
@@ -219,11 +318,12 @@ def _calibrate(plan, backend, run_dir: Path, info, recorder, means_file: str, pa
         except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
             raise RunFolderError(f"{path} is damaged ({exc}); delete it to calibrate again") from None
     (run_dir / CALIBRATION_RUN / RESULTS_FILE).unlink(missing_ok=True)  # a partial run saw part of the set only
-    backend.policy = recorder
+    heads.install(recorder)
     try:
-        execute_sweep(replace(plan, seed=plan.seed + CALIBRATION_SEED_OFFSET), backend, run_dir / CALIBRATION_RUN, info)
+        execute_sweep(replace(plan, seed=plan.seed + CALIBRATION_SEED_OFFSET), heads.backend, run_dir / CALIBRATION_RUN,
+                      info)
     finally:
-        backend.policy = recorder.inner
+        heads.restore()
     saved = {",".join(map(str, np.atleast_1d(key))): m.round(7).tolist() for key, m in recorder.means().items()}
     folder.write_json(path, saved)
     return parsed(saved)
@@ -262,7 +362,11 @@ def summarize(table: pd.DataFrame) -> dict:
                          "ci": [round(float(worst.d_correct_low), 2), round(float(worst.d_correct_high), 2)],
                          "significant": bool(worst.d_correct_high < 0),
                          "d_correct_other_phases": round(float(elsewhere.mean()), 2) if len(elsewhere) else None})
-    return {"components": sorted(table.component.unique().tolist()), "by_phase": by_phase}
+    moved = table.loc[table.d_logprob.abs().idxmax()]
+    largest = {"component": moved.component, "phase": int(moved.phase), "d_logprob": round(float(moved.d_logprob), 3),
+               "ci": [round(float(moved.d_logprob_low), 3), round(float(moved.d_logprob_high), 3)]}
+    return {"components": sorted(table.component.unique().tolist()), "by_phase": by_phase,
+            "any_answer_changed": bool((table.d_correct != 0).any()), "largest_logprob_change": largest}
 
 
 def headline(summary: dict) -> str:
@@ -272,7 +376,12 @@ def headline(summary: dict) -> str:
         other = "" if p["d_correct_other_phases"] is None else f"; {p['d_correct_other_phases']:+.1f} at the other phases"
         parts.append(f"phase {p['phase']}: {p['component']} {p['d_correct']:+.1f} points "
                      f"(CI {p['ci'][0]:+.1f} to {p['ci'][1]:+.1f}{mark}{other})")
-    return "Largest knockout harm per phase: " + "; ".join(parts)
+    moved = summary["largest_logprob_change"]
+    logprob = (f"largest change of the answer's log-probability: {moved['component']} at phase {moved['phase']}, "
+               f"{moved['d_logprob']:+.3f} nats (CI {moved['ci'][0]:+.3f} to {moved['ci'][1]:+.3f})")
+    if not summary["any_answer_changed"]:
+        return f"No knockout changed whether any answer was right; {logprob}"
+    return "Largest knockout harm per phase: " + "; ".join(parts) + f". The {logprob}"
 
 
 def build_report(run_dir: Path) -> str:
@@ -317,13 +426,17 @@ SLOT_TEXT = ("Component `L<l>P<p>`: in every window of layer l, the gate weight 
 
 
 def _plot(table: pd.DataFrame, path: Path, ylabel: str) -> None:
+    """Two maps, component x phase: the accuracy change and the mean answer log-probability change."""
     from kvphase.sweep.report import figure
 
-    grid = table.pivot(index="component", columns="phase", values="d_correct")  # (components, S)
-    grid = grid.loc[sorted(grid.index, key=lambda c: tuple(int(x) for x in re.findall(r"\d+", c)))]
-    with figure(path, figsize=(1.2 * grid.shape[1] + 2.5, 0.35 * grid.shape[0] + 1.5), dpi=110) as (fig, ax):
-        limit = max(1.0, float(np.nanmax(np.abs(grid.to_numpy()))))
-        image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
-        ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]), yticklabels=grid.index,
-               xlabel="phase (position mod S)", ylabel=ylabel, title="accuracy change (points)")
-        fig.colorbar(image, ax=ax)
+    order = sorted(table.component.unique(), key=lambda c: tuple(int(x) for x in re.findall(r"\d+", c)))
+    n_phase = table.phase.nunique()
+    with figure(path, ncols=2, figsize=(2.4 * n_phase + 5, 0.35 * len(order) + 1.5), dpi=110) as (fig, axes):
+        for ax, column, title in zip(axes, ("d_correct", "d_logprob"),
+                                     ("accuracy change (points)", "answer log-prob change (nats)")):
+            grid = table.pivot(index="component", columns="phase", values=column).loc[order]  # (components, S)
+            limit = max(1.0 if column == "d_correct" else 0.01, float(np.nanmax(np.abs(grid.to_numpy()))))
+            image = ax.imshow(grid.to_numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+            ax.set(xticks=range(grid.shape[1]), xticklabels=grid.columns, yticks=range(grid.shape[0]),
+                   yticklabels=grid.index, xlabel="phase (position mod S)", ylabel=ylabel, title=title)
+            fig.colorbar(image, ax=ax)

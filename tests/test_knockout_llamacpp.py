@@ -1,0 +1,162 @@
+"""Head knockouts inside llama.cpp's graph (a tap on each layer's per-head attention output):
+equal to the numpy reference's on a model both run, a head nothing reads is a known zero in
+every compressed architecture, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.cli import app
+from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.tensors import tensor_array
+from kvphase.gguf.writer import overwrite_tensor
+
+runner = CliRunner()
+TRAINED = Path(__file__).parent / "data" / "trained"
+
+
+def _silence(model: Path, tensor: str, head: int, head_width: int, axis: int) -> None:
+    """Zero the slice of `tensor` (numpy order) that reads head `head`'s output: nothing reads that head."""
+    info = next(t for t in read_gguf_header(model).tensors if t.name == tensor)
+    weight = tensor_array(np.memmap(model, dtype=np.uint8, mode="r"), info).copy()
+    index = [slice(None)] * 2
+    index[axis] = slice(head * head_width, (head + 1) * head_width)
+    weight[tuple(index)] = 0.0
+    overwrite_tensor(model, tensor, weight)
+
+
+def _diff(a, b) -> str:
+    d = np.abs(np.asarray(a, float) - np.asarray(b, float))
+    return f"max {d.max():.3g}, mean {d.mean():.3g}"
+
+
+@pytest.mark.slow
+def test_llama_cpp_head_knockouts_equal_the_numpy_references_on_a_model_both_run(tmp_path):
+    """The trained dense model runs in llama.cpp (gpt2) and in the numpy reference, whose
+    knockout wraps its own attention code: the per-head calibration means and every
+    component's per-phase changes agree; its layer-1 head 1, whose output columns are zeroed,
+    changes nothing through llama.cpp."""
+    model = tmp_path / "dense.gguf"
+    shutil.copy(TRAINED / "dense.gguf", model)
+    _silence(model, "blk.1.attn_output.weight", head=1, head_width=16, axis=1)  # (d_out, d_in): 4 heads of 16
+    runs = {}
+    for backend in ("llama.cpp", "reference"):
+        out = tmp_path / backend
+        result = runner.invoke(app, ["knockout", str(model), "--per-residue", "16", "--backend", backend,
+                                     "--threads", "1", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[backend] = (json.loads((out / "head_means.json").read_text()), pd.read_csv(out / "effects.csv"))
+    (engine_means, engine), (reference_means, reference) = runs["llama.cpp"], runs["reference"]
+    assert engine_means.keys() == reference_means.keys() == {"0", "1"}
+    for layer in engine_means:
+        a, b = np.array(engine_means[layer]), np.array(reference_means[layer])  # (n_head, head_dim)
+        assert a.shape == b.shape == (4, 16) and np.abs(a - b).max() < 1e-3, (layer, _diff(a, b))
+    joined = engine.merge(reference, on=["component", "phase"], suffixes=("_engine", "_reference"))
+    assert len(joined) == len(engine) == len(reference) == 2 * 4 * 4
+    assert np.abs(joined.d_logprob_engine - joined.d_logprob_reference).max() < 0.01, \
+        _diff(joined.d_logprob_engine, joined.d_logprob_reference)
+    assert np.abs(joined.d_correct_engine - joined.d_correct_reference).max() <= 100 / 16, \
+        _diff(joined.d_correct_engine, joined.d_correct_reference)  # one target of 16 may flip between engines
+    assert joined.d_logprob_engine.abs().max() > 0.3  # the knockouts do something
+    silent = engine[engine.component == "L1H1"]
+    assert (silent.d_correct == 0).all() and silent.d_logprob.abs().max() < 1e-6, silent
+
+
+@pytest.mark.slow
+def test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them():
+    """Token by token and head by head: on one context and a 7-row query through the trained
+    dense model, the tap's per-head means equal the reference's, and a head held at a mean
+    gives the reference's log-probability (a layout that mixed tokens and heads would not)."""
+    from kvphase.backends.base import Query
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.backends.reference import ReferenceBackend
+    from kvphase.probes.knockout import EngineHeads, PolicyHeads
+
+    rng = np.random.default_rng(0)
+    context, query = rng.integers(3, 800, size=40).tolist(), Query(rng.integers(3, 800, 5).tolist(), [7, 9, 11])
+    engine = EngineHeads(LlamaCppBackend(TRAINED / "dense.gguf", n_ctx=64, n_threads=1, head_tap=True))
+    reference = PolicyHeads(ReferenceBackend(TRAINED / "dense.gguf"))
+    means, scores = [], []
+    for heads in (engine, reference):
+        recorder = heads.recorder(len(context))
+        heads.install(recorder)
+        plain = heads.backend.score(context, [query])[0]
+        means.append(recorder.means())
+        heads.install(heads.knockout(0, 2, np.linspace(-1, 1, 16), len(context)))
+        scores.append((plain.logprob, heads.backend.score(context, [query])[0].logprob))
+        heads.restore()
+    for layer in (0, 1):
+        assert np.abs(means[0][layer] - means[1][layer]).max() < 1e-3, (layer, _diff(means[0][layer], means[1][layer]))
+    (engine_plain, engine_knocked), (reference_plain, reference_knocked) = scores
+    engine_change, reference_change = engine_knocked - engine_plain, reference_knocked - reference_plain
+    assert abs(engine_plain - reference_plain) < 0.01 and abs(engine_change - reference_change) < 0.01, scores
+    assert abs(engine_change) > 0.5, scores
+
+
+# the tensor that reads each head's output, its axis over heads (numpy order) and a head's width there
+OUTPUT_READERS = {
+    "glm5-next": ("attn_output.weight", 1, 8),  # (n_embd, n_head * v_mla)
+    "minimax-m3": ("attn_output.weight", 1, 16),  # (n_embd, n_head * head_dim)
+    "deepseek4": ("attn_output_a.weight", 0, 16),  # (o_groups * o_lora, group width): one head per group
+}
+HEAD_LAYERS = {"glm5-next": [0, 2], "minimax-m3": [0, 1, 2], "deepseek4": [0, 1, 2]}  # glm5-next's layer 1 is KDA
+N_HEAD = {"glm5-next": 2, "minimax-m3": 4, "deepseek4": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_models(default_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    for arch in OUTPUT_READERS:
+        made = runner.invoke(app, ["make-tiny", arch, str(folder / f"{arch}.gguf"), "--vocab-from", str(default_model)])
+        assert made.exit_code == 0, made.output
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(OUTPUT_READERS))
+def test_a_head_nothing_reads_is_a_known_zero_in_each_compressed_architecture(arch, tiny_models, tmp_path):
+    """Through llama.cpp's own glm5-next, deepseek4 and minimax-m3 graphs: with the output
+    projection's slice for head 1 of the first layer zeroed, knocking that head out changes no
+    log-probability, while its neighbour's knockout does (the tap writes where the projection reads)."""
+    model = tmp_path / f"{arch}.gguf"
+    shutil.copy(tiny_models / f"{arch}.gguf", model)
+    tensor, axis, width = OUTPUT_READERS[arch]
+    first = HEAD_LAYERS[arch][0]
+    _silence(model, f"blk.{first}.{tensor}", head=1, head_width=width, axis=axis)
+    out = tmp_path / "ko"
+    result = runner.invoke(app, ["knockout", str(model), "--context", "256", "--per-residue", "1",
+                                 "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["layers"] == HEAD_LAYERS[arch] and config["heads"] == N_HEAD[arch]
+    assert config["plan"]["backend"] == "llama.cpp" and config["plan"]["stride"] == 4
+    means = json.loads((out / "head_means.json").read_text())
+    assert sorted(map(int, means)) == HEAD_LAYERS[arch] and all(len(m) == N_HEAD[arch] for m in means.values())
+    effects = pd.read_csv(out / "effects.csv")
+    silent, neighbour = effects[effects.component == f"L{first}H1"], effects[effects.component == f"L{first}H0"]
+    assert len(silent) == 4 and silent.d_logprob.abs().max() < 1e-6, silent
+    assert neighbour.d_logprob.abs().max() > 1e-3, neighbour
+
+
+@pytest.mark.slow
+def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
+    glm = tiny_models / "glm5-next.gguf"
+    cases = [
+        (["knockout", str(glm), "--layer", "1"], "--layer must be one of 0, 2 (the layers with attention heads), got [1]"),
+        (["knockout", str(glm), "--slots"], "--slots holds the phase slots of a kvphase-trained gate"),
+        (["knockout", str(glm), "--backend", "vllm"], "unknown backend 'vllm'"),
+        (["knockout", str(glm), "--threads", "0"], "--threads must be from 1"),
+        (["knockout", str(TRAINED / "gated.gguf"), "--backend", "llama.cpp"], "which llama.cpp cannot run"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "ko"
+        result = runner.invoke(app, [*args, "--context", "256", "--out", str(out)])
+        assert result.exit_code == 1 and message in result.output, (args, result.output)
+        assert len(result.output.strip().splitlines()) == 1 and not out.exists(), (args, result.output)
