@@ -45,6 +45,7 @@ T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.
 T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
+T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 
 MUTATIONS = [
     # statistics
@@ -105,8 +106,12 @@ MUTATIONS = [
              "heads[:, (self.head + 1) % heads.shape[1]] = self.mean.astype(heads.dtype)", (T_TAP,), slow=True),
     Mutation("tap-heads-token-major-misread", TAPS, "return array.reshape(n_tokens, n_head, -1)",
              "return array.reshape(n_head, n_tokens, -1).transpose(1, 0, 2)", (T_TAP,), slow=True),
-    Mutation("tap-sees-the-context", LLAMA, "point.active, point.n_tokens = query, len(rows)",
-             "point.active, point.n_tokens = True, len(rows)", (T_TAP,), slow=True),
+    Mutation("tap-sees-the-context", LLAMA, "point.active = query or getattr(point.tap, \"every_decode\", False)",
+             "point.active = True", (T_TAP,), slow=True),
+    Mutation("slot-tap-holds-the-next-slot", KNOCKOUT, "held = (np.arange(self.kpool) == self.phase)[None, None, :]",
+             "held = (np.arange(self.kpool) == (self.phase + 1) % self.kpool)[None, None, :]", (T_SLOT_TAP,), slow=True),
+    Mutation("held-context-reused", LLAMA, "if context == self._context and context_tap is self._context_tap:",
+             "if context == self._context:", (T_SLOT_TAP,), slow=True),
     # validate
     Mutation("validate-always-pass", VCLI,
              'console.print("[bold green]PASS[/bold green]" if report.passed else "[bold red]FAIL[/bold red]")',

@@ -1,6 +1,6 @@
-"""Head knockouts inside llama.cpp's graph (a tap on each layer's per-head attention output):
-equal to the numpy reference's on a model both run, a head nothing reads is a known zero in
-every compressed architecture, and bad input is one line."""
+"""Knockouts inside llama.cpp's graph (taps on each layer's per-head attention output and on
+glm5-next's k-pool gate weights): equal to the numpy reference's on a model both run, a head
+nothing reads and a content-free gate are known zeros, and bad input is one line."""
 
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
     glm = tiny_models / "glm5-next.gguf"
     cases = [
         (["knockout", str(glm), "--layer", "1"], "--layer must be one of 0, 2 (the layers with attention heads), got [1]"),
-        (["knockout", str(glm), "--slots"], "--slots holds the phase slots of a kvphase-trained gate"),
+        (["knockout", str(glm), "--slots", "--layer", "1"], "--layer must be one of 0, 2 (the layers with a k-pool gate)"),
+        (["knockout", str(tiny_models / "minimax-m3.gguf"), "--slots"], "--slots through llama.cpp holds glm5-next's"),
         (["knockout", str(glm), "--backend", "vllm"], "unknown backend 'vllm'"),
         (["knockout", str(glm), "--threads", "0"], "--threads must be from 1"),
         (["knockout", str(TRAINED / "gated.gguf"), "--backend", "llama.cpp"], "which llama.cpp cannot run"),
@@ -160,3 +161,68 @@ def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
         result = runner.invoke(app, [*args, "--context", "256", "--out", str(out)])
         assert result.exit_code == 1 and message in result.output, (args, result.output)
         assert len(result.output.strip().splitlines()) == 1 and not out.exists(), (args, result.output)
+
+
+@pytest.mark.slow
+def test_glm5_next_gate_slots_held_at_their_mean_change_nothing_when_the_gate_ignores_content(tiny_models, tmp_path):
+    """glm5-next's k-pool gate inside llama.cpp: with the content gate zeroed, every pool's
+    weights are softmax(ape) per channel, so the calibration means are exactly that (read from
+    the file, row p = phase p) and holding any phase at its mean changes no log-probability;
+    holding one at the wrong slot would. With the random content gate, slots do matter."""
+    model = tmp_path / "glm5-next.gguf"
+    shutil.copy(tiny_models / "glm5-next.gguf", model)
+    tensors = {t.name: t for t in read_gguf_header(model).tensors}
+    data = np.memmap(model, dtype=np.uint8, mode="r")
+    apes = {layer: tensor_array(data, tensors[f"blk.{layer}.indexer_compressor_ape.weight"]) for layer in (0, 2)}
+    for layer in (0, 2):
+        gate = tensor_array(data, tensors[f"blk.{layer}.indexer_compressor_gate.weight"])
+        overwrite_tensor(model, f"blk.{layer}.indexer_compressor_gate.weight", np.zeros_like(gate))
+    out = tmp_path / "slots"
+    result = runner.invoke(app, ["knockout", str(model), "--slots", "--context", "256", "--per-residue", "1",
+                                 "--threads", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    means = json.loads((out / "gate_means.json").read_text())
+    assert sorted(means) == ["0,0", "2,0"]
+    for layer, ape in apes.items():  # (S, channels)
+        expected = np.exp(ape - ape.max(axis=0)) / np.exp(ape - ape.max(axis=0)).sum(axis=0)  # softmax over phases
+        assert np.abs(np.array(means[f"{layer},0"]) - expected).max() < 1e-5, _diff(means[f"{layer},0"], expected)
+    effects = pd.read_csv(out / "effects.csv")
+    assert sorted(effects.component.unique()) == [f"L{l}P{p}" for l in (0, 2) for p in range(4)]
+    assert (effects.d_correct == 0).all() and effects.d_logprob.abs().max() < 1e-4, _diff(effects.d_logprob, 0)
+
+    random_gate = tmp_path / "random"
+    result = runner.invoke(app, ["knockout", str(tiny_models / "glm5-next.gguf"), "--slots", "--layer", "0",
+                                 "--context", "256", "--per-residue", "1", "--threads", "1", "--out", str(random_gate)])
+    assert result.exit_code == 0, result.output
+    assert pd.read_csv(random_gate / "effects.csv").d_logprob.abs().max() > 1e-3
+
+
+@pytest.mark.slow
+def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(tiny_models, tmp_path):
+    """Holding phase p's k-pool weight at 1 in every pool of layer 0, context and queries, is
+    what llama.cpp computes itself when the file's per-phase bias makes phase p take every
+    pool (+1e4 on its row). Checked for two phases in turn on one backend and one context, so a
+    context decoded under the first hold must not be reused under the second."""
+    from kvphase.backends.base import Query
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.probes.knockout import KPoolSlotKnockout
+
+    source = tiny_models / "glm5-next.gguf"
+    ape_name = "blk.0.indexer_compressor_ape.weight"
+    ape = tensor_array(np.memmap(source, dtype=np.uint8, mode="r"),
+                       next(t for t in read_gguf_header(source).tensors if t.name == ape_name))  # (S, channels)
+    rng = np.random.default_rng(1)
+    context = rng.integers(1000, 20000, 150).tolist()
+    queries = [Query(rng.integers(1000, 20000, 4).tolist(), rng.integers(1000, 20000, 2).tolist()) for _ in range(3)]
+    tapped = LlamaCppBackend(source, n_ctx=256, n_threads=1, head_tap=True)
+    for phase in (2, 0):
+        picked = tmp_path / f"picks-{phase}.gguf"
+        shutil.copy(source, picked)
+        overwrite_tensor(picked, ape_name, ape + 1e4 * (np.arange(4) == phase)[:, None])
+        expected = [s.logprob for s in LlamaCppBackend(picked, n_ctx=256, n_threads=1).score(context, queries)]
+        tapped.tap_point.tap = KPoolSlotKnockout(4, ape.shape[1], 0, phase, np.ones(ape.shape[1]))
+        held = [s.logprob for s in tapped.score(context, queries)]
+        assert np.abs(np.subtract(held, expected)).max() < 1e-4, (phase, _diff(held, expected))
+    tapped.tap_point.tap = None
+    plain = [s.logprob for s in tapped.score(context, queries)]
+    assert np.abs(np.subtract(plain, held)).max() > 1e-3  # the holds did something

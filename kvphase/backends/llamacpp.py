@@ -40,8 +40,8 @@ class LlamaCppBackend:
         flash_attn: bool = False,
         head_tap: bool = False,
     ):
-        """`head_tap`: install a `TapPoint` (`self.tap_point`) whose tap sees, and may
-        overwrite, every layer's per-head attention output during query decodes (knockouts)."""
+        """`head_tap`: install a `TapPoint` (`self.tap_point`): its tap (`engines.taps`) sees, and
+        may overwrite, the graph nodes it selects (knockouts)."""
         import llama_cpp
 
         self._lc = llama_cpp
@@ -55,6 +55,7 @@ class LlamaCppBackend:
         # n_seq_max 2: the context, and the query scored on a copy of it
         self.n_threads = n_threads or os.cpu_count() or 1  # recorded in a run's manifest
         self.tap_point = self._tap_point() if head_tap else None
+        self._context_tap = None  # the every-decode tap the cached context was decoded under
         self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
                                        n_seq_max=2, flash_attn=flash_attn, kv_unified=True, label=str(self.model_path),
                                        cb_eval=self.tap_point.c_callback if head_tap else None)
@@ -67,20 +68,30 @@ class LlamaCppBackend:
     def _tap_point(self):
         from kvphase.engines.taps import TapPoint, head_output_node
 
-        architecture = engine.model_architecture(self._model)
-        return TapPoint(head_output_node(architecture), self._lc.llama_model_n_head(self._model))
+        self.architecture = engine.model_meta(self._model, "general.architecture")
+        self.head_node, self.n_head = head_output_node(self.architecture), self._lc.llama_model_n_head(self._model)
+        return TapPoint()
 
-    def tapped_layers(self) -> list[int]:
-        """The layers whose head outputs the tap can reach: those where llama.cpp computes its
-        node, found by decoding one token (the context cache is cleared)."""
+    def meta(self, key: str) -> str:
+        """A metadata value of the model as llama.cpp reads it ("" when absent)."""
+        return engine.model_meta(self._model, key)
+
+    def layers_where(self, locate) -> list[int]:
+        """The layers in which `locate` (name, layer, tensor -> layer or None; `engines.taps.named`)
+        finds a node of llama.cpp's graph, found by decoding one token (the context cache is cleared)."""
+        from kvphase.engines.taps import NodeFinder
+
         if self.tap_point is None:
             raise BackendError("this llama.cpp backend was opened without a head tap")
+        finder, kept = NodeFinder(locate), self.tap_point.tap
         self._lc.llama_memory_clear(self._memory, True)
-        self._context = ()
-        self.tap_point.seen.clear()
-        self._decode([(self.prefix_ids[0] if self.prefix_ids else 0, 0, QUERY_SEQ, True)], query=True)
-        self._lc.llama_memory_clear(self._memory, True)
-        return sorted(self.tap_point.seen)
+        self._context, self.tap_point.tap = (), finder
+        try:
+            self._decode([(self.prefix_ids[0] if self.prefix_ids else 0, 0, QUERY_SEQ, True)], query=True)
+        finally:
+            self.tap_point.tap = kept
+            self._lc.llama_memory_clear(self._memory, True)
+        return sorted(finder.layers)
 
     # -- tokenizer: the model's own vocabulary ------------------------------------------
 
@@ -120,8 +131,11 @@ class LlamaCppBackend:
         would change the batch shapes, and llama.cpp's quantized kernels round differently
         by batch shape, so scores would drift from a separate prompt's.
         """
-        if context == self._context:
+        tap = self.tap_point.tap if self.tap_point is not None else None
+        context_tap = tap if getattr(tap, "every_decode", False) else None
+        if context == self._context and context_tap is self._context_tap:
             return
+        self._context_tap = context_tap
         # clear, not seq_rm(-1, -1, -1): glm5-next's hybrid (KDA + k-pool) memory refuses that removal
         # after a query was copied off the context, and the next context then fails to decode (status -1)
         self._lc.llama_memory_clear(self._memory, True)
@@ -144,11 +158,12 @@ class LlamaCppBackend:
             self._lc.llama_memory_seq_rm(self._memory, QUERY_SEQ, -1, -1)
 
     def _decode(self, rows: list[tuple[int, int, int, bool]], query: bool = False) -> None:
-        """Decode (token, position, sequence, wants logits) rows as one batch; the head tap,
-        if any, sees query decodes only."""
+        """Decode (token, position, sequence, wants logits) rows as one batch; the tap, if any,
+        sees query decodes, and the context's when it taps every decode."""
         point = self.tap_point
         if point is not None:
-            point.active, point.n_tokens = query, len(rows)
+            point.active = query or getattr(point.tap, "every_decode", False)
+            point.positions = np.array([row[1] for row in rows])
         try:
             status = engine.decode(self._ctx, self._batch, rows)
         finally:

@@ -200,10 +200,10 @@ def knockout(
                                               "with attention heads."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-knockout."),
-    slots: bool = typer.Option(False, "--slots", help="Knock out the trained gate's phase slots (each phase's "
-                               "weight held at its mean) instead of heads."),
-    backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (a tap on each layer's head "
-                                "outputs), or auto: reference for kvphase-trained models, else llama.cpp."),
+    slots: bool = typer.Option(False, "--slots", help="Knock out the gate's phase slots (each phase's weight held "
+                               "at its mean) instead of heads: a kvphase-trained gate, or glm5-next's k-pool gate."),
+    backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (taps on llama.cpp's graph), "
+                                "or auto: reference for kvphase-trained models, else llama.cpp."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
 ) -> None:
     """Knockouts: mean-ablate each attention head (or gate phase slot) in turn and map the accuracy change per phase."""

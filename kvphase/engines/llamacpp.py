@@ -59,12 +59,12 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
 
 
-def model_architecture(model) -> str:
-    """general.architecture of a loaded model, as llama.cpp read it."""
+def model_meta(model, key: str) -> str:
+    """A metadata value of a loaded model as llama.cpp reads it (as text; "" when absent)."""
     import llama_cpp
 
-    buffer = ctypes.create_string_buffer(128)
-    n = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buffer, len(buffer))
+    buffer = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buffer, len(buffer))
     return buffer.value.decode("utf-8", "replace") if n >= 0 else ""
 
 

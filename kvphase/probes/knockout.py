@@ -11,17 +11,20 @@ per-target differences: a head that serves phase p shows a drop at p and not els
 (PROTOCOL.md, "Knockouts").
 
 With `slots=True` the components are the gate's phase slots instead: for a model whose
-compressor has a trained gate (kvphase-trained gated or kpool), the calibration sweep
-averages the weight each phase gets per head and channel (`GateRecorder`), and component
+compressor has a trained gate (kvphase-trained gated or kpool; glm5-next's k-pool indexer
+in llama.cpp), the calibration sweep averages the weight each phase gets per head and
+channel (`GateRecorder`; `KPoolSlotRecorder`), and component
 `L<l>P<p>` holds phase p's weight in every window of layer l at that mean, the other slots
 sharing the rest in their own proportions (`HeldPhaseGate`): the slot keeps its average say
 but loses everything that depends on content.
 
-Head knockouts run on the numpy reference backend, whose attention policy they wrap
-(`HeadRecorder`, `HeadKnockout`), and on any model in llama.cpp, compressed
-architectures included, through a tap on each layer's per-head attention output node
-(`engines.taps`; `TapRecorder`, `TapKnockout`): `PolicyHeads` and `EngineHeads` give the
-probe one way to reach either. Slot knockouts swap the reference's designs (`with_designs`).
+On the numpy reference backend the probe wraps the attention policy (`HeadRecorder`,
+`HeadKnockout`) or swaps its designs (`with_designs`). In llama.cpp, for any model it runs,
+compressed architectures included, it taps the graph (`engines.taps`): each layer's
+per-head attention output at query decodes (`TapRecorder`, `TapKnockout`), and glm5-next's
+k-pool gate weights at every decode (`KPoolSlotRecorder`, `KPoolSlotKnockout`: the same
+`hold_phase` as `HeldPhaseGate`). `PolicyHeads` and `EngineHeads` give the probe one way to
+reach either.
 """
 
 from __future__ import annotations
@@ -102,33 +105,113 @@ class HeadKnockout:
         return out
 
 
-class TapRecorder(HeadSums):
-    """A llama.cpp head tap (`engines.taps`) summing every head's output over the query rows."""
+class HeadTap:
+    """Selects each chosen layer's per-head attention output node in llama.cpp's graph at query decodes."""
 
-    def wants(self, layer: int) -> bool:
-        return True
+    every_decode = False
 
-    def update(self, layer: int, heads: np.ndarray) -> None:
+    def __init__(self, node: str, n_head: int, layers: Sequence[int] | None = None):
+        self.node, self.n_head, self.layers = node, n_head, None if layers is None else set(layers)
+
+    def select(self, name: str, layer: int, t) -> int | None:
+        return layer if name == self.node and (self.layers is None or layer in self.layers) else None
+
+    def update(self, layer: int, array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        from kvphase.engines.taps import as_heads
+
+        return self.on_heads(layer, as_heads(array, len(positions), self.n_head))  # (n_tokens, n_head, head_dim)
+
+    def on_heads(self, layer: int, heads: np.ndarray) -> np.ndarray | None:
+        raise NotImplementedError
+
+
+class TapRecorder(HeadTap, HeadSums):
+    """Sums every head's output over the query rows."""
+
+    def __init__(self, node: str, n_head: int):
+        HeadTap.__init__(self, node, n_head)
+        HeadSums.__init__(self)
+
+    def on_heads(self, layer: int, heads: np.ndarray) -> None:
         self.add(layer, heads.sum(axis=0, dtype=np.float64), heads.shape[0])  # heads: (n_tokens, n_head, head_dim)
 
 
-class TapKnockout:
-    """A llama.cpp head tap writing the fixed output `mean` over head `head` of layer `layer` at the query rows."""
+class TapKnockout(HeadTap):
+    """Writes the fixed output `mean` over head `head` of layer `layer` at the query rows."""
 
-    def __init__(self, layer: int, head: int, mean: np.ndarray):
-        self.layer, self.head, self.mean = layer, head, np.asarray(mean)  # mean: (head_dim,)
+    def __init__(self, node: str, n_head: int, layer: int, head: int, mean: np.ndarray):
+        super().__init__(node, n_head, [layer])
+        self.head, self.mean = head, np.asarray(mean)  # mean: (head_dim,)
 
-    def wants(self, layer: int) -> bool:
-        return layer == self.layer
-
-    def update(self, layer: int, heads: np.ndarray) -> np.ndarray:
+    def on_heads(self, layer: int, heads: np.ndarray) -> np.ndarray:
         heads = heads.copy()  # (n_tokens, n_head, head_dim)
         heads[:, self.head] = self.mean.astype(heads.dtype)
         return heads
 
 
+class KPoolSlotTap:
+    """Selects glm5-next's k-pool gate weights (softmax over each pool's slots; slot j at phase j,
+    `engines.taps`) of the chosen layers at every decode."""
+
+    every_decode = True
+
+    def __init__(self, kpool: int, channels: int, layers: Sequence[int]):
+        self.kpool, self.channels, self.layers = kpool, channels, set(layers)
+
+    def select(self, name: str, layer: int, t) -> int | None:
+        from kvphase.engines.taps import kpool_weights_layer
+
+        found = kpool_weights_layer(t)
+        return found if found in self.layers else None
+
+    def update(self, layer: int, array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        from kvphase.engines.taps import as_pools
+
+        return self.on_pools(layer, as_pools(array, self.kpool, self.channels), positions)
+
+    def on_pools(self, layer: int, pools: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        raise NotImplementedError
+
+
+class KPoolSlotRecorder(KPoolSlotTap):
+    """Sums each phase's weight per channel over the pools each decode completes (the last rows
+    llama.cpp pools: a query's sequence follows the context's): `means`, (layer, 0) -> (S, channels)."""
+
+    def __init__(self, kpool: int, channels: int, layers: Sequence[int]):
+        super().__init__(kpool, channels, layers)
+        self.sums: dict[tuple[int, int], np.ndarray] = {}
+        self.windows: dict[tuple[int, int], int] = {}
+
+    def on_pools(self, layer: int, pools: np.ndarray, positions: np.ndarray) -> None:
+        from kvphase.engines.taps import completed_pools
+
+        n_new = len(completed_pools(positions, self.kpool))
+        if not n_new:
+            return
+        key = (layer, 0)
+        self.sums[key] = self.sums.get(key, 0.0) + pools[-n_new:].sum(axis=0, dtype=np.float64).T  # (kpool, channels)
+        self.windows[key] = self.windows.get(key, 0) + n_new
+
+    def means(self) -> dict[tuple[int, int], np.ndarray]:
+        return {key: total / self.windows[key] for key, total in self.sums.items()}
+
+
+class KPoolSlotKnockout(KPoolSlotTap):
+    """Holds phase `phase`'s weight in every pool of layer `layer` at `weight` per channel, the
+    other slots sharing the rest in their own proportions (`hold_phase`)."""
+
+    def __init__(self, kpool: int, channels: int, layer: int, phase: int, weight: np.ndarray):
+        super().__init__(kpool, channels, [layer])
+        self.phase, self.weight = phase, np.asarray(weight)  # weight: (channels,)
+
+    def on_pools(self, layer: int, pools: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        held = (np.arange(self.kpool) == self.phase)[None, None, :]  # (1, 1, kpool)
+        return hold_phase(pools, held, self.weight[None, :, None], axis=2)  # (n_pooled, channels, kpool)
+
+
 class PolicyHeads:
-    """The heads of the numpy reference model: hooks wrap its attention policy."""
+    """The components of the numpy reference model: hooks wrap its attention policy (heads)
+    or swap its designs (gate slots)."""
 
     def __init__(self, backend):
         self.backend, self.base = backend, backend.policy
@@ -146,29 +229,70 @@ class PolicyHeads:
     def restore(self) -> None:
         self.backend.policy = self.base
 
+    def slot_layers(self, stride: int) -> list[int]:
+        return self.layers
+
+    def check_slots(self, layers: Sequence[int]) -> None:
+        _check_gated(self.base, layers, _n_head_kv(self.backend))
+
+    def slot_recorder(self, stride: int, layers: Sequence[int]):
+        from kvphase.probes.activations import GateRecorder
+
+        return GateRecorder(self.base, stride, layers, keep_rows=False)
+
+    def slot_knockout(self, layer: int, phase: int, means: dict):
+        """The policy with phase `phase` held at its mean in every head of `layer` (`means`: (layer, head) -> (S, head_dim))."""
+        n_head_kv = _n_head_kv(self.backend)
+        pinned = {(layer, h): held_phase(self.base.design_for(layer, h, n_head_kv), phase, means[layer, h][phase])
+                  for h in range(n_head_kv)}
+        return self.base.with_designs(pinned)
+
 
 class EngineHeads:
-    """The heads of a model in llama.cpp: hooks are taps on each layer's head-output node,
-    which see query decodes only (the rows at the context length and later)."""
+    """The components of a model in llama.cpp: hooks are taps on its graph, on each layer's
+    head-output node at query decodes (the rows at the context length and later), or on
+    glm5-next's k-pool gate weights at every decode (gate slots)."""
 
     def __init__(self, backend):
-        self.backend, self.n_head = backend, backend.tap_point.n_head
-        self.layers = backend.tapped_layers()
+        from kvphase.engines.taps import named
+
+        self.backend, self.node, self.n_head = backend, backend.head_node, backend.n_head
+        self.layers = backend.layers_where(named(self.node))
         if not self.layers:
-            raise PlanError(f"llama.cpp computes no per-head attention output ({backend.tap_point.node}) "
+            raise PlanError(f"llama.cpp computes no per-head attention output ({self.node}) "
                             f"in {backend.model_path.name}; there are no heads to knock out")
+        self.kpool = self.channels = 0
 
     def recorder(self, context: int) -> TapRecorder:
-        return TapRecorder()
+        return TapRecorder(self.node, self.n_head)
 
     def knockout(self, layer: int, head: int, mean: np.ndarray, context: int) -> TapKnockout:
-        return TapKnockout(layer, head, mean)
+        return TapKnockout(self.node, self.n_head, layer, head, mean)
 
     def install(self, hook) -> None:
         self.backend.tap_point.tap = hook
 
     def restore(self) -> None:
         self.backend.tap_point.tap = None
+
+    def slot_layers(self, stride: int) -> list[int]:
+        """glm5-next's layers that pool a k-pool gate (kpool: the plan's stride, which the spec takes from it)."""
+        from kvphase.engines.taps import kpool_weights_layer
+
+        if self.backend.architecture != "glm5-next":
+            raise PlanError(f"--slots through llama.cpp holds glm5-next's k-pool gate slots; {self.backend.architecture} "
+                            "has none it can hold (kvphase-trained gates run on the reference backend)")
+        self.kpool, self.channels = stride, int(self.backend.meta("glm5-next.attention.indexer.key_length") or 0)
+        return self.backend.layers_where(lambda name, layer, t: kpool_weights_layer(t))
+
+    def check_slots(self, layers: Sequence[int]) -> None:
+        return None
+
+    def slot_recorder(self, stride: int, layers: Sequence[int]) -> KPoolSlotRecorder:
+        return KPoolSlotRecorder(self.kpool, self.channels, layers)
+
+    def slot_knockout(self, layer: int, phase: int, means: dict) -> KPoolSlotKnockout:
+        return KPoolSlotKnockout(self.kpool, self.channels, layer, phase, means[layer, 0][phase])
 
 
 def open_tapped_backend(model_path: Path, n_ctx: int, n_threads: int):
@@ -198,10 +322,16 @@ class HeldPhaseGate(GatedPool):
     def pool_weights(self, window_keys: np.ndarray) -> np.ndarray:
         weights = super().pool_weights(window_keys)  # (n_windows, W, n_kv_head, head_dim)
         held = ((self.start + np.arange(self.window)) % self.stride == self.phase)[None, :, None, None]  # (1, W, 1, 1)
-        own = np.where(held, weights, 0.0).sum(axis=1, keepdims=True)  # (n_windows, 1, n_kv_head, head_dim)
-        target = np.asarray(self.weight, dtype=weights.dtype)  # (head_dim,)
-        others = (1 - target) / np.maximum(1 - own, 1e-12)  # (n_windows, 1, n_kv_head, head_dim)
-        return np.where(held, weights * target / np.maximum(own, 1e-12), weights * others)
+        return hold_phase(weights, held, np.asarray(self.weight, dtype=weights.dtype), axis=1)
+
+
+def hold_phase(weights: np.ndarray, held: np.ndarray, target: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax weights over a window's slots (`axis`) with the slots `held` (a mask that
+    broadcasts against `weights`) scaled to sum to `target` (broadcasting too), the others
+    scaled to share the rest in their own proportions."""
+    own = np.where(held, weights, 0.0).sum(axis=axis, keepdims=True)  # the held phase's weight per window and channel
+    others = (1 - target) / np.maximum(1 - own, 1e-12)
+    return np.where(held, weights * target / np.maximum(own, 1e-12), weights * others)
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,15 +357,14 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     from kvphase.sweep.run import execute_sweep
 
     started, run_dir = time.time(), Path(run_dir)
-    if slots and not hasattr(backend, "policy"):
-        raise PlanError("--slots holds the phase slots of a kvphase-trained gate in the numpy reference; "
-                        "models in llama.cpp take head knockouts")
     heads = model_heads(backend)
-    chosen = sorted(set(layers)) if layers else heads.layers
-    if not set(chosen) <= set(heads.layers):
-        raise PlanError(f"--layer must be {_layer_range(heads.layers)}, got {sorted(chosen)}")
+    available = heads.slot_layers(plan.stride) if slots else heads.layers
+    chosen = sorted(set(layers)) if layers else available
+    if not set(chosen) <= set(available):
+        raise PlanError(f"--layer must be {_layer_range(available, 'a k-pool gate' if slots else 'attention heads')}, "
+                        f"got {sorted(chosen)}")
     if slots:
-        _check_gated(heads.base, chosen, _n_head_kv(backend))
+        heads.check_slots(chosen)
     folder.start_folder(run_dir, {"probe": "knockout", "model": plan.model, "plan": asdict(plan), "layers": chosen,
                                   "heads": heads.n_head, "slots": slots},
                         [MEANS_FILE, GATE_MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
@@ -252,11 +381,11 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     return build_report(run_dir)
 
 
-def _layer_range(layers: Sequence[int]) -> str:
-    """"from 0 to 11", or "one of 1, 3, 5" for the layers with heads of a hybrid model."""
+def _layer_range(layers: Sequence[int], having: str) -> str:
+    """"from 0 to 11", or "one of 1, 3, 5 (the layers with `having`)" for a hybrid model."""
     if list(layers) == list(range(len(layers))):
         return f"from 0 to {len(layers) - 1}"
-    return "one of " + ", ".join(map(str, layers)) + " (the layers with attention heads)"
+    return "one of " + ", ".join(map(str, layers)) + f" (the layers with {having})"
 
 
 def _n_head_kv(backend) -> int:
@@ -281,24 +410,14 @@ def _head_knockouts(plan, heads, run_dir: Path, info, layers: Sequence[int]):
             yield component_run(layer, head), heads.knockout(layer, head, means[layer][head], plan.context)
 
 
-def _slot_knockouts(plan, heads: PolicyHeads, run_dir: Path, info, layers: Sequence[int]):
-    """(run name, policy) per layer and phase: that phase's gate weight held at its calibration mean in every head."""
-    base_policy, n_head_kv = heads.base, _n_head_kv(heads.backend)
-    means = _calibrated_gate_means(plan, heads, run_dir, info, layers)
+def _slot_knockouts(plan, heads, run_dir: Path, info, layers: Sequence[int]):
+    """(run name, hook) per layer and phase: that phase's gate weight held at its calibration mean
+    (per head and channel, (layer, head) -> (S, channels) over the calibration windows) in every head."""
+    means = _calibrate(plan, heads, run_dir, info, heads.slot_recorder(plan.stride, layers), GATE_MEANS_FILE,
+                       lambda text: tuple(int(x) for x in text.split(",")))
     for layer in layers:
         for phase in range(plan.stride):
-            pinned = {(layer, h): held_phase(base_policy.design_for(layer, h, n_head_kv), phase, means[layer, h][phase])
-                      for h in range(n_head_kv)}
-            yield component_run(layer, phase, slots=True), base_policy.with_designs(pinned)
-
-
-def _calibrated_gate_means(plan, heads: PolicyHeads, run_dir: Path, info, layers) -> dict[tuple[int, int], np.ndarray]:
-    """Every gated head's mean weight per phase and channel over the calibration windows: (layer, head) -> (S, head_dim)."""
-    from kvphase.probes.activations import GateRecorder
-
-    recorder = GateRecorder(heads.base, plan.stride, layers, keep_rows=False)
-    return _calibrate(plan, heads, run_dir, info, recorder, GATE_MEANS_FILE,
-                      lambda text: tuple(int(x) for x in text.split(",")))
+            yield component_run(layer, phase, slots=True), heads.slot_knockout(layer, phase, means)
 
 
 def _calibrate(plan, heads, run_dir: Path, info, recorder, means_file: str, parse_key) -> dict:
