@@ -46,6 +46,7 @@ T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
+T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
 
 MUTATIONS = [
     # statistics
@@ -108,8 +109,13 @@ MUTATIONS = [
              "return array.reshape(n_head, n_tokens, -1).transpose(1, 0, 2)", (T_TAP,), slow=True),
     Mutation("tap-sees-the-context", LLAMA, "point.active = query or getattr(point.tap, \"every_decode\", False)",
              "point.active = True", (T_TAP,), slow=True),
-    Mutation("slot-tap-holds-the-next-slot", KNOCKOUT, "held = (np.arange(self.kpool) == self.phase)[None, None, :]",
-             "held = (np.arange(self.kpool) == (self.phase + 1) % self.kpool)[None, None, :]", (T_SLOT_TAP,), slow=True),
+    Mutation("slot-tap-holds-the-next-slot", KNOCKOUT,
+             "held = (np.arange(windows.shape[2]) % self.stride == self.phase)[None, None, :]",
+             "held = (np.arange(windows.shape[2]) % self.stride == (self.phase + 1) % self.stride)[None, None, :]",
+             (T_SLOT_TAP,), slow=True),
+    Mutation("slot-recorder-wrong-rows", KNOCKOUT,
+             "done = windows[-n_new:] if self.gate.completed_last else windows[:n_new]",
+             "done = windows[:n_new] if self.gate.completed_last else windows[-n_new:]", (T_SLOT_MEANS,), slow=True),
     Mutation("held-context-reused", LLAMA, "if context == self._context and context_tap is self._context_tap:",
              "if context == self._context:", (T_SLOT_TAP,), slow=True),
     # validate

@@ -151,7 +151,7 @@ def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
     cases = [
         (["knockout", str(glm), "--layer", "1"], "--layer must be one of 0, 2 (the layers with attention heads), got [1]"),
         (["knockout", str(glm), "--slots", "--layer", "1"], "--layer must be one of 0, 2 (the layers with a k-pool gate)"),
-        (["knockout", str(tiny_models / "minimax-m3.gguf"), "--slots"], "--slots through llama.cpp holds glm5-next's"),
+        (["knockout", str(tiny_models / "minimax-m3.gguf"), "--slots"], "minimax-m3 has none"),
         (["knockout", str(glm), "--backend", "vllm"], "unknown backend 'vllm'"),
         (["knockout", str(glm), "--threads", "0"], "--threads must be from 1"),
         (["knockout", str(TRAINED / "gated.gguf"), "--backend", "llama.cpp"], "which llama.cpp cannot run"),
@@ -197,20 +197,32 @@ def test_glm5_next_gate_slots_held_at_their_mean_change_nothing_when_the_gate_ig
     assert pd.read_csv(random_gate / "effects.csv").d_logprob.abs().max() > 1e-3
 
 
+# per architecture: the layer whose gates are held, its per-phase bias tensors (gate number -> name), channels per gate
+GATE_BIASES = {
+    "glm5-next": (0, {0: "blk.0.indexer_compressor_ape.weight"}, 16),
+    "deepseek4": (1, {0: "blk.1.attn_compressor_ape.weight", 1: "blk.1.indexer_compressor_ape.weight"}, 64),
+}
+
+
 @pytest.mark.slow
-def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(tiny_models, tmp_path):
-    """Holding phase p's k-pool weight at 1 in every pool of layer 0, context and queries, is
-    what llama.cpp computes itself when the file's per-phase bias makes phase p take every
-    pool (+1e4 on its row). Checked for two phases in turn on one backend and one context, so a
-    context decoded under the first hold must not be reused under the second."""
+@pytest.mark.parametrize("arch", sorted(GATE_BIASES))
+def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(arch, tiny_models, tmp_path):
+    """Holding phase p's gate weight at 1 in every window of a layer, context and queries, is
+    what llama.cpp computes itself when the file's per-phase biases make phase p take every
+    window (+100 on its row: exp(-100) is 0 in float32, and at 100 float32 still resolves
+    the gate logits to 1e-5): glm5-next's k-pool gate, and deepseek4's CSA and indexer
+    compressors (whose windows span two blocks: the two phase-p rows keep their proportions
+    either way). Checked for two phases in turn on one backend and one context, so a context
+    decoded under the first hold must not be reused under the second."""
     from kvphase.backends.base import Query
     from kvphase.backends.llamacpp import LlamaCppBackend
-    from kvphase.probes.knockout import KPoolSlotKnockout
+    from kvphase.engines.taps import GATE_SOFTMAX
+    from kvphase.probes.knockout import GateSlotKnockout
 
-    source = tiny_models / "glm5-next.gguf"
-    ape_name = "blk.0.indexer_compressor_ape.weight"
-    ape = tensor_array(np.memmap(source, dtype=np.uint8, mode="r"),
-                       next(t for t in read_gguf_header(source).tensors if t.name == ape_name))  # (S, channels)
+    source = tiny_models / f"{arch}.gguf"
+    layer, biases, channels = GATE_BIASES[arch]
+    tensors = {t.name: t for t in read_gguf_header(source).tensors}
+    apes = {name: tensor_array(np.memmap(source, dtype=np.uint8, mode="r"), tensors[name]) for name in biases.values()}
     rng = np.random.default_rng(1)
     context = rng.integers(1000, 20000, 150).tolist()
     queries = [Query(rng.integers(1000, 20000, 4).tolist(), rng.integers(1000, 20000, 2).tolist()) for _ in range(3)]
@@ -218,11 +230,56 @@ def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(tiny_models
     for phase in (2, 0):
         picked = tmp_path / f"picks-{phase}.gguf"
         shutil.copy(source, picked)
-        overwrite_tensor(picked, ape_name, ape + 1e4 * (np.arange(4) == phase)[:, None])
+        for name, ape in apes.items():  # (S, channels): row p = phase p
+            overwrite_tensor(picked, name, ape + 100 * (np.arange(4) == phase)[:, None])
         expected = [s.logprob for s in LlamaCppBackend(picked, n_ctx=256, n_threads=1).score(context, queries)]
-        tapped.tap_point.tap = KPoolSlotKnockout(4, ape.shape[1], 0, phase, np.ones(ape.shape[1]))
+        ones = {number: np.ones(channels) for number in biases}
+        tapped.tap_point.tap = GateSlotKnockout(GATE_SOFTMAX[arch], 4, 16 if arch == "glm5-next" else 0, layer, phase, ones)
         held = [s.logprob for s in tapped.score(context, queries)]
         assert np.abs(np.subtract(held, expected)).max() < 1e-4, (phase, _diff(held, expected))
     tapped.tap_point.tap = None
     plain = [s.logprob for s in tapped.score(context, queries)]
     assert np.abs(np.subtract(plain, held)).max() > 1e-3  # the holds did something
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(GATE_BIASES))
+def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tiny_models):
+    """The slot recorder's per-phase means over one context and a query after it (the query's
+    decode completes one more window: glm5-next pools it last, after the copied sequence's
+    pools, deepseek4 first, before a snapshot of a partial block) equal those of the same
+    tokens' gate logits captured from llama.cpp and pooled as `KPool` / `DSV4.pool_weights`
+    pool them (the code `kvphase validate` proves equal to llama.cpp's pooling)."""
+    from kvphase.backends.base import Query
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.engines.capture import EngineSettings, by_name, run_and_capture
+    from kvphase.engines.taps import GATE_SOFTMAX
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.gguf.tensors import read_model_tensor
+    from kvphase.probes.activations import DSV4_CAPTURE, _engine_weights
+    from kvphase.probes.gates import find_sources, sum_by_phase
+    from kvphase.probes.knockout import GateSlotRecorder
+
+    model = tiny_models / f"{arch}.gguf"
+    layer, biases, channels = GATE_BIASES[arch]
+    rng = np.random.default_rng(2)
+    context, query = rng.integers(1000, 20000, 150).tolist(), Query(rng.integers(1000, 20000, 3).tolist(), [1500, 1600])
+    backend = LlamaCppBackend(model, n_ctx=256, n_threads=1, head_tap=True)
+    recorder = GateSlotRecorder(GATE_SOFTMAX[arch], 4, 16 if arch == "glm5-next" else 0, [layer])
+    backend.tap_point.tap = recorder
+    backend.score(context, [query])
+    means = recorder.means()
+
+    tokens = context + query.prompt + query.answer[:-1]  # the query's decode: positions 150 .. 153
+    sources = [s for s in find_sources(read_gguf_header(model)) if s.layer == layer]
+    names = ["indexer_gate"] if arch == "glm5-next" else sorted({DSV4_CAPTURE[s.kind] for s in sources})
+    run = run_and_capture(model, tokens, [len(tokens)], by_name(names), EngineSettings(n_ctx=256, n_threads=1))
+    info = read_model_info(model)
+    assert sorted(means) == [(layer, number) for number in biases]
+    for number, tensor in biases.items():
+        source = next(s for s in sources if s.tensor == tensor)
+        weights, first = _engine_weights(info, run, source, read_model_tensor(model, tensor))  # (n_windows, W, C)
+        expected = sum_by_phase(weights, first, 4).mean(axis=0)  # (S, C)
+        assert len(weights) == 153 // 4 + 1 - 1 and expected.shape == (4, channels)  # windows ending by position 153
+        # 1e-4: the scoring context caches in F16 what the capture keeps in F32 (measured up to 1.2e-5)
+        assert np.abs(means[layer, number] - expected).max() < 1e-4, (tensor, _diff(means[layer, number], expected))

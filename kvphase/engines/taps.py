@@ -11,13 +11,18 @@ memory). Two kinds of node are tapped:
   and minimax-m3; `attn_derope-<layer>` in deepseek4, whose heads are un-roped before its
   grouped output projection. llama.cpp lays every token's heads out one after another:
   `as_heads` reads it as (n_tokens, n_head, head_dim);
-- glm5-next's k-pool gate weights: the softmax over each pool's slots of gate +
-  `indexer_compressor_ape` (`build_kpool_select`), an unnamed node found through its
-  sources, (n_pooled, n_embd_indexer, kpool). Pools start at a sequence's position 0, so
-  slot j sits at phase j. llama.cpp pools the pools a decode completes (`completed_pools`),
-  one dummy when it completes none, and, in a decode after a sequence copy, every pool of
-  every sequence in the cache again (measured: a query after a context of 62 pools pools
-  125 rows, the context's 62 twice, identical to the context decode's, then the new one).
+- the compressor's gate weights, the softmax over each window's slots of gate + per-phase
+  bias, an unnamed SOFT_MAX node found through its sources (`GATE_SOFTMAX`): glm5-next's
+  k-pool indexer (`build_kpool_select`; its source, the `indexer_compressor_ape` weight),
+  deepseek4's CSA compressor and lightning-indexer compressor (`build_overlap_compressed_kv_
+  from_state`; the `csa_`/`lid_state_compress` scores). `as_windows` reads it as
+  (n_windows, channels, slots). Windows start at multiples of the stride S from a
+  sequence's position 0, so slot j sits at phase j mod S (deepseek4's CSA windows span
+  the previous block's S rows and the block's own). Which rows are the windows a decode
+  completes (`completed_windows`) was measured (rows compared with `DSV4.pool_weights` of
+  the captured logits and with the context decode's own rows): glm5-next pools them last (after a sequence copy it pools every pool of every sequence
+  again: a query after a 62-pool context pools 125 rows, the context's 62 twice, then the
+  new one), deepseek4 first (then one snapshot of a partial block).
 
 A tap sees query decodes only, unless it sets `every_decode` (then the backend decodes the
 context again under it).
@@ -26,7 +31,7 @@ context again under it).
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -37,7 +42,24 @@ from kvphase.errors import BackendError
 
 HEAD_OUTPUT = "kqv_out"
 HEAD_OUTPUT_BY_ARCH = {"deepseek4": "attn_derope"}
-KPOOL_APE = re.compile(r"blk\.(\d+)\.indexer_compressor_ape\.weight")
+
+
+class GateSoftmax(NamedTuple):
+    """Where an architecture's compressor gate softmax sits in llama.cpp's graph."""
+
+    source: re.Pattern  # names a node the SOFT_MAX reads within 4 steps, or that node's second operand
+    sources: tuple[str, ...]  # the pattern's `source` group, in order: a layer's gates are numbered by it
+    completed_last: bool  # the completed windows' rows come last in the node (else first)
+    channels_key: str = ""  # metadata key of the channel count when the node's shape does not give it
+
+
+GATE_SOFTMAX = {
+    "glm5-next": GateSoftmax(re.compile(r"blk\.(?P<layer>\d+)\.(?P<source>indexer_compressor_ape)\.weight"),
+                             ("indexer_compressor_ape",), completed_last=True,
+                             channels_key="glm5-next.attention.indexer.key_length"),
+    "deepseek4": GateSoftmax(re.compile(r"(?P<source>csa|lid)_state_compress-(?P<layer>\d+)"), ("csa", "lid"),
+                             completed_last=False),
+}
 
 
 def head_output_node(architecture: str) -> str:
@@ -65,28 +87,29 @@ def as_heads(array: np.ndarray, n_tokens: int, n_head: int) -> np.ndarray:
     return array.reshape(n_tokens, n_head, -1)
 
 
-def kpool_weights_layer(t: GgmlTensor) -> int | None:
-    """The layer of glm5-next's k-pool softmax (over gate + ape), or None for any other node."""
+def gate_softmax_key(t: GgmlTensor, gate: GateSoftmax) -> tuple[int, int] | None:
+    """(layer, number of the gate in the layer: `gate.sources`) for a gate softmax node, else None."""
     if op_name(t) != "SOFT_MAX":
         return None
     for source in source_chain(t, 4):
-        if op_name(source) == "ADD" and source.src[1]:
-            found = KPOOL_APE.fullmatch(tensor_name(source.src[1].contents))
-            return int(found.group(1)) if found else None
+        for node in (source, source.src[1].contents if source.src[1] else None):
+            found = gate.source.fullmatch(tensor_name(node)) if node is not None else None
+            if found:
+                return int(found["layer"]), gate.sources.index(found["source"])
     return None
 
 
-def completed_pools(positions: np.ndarray, kpool: int) -> np.ndarray:
-    """The pools (index w: positions w*kpool .. w*kpool + kpool - 1) whose last position is decoded here."""
-    positions = np.asarray(positions)
-    return positions[(positions + 1) % kpool == 0] // kpool
+def completed_windows(positions: np.ndarray, stride: int) -> int:
+    """How many windows (their own S positions from a multiple of S) end among `positions`."""
+    return int(np.count_nonzero((np.asarray(positions) + 1) % stride == 0))
 
 
-def as_pools(array: np.ndarray, kpool: int, channels: int) -> np.ndarray:
-    """The k-pool softmax of a decode as (n_pooled, channels, kpool)."""
-    if array.shape[-1] != kpool or array.size % (kpool * channels):
-        raise BackendError(f"expected k-pool weights of {kpool} slots and {channels} channels, found shape {array.shape}")
-    return array.reshape(-1, channels, kpool)
+def as_windows(array: np.ndarray, channels: int) -> np.ndarray:
+    """A gate softmax node as (n_windows, channels, slots); `channels` 0: the node's own second dimension."""
+    channels = channels or (array.shape[-2] if array.ndim >= 2 else 0)
+    if not channels or array.size % (channels * array.shape[-1]):
+        raise BackendError(f"expected gate weights of {channels} channels, found shape {array.shape}")
+    return array.reshape(-1, channels, array.shape[-1])
 
 
 class TapPoint:

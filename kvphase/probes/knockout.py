@@ -11,9 +11,10 @@ per-target differences: a head that serves phase p shows a drop at p and not els
 (PROTOCOL.md, "Knockouts").
 
 With `slots=True` the components are the gate's phase slots instead: for a model whose
-compressor has a trained gate (kvphase-trained gated or kpool; glm5-next's k-pool indexer
-in llama.cpp), the calibration sweep averages the weight each phase gets per head and
-channel (`GateRecorder`; `KPoolSlotRecorder`), and component
+compressor has a trained gate (kvphase-trained gated or kpool; in llama.cpp glm5-next's
+k-pool indexer and deepseek4's CSA and indexer compressors), the calibration sweep averages
+the weight each phase gets per head (or gate) and channel (`GateRecorder`;
+`GateSlotRecorder`), and component
 `L<l>P<p>` holds phase p's weight in every window of layer l at that mean, the other slots
 sharing the rest in their own proportions (`HeldPhaseGate`): the slot keeps its average say
 but loses everything that depends on content.
@@ -21,8 +22,8 @@ but loses everything that depends on content.
 On the numpy reference backend the probe wraps the attention policy (`HeadRecorder`,
 `HeadKnockout`) or swaps its designs (`with_designs`). In llama.cpp, for any model it runs,
 compressed architectures included, it taps the graph (`engines.taps`): each layer's
-per-head attention output at query decodes (`TapRecorder`, `TapKnockout`), and glm5-next's
-k-pool gate weights at every decode (`KPoolSlotRecorder`, `KPoolSlotKnockout`: the same
+per-head attention output at query decodes (`TapRecorder`, `TapKnockout`), and the
+compressor gate weights at every decode (`GateSlotRecorder`, `GateSlotKnockout`: the same
 `hold_phase` as `HeldPhaseGate`). `PolicyHeads` and `EngineHeads` give the probe one way to
 reach either.
 """
@@ -149,64 +150,66 @@ class TapKnockout(HeadTap):
         return heads
 
 
-class KPoolSlotTap:
-    """Selects glm5-next's k-pool gate weights (softmax over each pool's slots; slot j at phase j,
-    `engines.taps`) of the chosen layers at every decode."""
+class GateSlotTap:
+    """Selects the compressor gate weights (softmax over each window's slots, `engines.taps`) of
+    the chosen layers at every decode; slot j of a window sits at phase j mod S."""
 
     every_decode = True
 
-    def __init__(self, kpool: int, channels: int, layers: Sequence[int]):
-        self.kpool, self.channels, self.layers = kpool, channels, set(layers)
+    def __init__(self, gate, stride: int, channels: int, layers: Sequence[int]):
+        self.gate, self.stride, self.channels, self.layers = gate, stride, channels, set(layers)
 
-    def select(self, name: str, layer: int, t) -> int | None:
-        from kvphase.engines.taps import kpool_weights_layer
+    def select(self, name: str, layer: int, t) -> tuple[int, int] | None:
+        from kvphase.engines.taps import gate_softmax_key
 
-        found = kpool_weights_layer(t)
-        return found if found in self.layers else None
+        key = gate_softmax_key(t, self.gate)  # (layer, gate number)
+        return key if key is not None and key[0] in self.layers else None
 
-    def update(self, layer: int, array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
-        from kvphase.engines.taps import as_pools
+    def update(self, key: tuple[int, int], array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        from kvphase.engines.taps import as_windows
 
-        return self.on_pools(layer, as_pools(array, self.kpool, self.channels), positions)
+        return self.on_windows(key, as_windows(array, self.channels), positions)  # (n_windows, channels, slots)
 
-    def on_pools(self, layer: int, pools: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+    def on_windows(self, key: tuple[int, int], windows: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
         raise NotImplementedError
 
 
-class KPoolSlotRecorder(KPoolSlotTap):
-    """Sums each phase's weight per channel over the pools each decode completes (the last rows
-    llama.cpp pools: a query's sequence follows the context's): `means`, (layer, 0) -> (S, channels)."""
+class GateSlotRecorder(GateSlotTap):
+    """Sums each phase's weight per channel over the windows each decode completes: `means`,
+    (layer, gate number) -> (S, channels)."""
 
-    def __init__(self, kpool: int, channels: int, layers: Sequence[int]):
-        super().__init__(kpool, channels, layers)
+    def __init__(self, gate, stride: int, channels: int, layers: Sequence[int]):
+        super().__init__(gate, stride, channels, layers)
         self.sums: dict[tuple[int, int], np.ndarray] = {}
         self.windows: dict[tuple[int, int], int] = {}
 
-    def on_pools(self, layer: int, pools: np.ndarray, positions: np.ndarray) -> None:
-        from kvphase.engines.taps import completed_pools
+    def on_windows(self, key, windows: np.ndarray, positions: np.ndarray) -> None:
+        from kvphase.engines.taps import completed_windows
+        from kvphase.probes.gates import sum_by_phase
 
-        n_new = len(completed_pools(positions, self.kpool))
+        n_new = completed_windows(positions, self.stride)
         if not n_new:
             return
-        key = (layer, 0)
-        self.sums[key] = self.sums.get(key, 0.0) + pools[-n_new:].sum(axis=0, dtype=np.float64).T  # (kpool, channels)
+        done = windows[-n_new:] if self.gate.completed_last else windows[:n_new]  # (n_new, channels, slots)
+        shares = sum_by_phase(done.transpose(0, 2, 1), np.zeros(n_new, int), self.stride)  # (n_new, S, channels)
+        self.sums[key] = self.sums.get(key, 0.0) + shares.sum(axis=0, dtype=np.float64)
         self.windows[key] = self.windows.get(key, 0) + n_new
 
     def means(self) -> dict[tuple[int, int], np.ndarray]:
         return {key: total / self.windows[key] for key, total in self.sums.items()}
 
 
-class KPoolSlotKnockout(KPoolSlotTap):
-    """Holds phase `phase`'s weight in every pool of layer `layer` at `weight` per channel, the
-    other slots sharing the rest in their own proportions (`hold_phase`)."""
+class GateSlotKnockout(GateSlotTap):
+    """Holds phase `phase`'s weight in every window of layer `layer`, per gate at `weights[gate
+    number]` per channel, the other slots sharing the rest in their own proportions (`hold_phase`)."""
 
-    def __init__(self, kpool: int, channels: int, layer: int, phase: int, weight: np.ndarray):
-        super().__init__(kpool, channels, [layer])
-        self.phase, self.weight = phase, np.asarray(weight)  # weight: (channels,)
+    def __init__(self, gate, stride: int, channels: int, layer: int, phase: int, weights: dict[int, np.ndarray]):
+        super().__init__(gate, stride, channels, [layer])
+        self.phase, self.weights = phase, weights  # gate number -> (channels,)
 
-    def on_pools(self, layer: int, pools: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        held = (np.arange(self.kpool) == self.phase)[None, None, :]  # (1, 1, kpool)
-        return hold_phase(pools, held, self.weight[None, :, None], axis=2)  # (n_pooled, channels, kpool)
+    def on_windows(self, key, windows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        held = (np.arange(windows.shape[2]) % self.stride == self.phase)[None, None, :]  # (1, 1, slots)
+        return hold_phase(windows, held, np.asarray(self.weights[key[1]])[None, :, None], axis=2)
 
 
 class PolicyHeads:
@@ -261,7 +264,7 @@ class EngineHeads:
         if not self.layers:
             raise PlanError(f"llama.cpp computes no per-head attention output ({self.node}) "
                             f"in {backend.model_path.name}; there are no heads to knock out")
-        self.kpool = self.channels = 0
+        self.gate, self.stride, self.channels = None, 0, 0
 
     def recorder(self, context: int) -> TapRecorder:
         return TapRecorder(self.node, self.n_head)
@@ -276,23 +279,31 @@ class EngineHeads:
         self.backend.tap_point.tap = None
 
     def slot_layers(self, stride: int) -> list[int]:
-        """glm5-next's layers that pool a k-pool gate (kpool: the plan's stride, which the spec takes from it)."""
-        from kvphase.engines.taps import kpool_weights_layer
+        """The layers whose compressor gate softmax llama.cpp computes (glm5-next's k-pool gate;
+        deepseek4's CSA and indexer compressors, whose ratio is the plan's stride)."""
+        from kvphase.engines.taps import GATE_SOFTMAX, gate_softmax_key
 
-        if self.backend.architecture != "glm5-next":
-            raise PlanError(f"--slots through llama.cpp holds glm5-next's k-pool gate slots; {self.backend.architecture} "
-                            "has none it can hold (kvphase-trained gates run on the reference backend)")
-        self.kpool, self.channels = stride, int(self.backend.meta("glm5-next.attention.indexer.key_length") or 0)
-        return self.backend.layers_where(lambda name, layer, t: kpool_weights_layer(t))
+        self.gate, self.stride = GATE_SOFTMAX.get(self.backend.architecture), stride
+        if self.gate is None:
+            raise PlanError(f"--slots through llama.cpp holds the compressor gate slots of {' and '.join(GATE_SOFTMAX)}; "
+                            f"{self.backend.architecture} has none (kvphase-trained gates run on the reference backend)")
+        self.channels = int(self.backend.meta(self.gate.channels_key) or 0) if self.gate.channels_key else 0
+
+        def layer_of(name, layer, t):
+            key = gate_softmax_key(t, self.gate)
+            return None if key is None else key[0]
+
+        return self.backend.layers_where(layer_of)
 
     def check_slots(self, layers: Sequence[int]) -> None:
         return None
 
-    def slot_recorder(self, stride: int, layers: Sequence[int]) -> KPoolSlotRecorder:
-        return KPoolSlotRecorder(self.kpool, self.channels, layers)
+    def slot_recorder(self, stride: int, layers: Sequence[int]) -> GateSlotRecorder:
+        return GateSlotRecorder(self.gate, stride, self.channels, layers)
 
-    def slot_knockout(self, layer: int, phase: int, means: dict) -> KPoolSlotKnockout:
-        return KPoolSlotKnockout(self.kpool, self.channels, layer, phase, means[layer, 0][phase])
+    def slot_knockout(self, layer: int, phase: int, means: dict) -> GateSlotKnockout:
+        weights = {number: table[phase] for (at, number), table in means.items() if at == layer}
+        return GateSlotKnockout(self.gate, self.stride, self.channels, layer, phase, weights)
 
 
 def open_tapped_backend(model_path: Path, n_ctx: int, n_threads: int):
