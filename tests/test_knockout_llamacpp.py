@@ -134,6 +134,8 @@ def test_a_head_nothing_reads_is_a_known_zero_in_each_compressed_architecture(ar
     result = runner.invoke(app, ["knockout", str(model), "--context", "256", "--per-residue", "1",
                                  "--threads", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
+    runs = 2 + len(HEAD_LAYERS[arch]) * N_HEAD[arch]
+    assert f"[1/{runs}] base" in result.output and f"[{runs}/{runs}] L{HEAD_LAYERS[arch][-1]}H" in result.output
     config = json.loads((out / "config.json").read_text())
     assert config["layers"] == HEAD_LAYERS[arch] and config["heads"] == N_HEAD[arch]
     assert config["plan"]["backend"] == "llama.cpp" and config["plan"]["stride"] == 4
@@ -256,7 +258,7 @@ def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tin
     from kvphase.engines.taps import GATE_SOFTMAX
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.gguf.tensors import read_model_tensor
-    from kvphase.probes.activations import DSV4_CAPTURE, _engine_weights
+    from kvphase.probes.activations import captured_node, engine_weights
     from kvphase.probes.gates import find_sources, sum_by_phase
     from kvphase.probes.knockout import GateSlotRecorder
 
@@ -272,13 +274,13 @@ def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tin
 
     tokens = context + query.prompt + query.answer[:-1]  # the query's decode: positions 150 .. 153
     sources = [s for s in find_sources(read_gguf_header(model)) if s.layer == layer]
-    names = ["indexer_gate"] if arch == "glm5-next" else sorted({DSV4_CAPTURE[s.kind] for s in sources})
+    names = sorted({captured_node(arch, s) for s in sources})
     run = run_and_capture(model, tokens, [len(tokens)], by_name(names), EngineSettings(n_ctx=256, n_threads=1))
     info = read_model_info(model)
     assert sorted(means) == [(layer, number) for number in biases]
     for number, tensor in biases.items():
         source = next(s for s in sources if s.tensor == tensor)
-        weights, first = _engine_weights(info, run, source, read_model_tensor(model, tensor))  # (n_windows, W, C)
+        weights, first = engine_weights(info, run, source, read_model_tensor(model, tensor))  # (n_windows, W, C)
         expected = sum_by_phase(weights, first, 4).mean(axis=0)  # (S, C)
         assert len(weights) == 153 // 4 + 1 - 1 and expected.shape == (4, channels)  # windows ending by position 153
         # 1e-4: the scoring context caches in F16 what the capture keeps in F32 (measured up to 1.2e-5)

@@ -239,7 +239,10 @@ def knockout(
     else:
         engine = open_tapped_backend(info.path, n_ctx, threads or os.cpu_count() or 1)
     run_dir = out or Path("reports") / f"{info.short_name}-knockout{'-slots' if slots else ''}"
-    typer.echo(plain(run_knockout(plan, engine, run_dir, info, layer or None, slots), limit=2000))
+    def progress(name: str, number: int, runs: int) -> None:
+        typer.echo(f"[{number}/{runs}] {name}", err=True)
+
+    typer.echo(plain(run_knockout(plan, engine, run_dir, info, layer or None, slots, progress), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 

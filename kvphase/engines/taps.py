@@ -31,7 +31,7 @@ context again under it).
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Protocol
+from typing import Hashable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -70,12 +70,13 @@ def head_output_node(architecture: str) -> str:
 class Tap(Protocol):
     every_decode: bool  # False: query decodes only
 
-    def select(self, name: str, layer: int, t: GgmlTensor) -> int | None:
-        """The layer a node (llama.cpp's name split as `name-layer`) belongs to if the tap wants it, else None."""
+    def select(self, name: str, layer: int, t: GgmlTensor) -> Hashable | None:
+        """A key for a node the tap wants (its layer; (layer, gate number) for gates), else None;
+        `name` and `layer` are llama.cpp's name split as `name-layer`."""
 
-    def update(self, layer: int, array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
-        """The node's values (`tensor_to_numpy`) and the decode's positions; return an array of
-        the same size to write it into the graph, or None to leave the node as computed."""
+    def update(self, key: Hashable, array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        """The selected node's values (`tensor_to_numpy`) and the decode's positions; return an
+        array of the same size to write it into the graph, or None to leave the node as computed."""
 
 
 def as_heads(array: np.ndarray, n_tokens: int, n_head: int) -> np.ndarray:
@@ -127,11 +128,11 @@ class TapPoint:
             if not self.active or self.tap is None:
                 return not ask
             t = t_ptr.contents
-            layer = self.tap.select(*split_name(tensor_name(t)), t)
-            if layer is None or ask:
-                return layer is not None if ask else True
+            key = self.tap.select(*split_name(tensor_name(t)), t)
+            if key is None or ask:
+                return key is not None if ask else True
             array = tensor_to_numpy(t)
-            changed = self.tap.update(layer, array, self.positions)
+            changed = self.tap.update(key, array, self.positions)
             if changed is not None:
                 numpy_to_tensor(np.asarray(changed).reshape(array.shape), t)
             return True
@@ -166,5 +167,5 @@ class NodeFinder:
             self.layers.add(found)
         return None
 
-    def update(self, layer, array, positions) -> None:
+    def update(self, key, array, positions) -> None:
         return None

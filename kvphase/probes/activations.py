@@ -115,6 +115,11 @@ DSV4_CAPTURE = {"csa-compressor": "csa_state_score_ape", "csa-indexer": "lid_sta
                 "hca-compressor": "hca_state_score_ape"}  # gate source -> llama.cpp's node of gate + ape
 
 
+def captured_node(architecture: str, source: GateSource) -> str:
+    """The llama.cpp node whose values `engine_weights` pools for this gate source."""
+    return "indexer_gate" if architecture == "glm5-next" else DSV4_CAPTURE[source.kind]
+
+
 def engine_windows(info, contexts: Sequence[Sequence[int]], sources: Sequence[GateSource], n_threads: int) -> pd.DataFrame:
     """glm5-next and deepseek4: each context through llama.cpp with the gate nodes captured,
     pooled as `KPool.pool_weights` / `DSV4.pool_weights` pool them."""
@@ -122,26 +127,26 @@ def engine_windows(info, contexts: Sequence[Sequence[int]], sources: Sequence[Ga
     from kvphase.gguf.tensors import read_model_tensor
 
     apes = {s.tensor: read_model_tensor(info.path, s.tensor) for s in sources}  # (S, C) each
-    names = ["indexer_gate"] if info.architecture == "glm5-next" else sorted({DSV4_CAPTURE[s.kind] for s in sources})
+    names = sorted({captured_node(info.architecture, s) for s in sources})
     frames = []
     for index, tokens in enumerate(contexts):
         split = [min(MAX_CAPTURE_BATCH, len(tokens) - i) for i in range(0, len(tokens), MAX_CAPTURE_BATCH)]
         run = run_and_capture(info.path, list(tokens), split, by_name(names),
                               EngineSettings(n_ctx=len(tokens), n_threads=n_threads))
         for source in sources:
-            weights, first = _engine_weights(info, run, source, apes[source.tensor])  # (n_windows, W, C), (n_windows,)
+            weights, first = engine_weights(info, run, source, apes[source.tensor])  # (n_windows, W, C), (n_windows,)
             frames.append(window_rows(sum_by_phase(weights, first, source.stride), first, source.layer, source.kind,
                                       0, index))
     return pd.concat(frames, ignore_index=True)
 
 
-def _engine_weights(info, run, source: GateSource, ape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def engine_weights(info, run, source: GateSource, ape: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One source's pool weights on one captured run, and the position of each window's row 0."""
     from kvphase.designs.dsv4 import DSV4
     from kvphase.designs.kpool import KPool
 
     width = ape.shape[-1]
-    name = "indexer_gate" if info.architecture == "glm5-next" else DSV4_CAPTURE[source.kind]
+    name = captured_node(info.architecture, source)
     rows = np.concatenate([run.get(name, source.layer, u.index).reshape(-1, width) for u in run.ubatches])  # (n, C)
     if info.architecture == "glm5-next":
         design = KPool(kpool=source.stride, top_k=source.stride)  # top_k plays no part in the weights

@@ -36,7 +36,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -112,10 +112,13 @@ class HeadTap:
     every_decode = False
 
     def __init__(self, node: str, n_head: int, layers: Sequence[int] | None = None):
-        self.node, self.n_head, self.layers = node, n_head, None if layers is None else set(layers)
+        from kvphase.engines.taps import named
+
+        self.locate, self.n_head, self.layers = named(node), n_head, None if layers is None else set(layers)
 
     def select(self, name: str, layer: int, t) -> int | None:
-        return layer if name == self.node and (self.layers is None or layer in self.layers) else None
+        found = self.locate(name, layer, t)
+        return found if found is not None and (self.layers is None or found in self.layers) else None
 
     def update(self, layer: int, array: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
         from kvphase.engines.taps import as_heads
@@ -362,8 +365,9 @@ def component_run(layer: int, index: int, slots: bool = False) -> str:
 
 
 def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence[int] | None = None,
-                 slots: bool = False) -> str:
-    """Score `plan` on the model, then once per knocked-out head (or gate slot); write the folder and its report."""
+                 slots: bool = False, progress: Callable[[str, int, int], None] | None = None) -> str:
+    """Score `plan` on the model, then once per knocked-out head (or gate slot); write the folder
+    and its report. `progress(run name, its number, number of runs)` is called before each sweep."""
     from kvphase.probes import folder
     from kvphase.sweep.run import execute_sweep
 
@@ -380,9 +384,13 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
                                   "heads": heads.n_head, "slots": slots},
                         [MEANS_FILE, GATE_MEANS_FILE, EFFECTS_FILE, FIGURE_FILE])
     knockouts = _slot_knockouts if slots else _head_knockouts
+    step, total = progress or (lambda name, number, runs: None), 2 + len(chosen) * (plan.stride if slots else heads.n_head)
+    step(BASE_RUN, 1, total)
     execute_sweep(plan, backend, run_dir / BASE_RUN, info)
+    step(CALIBRATION_RUN, 2, total)  # the knockouts calibrate (or read the saved means) before their first
     try:
-        for name, hook in knockouts(plan, heads, run_dir, info, chosen):
+        for number, (name, hook) in enumerate(knockouts(plan, heads, run_dir, info, chosen), start=3):
+            step(name, number, total)
             heads.install(hook)
             execute_sweep(plan, backend, run_dir / name, info)
     finally:
