@@ -53,16 +53,31 @@ def window_rows(shares: np.ndarray, first_positions: np.ndarray, layer: int, sou
         "entropy_bits": entropy_bits(shares).ravel().round(6)})
 
 
-class GateRecorder:
+class RunningMeans:
+    """Arrays summed per key over the rows (query rows, windows) seen; `means` divides by their count."""
+
+    def __init__(self):
+        self.sums: dict = {}  # key (a layer; (layer, gate)) -> e.g. (n_head, head_dim) or (S, channels)
+        self.rows: dict = {}
+
+    def add(self, key, total: np.ndarray, n_rows: int) -> None:
+        """total: the sum over `n_rows` rows."""
+        self.sums[key] = self.sums.get(key, 0.0) + total
+        self.rows[key] = self.rows.get(key, 0) + n_rows
+
+    def means(self) -> dict:
+        return {key: total / self.rows[key] for key, total in self.sums.items()}
+
+
+class GateRecorder(RunningMeans):
     """The inner policy, unchanged, recording the pool weights of every window a forward
     pass completes, for the gated (layer, head)s of `layers`."""
 
     def __init__(self, inner, stride: int, layers: Sequence[int], source: str = "trained-gated", keep_rows: bool = True):
+        super().__init__()
         self.inner, self.stride, self.layers, self.source = inner, stride, set(layers), source
         self.context, self.keep_rows = 0, keep_rows
         self.frames: list[pd.DataFrame] = []
-        self.sums: dict[tuple[int, int], np.ndarray] = {}  # (layer, head) -> (S, head_dim) summed phase shares
-        self.windows: dict[tuple[int, int], int] = {}
 
     def begin(self, context: Sequence[int]):
         return self.inner.begin(context) if hasattr(self.inner, "begin") else None
@@ -84,14 +99,9 @@ class GateRecorder:
         weights = design.pool_weights(keys[:, None][members])[:, :, 0]  # (n_new, W, head_dim)
         first = layout.first_positions(n_windows)[new]  # (n_new,)
         shares = sum_by_phase(weights, first, self.stride)  # (n_new, S, head_dim)
-        self.sums[layer, head] = self.sums.get((layer, head), 0.0) + shares.sum(axis=0)
-        self.windows[layer, head] = self.windows.get((layer, head), 0) + len(new)
+        self.add((layer, head), shares.sum(axis=0), len(new))  # means: (layer, head) -> (S, head_dim)
         if self.keep_rows:
             self.frames.append(window_rows(shares, first, layer, self.source, head, self.context))
-
-    def means(self) -> dict[tuple[int, int], np.ndarray]:
-        """(layer, head) -> the mean weight of each phase per channel over every recorded window: (S, head_dim)."""
-        return {key: total / self.windows[key] for key, total in self.sums.items()}
 
 
 def reference_windows(backend, contexts: Sequence[Sequence[int]], sources: Sequence[GateSource]) -> pd.DataFrame:

@@ -43,6 +43,7 @@ import pandas as pd
 
 from kvphase.designs import GatedPool, GatedTopK
 from kvphase.errors import PlanError, RunFolderError
+from kvphase.probes.activations import RunningMeans
 from kvphase.sweep.plan import SweepPlan
 
 BASE_RUN, CALIBRATION_RUN = "base", "calibration"
@@ -51,23 +52,7 @@ CALIBRATION_SEED_OFFSET = 1000  # the calibration plan's seed is the sweep's plu
 Z95 = 1.959964
 
 
-class HeadSums:
-    """Every head's output summed over the rows seen, per layer; `means` divides by the rows."""
-
-    def __init__(self):
-        self.sums: dict[int, np.ndarray] = {}  # layer -> (n_head, head_dim)
-        self.rows: dict[int, int] = {}
-
-    def add(self, layer: int, by_head: np.ndarray, n_rows: int) -> None:
-        """by_head: (n_head, head_dim), the sum over `n_rows` rows."""
-        self.sums[layer] = self.sums.get(layer, 0.0) + by_head
-        self.rows[layer] = self.rows.get(layer, 0) + n_rows
-
-    def means(self) -> dict[int, np.ndarray]:
-        return {layer: total / self.rows[layer] for layer, total in self.sums.items()}  # layer -> (n_head, head_dim)
-
-
-class HeadRecorder(HeadSums):
+class HeadRecorder(RunningMeans):
     """The inner policy, unchanged, summing every head's output over the rows at positions
     `from_position` and later (the query rows when that is the context length)."""
 
@@ -129,12 +114,12 @@ class HeadTap:
         raise NotImplementedError
 
 
-class TapRecorder(HeadTap, HeadSums):
+class TapRecorder(HeadTap, RunningMeans):
     """Sums every head's output over the query rows."""
 
     def __init__(self, node: str, n_head: int):
         HeadTap.__init__(self, node, n_head)
-        HeadSums.__init__(self)
+        RunningMeans.__init__(self)
 
     def on_heads(self, layer: int, heads: np.ndarray) -> None:
         self.add(layer, heads.sum(axis=0, dtype=np.float64), heads.shape[0])  # heads: (n_tokens, n_head, head_dim)
@@ -177,14 +162,13 @@ class GateSlotTap:
         raise NotImplementedError
 
 
-class GateSlotRecorder(GateSlotTap):
+class GateSlotRecorder(GateSlotTap, RunningMeans):
     """Sums each phase's weight per channel over the windows each decode completes: `means`,
     (layer, gate number) -> (S, channels)."""
 
     def __init__(self, gate, stride: int, channels: int, layers: Sequence[int]):
-        super().__init__(gate, stride, channels, layers)
-        self.sums: dict[tuple[int, int], np.ndarray] = {}
-        self.windows: dict[tuple[int, int], int] = {}
+        GateSlotTap.__init__(self, gate, stride, channels, layers)
+        RunningMeans.__init__(self)
 
     def on_windows(self, key, windows: np.ndarray, positions: np.ndarray) -> None:
         from kvphase.engines.taps import completed_windows
@@ -195,11 +179,7 @@ class GateSlotRecorder(GateSlotTap):
             return
         done = windows[-n_new:] if self.gate.completed_last else windows[:n_new]  # (n_new, channels, slots)
         shares = sum_by_phase(done.transpose(0, 2, 1), np.zeros(n_new, int), self.stride)  # (n_new, S, channels)
-        self.sums[key] = self.sums.get(key, 0.0) + shares.sum(axis=0, dtype=np.float64)
-        self.windows[key] = self.windows.get(key, 0) + n_new
-
-    def means(self) -> dict[tuple[int, int], np.ndarray]:
-        return {key: total / self.windows[key] for key, total in self.sums.items()}
+        self.add(key, shares.sum(axis=0, dtype=np.float64), n_new)
 
 
 class GateSlotKnockout(GateSlotTap):
