@@ -196,12 +196,13 @@ def knockout(
     per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group in every sweep; "
                                               "default 8, 64 for a trained model."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
-    layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads (repeatable); default every layer "
-                                              "with attention heads."),
+    layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads or gate (repeatable); default every "
+                                              "layer that has them."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-knockout."),
     slots: bool = typer.Option(False, "--slots", help="Knock out the gate's phase slots (each phase's weight held "
-                               "at its mean) instead of heads: a kvphase-trained gate, or glm5-next's k-pool gate."),
+                               "at its mean) instead of heads: a kvphase-trained gate, glm5-next's k-pool gate or "
+                               "deepseek4's CSA and indexer compressors."),
     backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (taps on llama.cpp's graph), "
                                 "or auto: reference for kvphase-trained models, else llama.cpp."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
