@@ -1,5 +1,5 @@
 """Knockouts inside llama.cpp's graph (taps on each layer's per-head attention output and on
-glm5-next's k-pool gate weights): equal to the numpy reference's on a model both run, a head
+the compressor gate weights of glm5-next and deepseek4): equal to the numpy reference's on a model both run, a head
 nothing reads and a content-free gate are known zeros, and bad input is one line."""
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
     glm = tiny_models / "glm5-next.gguf"
     cases = [
         (["knockout", str(glm), "--layer", "1"], "--layer must be one of 0, 2 (the layers with attention heads), got [1]"),
-        (["knockout", str(glm), "--slots", "--layer", "1"], "--layer must be one of 0, 2 (the layers with a k-pool gate)"),
+        (["knockout", str(glm), "--slots", "--layer", "1"], "--layer must be one of 0, 2 (the layers with a per-phase gate)"),
         (["knockout", str(tiny_models / "minimax-m3.gguf"), "--slots"], "minimax-m3 has none"),
         (["knockout", str(glm), "--backend", "vllm"], "unknown backend 'vllm'"),
         (["knockout", str(glm), "--threads", "0"], "--threads must be from 1"),

@@ -237,7 +237,7 @@ class PolicyHeads:
 class EngineHeads:
     """The components of a model in llama.cpp: hooks are taps on its graph, on each layer's
     head-output node at query decodes (the rows at the context length and later), or on
-    glm5-next's k-pool gate weights at every decode (gate slots)."""
+    the compressor gate weights (`taps.GATE_SOFTMAX`) at every decode (gate slots)."""
 
     def __init__(self, backend):
         from kvphase.engines.taps import named
@@ -356,7 +356,7 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
     available = heads.slot_layers(plan.stride) if slots else heads.layers
     chosen = sorted(set(layers)) if layers else available
     if not set(chosen) <= set(available):
-        raise PlanError(f"--layer must be {_layer_range(available, 'a k-pool gate' if slots else 'attention heads')}, "
+        raise PlanError(f"--layer must be {_layer_range(available, 'a per-phase gate' if slots else 'attention heads')}, "
                         f"got {sorted(chosen)}")
     if slots:
         heads.check_slots(chosen)
