@@ -190,7 +190,7 @@ def parse_options(pairs: list[str]) -> dict:
 
 def refuse_trained_compressor(info) -> None:
     """PlanError for a kvphase-trained model whose compressor llama.cpp cannot run."""
-    if info.trained is not None and info.compression.compressed:
+    if info.trained is not None and info.compression.compressed and not info.trained.in_engine_layout:
         raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
                         "cannot run; use --backend reference (the default for it)")
 

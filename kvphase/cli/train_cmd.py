@@ -10,21 +10,24 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kvphase.cli import app
-from kvphase.train.config import TrainConfig
+from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
 
 
 @app.command()
 def train(
-    design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool."),
+    design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool (gpt2 files the reference runs); "
+                                 "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs)."),
     out: Optional[Path] = typer.Argument(None, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
     stride: int = typer.Option(TrainConfig.stride, help="S: tokens per pooled entry."),
     layers: int = typer.Option(TrainConfig.layers, help="Transformer blocks."),
-    heads: int = typer.Option(TrainConfig.heads, help="Attention heads (each has its own compressor offset)."),
+    heads: Optional[int] = typer.Option(None, help="Attention heads (each has its own compressor offset); default "
+                                       f"{TrainConfig.heads}, {LAYOUT_DEFAULTS['deepseek4']['heads']} for the csa designs."),
     d_model: int = typer.Option(TrainConfig.d_model, "--d-model", help="Width of the residual stream."),
     context: int = typer.Option(TrainConfig.context, help="Tokens before the questions (the sweep's default --context)."),
     records: int = typer.Option(TrainConfig.records, help="Key value records in each training context."),
     queries: int = typer.Option(TrainConfig.queries, help="Questions after the context of every training sequence."),
-    steps: int = typer.Option(TrainConfig.steps, help="Optimisation steps."),
+    steps: Optional[int] = typer.Option(None, help=f"Optimisation steps; default {TrainConfig.steps}, "
+                                       f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa designs."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
     eval_every: int = typer.Option(TrainConfig.eval_every, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
     stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),
@@ -39,7 +42,7 @@ def train(
     from kvphase.train.report import build_training_report, headline
     from kvphase.train.run import MODEL_FILE, default_train_dir, train as run_training
 
-    config = TrainConfig(design=design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
+    config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
                          local_window=local_window, top_k=top_k, batch=batch, lr=lr)
     out = out or default_train_dir(config)

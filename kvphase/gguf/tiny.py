@@ -220,62 +220,87 @@ def minimax_m3_spec() -> TinySpec:
 # --------------------------------------------------------------------------- deepseek4
 
 
-def deepseek4_spec() -> TinySpec:
-    """DeepSeek-V4 layout: three layers with compress ratios 0, 4 (CSA + lightning indexer) and 128 (HCA).
+@dataclass(frozen=True)
+class DSV4Layout:
+    """The sizes and switches of a deepseek4 file; the defaults are the tiny random model's."""
+
+    n_embd: int = 32
+    n_head: int = 2
+    head_dim: int = 64
+    n_rot: int = 16
+    q_lora: int = 32
+    o_groups: int = 2
+    o_lora: int = 16
+    n_idx_head: int = 2
+    n_idx: int = 64  # the smallest indexer key length its Hadamard rotation accepts
+    idx_top_k: int = 4
+    n_expert: int = 4
+    n_used: int = 2
+    n_ff_exp: int = 16
+    ratios: tuple[int, ...] = (0, 4, 128)
+    sliding_window: int = 8
+    rope_base: float = 10000.0
+    compress_rope_base: float = 160000.0
+    expert_weights_scale: float = 1.5
+    swiglu_clamp: float = 10.0
+    hc_iterations: int = 3
+    hc_eps: float = 1e-6
+
+
+def deepseek4_spec(layout: DSV4Layout = DSV4Layout()) -> TinySpec:
+    """DeepSeek-V4 layout; the tiny model has three layers with compress ratios 0, 4 (CSA +
+    lightning indexer) and 128 (HCA).
 
     Follows `llama_model_deepseek4::load_arch_hparams/load_arch_tensors`. Every layer is
-    MoE with sqrt-softplus gating (gating function 4); the indexer key length is 64, the
-    smallest the Hadamard rotation of the indexer accepts.
+    MoE with sqrt-softplus gating (gating function 4). `kvphase train`'s deepseek4 export
+    writes its weights into this same spec (kvphase/train/export_deepseek4.py).
     """
     s = TinySpec("deepseek4")
-    n_embd, n_head, head_dim, n_rot, hc = 32, 2, 64, 16, 4
-    q_lora, o_groups, o_lora = 32, 2, 16
-    n_idx_head, n_idx = 2, 64
-    n_expert, n_used, n_ff_exp = 4, 2, 16
-    ratios = [0, 4, 128]
-    _common(s, n_embd, len(ratios))
-    s.key("attention.head_count", n_head)
+    L, hc = layout, 4
+    _common(s, L.n_embd, len(L.ratios))
+    s.key("attention.head_count", L.n_head)
     s.key("attention.head_count_kv", 1)
-    s.key("attention.key_length", head_dim)
-    s.key("attention.value_length", head_dim)
-    s.key("rope.dimension_count", n_rot)
-    s.key("rope.freq_base", 10000.0)
-    s.key("attention.q_lora_rank", q_lora)
-    s.key("attention.sliding_window", 8)
-    s.key("attention.output_group_count", o_groups)
-    s.key("attention.output_lora_rank", o_lora)
-    s.key("attention.compress_rope_freq_base", 160000.0)
-    s.key("attention.compress_ratios", ratios)
-    s.key("attention.indexer.head_count", n_idx_head)
-    s.key("attention.indexer.key_length", n_idx)
-    s.key("attention.indexer.top_k", 4)
-    s.key("expert_count", n_expert)
-    s.key("expert_used_count", n_used)
-    s.key("expert_feed_forward_length", n_ff_exp)
+    s.key("attention.key_length", L.head_dim)
+    s.key("attention.value_length", L.head_dim)
+    s.key("rope.dimension_count", L.n_rot)
+    s.key("rope.freq_base", L.rope_base)
+    s.key("attention.q_lora_rank", L.q_lora)
+    s.key("attention.sliding_window", L.sliding_window)
+    s.key("attention.output_group_count", L.o_groups)
+    s.key("attention.output_lora_rank", L.o_lora)
+    s.key("attention.compress_rope_freq_base", L.compress_rope_base)
+    s.key("attention.compress_ratios", list(L.ratios))
+    s.key("attention.indexer.head_count", L.n_idx_head)
+    s.key("attention.indexer.key_length", L.n_idx)
+    s.key("attention.indexer.top_k", L.idx_top_k)
+    s.key("expert_count", L.n_expert)
+    s.key("expert_used_count", L.n_used)
+    s.key("expert_feed_forward_length", L.n_ff_exp)
     s.key("expert_shared_count", 1)
     s.key("expert_gating_func", 4)  # sqrt-softplus, the only one the loader accepts
     s.key("expert_weights_norm", True)
-    s.key("expert_weights_scale", 1.5)
-    s.key("swiglu_clamp_exp", 10.0)
+    s.key("expert_weights_scale", L.expert_weights_scale)
+    s.key("swiglu_clamp_exp", L.swiglu_clamp)
     s.key("hyper_connection.count", hc)
-    s.key("hyper_connection.sinkhorn_iterations", 3)
-    s.key("hyper_connection.epsilon", 1e-6)
+    s.key("hyper_connection.sinkhorn_iterations", L.hc_iterations)
+    s.key("hyper_connection.epsilon", L.hc_eps)
     s.key("hash_layer_count", 0)
-    s.tensor("output_hc_fn.weight", (hc * n_embd, hc))
+    s.tensor("output_hc_fn.weight", (hc * L.n_embd, hc))
     s.tensor("output_hc_base.weight", (hc,), "small")
     s.tensor("output_hc_scale.weight", (1,), "ones")
-    for i, ratio in enumerate(ratios):
+    n_embd, n_head, head_dim = L.n_embd, L.n_head, L.head_dim
+    for i, ratio in enumerate(L.ratios):
         s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
         s.tensor(f"blk.{i}.ffn_norm.weight", (n_embd,), "ones")
         s.tensor(f"blk.{i}.attn_sinks.weight", (n_head,), "small")
-        s.tensor(f"blk.{i}.attn_q_a.weight", (n_embd, q_lora))
-        s.tensor(f"blk.{i}.attn_q_a_norm.weight", (q_lora,), "ones")
-        s.tensor(f"blk.{i}.attn_q_b.weight", (q_lora, n_head * head_dim))
+        s.tensor(f"blk.{i}.attn_q_a.weight", (n_embd, L.q_lora))
+        s.tensor(f"blk.{i}.attn_q_a_norm.weight", (L.q_lora,), "ones")
+        s.tensor(f"blk.{i}.attn_q_b.weight", (L.q_lora, n_head * head_dim))
         s.tensor(f"blk.{i}.attn_kv.weight", (n_embd, head_dim))
         s.tensor(f"blk.{i}.attn_kv_a_norm.weight", (head_dim,), "ones")
         # stored 2-D, the loader reshapes to (n_head*head_dim/o_groups, o_lora, o_groups)
-        s.tensor(f"blk.{i}.attn_output_a.weight", (n_head * head_dim // o_groups, o_lora * o_groups))
-        s.tensor(f"blk.{i}.attn_output_b.weight", (o_groups * o_lora, n_embd))
+        s.tensor(f"blk.{i}.attn_output_a.weight", (n_head * head_dim // L.o_groups, L.o_lora * L.o_groups))
+        s.tensor(f"blk.{i}.attn_output_b.weight", (L.o_groups * L.o_lora, n_embd))
         _hyper_connections(s, i, n_embd, hc)
         if ratio:
             coff = 2 if ratio == 4 else 1  # ratio-4 windows overlap: two halves per entry
@@ -284,14 +309,14 @@ def deepseek4_spec() -> TinySpec:
             s.tensor(f"blk.{i}.attn_compressor_ape.weight", (coff * head_dim, ratio), "ape")
             s.tensor(f"blk.{i}.attn_compressor_norm.weight", (head_dim,), "ones")
         if ratio == 4:
-            s.tensor(f"blk.{i}.indexer.proj.weight", (n_embd, n_idx_head))
-            s.tensor(f"blk.{i}.indexer.attn_q_b.weight", (q_lora, n_idx_head * n_idx))
-            s.tensor(f"blk.{i}.indexer_compressor_kv.weight", (n_embd, 2 * n_idx))
-            s.tensor(f"blk.{i}.indexer_compressor_gate.weight", (n_embd, 2 * n_idx))
-            s.tensor(f"blk.{i}.indexer_compressor_ape.weight", (2 * n_idx, ratio), "ape")
-            s.tensor(f"blk.{i}.indexer_compressor_norm.weight", (n_idx,), "ones")
-        _moe_ffn(s, i, n_embd, n_ff_exp, n_expert, 1)
-        s.tensor(f"blk.{i}.exp_probs_b.bias", (n_expert,), "small")
+            s.tensor(f"blk.{i}.indexer.proj.weight", (n_embd, L.n_idx_head))
+            s.tensor(f"blk.{i}.indexer.attn_q_b.weight", (L.q_lora, L.n_idx_head * L.n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_kv.weight", (n_embd, 2 * L.n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_gate.weight", (n_embd, 2 * L.n_idx))
+            s.tensor(f"blk.{i}.indexer_compressor_ape.weight", (2 * L.n_idx, ratio), "ape")
+            s.tensor(f"blk.{i}.indexer_compressor_norm.weight", (L.n_idx,), "ones")
+        _moe_ffn(s, i, n_embd, L.n_ff_exp, L.n_expert, 1)
+        s.tensor(f"blk.{i}.exp_probs_b.bias", (L.n_expert,), "small")
     return s
 
 

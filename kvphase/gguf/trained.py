@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from kvphase.gguf.header import Metadata
 
 TRAINED_PREFIX = "kvphase.trained."
-TRAINED_DESIGNS = ("dense", "gated", "meanpool", "kpool")
+GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
+DEEPSEEK4_DESIGNS = ("csa", "csa-disjoint", "csa-dense")  # deepseek4's own layout: llama.cpp runs them
+TRAINED_DESIGNS = GPT2_DESIGNS + DEEPSEEK4_DESIGNS
 
 
 @dataclass(frozen=True)
 class TrainedSpec:
     """The `kvphase.trained.*` keys of a trained model."""
 
-    design: str  # "dense", "gated", "meanpool" or "kpool"
+    design: str  # one of TRAINED_DESIGNS
     stride: int  # S
     local_window: int  # exact recent tokens
     top_k: int  # kpool: windows read per query
@@ -23,6 +25,15 @@ class TrainedSpec:
     context: int  # tokens before the question in training: the sweep's default --context
     task: str  # prompts/<task>.toml the model was trained on
     steps: int  # optimisation steps done
+
+    @property
+    def in_engine_layout(self) -> bool:
+        """The file is an architecture llama.cpp runs whole, compressor included."""
+        return self.design in DEEPSEEK4_DESIGNS
+
+    @property
+    def compressed(self) -> bool:
+        return self.design not in ("dense", "csa-dense")
 
 
 def read_trained_spec(meta: Metadata, n_layer: int, n_head: int) -> TrainedSpec | None:

@@ -6,12 +6,17 @@ from kvphase.reference.policy import CompressedAttention, PostHocKPool, make_pol
 
 def open_model(path, policy=None):
     """The reference model for a file: `GPT2` for gpt2 files (kvphase's trained models, under
-    the compressor the file declares unless `policy` is given), `Transformer` otherwise."""
+    the compressor the file declares unless `policy` is given), `DeepSeek4` for deepseek4 files
+    in the minimal configuration (`kvphase train csa`), `Transformer` otherwise."""
     from kvphase.gguf.header import read_gguf_header
+    from kvphase.reference.deepseek4 import DeepSeek4
     from kvphase.reference.gpt2 import GPT2
     from kvphase.reference.trained import trained_policy
 
-    if read_gguf_header(path).fields.get("general.architecture") != "gpt2":
+    arch = read_gguf_header(path).fields.get("general.architecture")
+    if arch == "deepseek4":
+        return DeepSeek4.from_gguf(path, policy=policy)
+    if arch != "gpt2":
         return Transformer.from_gguf(path, policy=policy)
     return GPT2.from_gguf(path, policy=policy if policy is not None else trained_policy(path))
 

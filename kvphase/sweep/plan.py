@@ -72,11 +72,12 @@ class SweepDefaults:
     @classmethod
     def for_model(cls, info) -> SweepDefaults:
         """A `kvphase train` model is swept as it was trained: its context, its task, gaps between
-        records (in-sequence), and its own compressor through the reference backend."""
+        records (in-sequence), and its own compressor: through llama.cpp where the file is an
+        engine's own layout (or the dense control), else through the reference backend."""
         trained = info.trained
         if trained is None:
             return cls()
-        compressed = trained.design != "dense"
+        in_llamacpp = trained.in_engine_layout or not trained.compressed
         return cls(context=trained.context, per_residue=TRAINED_PER_RESIDUE,
                    task=trained.task, padding="in-sequence",
-                   backend="reference" if compressed else "llama.cpp", design="trained")
+                   backend="llama.cpp" if in_llamacpp else "reference", design="trained")

@@ -24,9 +24,8 @@ from kvphase.train.vocab import WordVocab
 
 
 def metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
-    """Architecture, tokenizer and compressor keys of a trained model."""
+    """Architecture, tokenizer and compressor keys of a trained gpt2 model."""
     return {
-        "general.name": f"kvphase-{config.design}-S{config.stride}-seed{config.seed}",
         "gpt2.context_length": config.n_positions,
         "gpt2.embedding_length": config.d_model,
         "gpt2.feed_forward_length": 4 * config.d_model,
@@ -34,6 +33,14 @@ def metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
         "gpt2.attention.head_count": config.heads,
         "gpt2.attention.head_count_kv": config.heads,
         "gpt2.attention.layer_norm_epsilon": LN_EPS,
+        **shared_metadata(config, vocab, step),
+    }
+
+
+def shared_metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
+    """The keys every layout's export writes: name, word-level tokenizer, `kvphase.trained.*`."""
+    return {
+        "general.name": f"kvphase-{config.design}-S{config.stride}-seed{config.seed}",
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "gpt-2",
         "tokenizer.ggml.tokens": list(vocab.tokens),
@@ -90,12 +97,19 @@ def tensors(params: dict, config: TrainConfig) -> list[tuple[str, np.ndarray]]:
 
 
 def export_gguf(path: str | Path, params: dict, config: TrainConfig, vocab: WordVocab, step: int) -> Path:
-    """Write the model to `path` (atomically: a temporary file renamed into place)."""
+    """Write the model to `path` in its layout (atomically: a temporary file renamed into place)."""
+    if config.layout == "deepseek4":
+        from kvphase.train.export_deepseek4 import deepseek4_file
+
+        arch, keys, weights = deepseek4_file(params, config, vocab, step)
+    else:
+        arch, keys, weights = "gpt2", metadata(config, vocab, step), tensors(params, config)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        write_gguf(tmp, "gpt2", metadata(config, vocab, step), tensors(params, config))
+        write_gguf(tmp, arch, keys, weights)
         tmp.replace(path)
     except OSError as exc:
+        tmp.unlink(missing_ok=True)
         raise PlanError(f"cannot write the model to {path}: {exc.strerror or exc}") from None
     return path

@@ -64,10 +64,8 @@ class Trainer:
     @classmethod
     def new(cls, config: TrainConfig) -> Trainer:
         require_jax()
-        from kvphase.train.model import init_params
-
         data = PairData.of(config)
-        params = init_params(config, len(data.vocab), config.seed)
+        params = model_of(config).init_params(config, len(data.vocab), config.seed)
         return cls(config, data, params, optimizer(config).init(params))
 
     # -- one step ---------------------------------------------------------------------
@@ -143,6 +141,17 @@ class Trainer:
         self.step = step
 
 
+def model_of(config: TrainConfig):
+    """The JAX module of the config's layout: `csa` (deepseek4's own) or `model` (gpt2 + kvphase's gate)."""
+    if config.layout == "deepseek4":
+        from kvphase.train import csa
+
+        return csa
+    from kvphase.train import model
+
+    return model
+
+
 def optimizer(config: TrainConfig):
     import optax
 
@@ -155,10 +164,8 @@ def _answer_stats(params, tokens, starts, answers, config: TrainConfig):
     import jax
     import jax.numpy as jnp
 
-    from kvphase.train.model import query_logits
-
     rows = config.context + 2 * np.arange(config.queries)
-    logits, aux = query_logits(params, tokens, jnp.asarray(starts), rows, config)  # (B, Q, V)
+    logits, aux = model_of(config).query_logits(params, tokens, jnp.asarray(starts), rows, config)  # (B, Q, V)
     logp = jax.nn.log_softmax(logits, axis=-1)  # (B, Q, V)
     answer_logp = jnp.take_along_axis(logp, answers[..., None], axis=-1)[..., 0]  # (B, Q)
     return answer_logp, logits.argmax(-1) == answers, aux

@@ -1,0 +1,189 @@
+"""A numpy DeepSeek-V4 for the files `kvphase train csa` exports, independent of its JAX mirror.
+
+It runs deepseek4 files in the minimal configuration (../shared/notes/llama-cpp-minimal-configs.md):
+hyper-connections that are exact identities (every `hc_*_fn` zero), one routed expert beside
+the shared one, layers at compress ratio 0 or 4, an indexer top-k that keeps every block,
+one output group, no RoPE scaling. Anything else is refused, not approximated. The
+compressor and the window are `kvphase.designs.DSV4` (the code `kvphase validate` proves
+equal to llama.cpp's); the rest follows `build_attention_impl` in src/models/deepseek4.cpp.
+
+Each call runs the whole sequence again (the cache is the token list): the models it is
+for are a few hundred kilobytes and their contexts under a few hundred tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from kvphase.designs.dsv4 import CSA_RATIO, DSV4, rms_norm, rope
+from kvphase.designs.windows import softmax
+from kvphase.errors import ModelFileError
+from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.tensors import tensor_array
+
+ARCH = "deepseek4"
+
+
+@dataclass(frozen=True)
+class DSV4Config:
+    n_layer: int
+    n_head: int  # query heads; one K = V head of head_dim
+    head_dim: int
+    n_rot: int  # last channels of a head that RoPE turns (NORM mode)
+    n_swa: int  # sliding window, the query included
+    ratios: tuple[int, ...]  # per layer: 0 (window only) or 4 (CSA)
+    rope_base: float  # rope.freq_base (ratio-0 layers)
+    compress_rope_base: float  # compress_rope_freq_base (ratio-4 layers)
+    norm_eps: float
+    n_ctx_train: int
+
+    @classmethod
+    def from_meta(cls, meta: Metadata) -> DSV4Config:
+        n_layer = meta.integer(f"{ARCH}.block_count", low=1)
+        ratios = meta.integers(f"{ARCH}.attention.compress_ratios", [])
+        ratios = ratios * n_layer if len(ratios) == 1 else ratios[:n_layer]
+        if any(r not in (0, CSA_RATIO) for r in ratios):
+            raise ModelFileError(f"the reference runs deepseek4 layers at compress ratio 0 or 4, found {ratios}")
+        if meta.get(f"{ARCH}.rope.scaling.type", "none") not in ("none",):
+            raise ModelFileError("the deepseek4 reference runs files without RoPE scaling")
+        for key, want in (("expert_count", 1), ("attention.output_group_count", 1), ("attention.head_count_kv", 1),
+                          ("expert_weights_scale", 1.0), ("swiglu_clamp_exp", 0.0), ("hyper_connection.epsilon", 0.0)):
+            if meta.get(f"{ARCH}.{key}") != want:
+                raise ModelFileError(f"the deepseek4 reference needs {ARCH}.{key} = {want} (the minimal configuration "
+                                     f"kvphase train exports), found {meta.get(f'{ARCH}.{key}')}")
+        return cls(
+            n_layer=n_layer, n_head=meta.integer(f"{ARCH}.attention.head_count", low=1),
+            head_dim=meta.integer(f"{ARCH}.attention.key_length", low=1),
+            n_rot=meta.integer(f"{ARCH}.rope.dimension_count", 0),
+            n_swa=meta.integer(f"{ARCH}.attention.sliding_window", low=1), ratios=tuple(ratios),
+            rope_base=meta.number(f"{ARCH}.rope.freq_base", 10000.0),
+            compress_rope_base=meta.number(f"{ARCH}.attention.compress_rope_freq_base"),
+            norm_eps=meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon"),
+            n_ctx_train=meta.integer(f"{ARCH}.context_length", low=1),
+        )
+
+
+class TokenCache:
+    """The sequence so far; `truncate(n)` rolls it back to its first n tokens."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        if not 0 <= n <= self.n:
+            raise ValueError(f"cannot roll the cache back to {n} tokens, it holds {self.n}")
+        del self.tokens[n:]
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> tuple[DSV4Config, dict[str, np.ndarray]]:
+    header = read_gguf_header(path)
+    meta = Metadata(header)
+    if meta.text("general.architecture") != ARCH:
+        raise ModelFileError(f"{path} is not a {ARCH} file")
+    config = DSV4Config.from_meta(meta)
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    weights = {t.name: tensor_array(raw, t) for t in header.tensors if "indexer" not in t.name}
+    top_k = meta.integer(f"{ARCH}.attention.indexer.top_k", 0)
+    if CSA_RATIO in config.ratios and top_k < config.n_ctx_train // CSA_RATIO:
+        raise ModelFileError(f"the deepseek4 reference reads every block: indexer top_k {top_k} is below the "
+                             f"{config.n_ctx_train // CSA_RATIO} blocks of the model's context")
+    if any(np.any(w) for n, w in weights.items() if n.endswith("_fn.weight")) or any(
+            not np.allclose(w, identity_hc_base(len(w)), atol=1e-6) for n, w in weights.items() if n.endswith("_base.weight")):
+        raise ModelFileError("the deepseek4 reference needs identity hyper-connections (every hc fn zero, each base "
+                             "-ln 3 for the four streams' pre weights and 0 after)")
+    return config, weights
+
+
+def identity_hc_base(n: int, streams: int = 4) -> np.ndarray:
+    """A hyper-connection bias under which (with its fn zero) the four identical streams add back up
+    to the residual: pre = sigmoid(-ln 3) = 1/4 each, post = 2 sigmoid(0) = 1, comb = softmax(0)."""
+    base = np.zeros(n, np.float32)
+    base[:streams] = -np.log(3.0)
+    return base
+
+
+class DeepSeek4:
+    """`forward(tokens, cache, logits_for)` as the other reference models have it."""
+
+    policy = None  # the file's own compressor; no post-hoc policy applies
+
+    def __init__(self, config: DSV4Config, weights: dict[str, np.ndarray]):
+        self.config, self.w = config, weights
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, policy=None) -> DeepSeek4:
+        if policy is not None:
+            raise ModelFileError("a deepseek4 file runs its own compressor; --design does not apply to it")
+        return cls(*_load(str(Path(path).resolve())))
+
+    def new_cache(self, capacity: int = 0) -> TokenCache:
+        return TokenCache()
+
+    def forward(self, tokens: Sequence[int], cache: TokenCache, logits_for: Sequence[int] | None = None) -> np.ndarray:
+        """Append `tokens` to the sequence; the logits of rows `logits_for` of `tokens` (all when None)."""
+        start = cache.n
+        cache.tokens.extend(int(t) for t in tokens)
+        if cache.n > self.config.n_ctx_train:
+            raise ModelFileError(f"the model holds {self.config.n_ctx_train} positions; {cache.n} tokens do not fit")
+        rows = np.arange(len(tokens)) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
+        if len(rows) == 0:
+            return np.zeros((0, len(self.w["output.weight"])), np.float32)
+        x = self.hidden(np.asarray(cache.tokens))[start + rows]  # (n_rows, n_embd)
+        return rms_norm(x, self.w["output_norm.weight"], self.config.norm_eps) @ self.w["output.weight"].T  # (n_rows, n_vocab)
+
+    def hidden(self, tokens: np.ndarray) -> np.ndarray:
+        """The residual stream after the last layer at every position: (T, n_embd)."""
+        w, c = self.w, self.config
+        x = w["token_embd.weight"][tokens]  # (T, n_embd)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            x = x + self.attention(il, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps))  # (T, n_embd)
+            m = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)  # (T, n_embd)
+            for expert in ("_exps", "_shexp"):  # the routed expert (weight exactly 1) and the shared one
+                gate, up, down = (w[f"{p}ffn_{part}{expert}.weight"].reshape(-1, w[f"{p}ffn_{part}{expert}.weight"].shape[-1])
+                                  for part in ("gate", "up", "down"))
+                h = m @ gate.T  # (T, n_ff)
+                x = x + (h / (1 + np.exp(-h)) * (m @ up.T)) @ down.T  # (T, n_embd)
+        return x
+
+    def attention(self, il: int, a: np.ndarray) -> np.ndarray:
+        """One layer's attention output (T, n_embd) from its normed input a (T, n_embd)."""
+        w, c, p = self.w, self.config, f"blk.{il}."
+        t, hd = len(a), c.head_dim
+        ratio = c.ratios[il]
+        base = c.compress_rope_base if ratio else c.rope_base
+
+        def turn(x, positions):  # RoPE on the last n_rot channels of (n, hd) rows
+            return rope(x, positions, c.n_rot, base, offset=hd - c.n_rot) if c.n_rot else x
+
+        pos = np.arange(t)  # (T,)
+        qr = rms_norm(a @ w[p + "attn_q_a.weight"].T, w[p + "attn_q_a_norm.weight"], c.norm_eps)  # (T, q_lora)
+        q = (qr @ w[p + "attn_q_b.weight"].T).reshape(t, c.n_head, hd)  # (T, H, hd)
+        q = rms_norm(q, np.float32(1.0), c.norm_eps)  # (T, H, hd): weightless per-head norm
+        q = np.stack([turn(q[:, h], pos) for h in range(c.n_head)], axis=1)  # (T, H, hd)
+        kv = turn(rms_norm(a @ w[p + "attn_kv.weight"].T, w[p + "attn_kv_a_norm.weight"], c.norm_eps), pos)  # (T, hd)
+        design = DSV4(ratio=CSA_RATIO, n_swa=c.n_swa, top_k=1 << 30, cache_dtype="f32")
+        keys, seen = kv, design.raw_window(pos, t)  # (T, hd), (T, T)
+        if ratio:
+            entries = design.finished(a @ w[p + "attn_compressor_kv.weight"].T, a @ w[p + "attn_compressor_gate.weight"].T,
+                                      w[p + "attn_compressor_ape.weight"], w[p + "attn_compressor_norm.weight"], c.norm_eps,
+                                      turn)  # (n_blocks, hd)
+            keys = np.concatenate([entries, kv])  # (n_blocks + T, hd)
+            seen = np.concatenate([design.layout.window_visible(pos, len(entries)), seen], axis=1)  # (T, n_blocks + T)
+        scores = np.einsum("thd,kd->htk", q, keys) / np.sqrt(hd)  # (H, T, n_keys)
+        sinks = np.broadcast_to(w[p + "attn_sinks.weight"][:, None, None], (c.n_head, t, 1))  # (H, T, 1)
+        weights = softmax(np.concatenate([sinks, np.where(seen, scores, -np.inf)], axis=2), axis=2)[:, :, 1:]  # (H, T, n_keys)
+        out = np.einsum("htk,kd->thd", weights, keys)  # (T, H, hd): V = K
+        out = np.stack([rope(out[:, h], -pos, c.n_rot, base, offset=hd - c.n_rot) if c.n_rot else out[:, h]
+                        for h in range(c.n_head)], axis=1)  # (T, H, hd): roped back by the query's position
+        return out.reshape(t, c.n_head * hd) @ w[p + "attn_output_a.weight"].T @ w[p + "attn_output_b.weight"].T  # (T, n_embd)

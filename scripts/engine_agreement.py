@@ -1,0 +1,61 @@
+"""Agreement of every trained engine-layout model with llama.cpp (issue 18, part 3).
+
+For each run folder under reports/trained/engine/: the JAX forward at the checkpoint's
+weights, llama.cpp on the exported model.gguf (F32 cache, no flash attention, one batch) and
+the numpy reference on the same file, on held-out training sequences; max and mean |diff|
+of the logits and top-1 agreement on the rows whose lead exceeds rounding. Writes
+reports/trained/engine/agreement.md.
+
+    .venv/bin/python scripts/engine_agreement.py [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits
+from kvphase.reference.deepseek4 import DeepSeek4
+from kvphase.train.csa import logits as jax_logits
+from kvphase.train.loop import Trainer
+from kvphase.train.run import CHECKPOINT_FILE, MODEL_FILE, load_train_config
+
+ROOT = Path("reports/trained/engine")
+SEQUENCES = 8
+
+
+def one(run: Path) -> str:
+    config = load_train_config(run)
+    trainer = Trainer.new(config)
+    trainer.load(run / CHECKPOINT_FILE)
+    batch = trainer.data.evaluation_batch().tokens[:SEQUENCES]  # (n, T)
+    ours = np.concatenate([np.asarray(jax_logits(trainer.params, tokens[None], config))[0] for tokens in batch])
+    engine = np.concatenate([llamacpp_logits(run / MODEL_FILE, tokens.tolist(), type_k=0, type_v=0, flash_attn=False)
+                             for tokens in batch])
+    model = DeepSeek4.from_gguf(run / MODEL_FILE)
+    reference = np.concatenate([model.forward(tokens.tolist(), model.new_cache()) for tokens in batch])
+    clear = lead(engine) > CLEAR_LEAD
+    jax_vs = agreement(ours, engine)
+    ref_vs = agreement(reference, engine)
+    top1 = float(np.mean(ours.argmax(1)[clear] == engine.argmax(1)[clear]))
+    return (f"| {run.name} | {len(engine)} | {jax_vs.max_diff:.2e} | {jax_vs.mean_diff:.2e} | {top1:.2%} | "
+            f"{ref_vs.max_diff:.2e} | {ref_vs.mean_diff:.2e} | {np.abs(engine).max():.1f} |")
+
+
+def main(runs: list[Path]) -> None:
+    lines = ["# The trained engine-layout models: llama.cpp against the JAX forward and the numpy reference", "",
+             f"{SEQUENCES} held-out training sequences per model, every row's logits; llama.cpp with F32 weights and "
+             "cache, no flash attention, one batch. Top-1: rows whose llama.cpp lead exceeds "
+             f"{CLEAR_LEAD} (`scripts/engine_agreement.py`).", "",
+             "| model | rows | JAX max abs diff | JAX mean | JAX top-1 | reference max abs diff | reference mean | max abs logit |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in runs:
+        lines.append(one(run))
+        print(lines[-1], flush=True)
+    (ROOT / "agreement.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main([Path(p) for p in sys.argv[1:]] or sorted(p for p in ROOT.glob("*-seed*") if (p / CHECKPOINT_FILE).is_file()))

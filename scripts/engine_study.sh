@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The engine-layout study (issue 18): DeepSeek-V4's CSA trained by kvphase in deepseek4's own
+# file layout, its disjoint variant and its dense twin, three seeds each, every model trained
+# into reports/trained/engine/<name>-seed<k>/ (resumable: re-running continues), then swept
+# twice with the standard protocol: through llama.cpp itself (`kvphase sweep FILE`, the
+# default for these files) and through the numpy reference (`--backend reference`) on the
+# same weights; one comparison of the llama.cpp sweeps.
+#
+#     bash scripts/engine_study.sh [STEPS] [CONFIG ...]      # JOBS=2 trainings at a time, SEEDS="0 1 2"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KV=${KV:-.venv/bin/kvphase}
+STEPS=${1:-1500}; shift || true
+JOBS=${JOBS:-2}
+SEEDS=${SEEDS:-0 1 2}
+export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"  # one core per training
+CONFIGS=("$@")
+[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(csa csa-disjoint csa-dense)
+one() {  # design seed: train, then sweep through llama.cpp and through the reference
+  local out="reports/trained/engine/$1-seed$2"
+  "$KV" train "$1" "$out" --steps "$STEPS" --seed "$2" --quiet > /dev/null
+  [ -f "$out/sweep/summary.json" ] || "$KV" sweep "$out/model.gguf" --out "$out/sweep" --threads 1 --quiet > /dev/null
+  [ -f "$out/sweep-reference/summary.json" ] ||
+    "$KV" sweep "$out/model.gguf" --out "$out/sweep-reference" --backend reference --quiet > /dev/null
+  echo "$1 seed $2: $(sed -n 3p "$out/sweep/report.md")"
+}
+export -f one; export KV STEPS
+for seed in $SEEDS; do for name in "${CONFIGS[@]}"; do echo "$name $seed"; done; done |
+  xargs -P "$JOBS" -L 1 bash -c 'one "$0" "$1"'
+"$KV" compare reports/trained/engine/*/sweep --out reports/trained/engine/comparison

@@ -1,0 +1,175 @@
+"""DeepSeek-V4's CSA trained by kvphase and run by llama.cpp's own `deepseek4`.
+
+The JAX forward (kvphase/train/csa.py) must equal what llama.cpp computes from the exported
+file, for the overlapped compressor, its disjoint variant and the dense twin, with every
+trained tensor away from its initial value so that a wrong name, transpose or half shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+
+from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits  # noqa: E402
+from kvphase.train.config import TrainConfig  # noqa: E402
+
+TOLERANCE = 1e-4  # F32 weights and cache, no flash attention, one batch: rounding only
+
+pytestmark = pytest.mark.slow
+
+
+def small_config(design: str, **changes) -> TrainConfig:
+    sizes = dict(design=design, layers=2, heads=2, d_model=32, context=48, queries=2, records=4, steps=2, eval_every=1,
+                 eval_sequences=4, batch=2)
+    return TrainConfig(**{**sizes, **changes})
+
+
+def perturbed_params(config: TrainConfig, n_vocab: int, seed: int = 0) -> dict:
+    """Initial weights with every tensor moved by noise: norms, sinks and gate biases included."""
+    import jax
+
+    from kvphase.train.csa import init_params
+
+    params = init_params(config, n_vocab, seed)
+    rng = np.random.default_rng(seed + 100)
+
+    def shake(x):
+        scale = 0.5 if x.ndim < 2 or x.shape[0] == 4 else 0.3 / np.sqrt(x.shape[0])
+        return x + rng.normal(0.0, scale, size=x.shape).astype(np.float32)
+
+    shaken = jax.tree_util.tree_map(shake, params)
+    return {**shaken, "wte": shaken["wte"] * 30.0}  # logits of several units, not a fraction of one
+
+
+def exported(tmp_path, config: TrainConfig, params=None):
+    from kvphase.train.data import PairData
+    from kvphase.train.export import export_gguf
+
+    data = PairData.of(config)
+    params = params if params is not None else perturbed_params(config, len(data.vocab))
+    path = export_gguf(tmp_path / f"{config.design}.gguf", params, config, data.vocab, step=0)
+    return path, params, data
+
+
+def compare(config: TrainConfig, params, path, tokens) -> tuple:
+    from kvphase.train.csa import logits
+
+    ours = np.asarray(logits(params, tokens[None], config))[0]  # (T, V)
+    theirs = llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("design", ["csa", "csa-disjoint", "csa-dense"])
+def test_llamacpp_runs_the_trained_layout_as_trained(tmp_path, design):
+    config = small_config(design)
+    path, params, data = exported(tmp_path, config)
+    tokens = data.evaluation_batch().tokens[0]  # (T,) a training-shaped sequence: BOS, records, questions
+    ours, theirs = compare(config, params, path, tokens)
+    result = agreement(ours, theirs)
+    clear = lead(theirs) > CLEAR_LEAD
+    assert result.max_diff < TOLERANCE * max(1.0, float(np.abs(theirs).max())), f"{design}: {result}"
+    assert np.all(ours.argmax(1)[clear] == theirs.argmax(1)[clear]), f"{design}: {result}"
+
+
+def test_rope_off_runs_in_llamacpp_as_no_rotation(tmp_path, monkeypatch):
+    """The note's untested point: deepseek4 with rope.dimension_count 0 loads, and llama.cpp's rope
+    over 0 channels copies the rows (q, k, the entries and the output's rope back alike)."""
+    import kvphase.train.csa as csa
+    import kvphase.train.export_deepseek4 as export_deepseek4
+
+    monkeypatch.setattr(csa, "rope_dims", lambda config: 0)
+    monkeypatch.setattr(export_deepseek4, "rope_dims", lambda config: 0)
+    config = small_config("csa")
+    path, params, data = exported(tmp_path, config)
+    tokens = data.evaluation_batch().tokens[0]
+    ours, theirs = compare(config, params, path, tokens)
+    result = agreement(ours, theirs)
+    assert result.max_diff < TOLERANCE * max(1.0, float(np.abs(theirs).max())), str(result)
+
+
+def test_disjoint_differs_from_overlapped(tmp_path):
+    """The same weights read through the overlapped and the disjoint compressor give other logits
+    (a disjoint export that still overlapped would pass the agreement test above unnoticed)."""
+    from kvphase.train.csa import logits
+
+    overlapped, disjoint = small_config("csa"), small_config("csa-disjoint")
+    path, params, data = exported(tmp_path, overlapped)
+    tokens = data.evaluation_batch().tokens[0]
+    a = np.asarray(logits(params, tokens[None], overlapped))[0]
+    b = np.asarray(logits(params, tokens[None], disjoint))[0]
+    assert np.abs(a - b).max() > 1e-2
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(stride=8, context=64), "compress ratio is 4"),
+    (dict(stagger="head"), "absolute positions"),
+    (dict(offsets="random"), "absolute positions"),
+    (dict(d_model=24, heads=4), "multiple of 4"),
+    (dict(local_window=0), "--local-window"),
+])
+def test_options_deepseek4_cannot_express_are_refused(changes, message):
+    from kvphase.errors import PlanError
+
+    with pytest.raises(PlanError, match=message):
+        small_config("csa", **changes)
+
+
+def test_the_numpy_reference_runs_the_exported_file_as_llamacpp_does(tmp_path):
+    """`--backend reference` on a deepseek4 file: kvphase.reference.deepseek4 (built on the DSV4
+    design `kvphase validate` checks) against llama.cpp, on the overlapped compressor."""
+    from kvphase.reference.deepseek4 import DeepSeek4
+
+    config = small_config("csa")
+    path, params, data = exported(tmp_path, config)
+    tokens = data.evaluation_batch().tokens[0]
+    model = DeepSeek4.from_gguf(path)
+    ours = model.forward(tokens.tolist(), model.new_cache())  # (T, V)
+    theirs = llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
+    result = agreement(ours, theirs)
+    assert result.max_diff < TOLERANCE * max(1.0, float(np.abs(theirs).max())), str(result)
+
+
+def test_the_reference_refuses_a_deepseek4_file_outside_the_minimal_configuration(tmp_path):
+    from kvphase.errors import ModelFileError
+    from kvphase.gguf.tiny import write_tiny_model
+    from kvphase.reference.deepseek4 import DeepSeek4
+
+    path = write_tiny_model("deepseek4", tmp_path / "tiny.gguf")
+    with pytest.raises(ModelFileError, match="compress ratio 0 or 4"):
+        DeepSeek4.from_gguf(path)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["csa", "--stride", "8"], "compress ratio is 4"),
+    (["csa-disjoint", "--stagger", "head"], "takes no --stagger or --offsets"),
+    (["csa", "--offsets", "random"], "takes no --stagger or --offsets"),
+    (["csa-dense", "--d-model", "24", "--heads", "4"], "multiple of 4"),
+])
+def test_bad_options_for_deepseek4_are_one_line_and_leave_no_folder(tmp_path, args, fragment):
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    result = CliRunner().invoke(app, ["train", args[0], str(tmp_path / "o"), *args[1:]])
+    assert result.exit_code == 1 and fragment in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_an_unwritable_model_path_leaves_no_partial_file(tmp_path):
+    from kvphase.errors import PlanError
+
+    config = small_config("csa")
+    (tmp_path / "model.gguf").mkdir()  # a folder where the file should go: the rename fails
+    with pytest.raises(PlanError, match="cannot write the model"):
+        _export_to(tmp_path / "model.gguf", config)
+    assert not (tmp_path / "model.gguf.tmp").exists()
+
+
+def _export_to(path, config):
+    from kvphase.train.data import PairData
+    from kvphase.train.export import export_gguf
+
+    data = PairData.of(config)
+    return export_gguf(path, perturbed_params(config, len(data.vocab)), config, data.vocab, step=0)
