@@ -42,13 +42,16 @@ ROPE_BASE = 10000.0  # rope.freq_base and compress_rope_freq_base: a short conte
 ROPE_SHARE = 2  # RoPE turns the last half of each head (a quarter or all of it: no retrieval within 2000 steps, measured)
 MASKED = -1e30  # a gate logit of weight exactly 0 (llama.cpp's -inf would give NaN gradients)
 
+
 def rope_dims(config: TrainConfig) -> int:
     """Channels RoPE rotates (the last n_rot of a head): half the head."""
     return config.head_dim // ROPE_SHARE
 
+
 def window(config: TrainConfig) -> int:
     """sliding_window: the local window, or for the dense twin every position the model embeds."""
     return config.n_positions if config.design == "csa-dense" else config.local_window
+
 
 def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
     """Normal 0.02 weights, residual outputs scaled by 1/sqrt(2 layers), norms at one, sinks
@@ -79,10 +82,12 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
         blocks.append(block)
     return {"wte": normal(n_vocab, d), "blocks": blocks, "out_norm": jnp.ones(d)}
 
+
 def rms(x, weight=None):
     """ggml_rms_norm (times weight): x / sqrt(mean(x^2) + eps)."""
     x = x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + RMS_EPS)
     return x if weight is None else x * weight
+
 
 def rope(x, positions, n_rot: int, inverse: bool = False):
     """ggml_rope_ext (NORM mode: adjacent pairs) on the last n_rot channels of x (..., T, hd) at
@@ -95,6 +100,7 @@ def rope(x, positions, n_rot: int, inverse: bool = False):
     nope, a, b = x[..., :-n_rot], x[..., -n_rot::2], x[..., -n_rot + 1 :: 2]  # (..., T, hd - n_rot), (..., T, half) x2
     turned = jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(a.shape[:-1] + (n_rot,))  # (..., T, n_rot)
     return jnp.concatenate([nope, turned], axis=-1)  # (..., T, hd)
+
 
 def compressed_entries(a, block, config: TrainConfig):
     """One entry per complete block of 4 tokens: a (B, T, d) -> (B, nb, hd) and its first position (nb,)."""
@@ -114,6 +120,7 @@ def compressed_entries(a, block, config: TrainConfig):
     rows_gate = jnp.concatenate([prev_gate, gate[..., hd:]], axis=2)  # (B, nb, 8, hd)
     pooled = (jax.nn.softmax(rows_gate, axis=2) * rows_kv).sum(2)  # (B, nb, hd)
     return rope(rms(pooled, block["comp_norm"]), first, rope_dims(config)), first
+
 
 def attention(a, block, config: TrainConfig):
     """One layer's attention output (B, T, d) from its normed input a (B, T, d)."""
@@ -137,6 +144,7 @@ def attention(a, block, config: TrainConfig):
     out = rope(out, pos, n_rot, inverse=True).transpose(0, 2, 1, 3).reshape(b, t, h * hd)  # (B, T, H hd)
     return out @ block["o_a"] @ block["o_b"]  # (B, T, d)
 
+
 def forward(params, tokens, starts, config: TrainConfig):
     """Hidden states after the output norm (B, T, d) and no auxiliary loss; `starts` is unused
     (deepseek4's blocks are absolute: pos // 4)."""
@@ -147,10 +155,12 @@ def forward(params, tokens, starts, config: TrainConfig):
         x = x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
     return rms(x, params["out_norm"]), 0.0
 
+
 def query_logits(params, tokens, starts, rows, config: TrainConfig):
     """Logits at the question rows (B, queries, n_vocab) and the auxiliary loss (0)."""
     hidden, aux = forward(params, tokens, starts, config)  # (B, T, d)
     return hidden[:, rows] @ params["wte"].T, aux  # (B, queries, n_vocab)
+
 
 def logits(params, tokens, config: TrainConfig):
     """Logits at every position (B, T, n_vocab): what llama.cpp's exported file computes."""
