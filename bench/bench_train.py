@@ -17,7 +17,7 @@ STEPS = 20
 
 
 def steps_per_second(design: str) -> tuple[float, int]:
-    trainer = Trainer.new(TrainConfig(design=design))
+    trainer = Trainer.new(TrainConfig.for_design(design))  # the defaults `kvphase train DESIGN` uses
     trainer.train_step()  # compile
     start = time.perf_counter()
     for _ in range(STEPS):
@@ -28,7 +28,7 @@ def steps_per_second(design: str) -> tuple[float, int]:
 
 def main() -> None:
     rates = {}
-    for design in ("dense", "gated", "meanpool", "kpool"):
+    for design in ("dense", "gated", "meanpool", "kpool", "csa", "csa-disjoint", "csa-dense"):
         rate, tokens = steps_per_second(design)
         rates[design] = rate
         print(f"train {design:9s} {rate:6.2f} steps/s  {rate * tokens:9.0f} tokens/s"

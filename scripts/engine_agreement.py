@@ -3,7 +3,9 @@
 For each run folder under reports/trained/engine/: the JAX forward at the checkpoint's
 weights, llama.cpp on the exported model.gguf (F32 cache, no flash attention, one batch) and
 the numpy reference on the same file, on held-out training sequences; max and mean |diff|
-of the logits and top-1 agreement on the rows whose lead exceeds rounding. Writes
+of the logits and top-1 agreement on the rows whose lead exceeds rounding. Also the
+held-out accuracy by question index (the sweep asks the first question only; with four
+records and four questions the last is answerable by elimination). Writes
 reports/trained/engine/agreement.md.
 
     .venv/bin/python scripts/engine_agreement.py [RUN_DIR ...]
@@ -26,7 +28,7 @@ ROOT = Path("reports/trained/engine")
 SEQUENCES = 8
 
 
-def one(run: Path) -> str:
+def one(run: Path) -> tuple[str, str]:
     config = load_train_config(run)
     trainer = Trainer.new(config)
     trainer.load(run / CHECKPOINT_FILE)
@@ -40,8 +42,10 @@ def one(run: Path) -> str:
     jax_vs = agreement(ours, engine)
     ref_vs = agreement(reference, engine)
     top1 = float(np.mean(ours.argmax(1)[clear] == engine.argmax(1)[clear]))
+    by_question = trainer.evaluate().correct.reshape(-1, config.queries).mean(0)  # (queries,)
     return (f"| {run.name} | {len(engine)} | {jax_vs.max_diff:.2e} | {jax_vs.mean_diff:.2e} | {top1:.2%} | "
-            f"{ref_vs.max_diff:.2e} | {ref_vs.mean_diff:.2e} | {np.abs(engine).max():.1f} |")
+            f"{ref_vs.max_diff:.2e} | {ref_vs.mean_diff:.2e} | {np.abs(engine).max():.1f} |",
+            f"| {run.name} | " + " | ".join(f"{100 * a:.1f}" for a in by_question) + " |")
 
 
 def main(runs: list[Path]) -> None:
@@ -51,10 +55,14 @@ def main(runs: list[Path]) -> None:
              f"{CLEAR_LEAD} (`scripts/engine_agreement.py`).", "",
              "| model | rows | JAX max abs diff | JAX mean | JAX top-1 | reference max abs diff | reference mean | max abs logit |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    questions = ["", "Held-out accuracy (%) by question index, at the checkpoint:", "",
+                 "| model | " + " | ".join(f"question {i + 1}" for i in range(4)) + " |", "| --- |" + " --- |" * 4]
     for run in runs:
-        lines.append(one(run))
-        print(lines[-1], flush=True)
-    (ROOT / "agreement.md").write_text("\n".join(lines) + "\n")
+        agreed, answered = one(run)
+        lines.append(agreed)
+        questions.append(answered)
+        print(agreed, answered, sep="\n", flush=True)
+    (ROOT / "agreement.md").write_text("\n".join(lines + questions) + "\n")
 
 
 if __name__ == "__main__":

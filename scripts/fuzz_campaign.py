@@ -445,7 +445,12 @@ class Campaign:
             ["make-tiny", "deepseek4", str(self.work / "t3.gguf"), "--yarn-factor", "nan"],
             ["make-tiny", "deepseek4", str(self.work / "t4.gguf"), "--yarn-factor", "-1"],
             ["make-tiny", "deepseek4", str(self.work / "t5.gguf"), "--yarn-factor", "1e308"],
-            ["make-tiny", "llama", str(self.work)], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
+            ["make-tiny", "llama", str(self.work)],
+            *(["train", design, str(self.work / "train-run"), *a] for design, a in (
+                ("csa", ["--stride", "8", "--context", "64"]), ("csa", ["--stagger", "head"]),
+                ("csa-disjoint", ["--offsets", "random"]), ("csa-dense", ["--d-model", "24", "--heads", "4"]),
+                ("csa", ["--local-window", "0"]), ("csa-nope", []))),
+            ["train", "csa", "/proc/x", "--steps", "1"], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
             ["--no-such-option"], ["inspect", "--help"], ["inspect", "[/x]"], ["inspect", "\x1b[2J"],
         ]
         return [Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv], cleanup=[out])

@@ -7,6 +7,10 @@ trained tensor away from its initial value so that a wrong name, transpose or ha
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -173,3 +177,44 @@ def _export_to(path, config):
 
     data = PairData.of(config)
     return export_gguf(path, perturbed_params(config, len(data.vocab)), config, data.vocab, step=0)
+
+
+CSA_CONTROL = Path(__file__).parent / "data" / "trained" / "csa.gguf"  # reports/trained/engine/csa-seed0 (1.3 MB)
+
+
+def _sweep(model, out, *args) -> dict:
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", str(model), "--per-residue", "64", "--out", str(out), "--quiet", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_the_committed_csa_model_sweeps_alike_through_llamacpp_and_the_reference(tmp_path):
+    """`kvphase sweep` on a trained deepseek4 file: llama.cpp by default, the numpy reference on
+    request; the same weights give the same answers (F16 cache against F32: a target or two may flip)."""
+    engine = _sweep(CSA_CONTROL, tmp_path / "engine")
+    assert json.loads((tmp_path / "engine" / "config.json").read_text())["backend"] == "llama.cpp"
+    reference = _sweep(CSA_CONTROL, tmp_path / "reference", "--backend", "reference")
+    for a, b in zip(engine["per_residue"], reference["per_residue"]):
+        assert abs(a["correct"] - b["correct"]) <= 2, (engine["per_residue"], reference["per_residue"])
+        assert abs(a["mean_logprob"] - b["mean_logprob"]) < 0.02, (a, b)
+
+
+def test_switching_the_files_compressor_off_costs_what_it_retrieved(tmp_path):
+    """The compressed entries are what llama.cpp reads the far records through: zero them in the file
+    (compressor norm weight 0) and the sweep's answers fall to chance or below."""
+    from kvphase.gguf.tensors import read_model_tensor
+    from kvphase.gguf.writer import overwrite_tensor
+
+    off = tmp_path / "off.gguf"
+    shutil.copy(CSA_CONTROL, off)
+    for layer in range(2):
+        name = f"blk.{layer}.attn_compressor_norm.weight"
+        overwrite_tensor(off, name, np.zeros_like(read_model_tensor(off, name)))
+    on, without = _sweep(CSA_CONTROL, tmp_path / "on"), _sweep(off, tmp_path / "off")
+    mean_logprob = [np.mean([r["mean_logprob"] for r in s["per_residue"]]) for s in (on, without)]
+    assert without["mean_accuracy"] < on["mean_accuracy"] / 3, (on["mean_accuracy"], without["mean_accuracy"])
+    assert mean_logprob[1] < mean_logprob[0] - 1.0, mean_logprob
