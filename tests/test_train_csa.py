@@ -218,3 +218,19 @@ def test_switching_the_files_compressor_off_costs_what_it_retrieved(tmp_path):
     mean_logprob = [np.mean([r["mean_logprob"] for r in s["per_residue"]]) for s in (on, without)]
     assert without["mean_accuracy"] < on["mean_accuracy"] / 3, (on["mean_accuracy"], without["mean_accuracy"])
     assert mean_logprob[1] < mean_logprob[0] - 1.0, mean_logprob
+
+
+def test_probes_take_llamacpp_for_a_deepseek4_file_and_the_reference_refuses_head_knockouts(tmp_path):
+    """`kvphase knockout FILE` on a trained deepseek4 file taps llama.cpp's graph (auto picks the engine
+    for an engine layout, the reference for a gpt2 one); the numpy deepseek4 reference has no head hooks."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["knockout", str(CSA_CONTROL), "--out", str(tmp_path / "ko"), "--per-residue", "8"])
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "ko" / "base" / "config.json").read_text())["backend"] == "llama.cpp"
+    refused = runner.invoke(app, ["knockout", str(CSA_CONTROL), "--out", str(tmp_path / "ref"), "--backend", "reference"])
+    assert refused.exit_code == 1 and "no head hooks" in refused.output, refused.output
+    assert len(refused.output.strip().splitlines()) == 1

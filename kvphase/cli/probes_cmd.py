@@ -162,18 +162,17 @@ def cycle(
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.cycle import check_k, run_cycle
     from kvphase.probes.folder import REPORT_FILE
-    from kvphase.probes.gates import TRAINED, find_sources
+    from kvphase.probes.gates import find_sources
 
     if threads is not None:
         check_threads(threads)
     info = read_model_info(model)
-    fields = read_gguf_header(model).fields
     stride = min(s.stride for s in find_sources(read_gguf_header(model)))  # refuses a model without a gate bias
     check_k(k, stride)
-    name = backend if backend != "auto" else ("reference" if TRAINED + "design" in fields else "llama.cpp")
+    defaults = _probe_defaults(info)
+    name = backend if backend != "auto" else defaults.backend
     if name not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
-    defaults = _probe_defaults(info)
     plan = replace(make_plan(info, stride, None, context or defaults.context, per_residue or defaults.per_residue,
                              defaults.padding, task or defaults.task, seed), backend=name)
     if name == "reference":
@@ -224,13 +223,13 @@ def knockout(
         check_threads(threads)
     info = read_model_info(model)
     trained = info.trained is not None
-    name = backend if backend != "auto" else ("reference" if trained else "llama.cpp")
+    defaults = _probe_defaults(info)
+    name = backend if backend != "auto" else defaults.backend
     if name not in ("reference", "llama.cpp"):
         raise PlanError(f"unknown backend {backend!r}; expected auto, reference or llama.cpp")
     if name == "llama.cpp":
         refuse_trained_compressor(info)
         check_llama_limits(info.path)
-    defaults = _probe_defaults(info)
     plan = replace(make_plan(info, None, None, context or defaults.context, per_residue or (64 if trained else 8),
                              defaults.padding, task or defaults.task, seed), backend=name)
     n_ctx = plan.context + query_room(info)

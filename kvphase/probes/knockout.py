@@ -299,6 +299,9 @@ def open_tapped_backend(model_path: Path, n_ctx: int, n_threads: int):
 def model_heads(backend) -> PolicyHeads | EngineHeads:
     """Where a backend's heads can be reached: its reference policy, or its llama.cpp head tap."""
     if hasattr(backend, "policy"):
+        if backend.policy is None:  # kvphase.reference.deepseek4: the file's own compressor, no policy to hook
+            raise PlanError("the numpy deepseek4 reference has no head hooks; knock heads out through llama.cpp's "
+                            "graph (--backend llama.cpp, the default for this file)")
         return PolicyHeads(backend)
     if getattr(backend, "tap_point", None) is not None:
         return EngineHeads(backend)
