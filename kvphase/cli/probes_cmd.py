@@ -170,7 +170,7 @@ def cycle(
     stride = min(s.stride for s in find_sources(read_gguf_header(model)))  # refuses a model without a gate bias
     check_k(k, stride)
     defaults = _probe_defaults(info)
-    name = backend if backend != "auto" else defaults.backend
+    name = backend if backend != "auto" else _auto_backend(info)
     if name not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
     plan = replace(make_plan(info, stride, None, context or defaults.context, per_residue or defaults.per_residue,
@@ -224,7 +224,7 @@ def knockout(
     info = read_model_info(model)
     trained = info.trained is not None
     defaults = _probe_defaults(info)
-    name = backend if backend != "auto" else defaults.backend
+    name = backend if backend != "auto" else _auto_backend(info)
     if name not in ("reference", "llama.cpp"):
         raise PlanError(f"unknown backend {backend!r}; expected auto, reference or llama.cpp")
     if name == "llama.cpp":
@@ -244,6 +244,13 @@ def knockout(
 
     typer.echo(plain(run_knockout(plan, engine, run_dir, info, layer or None, slots, progress), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+def _auto_backend(info) -> str:
+    """The reference for kvphase-trained gpt2 files (their heads and gates are the reference's),
+    llama.cpp for every other file, trained engine layouts included."""
+    trained = info.trained
+    return "reference" if trained is not None and not trained.in_engine_layout else "llama.cpp"
 
 
 def _probe_defaults(info):
