@@ -4,7 +4,9 @@
 # into reports/trained/engine/<name>-seed<k>/ (resumable: re-running continues), then swept
 # twice with the standard protocol: through llama.cpp itself (`kvphase sweep FILE`, the
 # default for these files) and through the numpy reference (`--backend reference`) on the
-# same weights; one comparison of the llama.cpp sweeps.
+# same weights, then quantized to Q8_0 and Q4_0 (the gguf package's quantizers) and swept
+# through llama.cpp again; one comparison of the llama.cpp sweeps and the agreement table
+# (scripts/engine_agreement.py).
 #
 #     bash scripts/engine_study.sh [STEPS] [CONFIG ...]      # JOBS=2 trainings at a time, SEEDS="0 1 2"
 set -euo pipefail
@@ -22,9 +24,15 @@ one() {  # design seed: train, then sweep through llama.cpp and through the refe
   [ -f "$out/sweep/summary.json" ] || "$KV" sweep "$out/model.gguf" --out "$out/sweep" --threads 1 --quiet > /dev/null
   [ -f "$out/sweep-reference/summary.json" ] ||
     "$KV" sweep "$out/model.gguf" --out "$out/sweep-reference" --backend reference --quiet > /dev/null
+  for q in Q8_0 Q4_0; do
+    [ -f "$out/sweep-$q/summary.json" ] && continue
+    .venv/bin/python scripts/quantize_model.py "$out/model.gguf" "$q" "$out/model-$q.gguf"
+    "$KV" sweep "$out/model-$q.gguf" --out "$out/sweep-$q" --threads 1 --quiet > /dev/null
+  done
   echo "$1 seed $2: $(sed -n 3p "$out/sweep/report.md")"
 }
 export -f one; export KV STEPS
 for seed in $SEEDS; do for name in "${CONFIGS[@]}"; do echo "$name $seed"; done; done |
   xargs -P "$JOBS" -L 1 bash -c 'one "$0" "$1"'
 "$KV" compare reports/trained/engine/*/sweep --out reports/trained/engine/comparison
+.venv/bin/python scripts/engine_agreement.py

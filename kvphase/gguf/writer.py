@@ -46,24 +46,56 @@ def _add_key(writer, key: str, value: object) -> None:
 
 def export_f32(src: str | Path, dst: str | Path) -> None:
     """Write `src` again with every tensor dequantized to F32 by gguf (what the reference reads)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
+    from gguf import LlamaFileType
+
+    _rewrite(src, dst, LlamaFileType.ALL_F32, lambda name, values: (values, None))
+
+
+QUANTIZED_TYPES = ("Q8_0", "Q4_0")  # what `quantize_file` writes (the gguf package's own quantizers)
+KEPT_F32 = ("_ape.", "hc_", "ffn_gate_inp", "exp_probs")  # small tables read by row or mixed as they are
+
+
+def quantize_file(src: str | Path, dst: str | Path, type_name: str) -> None:
+    """Write `src` again with its matrices quantized to `type_name` (Q8_0 or Q4_0), as llama-quantize
+    does with its default rules for small models: every 2-D (or 3-D) weight whose rows hold whole
+    blocks; vectors, gate biases and mixing tables stay F32."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+    from gguf.quants import quantize
+
+    from kvphase.errors import PlanError
+
+    if type_name not in QUANTIZED_TYPES:
+        raise PlanError(f"unknown quantization {type_name!r}; expected one of {', '.join(QUANTIZED_TYPES)}")
+    qtype = GGMLQuantizationType[type_name]
+    block = GGML_QUANT_SIZES[qtype][0]
+
+    def convert(name: str, values: np.ndarray):
+        if values.ndim < 2 or values.shape[-1] % block or any(part in name for part in KEPT_F32):
+            return values, None
+        return quantize(values, qtype), qtype
+
+    _rewrite(src, dst, LlamaFileType[f"MOSTLY_{type_name}"], convert)
+
+
+def _rewrite(src: str | Path, dst: str | Path, file_type, convert) -> None:
+    """Copy `src`'s metadata to `dst` and each tensor as convert(name, F32 values) -> (data, raw dtype or None)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize
 
     reader = GGUFReader(src)
     arch = str(reader.fields["general.architecture"].contents())
     writer = GGUFWriter(str(dst), arch)
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
-            continue
-        if field.name == "general.file_type":
-            writer.add_file_type(LlamaFileType.ALL_F32)
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
             continue
         kind = field.types[0]
         sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None
         writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)
+    writer.add_file_type(file_type)
     for tensor in reader.tensors:
         values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        writer.add_tensor(tensor.name, values.reshape([int(d) for d in tensor.shape[::-1]]))
+        data, raw_dtype = convert(tensor.name, values.reshape([int(d) for d in tensor.shape[::-1]]))
+        writer.add_tensor(tensor.name, data, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
