@@ -9,10 +9,12 @@
 # (scripts/engine_agreement.py).
 #
 #     bash scripts/engine_study.sh [STEPS] [CONFIG ...]      # JOBS=2 trainings at a time, SEEDS="0 1 2"
+#
+# STEPS: default (or "-") the layout's own default of `kvphase train` (3000 for the csa designs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KV=${KV:-.venv/bin/kvphase}
-STEPS=${1:-1500}; shift || true
+STEPS=${1:--}; shift || true
 JOBS=${JOBS:-2}
 SEEDS=${SEEDS:-0 1 2}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"  # one core per training
@@ -20,7 +22,8 @@ CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(csa csa-disjoint csa-dense)
 one() {  # design seed: train, then sweep through llama.cpp and through the reference
   local out="reports/trained/engine/$1-seed$2"
-  "$KV" train "$1" "$out" --steps "$STEPS" --seed "$2" --quiet > /dev/null
+  local steps=(); [ "$STEPS" = "-" ] || steps=(--steps "$STEPS")
+  "$KV" train "$1" "$out" "${steps[@]}" --seed "$2" --quiet > /dev/null
   [ -f "$out/sweep/summary.json" ] || "$KV" sweep "$out/model.gguf" --out "$out/sweep" --threads 1 --quiet > /dev/null
   [ -f "$out/sweep-reference/summary.json" ] ||
     "$KV" sweep "$out/model.gguf" --out "$out/sweep-reference" --backend reference --quiet > /dev/null
