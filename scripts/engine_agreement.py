@@ -41,9 +41,9 @@ def one(run: Path) -> tuple[str, str]:
     clear = lead(engine) > CLEAR_LEAD
     jax_vs = agreement(ours, engine)
     ref_vs = agreement(reference, engine)
-    top1 = float(np.mean(ours.argmax(1)[clear] == engine.argmax(1)[clear]))
+    top1 = f"{np.mean(ours.argmax(1)[clear] == engine.argmax(1)[clear]):.2%}" if clear.any() else "no clear row"
     by_question = trainer.evaluate().correct.reshape(-1, config.queries).mean(0)  # (queries,)
-    return (f"| {run.name} | {len(engine)} | {jax_vs.max_diff:.2e} | {jax_vs.mean_diff:.2e} | {top1:.2%} | "
+    return (f"| {run.name} | {len(engine)} | {jax_vs.max_diff:.2e} | {jax_vs.mean_diff:.2e} | {top1} | "
             f"{ref_vs.max_diff:.2e} | {ref_vs.mean_diff:.2e} | {np.abs(engine).max():.1f} |",
             f"| {run.name} | " + " | ".join(f"{100 * a:.1f}" for a in by_question) + " |")
 
