@@ -44,6 +44,7 @@ T_ANALYSIS, T_STRAT, T_PROBES = "tests/test_analysis.py", "tests/test_stratified
 T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.py", "tests/test_scoring.py"
 T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
+CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
@@ -128,6 +129,19 @@ MUTATIONS = [
     Mutation("keys-tolerance-100x", VREPORT, "keys_abs: float = 1e-5", "keys_abs: float = 1e-3", (T_VERDICT,)),
     Mutation("mismatched-sets-ignored", VREPORT, "        if self.mismatched:", "        if False:",
              ("tests/test_validate.py::test_deepseek4_rolled_ape_fails",), slow=True),
+    # the deepseek4-layout training (issue 18): export, the numpy reference, the probes' backend
+    Mutation("csa-disjoint-rows-kept", CSA_EXPORT, "kv[:hd], gate[:hd], ape[:, :hd] = 0.0, 0.0, MASKED",
+             "kv[:hd], gate[:hd] = 0.0, 0.0", (T_CSA + "::test_llamacpp_runs_the_trained_layout_as_trained",), slow=True),
+    Mutation("csa-kv-untransposed", CSA_EXPORT, 'p + "attn_kv.weight": b["kv"].T,', 'p + "attn_kv.weight": b["kv"],',
+             (T_CSA + "::test_llamacpp_runs_the_trained_layout_as_trained",), slow=True),
+    Mutation("dsv4-reference-roped-forward", "kvphase/reference/deepseek4.py", "rope(out[:, h], -pos, c.n_rot",
+             "rope(out[:, h], pos, c.n_rot", (T_CSA + "::test_the_numpy_reference_runs_the_exported_file_as_llamacpp_does",),
+             slow=True),
+    Mutation("probe-auto-reference-for-any-trained", "kvphase/cli/probes_cmd.py",
+             'return "reference" if trained is not None and not trained.in_engine_layout else "llama.cpp"',
+             'return "reference" if trained is not None else "llama.cpp"',
+             (T_CSA + "::test_probes_take_llamacpp_for_a_deepseek4_file_and_the_reference_refuses_head_knockouts",),
+             slow=True),
 ]
 
 
