@@ -265,3 +265,15 @@ def test_an_unknown_quantization_is_refused(tmp_path):
     with pytest.raises(PlanError, match="unknown quantization 'Q2_K'"):
         quantize_file(CSA_CONTROL, tmp_path / "x.gguf", "Q2_K")
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_kvphase_validate_passes_on_the_trained_file():
+    """`kvphase validate` (llama.cpp's compressor against the DSV4 design) on a trained deepseek4 file
+    with 32-channel heads: its caches hold no whole 64-channel block, so llama.cpp rotates none (the
+    validator assumed a rotation of every compressor and stopped with an error)."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    result = CliRunner().invoke(app, ["validate", str(CSA_CONTROL), "--threads", "1"])
+    assert result.exit_code == 0 and result.output.strip().endswith("PASS"), result.output

@@ -187,7 +187,8 @@ class DSV4Check(FamilyCheck):
         logits = design.gate_logits(gate, ape)  # (n, C)
         pooled = design.pool(kv, logits)  # (n_blocks, d)
         finished = design.finished(kv, gate, ape, norm, self.eps, self._rope)  # (n_blocks, d), F32
-        rotated_ref = hadamard_rotate(finished) if len(finished) else finished  # (n_blocks, d)
+        # llama.cpp rotates a cache only where its rows hold whole 64-channel blocks (build_input_k_rot)
+        rotated_ref = hadamard_rotate(finished) if len(finished) and d % 64 == 0 else finished  # (n_blocks, d)
         stored = None  # (n_blocks, d) the cache as llama.cpp stored it; rows filled per ubatch
         rotated = False
         for ub in run.ubatches:
