@@ -150,8 +150,8 @@ class DeepSeek4:
             x = x + self.attention(il, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps))  # (T, n_embd)
             m = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)  # (T, n_embd)
             for expert in ("_exps", "_shexp"):  # the routed expert (weight exactly 1) and the shared one
-                gate, up, down = (w[f"{p}ffn_{part}{expert}.weight"].reshape(-1, w[f"{p}ffn_{part}{expert}.weight"].shape[-1])
-                                  for part in ("gate", "up", "down"))
+                stored = (w[f"{p}ffn_{part}{expert}.weight"] for part in ("gate", "up", "down"))
+                gate, up, down = (x.reshape(x.shape[-2:]) for x in stored)  # the routed one's expert axis dropped
                 h = m @ gate.T  # (T, n_ff)
                 x = x + (h / (1 + np.exp(-h)) * (m @ up.T)) @ down.T  # (T, n_embd)
         return x
