@@ -10,7 +10,7 @@
 #
 #     bash scripts/engine_study.sh [STEPS] [CONFIG ...]      # JOBS=2 trainings at a time, SEEDS="0 1 2"
 #
-# STEPS: default (or "-") the layout's own default of `kvphase train` (3000 for the csa designs).
+# STEPS: default (or "-") the layout's own default of `kvphase train` (1000 steps of 32 sequences for the csa designs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KV=${KV:-.venv/bin/kvphase}
@@ -19,7 +19,7 @@ JOBS=${JOBS:-2}
 SEEDS=${SEEDS:-0 1 2}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"  # one core per training
 CONFIGS=("$@")
-[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(csa csa-disjoint csa-dense)
+[ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(csa-disjoint csa csa-dense)
 one() {  # design seed: train, then sweep through llama.cpp and through the reference
   local out="reports/trained/engine/$1-seed$2"
   local steps=(); [ "$STEPS" = "-" ] || steps=(--steps "$STEPS")

@@ -179,7 +179,8 @@ def _export_to(path, config):
     return export_gguf(path, perturbed_params(config, len(data.vocab)), config, data.vocab, step=0)
 
 
-CSA_CONTROL = Path(__file__).parent / "data" / "trained" / "csa.gguf"  # reports/trained/engine/csa-seed0 (1.3 MB)
+TRAINED = Path(__file__).parent / "data" / "trained"
+CSA_CONTROL = TRAINED / "csa-disjoint.gguf"  # reports/trained/engine/csa-disjoint-seed0: the positive control
 
 
 def _sweep(model, out, *args) -> dict:
@@ -192,18 +193,35 @@ def _sweep(model, out, *args) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def test_the_committed_csa_model_sweeps_alike_through_llamacpp_and_the_reference(tmp_path):
+@pytest.fixture(scope="module")
+def control_run(tmp_path_factory) -> Path:
+    """The positive control swept once through llama.cpp (the default for this file)."""
+    out = tmp_path_factory.mktemp("control") / "run"
+    _sweep(CSA_CONTROL, out)
+    return out
+
+
+def test_the_sweep_finds_the_weak_spot_of_the_positive_control_through_llamacpp(control_run):
+    """The disjoint CSA control cannot hold a record whose key ends a block (residue 3) in one entry;
+    the sweep through llama.cpp must see that residue fall far below the others (measured on this
+    machine: gap 40-50 points at 64 targets per residue)."""
+    summary = json.loads((control_run / "summary.json").read_text())
+    assert summary["worst_residue"] == 3, summary["per_residue"]
+    assert summary["gap"] >= 20 and summary["test"]["p_value"] < 1e-6, (summary["gap"], summary["test"])
+
+
+def test_the_committed_csa_model_sweeps_alike_through_llamacpp_and_the_reference(tmp_path, control_run):
     """`kvphase sweep` on a trained deepseek4 file: llama.cpp by default, the numpy reference on
     request; the same weights give the same answers (F16 cache against F32: a target or two may flip)."""
-    engine = _sweep(CSA_CONTROL, tmp_path / "engine")
-    assert json.loads((tmp_path / "engine" / "config.json").read_text())["backend"] == "llama.cpp"
+    engine = json.loads((control_run / "summary.json").read_text())
+    assert json.loads((control_run / "config.json").read_text())["backend"] == "llama.cpp"
     reference = _sweep(CSA_CONTROL, tmp_path / "reference", "--backend", "reference")
     for a, b in zip(engine["per_residue"], reference["per_residue"]):
         assert abs(a["correct"] - b["correct"]) <= 2, (engine["per_residue"], reference["per_residue"])
         assert abs(a["mean_logprob"] - b["mean_logprob"]) < 0.02, (a, b)
 
 
-def test_switching_the_files_compressor_off_costs_what_it_retrieved(tmp_path):
+def test_switching_the_files_compressor_off_costs_what_it_retrieved(tmp_path, control_run):
     """The compressed entries are what llama.cpp reads the far records through: zero them in the file
     (compressor norm weight 0) and the sweep's answers fall to chance or below."""
     from kvphase.gguf.tensors import read_model_tensor
@@ -214,7 +232,7 @@ def test_switching_the_files_compressor_off_costs_what_it_retrieved(tmp_path):
     for layer in range(2):
         name = f"blk.{layer}.attn_compressor_norm.weight"
         overwrite_tensor(off, name, np.zeros_like(read_model_tensor(off, name)))
-    on, without = _sweep(CSA_CONTROL, tmp_path / "on"), _sweep(off, tmp_path / "off")
+    on, without = json.loads((control_run / "summary.json").read_text()), _sweep(off, tmp_path / "off")
     mean_logprob = [np.mean([r["mean_logprob"] for r in s["per_residue"]]) for s in (on, without)]
     assert without["mean_accuracy"] < on["mean_accuracy"] / 3, (on["mean_accuracy"], without["mean_accuracy"])
     assert mean_logprob[1] < mean_logprob[0] - 1.0, mean_logprob
@@ -277,3 +295,29 @@ def test_kvphase_validate_passes_on_the_trained_file():
 
     result = CliRunner().invoke(app, ["validate", str(CSA_CONTROL), "--threads", "1"])
     assert result.exit_code == 0 and result.output.strip().endswith("PASS"), result.output
+
+
+def test_gate_activations_and_flip_run_on_the_trained_file_through_either_backend(tmp_path):
+    """The probes on an engine-layout trained file: gate-activations captures llama.cpp's own gate
+    nodes (it sent these files to the reference, which has no gates to record, and failed), and
+    flip through the reference runs the file's own compressor (it applied --design dense and
+    stopped) with margins equal to llama.cpp's within its F16 cache's rounding."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["gate-activations", str(CSA_CONTROL), "--contexts", "2", "--threads", "1",
+                               "--out", str(tmp_path / "ga")])
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "ga" / "config.json").read_text())["plan"]["backend"] == "llama.cpp"
+    margins = {}
+    for backend in ("llama.cpp", "reference"):
+        out = tmp_path / f"flip-{backend}"
+        done = runner.invoke(app, ["flip", str(CSA_CONTROL), "--targets", "2", "--cycles", "1", "--backend", backend,
+                                   "--threads", "1", "--out", str(out)])
+        assert done.exit_code == 0, done.output
+        margins[backend] = pd.read_csv(out / "results.csv")["margin"].to_numpy()
+    diff = np.abs(margins["llama.cpp"] - margins["reference"])
+    assert len(diff) == 8 and diff.max() < 0.05, f"max {diff.max():.4f} mean {diff.mean():.4f}"

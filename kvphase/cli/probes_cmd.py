@@ -57,13 +57,13 @@ def gate_activations(
     declared = find_sources(read_gguf_header(model))  # refuses a model without a gate
     stride = min(s.stride for s in declared)  # the plan only provides contexts: the model's shortest window
     sources = select_sources(declared, layer, info.path.name)
-    trained = info.trained is not None
-    if not trained:
+    on_reference = _auto_backend(info) == "reference"  # a gpt2-layout trained file: only the reference runs its gates
+    if not on_reference:
         check_llama_limits(info.path)
     defaults = _probe_defaults(info)
     plan = make_plan(info, stride, None, context or defaults.context, defaults.per_residue, defaults.padding,
                      task or defaults.task, seed)
-    if trained:
+    if on_reference:
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
     n_threads = threads or os.cpu_count() or 1
     backend = BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=n_threads,
@@ -109,10 +109,10 @@ def flip(
         raise PlanError(f"--targets and --cycles must be at least 1, got {targets} and {cycles}")
     info = read_model_info(model if model is not None else default_model_path())
     defaults = _probe_defaults(info)
-    if backend == "auto":
-        backend = defaults.backend
-        design = defaults.design if backend == "reference" and design == "dense" and not option else design
-    elif backend not in BACKENDS:
+    backend = defaults.backend if backend == "auto" else backend
+    if backend == "reference" and info.trained is not None and design == "dense" and not option:
+        design = defaults.design  # a trained file on the reference runs its own compressor, as the sweep does
+    if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
     if backend != "reference" or info.trained is None:
         check_llama_limits(info.path)

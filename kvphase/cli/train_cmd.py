@@ -34,7 +34,8 @@ def train(
     offsets: str = typer.Option("fixed", help="fixed, random (per sequence and head) or jitter (per sequence, shared)."),
     local_window: int = typer.Option(TrainConfig.local_window, "--local-window", help="Recent tokens every query sees exactly."),
     top_k: int = typer.Option(TrainConfig.top_k, "--top-k", help="kpool: windows each query reads."),
-    batch: int = typer.Option(TrainConfig.batch, help="Sequences per step."),
+    batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
+                                        f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:

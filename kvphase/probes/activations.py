@@ -183,7 +183,7 @@ def run_gate_activations(plan, backend, run_dir: Path, info, sources: Sequence[G
     config = {"probe": "gate-activations", "model": plan.model, "plan": asdict(plan), "layers": chosen,
               "contexts": len(contexts)}
     folder.start_folder(run_dir, config, [WINDOWS_FILE, FIGURE_FILE])
-    if info.trained is not None:
+    if plan.backend == "reference":
         windows = reference_windows(backend, contexts, sources)
     else:
         windows = engine_windows(info, contexts, sources, n_threads)
