@@ -321,3 +321,22 @@ def test_gate_activations_and_flip_run_on_the_trained_file_through_either_backen
         margins[backend] = pd.read_csv(out / "results.csv")["margin"].to_numpy()
     diff = np.abs(margins["llama.cpp"] - margins["reference"])
     assert len(diff) == 8 and diff.max() < 0.05, f"max {diff.max():.4f} mean {diff.mean():.4f}"
+
+
+def test_the_csa_designs_train_with_their_layouts_defaults_unless_told_otherwise(tmp_path):
+    """`kvphase train csa` without --heads/--batch/--steps takes the deepseek4 layout's defaults
+    (the settings it learns with); a given option wins; gpt2 designs keep TrainConfig's."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+    from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
+
+    assert TrainConfig.for_design("gated").batch == TrainConfig.batch
+    assert TrainConfig.for_design("csa", batch=8).batch == 8
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "csa-disjoint", str(out), "--steps", "1", "--eval-every", "1", "--quiet"])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "config.json").read_text())
+    assert {k: saved[k] for k in ("heads", "batch")} == {"heads": 2, "batch": 32} == {
+        k: LAYOUT_DEFAULTS["deepseek4"][k] for k in ("heads", "batch")}
+    assert saved["steps"] == 1
