@@ -93,6 +93,8 @@ def test_cli_refuses_in_one_line(tmp_path):
     tiny = write_tiny_model("glm5-next", tmp_path / "glm.gguf")
     for args, message in ((["--targets", "0"], "--targets and --cycles must be at least 1"),
                           (["--context", "1000000"], "does not fit"),
+                          (["--stride", "0"], "--stride must be at least 2, got 0"),  # was a ZeroDivisionError
+                          (["--stride", "-3"], "--stride must be at least 2, got -3"),
                           ([], "has no tokenizer")):
         result = runner.invoke(app, ["flip", str(tiny), "--out", str(tmp_path / "run"), *args])
         assert result.exit_code == 1 and message in result.output, result.output

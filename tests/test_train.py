@@ -158,6 +158,9 @@ def test_vocabulary_tokenizes_in_llamacpp_as_in_training(tmp_path):
     (["dense", "--stagger", "head"], "dense control"),
     (["gated", "--context", "16"], "fewer than 8 windows"),
     (["gated", "--steps", "0"], "--steps must be a positive integer"),
+    (["gated", "--steps", "100000000"], "--steps beyond 1000000"),
+    (["gated", "--lr", "inf"], "--lr must be a positive finite number, got inf"),  # trained, then failed
+    (["gated", "--lr", "nan"], "--lr must be a positive finite number, got nan"),
     (["gated", "--records", "2"], "--records must lie between --queries (4)"),
     (["gated", "--records", "40"], "what --context 64 holds (31), got 40"),
 ])

@@ -117,6 +117,8 @@ def flip(
     if backend != "reference" or info.trained is None:
         check_llama_limits(info.path)
     s = stride if stride is not None else (info.compression.stride or 4)
+    if s < 2:  # before the shifts and the plan's size are derived from it
+        raise PlanError(f"--stride must be at least 2, got {s}")
     if context is None:  # a trained model's positions end at its context: the longest shift must fit it
         context = defaults.context - (cycles * s if info.trained is not None else 0)
     n_ctx = context + cycles * s + query_room(info)

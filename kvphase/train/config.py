@@ -7,6 +7,7 @@ checked where it is made, so a bad option is one line before anything is trained
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from kvphase.errors import PlanError
@@ -17,6 +18,7 @@ from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, TRAINED_DESIGNS
 # 16 sequences a step and 1500 steps seeds 0 and 2 never left the plateau, at 32 both learned
 # it within 500 steps (measured, issue 18's note; some seeds still stay on it)
 LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000}, "gpt2": {}}
+MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes on one core
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
 
@@ -78,8 +80,10 @@ class TrainConfig:
                 f"--records must lie between --queries ({self.queries}) and what --context {self.context} holds "
                 f"({(self.context - 1) // 2}), got {self.records!r}"
             )
-        if not self.lr > 0:
-            raise PlanError(f"--lr must be positive, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise PlanError(f"--lr must be a positive finite number, got {self.lr}")
+        if self.steps > MAX_STEPS:
+            raise PlanError(f"--steps beyond {MAX_STEPS} would train for days on a CPU, got {self.steps}")
         if self.seed < 0:
             raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
         if self.local_window < 0 or self.top_k < 1:
