@@ -91,9 +91,12 @@ def test_unreachable_server_is_one_line():
         backend_for(server)
 
 
-def test_a_malformed_url_is_refused():
+@pytest.mark.parametrize("url", ["ftp://somewhere", "http//bad url", "http://[::1", "http://localhost:99999",
+                                 "http://host:abc"])
+def test_a_malformed_url_is_refused(url):
+    """Each was a traceback (ValueError) or a retried request before it was refused."""
     with pytest.raises(PlanError, match="--url expects http://HOST:PORT"):
-        ENGINES["llama-server"]("ftp://somewhere", QUICK)
+        ENGINES["llama-server"](url, QUICK)
 
 
 @pytest.mark.parametrize("engine", ["llama-server", "openai"])

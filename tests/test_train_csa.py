@@ -340,3 +340,21 @@ def test_the_csa_designs_train_with_their_layouts_defaults_unless_told_otherwise
     assert {k: saved[k] for k in ("heads", "batch")} == {"heads": 2, "batch": 32} == {
         k: LAYOUT_DEFAULTS["deepseek4"][k] for k in ("heads", "batch")}
     assert saved["steps"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["knockout", "--context", "0"], "--context must be a positive number of tokens, got 0"),
+    (["knockout", "--per-residue", "0"], "--per-residue must be at least 1, got 0"),
+    (["cycle", "--k", "1", "--context", "0"], "--context must be a positive number of tokens, got 0"),
+    (["cycle", "--k", "1", "--per-residue", "0"], "--per-residue must be at least 1, got 0"),
+    (["gate-activations", "--context", "0"], "--context must be a positive number of tokens, got 0"),
+])
+def test_a_zero_probe_option_is_refused_not_read_as_the_default(tmp_path, args, message):
+    """0 is a value the user gave, not "the default" (issue 22): one line, no folder."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    result = CliRunner().invoke(app, [args[0], str(CSA_CONTROL), *args[1:], "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -65,6 +65,18 @@ class ServerRefused(BackendError):
 TRANSIENT_STATUS = (502, 503, 504)  # a proxy hiccup, or llama-server still loading the model
 
 
+def parse_url(url: str):
+    """urlsplit of a server's URL (http:// when no scheme), or one line naming what is wrong with it."""
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        parts.port  # noqa: B018 -- raises on a port outside 0-65535 or not a number
+    except ValueError as exc:
+        raise PlanError(f"--url expects http://HOST:PORT, got {url!r} ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+        raise PlanError(f"--url expects http://HOST:PORT, got {url!r}")
+    return parts
+
+
 class Http:
     """JSON requests to one server over one keep-alive connection (one per thread).
 
@@ -72,9 +84,7 @@ class Http:
     reported at once, a server that goes away mid-run gets every retry."""
 
     def __init__(self, url: str, retry: Retry):
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise PlanError(f"--url expects http://HOST:PORT, got {url!r}")
+        parts = parse_url(url)
         self.url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
         self._parts = parts
         self._retry = retry
