@@ -450,7 +450,11 @@ class Campaign:
                 ("csa", ["--stride", "8", "--context", "64"]), ("csa", ["--stagger", "head"]),
                 ("csa-disjoint", ["--offsets", "random"]), ("csa-dense", ["--d-model", "24", "--heads", "4"]),
                 ("csa", ["--local-window", "0"]), ("csa-nope", []))),
-            ["train", "csa", "/proc/x", "--steps", "1"], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
+            ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
+            ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
+            ["sweep", m, "--out", ""], ["knockout", m, "--out", "."], ["knockout", m, "--context", "0"],
+            ["flip", m, "--stride", "0"], ["sweep", m, "--backend", "server", "--url", "http://[::1"],
+            ["sweep", m, "--backend", "server", "--url", "http://h:99999"], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
             ["--no-such-option"], ["inspect", "--help"], ["inspect", "[/x]"], ["inspect", "\x1b[2J"],
         ]
         return [Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv], cleanup=[out])

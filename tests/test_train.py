@@ -177,6 +177,14 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path):
     assert result.exit_code == 1 and "not a writable folder" in result.output
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_an_output_under_proc_is_one_line():
+    """/proc passes the writable check (for root) and refuses the mkdir: that was a traceback (issue 22)."""
+    result = runner.invoke(app, ["train", "dense", "/proc/kvphase-run", "--steps", "1", "--eval-every", "1"])
+    assert result.exit_code == 1 and "/proc" in result.output, result.output  # root: mkdir refused; others: not writable
+    assert len(result.output.strip().splitlines()) == 1
+
+
 def test_a_missing_extra_names_the_install_command(monkeypatch, tmp_path):
     import builtins
 

@@ -358,3 +358,18 @@ def test_a_zero_probe_option_is_refused_not_read_as_the_default(tmp_path, args, 
     result = CliRunner().invoke(app, [args[0], str(CSA_CONTROL), *args[1:], "--out", str(tmp_path / "run")])
     assert result.exit_code == 1 and message in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args", [["sweep", str(CSA_CONTROL)], ["knockout", str(CSA_CONTROL)], ["gates", str(CSA_CONTROL)],
+                                  ["compare", "a", "b"]])
+@pytest.mark.parametrize("out", ["", "."])
+def test_an_empty_or_current_out_is_refused_before_anything_is_written(tmp_path, monkeypatch, args, out):
+    """An empty --out was the current folder: the run's files went among whatever was there (issue 22)."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*args, "--out", out])
+    assert result.exit_code == 1 and "is the current folder" in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not list(tmp_path.iterdir())

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvphase.cli import app
+from kvphase.cli.options import own_folder
 from kvphase.cli.text import markup, plain
 
 
@@ -17,7 +18,7 @@ from kvphase.cli.text import markup, plain
 def compare(
     run_dirs: Optional[List[Path]] = typer.Argument(None, metavar="RUN_DIR", show_default=False,
                                                     help="Run folders written by `kvphase sweep`."),
-    out: Optional[Path] = typer.Option(None, help="Folder for comparison.md, comparison.png and comparison.csv; "
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Folder for comparison.md, comparison.png and comparison.csv; "
                                        "default reports/comparison."),
 ) -> None:
     """Put several runs side by side: one table and one accuracy-by-residue figure."""

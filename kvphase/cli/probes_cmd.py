@@ -8,13 +8,14 @@ from typing import List, Optional
 import typer
 
 from kvphase.cli import app
+from kvphase.cli.options import own_folder
 from kvphase.cli.text import plain
 
 
 @app.command()
 def gates(
     model: Path = typer.Argument(..., help="A GGUF with per-phase gate biases: glm5-next, deepseek4 or a kvphase-trained gated/kpool model."),
-    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-gates."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-gates."),
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer (repeatable); default every layer with a gate bias."),
 ) -> None:
     """Static gate concentration: per layer and channel, the phase the per-phase bias favours, its share and entropy."""
@@ -35,7 +36,7 @@ def gate_activations(
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer (repeatable); default every layer with a gate."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
-    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-gate-activations."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-gate-activations."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
 ) -> None:
     """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
@@ -83,7 +84,7 @@ def flip(
     cycles: int = typer.Option(2, help="Stride cycles of shifts: 0 .. cycles x S - 1 filler tokens."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     seed: int = typer.Option(0, help="Seed for records and positions."),
-    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-flip-S<stride>-L<context>."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-flip-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
     backend: str = typer.Option("auto", help="llama.cpp, reference (the numpy model), or auto: reference with the "
                                 "file's own compressor for a compressed kvphase-trained model, else llama.cpp."),
@@ -148,7 +149,7 @@ def cycle(
                                               "default 8, 256 for a trained model."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
-    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-cycle-k<K>."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-cycle-k<K>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
     backend: str = typer.Option("auto", help="llama.cpp, reference, or auto: reference for kvphase-trained models."),
 ) -> None:
@@ -200,7 +201,7 @@ def knockout(
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads or gate (repeatable); default every "
                                               "layer that has them."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
-    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-knockout."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-knockout."),
     slots: bool = typer.Option(False, "--slots", help="Knock out the gate's phase slots (each phase's weight held "
                                "at its mean) instead of heads: a kvphase-trained gate, glm5-next's k-pool gate or "
                                "deepseek4's CSA and indexer compressors."),

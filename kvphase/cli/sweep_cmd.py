@@ -17,6 +17,7 @@ from rich.text import Text
 
 from kvphase.backends import BACKENDS
 from kvphase.cli import app
+from kvphase.cli.options import own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path
 from kvphase.engines.llamacpp import check_threads
@@ -62,7 +63,7 @@ def sweep(
     task: Optional[str] = typer.Option(None, help=f"Retrieval task from prompts/ ({', '.join(available_tasks())}); "
                                        "default records, or the task a trained model learned."),
     seed: int = typer.Option(0, help="Seed for records, positions and gaps."),
-    out: Optional[Path] = typer.Option(None, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     backend: Optional[BackendName] = typer.Option(None, help="llama.cpp (default), or the numpy reference model "

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kvphase.cli import app
+from kvphase.cli.options import own_folder
 from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
 
 
@@ -17,7 +18,7 @@ from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
 def train(
     design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool (gpt2 files the reference runs); "
                                  "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs)."),
-    out: Optional[Path] = typer.Argument(None, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
+    out: Optional[Path] = typer.Argument(None, callback=own_folder, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
     stride: int = typer.Option(TrainConfig.stride, help="S: tokens per pooled entry."),
     layers: int = typer.Option(TrainConfig.layers, help="Transformer blocks."),
     heads: Optional[int] = typer.Option(None, help="Attention heads (each has its own compressor offset); default "

@@ -24,7 +24,7 @@ import numpy as np
 
 from kvphase import __version__
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.sweep.run import write_atomic
+from kvphase.sweep.run import make_folder, write_atomic
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
 
@@ -120,7 +120,7 @@ def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] =
     """Train (or resume) into `out`; returns the trainer. Ctrl-C saves a checkpoint and re-raises."""
     check_train_dir(out, config)
     trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     write_atomic(out / CONFIG_FILE, json.dumps({"kind": "train", **config.to_json()}, indent=2) + "\n")
     checkpoint = out / CHECKPOINT_FILE
     if checkpoint.is_file():

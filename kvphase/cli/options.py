@@ -1,0 +1,16 @@
+"""Checks shared by several commands' options, run while the options are parsed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from kvphase.errors import PlanError
+
+
+def own_folder(value: Optional[Path]) -> Optional[Path]:
+    """--out / OUT must name a folder of the run's own: "" and "." (the current folder) would mix
+    the run's files with whatever is there."""
+    if value is not None and Path(value) == Path("."):
+        raise PlanError(f"the run folder {str(value)!r} is the current folder; name a folder for the run (e.g. --out run1)")
+    return value
