@@ -65,7 +65,7 @@ def test_a_half_written_row_is_dropped_and_rescored(tmp_path, info):
 
 
 @pytest.mark.parametrize("damage, fragment", [
-    (b"garbage,,,,,,,,,,\n", "target_id is 'garbage', expected a number"),
+    (b"garbage,,,,,,,,,,\n", "target_id is 'garbage', expected a finite number"),
     (b"\xff\xfe\x00 not text\n", "is not a readable results file"),
 ])
 def test_a_damaged_results_file_is_named_not_a_traceback(tmp_path, info, damage, fragment):
@@ -73,6 +73,22 @@ def test_a_damaged_results_file_is_named_not_a_traceback(tmp_path, info, damage,
     with (tmp_path / "results.csv").open("ab") as results:
         results.write(damage)
     with pytest.raises(RunFolderError, match=fragment):
+        load_results(tmp_path)
+
+
+@pytest.mark.parametrize("column, value, fragment", [
+    ("target_id", "inf", "target_id is 'inf', expected a finite number"),  # resume died on int(inf)
+    ("logprob", "nan", "logprob is 'nan', expected a finite number"),
+    ("correct", "2", "correct is '2', expected True or False"),  # counted as wrong, silently
+    ("correct", "maybe", "correct is 'maybe', expected True or False"),
+])
+def test_a_results_cell_outside_its_domain_is_named(tmp_path, info, column, value, fragment):
+    execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
+    path = tmp_path / "results.csv"
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    frame.loc[2, column] = value
+    frame.to_csv(path, index=False)
+    with pytest.raises(RunFolderError, match=f"line 4: {fragment}"):
         load_results(tmp_path)
 
 

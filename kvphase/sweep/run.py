@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+import numpy as np
 import pandas as pd
 
 from kvphase import __version__
@@ -241,12 +242,19 @@ def load_results(run_dir: Path) -> pd.DataFrame:
         raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
     for column in NUMERIC_COLUMNS:
         values = pd.to_numeric(frame[column], errors="coerce")  # (n_rows,)
-        if values.isna().any():
-            row = int(values.isna().to_numpy().argmax())
-            raise RunFolderError(f"{path} line {row + 2}: {column} is {frame[column].iloc[row]!r}, expected a number")
+        _refuse_rows(path, frame, column, ~np.isfinite(values.to_numpy(dtype=float)), "a finite number")
         frame[column] = values
-    frame["correct"] = frame["correct"].astype(str).str.lower().isin(["true", "1"])
+    verdicts = frame["correct"].astype(str).str.lower()  # (n_rows,)
+    _refuse_rows(path, frame, "correct", ~verdicts.isin(["true", "false", "1", "0"]).to_numpy(), "True or False")
+    frame["correct"] = verdicts.isin(["true", "1"])
     return frame.drop_duplicates("target_id", keep="first")
+
+
+def _refuse_rows(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, expected: str) -> None:
+    """One line naming the first row of `column` flagged in `bad` (n_rows,), if any."""
+    if bad.any():
+        row = int(bad.argmax())
+        raise RunFolderError(f"{path} line {row + 2}: {column} is {str(frame[column].iloc[row])!r}, expected {expected}")
 
 
 class ResultWriter:
