@@ -8,6 +8,11 @@ from typing import Optional
 from kvphase.errors import PlanError
 
 
+def given(value, default):
+    """An option's value, or the default when the option was not given (0 is a given value)."""
+    return default if value is None else value
+
+
 def own_folder(value: Optional[Path]) -> Optional[Path]:
     """--out / OUT must name a folder of the run's own: "" and "." (the current folder) would mix
     the run's files with whatever is there."""

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from kvphase.cli import app
-from kvphase.cli.options import own_folder
+from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import plain
 
 
@@ -62,7 +62,7 @@ def gate_activations(
     if not on_reference:
         check_llama_limits(info.path)
     defaults = _probe_defaults(info)
-    plan = make_plan(info, stride, None, _given(context, defaults.context), defaults.per_residue, defaults.padding,
+    plan = make_plan(info, stride, None, given(context, defaults.context), defaults.per_residue, defaults.padding,
                      task or defaults.task, seed)
     if on_reference:
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
@@ -176,7 +176,7 @@ def cycle(
     name = backend if backend != "auto" else _auto_backend(info)
     if name not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
-    plan = replace(make_plan(info, stride, None, _given(context, defaults.context), _given(per_residue, defaults.per_residue),
+    plan = replace(make_plan(info, stride, None, given(context, defaults.context), given(per_residue, defaults.per_residue),
                              defaults.padding, task or defaults.task, seed), backend=name)
     if name == "reference":
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
@@ -233,7 +233,7 @@ def knockout(
     if name == "llama.cpp":
         refuse_trained_compressor(info)
         check_llama_limits(info.path)
-    plan = replace(make_plan(info, None, None, _given(context, defaults.context), _given(per_residue, 64 if trained else 8),
+    plan = replace(make_plan(info, None, None, given(context, defaults.context), given(per_residue, 64 if trained else 8),
                              defaults.padding, task or defaults.task, seed), backend=name)
     n_ctx = plan.context + query_room(info)
     if name == "reference":
@@ -247,11 +247,6 @@ def knockout(
 
     typer.echo(plain(run_knockout(plan, engine, run_dir, info, layer or None, slots, progress), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
-
-
-def _given(value, default):
-    """An option's value, or the default where it was not given (0 is given: the plan refuses it)."""
-    return default if value is None else value
 
 
 def _auto_backend(info) -> str:

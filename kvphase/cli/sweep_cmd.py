@@ -17,7 +17,7 @@ from rich.text import Text
 
 from kvphase.backends import BACKENDS
 from kvphase.cli import app
-from kvphase.cli.options import own_folder
+from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path
 from kvphase.engines.llamacpp import check_threads
@@ -86,7 +86,7 @@ def sweep(
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
     defaults = SweepDefaults.for_model(info)
     count = sample_size(per_residue, detect, stride_and_modulus(info, stride, modulus)[1], defaults.per_residue)
-    plan = make_plan(info, stride, modulus, _given(context, defaults.context), count,
+    plan = make_plan(info, stride, modulus, given(context, defaults.context), count,
                      (padding or Padding(defaults.padding)).value, task or defaults.task, seed)
     if (backend.value if backend else defaults.backend) == "reference":
         plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
@@ -266,8 +266,3 @@ class _progress_bar:
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def _given(value, default):
-    """An option's value, or the model's default when the option was not given (0 is a given value)."""
-    return default if value is None else value
