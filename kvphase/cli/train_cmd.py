@@ -17,26 +17,29 @@ from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
 @app.command()
 def train(
     design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool (gpt2 files the reference runs); "
-                                 "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs)."),
+                                 "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs); glm-kpool or glm-dense "
+                                 "(glm5-next files llama.cpp runs)."),
     out: Optional[Path] = typer.Argument(None, callback=own_folder, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
     stride: int = typer.Option(TrainConfig.stride, help="S: tokens per pooled entry."),
     layers: int = typer.Option(TrainConfig.layers, help="Transformer blocks."),
     heads: Optional[int] = typer.Option(None, help="Attention heads (each has its own compressor offset); default "
-                                       f"{TrainConfig.heads}, {LAYOUT_DEFAULTS['deepseek4']['heads']} for the csa designs."),
+                                       f"{TrainConfig.heads}, {LAYOUT_DEFAULTS['deepseek4']['heads']} for the csa and glm designs."),
     d_model: int = typer.Option(TrainConfig.d_model, "--d-model", help="Width of the residual stream."),
     context: int = typer.Option(TrainConfig.context, help="Tokens before the questions (the sweep's default --context)."),
     records: int = typer.Option(TrainConfig.records, help="Key value records in each training context."),
     queries: int = typer.Option(TrainConfig.queries, help="Questions after the context of every training sequence."),
     steps: Optional[int] = typer.Option(None, help=f"Optimisation steps; default {TrainConfig.steps}, "
-                                       f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa designs."),
+                                       f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa and glm designs."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
     eval_every: int = typer.Option(TrainConfig.eval_every, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
     stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),
     offsets: str = typer.Option("fixed", help="fixed, random (per sequence and head) or jitter (per sequence, shared)."),
     local_window: int = typer.Option(TrainConfig.local_window, "--local-window", help="Recent tokens every query sees exactly."),
-    top_k: int = typer.Option(TrainConfig.top_k, "--top-k", help="kpool: windows each query reads."),
+    top_k: int = typer.Option(TrainConfig.top_k, "--top-k", help="kpool, glm-kpool: windows (pools) each query reads."),
+    dense_steps: int = typer.Option(TrainConfig.dense_steps, "--dense-steps",
+                                    help="glm designs: steps of dense attention, the indexer distilled, before sparse training."),
     batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
-                                        f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa designs."),
+                                        f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa and glm designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
@@ -46,7 +49,7 @@ def train(
 
     config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
-                         local_window=local_window, top_k=top_k, batch=batch, lr=lr)
+                         local_window=local_window, top_k=top_k, batch=batch, lr=lr, dense_steps=dense_steps)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:
         run_training(config, out, on_start=progress.start, on_step=progress.step)

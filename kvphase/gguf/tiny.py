@@ -86,22 +86,43 @@ def _moe_ffn(spec: TinySpec, i: int, n_embd: int, n_ff_exp: int, n_expert: int, 
 # --------------------------------------------------------------------------- glm5-next
 
 
-def glm5_next_spec() -> TinySpec:
-    """GLM-5.3-Flash layout: layers 0 and 2 are nope-MLA with the k-pool indexer, layer 1 is KDA.
+@dataclass(frozen=True)
+class Glm5Layout:
+    """The sizes of a glm5-next file; the defaults are the tiny random model's."""
+
+    n_embd: int = 32
+    n_head: int = 2
+    q_lora: int = 16
+    kv_lora: int = 16
+    k_mla: int = 8
+    v_mla: int = 8
+    kda_dim: int = 8
+    d_conv: int = 4
+    n_idx_head: int = 2
+    n_idx: int = 16
+    kpool: int = 4
+    top_k: int = 8  # tokens: top_k // kpool pools
+    n_ff: int = 32
+    kinds: tuple[str, ...] = ("dsa", "kda", "dsa")  # per layer: nope MLA with the indexer, or KDA
+
+
+def glm5_next_spec(layout: Glm5Layout = Glm5Layout()) -> TinySpec:
+    """GLM-5.3-Flash layout; the tiny model's layers 0 and 2 are nope-MLA with the k-pool
+    indexer, layer 1 is KDA.
 
     Follows `llama_model_glm5_next::load_arch_hparams/load_arch_tensors`. A KDA layer is
     required (its recurrent input is otherwise left unallocated); all layers are dense
-    (`leading_dense_block_count` = block_count) to keep the file small.
+    (`leading_dense_block_count` = block_count) to keep the file small. `kvphase train`'s
+    glm5-next export writes its weights into this same spec (kvphase/train/export_glm5.py).
     """
     s = TinySpec("glm5-next")
-    n_embd, n_head, hc = 32, 2, 4
-    q_lora, kv_lora, k_mla, v_mla = 16, 16, 8, 8
-    kda_dim, d_conv = 8, 4
-    n_idx_head, n_idx, kpool, top_k = 2, 16, 4, 8
-    kinds = ["dsa", "kda", "dsa"]
+    L, hc = layout, 4
+    n_embd, n_head, kinds = L.n_embd, L.n_head, L.kinds
+    q_lora, kv_lora, k_mla, v_mla, kda_dim, d_conv = L.q_lora, L.kv_lora, L.k_mla, L.v_mla, L.kda_dim, L.d_conv
+    n_idx_head, n_idx, kpool = L.n_idx_head, L.n_idx, L.kpool
     _common(s, n_embd, len(kinds))
     s.key("attention.layer_norm_epsilon", 1e-5)
-    s.key("feed_forward_length", 32)
+    s.key("feed_forward_length", L.n_ff)
     s.key("leading_dense_block_count", len(kinds))
     s.key("expert_feed_forward_length", 16)
     s.key("expert_shared_count", 1)
@@ -118,7 +139,7 @@ def glm5_next_spec() -> TinySpec:
     s.key("kda.head_dim", kda_dim)
     s.key("attention.indexer.head_count", n_idx_head)
     s.key("attention.indexer.key_length", n_idx)
-    s.key("attention.indexer.top_k", top_k)
+    s.key("attention.indexer.top_k", L.top_k)
     s.key("attention.indexer.kpool", kpool)
     s.key("attention.indexer.kpool_select_tail", True)
     s.key("hyper_connection.count", hc)
@@ -158,7 +179,7 @@ def glm5_next_spec() -> TinySpec:
             s.tensor(f"blk.{i}.indexer.attn_q_b.weight", (q_lora, n_idx_head * n_idx))
             s.tensor(f"blk.{i}.indexer_compressor_gate.weight", (n_embd, n_idx))
             s.tensor(f"blk.{i}.indexer_compressor_ape.weight", (n_idx, kpool), "ape")
-        _dense_ffn(s, i, n_embd, 32)
+        _dense_ffn(s, i, n_embd, L.n_ff)
     return s
 
 
@@ -383,7 +404,7 @@ DENSE_TINY_ARCHS: dict[str, Callable[[], TinySpec]] = {
 # --------------------------------------------------------------------------- writing
 
 
-def _init(rng: np.random.Generator, ne: tuple[int, ...], kind: str) -> np.ndarray:
+def init_tensor(rng: np.random.Generator, ne: tuple[int, ...], kind: str) -> np.ndarray:
     shape = tuple(reversed(ne))  # numpy is row-major: ggml's ne0 is the last numpy axis
     if kind == "ones":
         return np.ones(shape, np.float32)
@@ -445,7 +466,7 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     rng = np.random.default_rng(seed)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_gguf(path, arch, spec.keys, ((name, _init(rng, ne, kind)) for name, ne, kind in spec.tensors))
+        write_gguf(path, arch, spec.keys, ((name, init_tensor(rng, ne, kind)) for name, ne, kind in spec.tensors))
     except OSError as exc:
         raise ModelFileError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path

@@ -9,7 +9,10 @@ from kvphase.gguf.header import Metadata
 TRAINED_PREFIX = "kvphase.trained."
 GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
 DEEPSEEK4_DESIGNS = ("csa", "csa-disjoint", "csa-dense")  # deepseek4's own layout: llama.cpp runs them
-TRAINED_DESIGNS = GPT2_DESIGNS + DEEPSEEK4_DESIGNS
+GLM5_DESIGNS = ("glm-kpool", "glm-dense")  # glm5-next's own layout: llama.cpp runs them
+ENGINE_DESIGNS = DEEPSEEK4_DESIGNS + GLM5_DESIGNS
+DENSE_DESIGNS = ("dense", "csa-dense", "glm-dense")  # the controls and twins: every token read exactly
+TRAINED_DESIGNS = GPT2_DESIGNS + ENGINE_DESIGNS
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,11 @@ class TrainedSpec:
     @property
     def in_engine_layout(self) -> bool:
         """The file is an architecture llama.cpp runs whole, compressor included."""
-        return self.design in DEEPSEEK4_DESIGNS
+        return self.design in ENGINE_DESIGNS
 
     @property
     def compressed(self) -> bool:
-        return self.design not in ("dense", "csa-dense")
+        return self.design not in DENSE_DESIGNS
 
 
 def read_trained_spec(meta: Metadata, n_layer: int, n_head: int) -> TrainedSpec | None:

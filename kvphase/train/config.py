@@ -11,13 +11,14 @@ import math
 from dataclasses import dataclass
 
 from kvphase.errors import PlanError
-from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, TRAINED_DESIGNS
+from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, DENSE_DESIGNS, GLM5_DESIGNS, TRAINED_DESIGNS
 
 # what the deepseek4 layout trains with where an option is not given: its single K = V head
 # (RMS-normed, no position embedding) leaves the retrieval at the mercy of gradient noise: at
 # 16 sequences a step and 1500 steps seeds 0 and 2 never left the plateau, at 32 both learned
 # it within 500 steps (measured, issue 18's note; some seeds still stay on it)
-LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000}, "gpt2": {}}
+LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000}, "glm5-next": {"heads": 2, "batch": 32, "steps": 1000},
+                   "gpt2": {}}
 MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes on one core
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
@@ -25,7 +26,7 @@ OFFSET_MODES = ("fixed", "random", "jitter")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool"; "csa", "csa-disjoint", "csa-dense"
+    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool"; "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense"
     stride: int = 4  # S: tokens per pooled entry (window W = S)
     local_window: int = 8  # most recent tokens every query also sees exactly (compressed designs)
     top_k: int = 8  # kpool: pools each query selects
@@ -44,6 +45,7 @@ class TrainConfig:
     stagger: str = "none"  # window offsets staggered across "layer", "head" or "layer_head"
     offsets: str = "fixed"  # "fixed", "random" (per sequence and head) or "jitter" (per sequence, shared)
     task: str = "pairs"  # prompts/<task>.toml: the words and record format
+    dense_steps: int = 200  # glm designs: steps of dense attention (the indexer distilled) before sparse training
 
     def __post_init__(self) -> None:
         if self.design not in TRAINED_DESIGNS:
@@ -59,6 +61,8 @@ class TrainConfig:
         self._check_sizes()
         if self.layout == "deepseek4":
             self._check_deepseek4()
+        if self.layout == "glm5-next":
+            self._check_glm5()
         if self.design == "dense" and (self.stagger != "none" or self.offsets != "fixed"):
             raise PlanError("the dense control has no windows to offset; drop --stagger/--offsets")
 
@@ -102,6 +106,18 @@ class TrainConfig:
         if self.design != "csa-dense" and self.local_window < 1:
             raise PlanError("deepseek4's sliding window holds the query itself: --local-window must be at least 1")
 
+    def _check_glm5(self) -> None:
+        """What glm5-next's file cannot express: pools start at the sequence's first position,
+        and its MLA has no positions at all (NoPE)."""
+        if self.stagger != "none" or self.offsets != "fixed":
+            raise PlanError(f"glm5-next pools tokens from the sequence's first position; {self.design} takes no "
+                            "--stagger or --offsets")
+        if self.local_window != TrainConfig.local_window:
+            raise PlanError(f"glm5-next has no sliding window (a query reads its selected pools and its own pool's "
+                            f"tail); {self.design} takes no --local-window")
+        if not isinstance(self.dense_steps, int) or not 0 <= self.dense_steps <= MAX_STEPS:
+            raise PlanError(f"--dense-steps must be an integer from 0 to {MAX_STEPS}, got {self.dense_steps!r}")
+
     @property
     def layout(self) -> str:
         """The file the model exports to: "deepseek4" (llama.cpp runs it) or "gpt2" (+ kvphase's gate tensors)."""
@@ -124,7 +140,7 @@ class TrainConfig:
 
     @property
     def compressed(self) -> bool:
-        return self.design not in ("dense", "csa-dense")
+        return self.design not in DENSE_DESIGNS
 
     def starts(self) -> list[list[int]]:
         """Fixed window offset of every (layer, head); random offsets are drawn per sequence instead."""
@@ -152,4 +168,6 @@ class TrainConfig:
 
 
 def layout_of(design: str) -> str:
-    return "deepseek4" if design in DEEPSEEK4_DESIGNS else "gpt2"
+    if design in DEEPSEEK4_DESIGNS:
+        return "deepseek4"
+    return "glm5-next" if design in GLM5_DESIGNS else "gpt2"

@@ -102,6 +102,10 @@ def export_gguf(path: str | Path, params: dict, config: TrainConfig, vocab: Word
         from kvphase.train.export_deepseek4 import deepseek4_file
 
         arch, keys, weights = deepseek4_file(params, config, vocab, step)
+    elif config.layout == "glm5-next":
+        from kvphase.train.export_glm5 import glm5_file
+
+        arch, keys, weights = glm5_file(params, config, vocab, step)
     else:
         arch, keys, weights = "gpt2", metadata(config, vocab, step), tensors(params, config)
     path = Path(path)

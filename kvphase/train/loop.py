@@ -75,7 +75,7 @@ class Trainer:
 
         batch = self.data.training_batch(self.step)
         starts = draw_starts(self.config, np.random.default_rng([self.config.seed, 3, self.step]), self.config.batch)
-        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config)(
+        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse)(
             self.params, self.opt_state, batch.tokens, starts, batch.answers
         )
         self.step += 1
@@ -95,6 +95,11 @@ class Trainer:
             on_step(StepMetrics(self.step, loss, accuracy, rate))
             if self.step % self.config.eval_every == 0 or self.step == until:
                 on_eval(self.evaluate())
+
+    @property
+    def sparse(self) -> bool:
+        """Whether this step's attention reads only what the indexer selects (glm designs warm up dense)."""
+        return self.config.layout != "glm5-next" or self.step >= self.config.dense_steps
 
     # -- evaluation -------------------------------------------------------------------
 
@@ -147,6 +152,10 @@ def model_of(config: TrainConfig):
         from kvphase.train import csa
 
         return csa
+    if config.layout == "glm5-next":
+        from kvphase.train import glm5
+
+        return glm5
     from kvphase.train import model
 
     return model
@@ -160,26 +169,28 @@ def optimizer(config: TrainConfig):
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
 
 
-def _answer_stats(params, tokens, starts, answers, config: TrainConfig):
+def _answer_stats(params, tokens, starts, answers, config: TrainConfig, sparse: bool = True):
     import jax
     import jax.numpy as jnp
 
     rows = config.context + 2 * np.arange(config.queries)
-    logits, aux = model_of(config).query_logits(params, tokens, jnp.asarray(starts), rows, config)  # (B, Q, V)
+    module = model_of(config)
+    extra = {"sparse": sparse} if config.layout == "glm5-next" else {}
+    logits, aux = module.query_logits(params, tokens, jnp.asarray(starts), rows, config, **extra)  # (B, Q, V)
     logp = jax.nn.log_softmax(logits, axis=-1)  # (B, Q, V)
     answer_logp = jnp.take_along_axis(logp, answers[..., None], axis=-1)[..., 0]  # (B, Q)
     return answer_logp, logits.argmax(-1) == answers, aux
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_step(config: TrainConfig):
+def _jitted_step(config: TrainConfig, sparse: bool = True):
     import jax
     import optax
 
     opt = optimizer(config)
 
     def loss_fn(params, tokens, starts, answers):
-        answer_logp, correct, aux = _answer_stats(params, tokens, starts, answers, config)
+        answer_logp, correct, aux = _answer_stats(params, tokens, starts, answers, config, sparse)
         nll = -answer_logp.mean()
         return nll + AUX_WEIGHT * aux, (nll, correct.mean())
 

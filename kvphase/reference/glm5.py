@@ -1,0 +1,154 @@
+"""A numpy GLM-5.3 (glm5-next) for the files `kvphase train glm-kpool` exports, independent of its JAX mirror.
+
+It runs glm5-next files in the minimal configuration (../shared/notes/llama-cpp-minimal-configs.md):
+hyper-connections that are exact identities (every `hc_*_fn` zero), dense SwiGLU
+feed-forwards, and KDA layers that add nothing (`attn_output` and `ffn_down` zero); anything
+else is refused, not approximated. The selection is `kvphase.designs.KPool` (the code
+`kvphase validate` proves equal to llama.cpp's) with an F32 indexer cache; the attention
+follows `build_dsa_layer` in src/models/glm5-next.cpp: NoPE MLA over one RMS-normed latent.
+
+Each call runs the whole sequence again (the cache is the token list), as the deepseek4
+reference does: the models it is for are small and their contexts short.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from kvphase.designs.dsv4 import rms_norm
+from kvphase.designs.kpool import KPool
+from kvphase.designs.windows import causal_mask, softmax
+from kvphase.errors import ModelFileError
+from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.tensors import tensor_array
+from kvphase.reference.deepseek4 import TokenCache, identity_hc_base
+
+ARCH = "glm5-next"
+
+
+@dataclass(frozen=True)
+class Glm5Config:
+    n_layer: int
+    mla_layers: tuple[bool, ...]  # per layer: NoPE MLA with the indexer (True) or KDA (False)
+    n_head: int
+    k_mla: int  # per-head key width (the scale 1/sqrt(k_mla))
+    kpool: int
+    top_k: int  # tokens: top_k // kpool pools
+    n_idx_head: int
+    norm_eps: float  # RMSNorm
+    ln_eps: float  # the indexer key's LayerNorm
+    n_ctx_train: int
+
+    @classmethod
+    def from_meta(cls, meta: Metadata) -> Glm5Config:
+        n_layer = meta.integer(f"{ARCH}.block_count", low=1)
+        kv_heads = meta.integers(f"{ARCH}.attention.head_count_kv")
+        if len(kv_heads) != n_layer or meta.integer(f"{ARCH}.leading_dense_block_count", 0) < n_layer:
+            raise ModelFileError(f"the glm5-next reference runs dense feed-forwards on every layer and needs a head_count_kv "
+                                 f"per layer (the minimal configuration kvphase train exports)")
+        if not meta.get(f"{ARCH}.attention.indexer.kpool_select_tail", False):
+            raise ModelFileError("the glm5-next reference reads each query's pool tail: kpool_select_tail must be true")
+        return cls(
+            n_layer=n_layer, mla_layers=tuple(h > 0 for h in kv_heads),
+            n_head=meta.integer(f"{ARCH}.attention.head_count", low=1),
+            k_mla=meta.integer(f"{ARCH}.attention.key_length_mla", low=1),
+            kpool=meta.integer(f"{ARCH}.attention.indexer.kpool", low=2),
+            top_k=meta.integer(f"{ARCH}.attention.indexer.top_k", low=1),
+            n_idx_head=meta.integer(f"{ARCH}.attention.indexer.head_count", low=1),
+            norm_eps=meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon"),
+            ln_eps=meta.number(f"{ARCH}.attention.layer_norm_epsilon"),
+            n_ctx_train=meta.integer(f"{ARCH}.context_length", low=1),
+        )
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> tuple[Glm5Config, dict[str, np.ndarray]]:
+    header = read_gguf_header(path)
+    meta = Metadata(header)
+    if meta.text("general.architecture") != ARCH:
+        raise ModelFileError(f"{path} is not a {ARCH} file")
+    config = Glm5Config.from_meta(meta)
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    weights = {t.name: tensor_array(raw, t) for t in header.tensors}
+    if any(np.any(w) for n, w in weights.items() if n.endswith("_fn.weight")) or any(
+            not np.allclose(w, identity_hc_base(len(w)), atol=1e-6) for n, w in weights.items() if n.endswith("_base.weight")):
+        raise ModelFileError("the glm5-next reference needs identity hyper-connections (every hc fn zero, each base "
+                             "-ln 3 for the four streams' pre weights and 0 after)")
+    for il, mla in enumerate(config.mla_layers):
+        if not mla and any(np.any(weights[f"blk.{il}.{n}.weight"]) for n in ("attn_output", "ffn_down")):
+            raise ModelFileError(f"the glm5-next reference needs KDA layer {il} neutralised (attn_output and ffn_down zero)")
+    return config, weights
+
+
+class Glm5Next:
+    """`forward(tokens, cache, logits_for)` as the other reference models have it."""
+
+    policy = None  # the file's own compressor; no post-hoc policy applies
+
+    def __init__(self, config: Glm5Config, weights: dict[str, np.ndarray]):
+        self.config, self.w = config, weights
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, policy=None) -> Glm5Next:
+        if policy is not None:
+            raise ModelFileError("a glm5-next file runs its own compressor; --design does not apply to it")
+        return cls(*_load(str(Path(path).resolve())))
+
+    def new_cache(self, capacity: int = 0) -> TokenCache:
+        return TokenCache()
+
+    def forward(self, tokens: Sequence[int], cache: TokenCache, logits_for: Sequence[int] | None = None) -> np.ndarray:
+        """Append `tokens` to the sequence; the logits of rows `logits_for` of `tokens` (all when None)."""
+        start = cache.n
+        cache.tokens.extend(int(t) for t in tokens)
+        if cache.n > self.config.n_ctx_train:
+            raise ModelFileError(f"the model holds {self.config.n_ctx_train} positions; {cache.n} tokens do not fit")
+        rows = np.arange(len(tokens)) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
+        if len(rows) == 0:
+            return np.zeros((0, len(self.w["output.weight"])), np.float32)
+        x = self.hidden(np.asarray(cache.tokens))[start + rows]  # (n_rows, n_embd)
+        return rms_norm(x, self.w["output_norm.weight"], self.config.norm_eps) @ self.w["output.weight"].T  # (n_rows, n_vocab)
+
+    def hidden(self, tokens: np.ndarray) -> np.ndarray:
+        """The residual stream after the last layer at every position: (T, n_embd)."""
+        w, c = self.w, self.config
+        x = w["token_embd.weight"][tokens]  # (T, n_embd)
+        for il in np.flatnonzero(c.mla_layers):  # KDA layers add exactly nothing
+            p = f"blk.{il}."
+            x = x + self.attention(il, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps))  # (T, n_embd)
+            m = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)  # (T, n_embd)
+            h = m @ w[p + "ffn_gate.weight"].T  # (T, n_ff)
+            x = x + (h / (1 + np.exp(-h)) * (m @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T  # (T, n_embd)
+        return x
+
+    def visible(self, il: int, a: np.ndarray, qr: np.ndarray) -> np.ndarray:
+        """Which tokens each query reads (T, T): its top pools and its pool's tail, causally."""
+        w, c, p = self.w, self.config, f"blk.{il}."
+        t = len(a)
+        design = KPool(kpool=c.kpool, top_k=c.top_k, cache_dtype="f32")
+        keys = design.key_norm(a @ w[p + "indexer.attn_k.weight"].T, w[p + "indexer.k_norm.weight"],
+                               w[p + "indexer.k_norm.bias"], c.ln_eps)  # (T, d_idx)
+        queries = (qr @ w[p + "indexer.attn_q_b.weight"].T).reshape(t, c.n_idx_head, -1)  # (T, H_idx, d_idx)
+        weights = design.scale_weights(a @ w[p + "indexer.proj.weight"].T, queries.shape[-1])  # (T, H_idx)
+        selection = design.forward(queries, weights, keys, a @ w[p + "indexer_compressor_gate.weight"].T,
+                                   w[p + "indexer_compressor_ape.weight"], np.arange(t))
+        return selection.visible & causal_mask(np.arange(t), t)  # (T, T)
+
+    def attention(self, il: int, a: np.ndarray) -> np.ndarray:
+        """One MLA layer's output (T, n_embd) from its normed input a (T, n_embd)."""
+        w, c, p = self.w, self.config, f"blk.{il}."
+        t = len(a)
+        qr = rms_norm(a @ w[p + "attn_q_a.weight"].T, w[p + "attn_q_a_norm.weight"], c.norm_eps)  # (T, q_lora)
+        q = (qr @ w[p + "attn_q_b.weight"].T).reshape(t, c.n_head, c.k_mla)  # (T, H, k_mla)
+        q_absorbed = np.einsum("thd,hld->thl", q, w[p + "attn_k_b.weight"])  # (T, H, L)
+        latent = rms_norm(a @ w[p + "attn_kv_a_mqa.weight"].T, w[p + "attn_kv_a_norm.weight"], c.norm_eps)  # (T, L)
+        scores = np.einsum("thl,ul->htu", q_absorbed, latent) / np.sqrt(c.k_mla)  # (H, T, T)
+        weights = softmax(np.where(self.visible(il, a, qr)[None], scores, -np.inf), axis=2)  # (H, T, T)
+        read = np.einsum("htu,ul->thl", weights, latent)  # (T, H, L)
+        out = np.einsum("thl,hvl->thv", read, w[p + "attn_v_b.weight"])  # (T, H, v_mla)
+        return out.reshape(t, -1) @ w[p + "attn_output.weight"].T  # (T, n_embd)

@@ -1,0 +1,101 @@
+"""A `glm-kpool` / `glm-dense` model (kvphase/train/glm5.py) as a `glm5-next` GGUF that llama.cpp runs.
+
+The file is `gguf.tiny.glm5_next_spec` (the names and shapes llama.cpp's loader asks for)
+at the trained sizes: the trained NoPE MLA layers with their k-pool indexers, then the KDA
+layer the architecture requires, made an exact identity (../shared/notes/llama-cpp-minimal-configs.md):
+
+- KDA: small random weights (zero ones would L2-normalise zero vectors), a zero
+  `attn_output` and a zero `ffn_down`, so the layer adds exactly nothing;
+- hyper-connections: every `hc_*_fn` zero, so the four identical streams add back up to
+  the residual (the same bias as the deepseek4 export); the output collapse is their mean;
+- dense SwiGLU feed-forwards everywhere (`leading_dense_block_count` = block_count);
+- the indexer's top-k is `top_k` pools of `stride` tokens for `glm-kpool`, and more pools
+  than any context holds for the twin `glm-dense`, so every pool is read.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvphase.gguf.trained import TRAINED_PREFIX
+from kvphase.gguf.tiny import Glm5Layout, glm5_next_spec, init_tensor
+from kvphase.reference.deepseek4 import identity_hc_base
+from kvphase.train.config import TrainConfig
+from kvphase.train.export import shared_metadata
+from kvphase.train.glm5 import INDEXER_HEADS, LN_EPS, RMS_EPS
+from kvphase.train.vocab import WordVocab
+
+KDA_HEAD_DIM = 8  # the neutralised KDA layer's head width: the smallest that loads
+EVERY_POOL = 1 << 16  # pools the twin's top-k keeps: more than any context holds
+
+
+def layout(config: TrainConfig) -> Glm5Layout:
+    d, hd = config.d_model, config.head_dim
+    pools = EVERY_POOL if config.design == "glm-dense" else config.top_k
+    return Glm5Layout(
+        n_embd=d, n_head=config.heads, q_lora=d, kv_lora=d, k_mla=hd, v_mla=hd, kda_dim=KDA_HEAD_DIM, d_conv=4,
+        n_idx_head=INDEXER_HEADS, n_idx=hd, kpool=config.stride, top_k=pools * config.stride, n_ff=4 * d,
+        kinds=("dsa",) * config.layers + ("kda",),
+    )
+
+
+def _block_weights(i: int, block: dict) -> dict[str, np.ndarray]:
+    """The trained tensors of MLA layer i in numpy order (linear maps as (out, in))."""
+    b = {k: np.asarray(v, dtype=np.float32) for k, v in block.items()}
+    p = f"blk.{i}."
+    return {
+        p + "attn_norm.weight": b["attn_norm"], p + "ffn_norm.weight": b["ffn_norm"],
+        p + "attn_q_a.weight": b["q_a"].T, p + "attn_q_a_norm.weight": b["q_a_norm"], p + "attn_q_b.weight": b["q_b"].T,
+        p + "attn_kv_a_mqa.weight": b["kv_a"].T, p + "attn_kv_a_norm.weight": b["kv_norm"],
+        p + "attn_k_b.weight": b["k_b"], p + "attn_v_b.weight": b["v_b"], p + "attn_output.weight": b["o"].T,
+        p + "indexer.attn_q_b.weight": b["idx_q"].T, p + "indexer.attn_k.weight": b["idx_k"].T,
+        p + "indexer.k_norm.weight": b["idx_k_norm"], p + "indexer.k_norm.bias": b["idx_k_bias"],
+        p + "indexer.proj.weight": b["idx_proj"].T, p + "indexer_compressor_gate.weight": b["idx_gate"].T,
+        p + "indexer_compressor_ape.weight": b["idx_ape"],
+        p + "ffn_gate.weight": b["w_gate"].T, p + "ffn_up.weight": b["w_up"].T, p + "ffn_down.weight": b["w_down"].T,
+    }
+
+
+def _untrained_weight(name: str, ne: tuple[int, ...], kind: str, kda_layer: int, rng: np.random.Generator) -> np.ndarray:
+    """A tensor training does not produce: an identity hyper-connection, or the neutralised KDA layer's."""
+    shape = tuple(reversed(ne))
+    if name.endswith(("_fn.weight",)):
+        return np.zeros(shape, np.float32)
+    if name.endswith("_base.weight"):
+        return identity_hc_base(shape[0])
+    if name in (f"blk.{kda_layer}.attn_output.weight", f"blk.{kda_layer}.ffn_down.weight"):
+        return np.zeros(shape, np.float32)
+    return init_tensor(rng, ne, kind)
+
+
+def glm5_file(params: dict, config: TrainConfig, vocab: WordVocab, step: int):
+    """(architecture, keys, tensors) of the trained model as a glm5-next GGUF."""
+    spec = glm5_next_spec(layout(config))
+    trained = {"token_embd.weight": np.asarray(params["wte"], np.float32),
+               "output.weight": np.asarray(params["wte"], np.float32),  # tied in training, untied in the file
+               "output_norm.weight": np.asarray(params["out_norm"], np.float32)}
+    for i, block in enumerate(params["blocks"]):
+        trained.update(_block_weights(i, block))
+    keys = {**spec.keys, **shared_metadata(config, vocab, step)}
+    keys["glm5-next.vocab_size"] = len(vocab)
+    keys["glm5-next.context_length"] = config.n_positions
+    keys["glm5-next.attention.layer_norm_rms_epsilon"] = RMS_EPS
+    keys["glm5-next.attention.layer_norm_epsilon"] = LN_EPS
+    keys[TRAINED_PREFIX + "starts"] = [0] * (len(spec.keys["glm5-next.attention.head_count_kv"]) * config.heads)  # the KDA
+    # layer's too: every pool of every layer starts at the sequence's first position
+    rng = np.random.default_rng([config.seed, 5])
+    tensors = []
+    for name, ne, kind in spec.tensors:
+        shape = tuple(reversed(ne))
+        if name in ("token_embd.weight", "output.weight"):
+            shape = (len(vocab),) + shape[1:]
+        if name in trained:
+            value = np.ascontiguousarray(trained.pop(name))
+        else:
+            value = _untrained_weight(name, ne, kind, config.layers, rng)
+        if value.shape != shape:
+            raise AssertionError(f"{name}: the glm5-next layout expects {shape}, the trained model has {value.shape}")
+        tensors.append((name, value))
+    if trained:
+        raise AssertionError(f"trained tensors the glm5-next layout has no place for: {sorted(trained)}")
+    return "glm5-next", keys, tensors

@@ -1,0 +1,175 @@
+"""The JAX mirror of GLM-5.3's k-pool sparse attention as llama.cpp's `glm5-next` computes it.
+
+Every trained layer is one `build_dsa_layer` of src/models/glm5-next.cpp: NoPE MLA whose
+cache holds one RMS-normed latent per token (K and V share it), with the selection of
+`build_kpool_select` in the minimal configuration that makes the rest of the
+architecture exact identities (../shared/notes/llama-cpp-minimal-configs.md):
+hyper-connections with four identical streams, dense SwiGLU feed-forwards, and the
+mandatory KDA layer appended last with a zero output and a zero feed-forward (the export's
+business: this module never sees it). What is trained:
+
+- low-rank q (q_a, RMSNorm, q_b), absorbed into latent space by k_b per head; the latent
+  c = RMSNorm(kv_a a); out_h = v_b[h] (sum_j p_j c_j); attn_output; no RoPE, no sink;
+- the k-pool indexer: per token key LayerNorm(W_k a) and gate W_g a; per complete pool of
+  `stride` tokens from position 0 the per-channel softmax(gate + ape[phase]) pooled key;
+  score(t, pool) = sum_h w_h relu(iq_h . pooled), w = W_proj a / sqrt(d_idx H_idx),
+  iq = W_qb_idx qr; a query reads the tokens of its top `top_k` visible pools (one
+  selection per token, shared by the heads) plus the incomplete tail of its own pool
+  (none when the query completes its pool), as llama.cpp does with kpool_select_tail.
+
+The top-k is not differentiable. The indexer is trained as sparse-attention models are: by
+distillation (its softmax over visible pools pulled towards the attention mass the heads
+put on each pool, stop-gradient, with the indexer's inputs detached so the distillation
+trains the indexer alone), first under dense attention for `dense_steps` steps, then with
+the attention reading only what the indexer selects. Ties: `jax.lax.top_k` keeps the lower
+pool index; llama.cpp's partial sort leaves tied sets unspecified (designs/windows.py).
+
+Designs: "glm-kpool" and its twin "glm-dense", whose top-k keeps every pool (dense causal
+NoPE MLA; the indexer is dead weight). The export is `kvphase/train/export_glm5.py`;
+tests/test_train_glm5.py checks this forward equals llama.cpp's on the exported file.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kvphase.train.config import TrainConfig
+
+RMS_EPS = 1e-6  # glm5-next.attention.layer_norm_rms_epsilon of the export
+LN_EPS = 1e-5  # glm5-next.attention.layer_norm_epsilon: the indexer key's LayerNorm
+INDEXER_HEADS = 2  # glm5-next.attention.indexer.head_count
+
+
+def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
+    """Normal 0.02 weights, residual outputs scaled by 1/sqrt(2 layers), norms at one, ape at
+    zero. The latent is d_model wide, each head's key and value head_dim; the output matrix is
+    the embedding (tied in training, copied at export)."""
+    rng = np.random.default_rng([seed, 0])
+    d, hd, h, f = config.d_model, config.head_dim, config.heads, 4 * config.d_model
+
+    def normal(*shape, scale=0.02):
+        return jnp.asarray(rng.normal(0.0, scale, size=shape), dtype=jnp.float32)
+
+    proj = 0.02 / math.sqrt(2 * config.layers)
+    blocks = []
+    for _ in range(config.layers):
+        blocks.append({
+            "attn_norm": jnp.ones(d), "q_a": normal(d, d), "q_a_norm": jnp.ones(d), "q_b": normal(d, h * hd),
+            "k_b": normal(h, d, hd, scale=1.0 / math.sqrt(d)), "v_b": normal(h, hd, d, scale=1.0 / math.sqrt(d)),
+            "kv_a": normal(d, d), "kv_norm": jnp.ones(d), "o": normal(h * hd, d, scale=proj),
+            "idx_q": normal(d, INDEXER_HEADS * hd), "idx_k": normal(d, hd), "idx_k_norm": jnp.ones(hd),
+            "idx_k_bias": jnp.zeros(hd), "idx_gate": normal(d, hd), "idx_ape": jnp.zeros((config.stride, hd)),
+            "idx_proj": normal(d, INDEXER_HEADS, scale=1.0),
+            "ffn_norm": jnp.ones(d), "w_gate": normal(d, f), "w_up": normal(d, f), "w_down": normal(f, d, scale=proj),
+        })
+    return {"wte": normal(n_vocab, d), "blocks": blocks, "out_norm": jnp.ones(d)}
+
+
+def rms(x, weight):
+    """ggml_rms_norm times weight."""
+    return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + RMS_EPS) * weight
+
+
+def layer_norm(x, weight, bias):
+    """ggml_norm times weight plus bias."""
+    centered = x - x.mean(-1, keepdims=True)
+    return centered * jax.lax.rsqrt((centered * centered).mean(-1, keepdims=True) + LN_EPS) * weight + bias
+
+
+def pool_scores(a, qr, block, config: TrainConfig):
+    """The indexer's score of every (query, complete pool) (B, T, n_pool), -inf where the pool ends after the query."""
+    b, t, _ = a.shape
+    kp, n_pool = config.stride, t // config.stride
+    iq = (qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, -1)  # (B, T, Hi, di)
+    ik = layer_norm(a @ block["idx_k"], block["idx_k_norm"], block["idx_k_bias"])  # (B, T, di)
+    gate = (a @ block["idx_gate"])[:, : n_pool * kp].reshape(b, n_pool, kp, -1) + block["idx_ape"]  # (B, np, kp, di)
+    pooled = (jax.nn.softmax(gate, axis=2) * ik[:, : n_pool * kp].reshape(b, n_pool, kp, -1)).sum(2)  # (B, np, di)
+    w = (a @ block["idx_proj"]) / math.sqrt(iq.shape[-1] * INDEXER_HEADS)  # (B, T, Hi)
+    score = (jax.nn.relu(jnp.einsum("bthd,bpd->bthp", iq, pooled)) * w[..., None]).sum(2)  # (B, T, np)
+    ends = kp * jnp.arange(n_pool) + kp - 1  # (np,)
+    return jnp.where(ends[None, None, :] <= jnp.arange(t)[None, :, None], score, -jnp.inf)  # (B, T, np)
+
+
+def selection(scores, config: TrainConfig):
+    """Token visibility (B, T, T) of the top `top_k` visible pools plus each query's incomplete tail."""
+    t, kp, n_pool = scores.shape[1], config.stride, scores.shape[2]
+    pos = jnp.arange(t)  # (T,)
+    pool_of = pos // kp  # (T,)
+    if config.design == "glm-dense" or config.top_k >= n_pool:
+        chosen = jnp.isfinite(scores)  # (B, T, np)
+    else:
+        _, top = jax.lax.top_k(scores, config.top_k)  # (B, T, top_k): ties keep the lower index
+        picked = jax.nn.one_hot(top, n_pool, dtype=jnp.bool_).any(2)  # (B, T, np)
+        chosen = picked & jnp.isfinite(scores)  # (B, T, np): -inf fillers are masked, as llama.cpp does
+    padded = jnp.concatenate([chosen, jnp.zeros_like(chosen[..., :1])], axis=-1)  # (B, T, np + 1): the trailing
+    token_chosen = padded[..., jnp.minimum(pool_of, n_pool)]  # (B, T, T); incomplete pool is only ever a tail
+    tail = (pool_of[None, :] == pool_of[:, None]) & (pos[None, :] <= pos[:, None]) & (pos[:, None] % kp != kp - 1)  # (T, T)
+    return token_chosen | tail[None]  # (B, T, T)
+
+
+def distillation(scores, dense_weights, config: TrainConfig):
+    """KL(attention mass per visible pool || the indexer's softmax over visible pools), averaged over queries."""
+    b, t, n_pool = scores.shape
+    kp = config.stride
+    mass = dense_weights.sum(1)[..., : n_pool * kp].reshape(b, t, n_pool, kp).sum(-1)  # (B, T, np): heads summed
+    seen = jnp.isfinite(scores)  # (B, T, np)
+    mass = jnp.where(seen, mass, 0.0)
+    target = mass / jnp.maximum(mass.sum(-1, keepdims=True), 1e-9)  # (B, T, np)
+    logp = jax.nn.log_softmax(jnp.where(seen, scores, -1e9), axis=-1)  # (B, T, np)
+    kl = (target * (jnp.log(jnp.maximum(target, 1e-9)) - logp)).sum(-1)  # (B, T)
+    has = seen.any(-1)  # (B, T)
+    return jnp.where(has, kl, 0.0).sum() / jnp.maximum(has.sum(), 1)
+
+
+def masked_softmax(scores, visible):
+    scores = jnp.where(visible, scores, -jnp.inf)
+    return jax.nn.softmax(jnp.where(visible.any(-1, keepdims=True), scores, 0.0), axis=-1) * visible
+
+
+def attention(a, block, config: TrainConfig, sparse: bool):
+    """One MLA layer's output (B, T, d) from its normed input a (B, T, d), and its distillation loss."""
+    b, t, _ = a.shape
+    h, hd = config.heads, config.head_dim
+    qr = rms(a @ block["q_a"], block["q_a_norm"])  # (B, T, d)
+    q = (qr @ block["q_b"]).reshape(b, t, h, hd)  # (B, T, H, hd)
+    q_absorbed = jnp.einsum("bthd,hld->bhtl", q, block["k_b"])  # (B, H, T, L): the query in latent space
+    latent = rms(a @ block["kv_a"], block["kv_norm"])  # (B, T, L): K and V
+    logits = jnp.einsum("bhtl,bul->bhtu", q_absorbed, latent) / math.sqrt(hd)  # (B, H, T, T)
+    causal = jnp.tril(jnp.ones((t, t), bool))  # (T, T)
+    dense = masked_softmax(logits, causal[None, None])  # (B, H, T, T)
+    scores = pool_scores(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config)  # (B, T, np)
+    aux = distillation(scores, jax.lax.stop_gradient(dense), config)
+    weights = masked_softmax(logits, (selection(scores, config) & causal)[:, None]) if sparse else dense  # (B, H, T, T)
+    read = jnp.einsum("bhtu,bul->bhtl", weights, latent)  # (B, H, T, L)
+    out = jnp.einsum("bhtl,hvl->bthv", read, block["v_b"]).reshape(b, t, h * hd)  # (B, T, H hd)
+    return out @ block["o"], aux  # (B, T, d)
+
+
+def forward(params, tokens, starts, config: TrainConfig, sparse: bool = True):
+    """Hidden states after the output norm (B, T, d) and the summed distillation loss; `starts`
+    is unused (glm5-next's pools start at position 0)."""
+    x = params["wte"][tokens]  # (B, T, d): NoPE, no position embedding
+    aux = 0.0
+    for block in params["blocks"]:
+        out, layer_aux = attention(rms(x, block["attn_norm"]), block, config, sparse)
+        x = x + out  # (B, T, d)
+        aux = aux + layer_aux
+        m = rms(x, block["ffn_norm"])  # (B, T, d)
+        x = x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
+    return rms(x, params["out_norm"]), aux
+
+
+def query_logits(params, tokens, starts, rows, config: TrainConfig, sparse: bool = True):
+    """Logits at the question rows (B, queries, n_vocab) and the distillation loss."""
+    hidden, aux = forward(params, tokens, starts, config, sparse)  # (B, T, d)
+    return hidden[:, rows] @ params["wte"].T, aux  # (B, queries, n_vocab)
+
+
+def logits(params, tokens, config: TrainConfig):
+    """Logits at every position (B, T, n_vocab): what llama.cpp's exported file computes."""
+    hidden, _ = forward(params, tokens, None, config)
+    return hidden @ params["wte"].T

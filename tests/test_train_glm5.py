@@ -1,0 +1,170 @@
+"""GLM-5.3's k-pool trained by kvphase and run by llama.cpp's own `glm5-next`.
+
+The JAX forward (kvphase/train/glm5.py) must equal what llama.cpp computes from the exported
+file, with a top-k that keeps fewer pools than a query sees (so the selection is in play)
+and for the twin that keeps every pool, with every trained tensor away from its initial
+value so that a wrong name, transpose or half shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("jax")
+
+from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits  # noqa: E402
+from kvphase.train.config import TrainConfig  # noqa: E402
+
+TOLERANCE = 1e-4  # F32 weights and cache, no flash attention, one batch: rounding only
+
+pytestmark = pytest.mark.slow
+
+
+def small_config(design: str, **changes) -> TrainConfig:
+    sizes = dict(design=design, layers=2, heads=2, d_model=32, context=48, queries=2, records=4, steps=2, eval_every=1,
+                 eval_sequences=4, batch=2, top_k=3)
+    return TrainConfig(**{**sizes, **changes})
+
+
+def perturbed_params(config: TrainConfig, n_vocab: int, seed: int = 0) -> dict:
+    """Initial weights with every tensor moved by noise: norms, biases and the indexer's ape included."""
+    import jax
+
+    from kvphase.train.glm5 import init_params
+
+    params = init_params(config, n_vocab, seed)
+    rng = np.random.default_rng(seed + 100)
+
+    def shake(x):
+        scale = 0.5 if x.ndim < 2 or x.shape[0] == config.stride else 0.3 / np.sqrt(x.shape[0])
+        return x + rng.normal(0.0, scale, size=x.shape).astype(np.float32)
+
+    shaken = jax.tree_util.tree_map(shake, params)
+    return {**shaken, "wte": shaken["wte"] * 30.0}  # logits of several units, not a fraction of one
+
+
+def exported(tmp_path, config: TrainConfig):
+    from kvphase.train.data import PairData
+    from kvphase.train.export import export_gguf
+
+    data = PairData.of(config)
+    params = perturbed_params(config, len(data.vocab))
+    path = export_gguf(tmp_path / f"{config.design}.gguf", params, config, data.vocab, step=0)
+    return path, params, data.evaluation_batch().tokens[0]  # (T,) a training-shaped sequence
+
+
+def engine_logits(path, tokens) -> np.ndarray:
+    return llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
+
+
+def assert_agrees(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
+    result = agreement(ours, theirs)
+    clear = lead(theirs) > CLEAR_LEAD
+    assert result.max_diff < TOLERANCE * max(1.0, float(np.abs(theirs).max())), f"{what}: {result}"
+    assert np.all(ours.argmax(1)[clear] == theirs.argmax(1)[clear]), f"{what}: {result}"
+
+
+@pytest.mark.parametrize("design", ["glm-kpool", "glm-dense"])
+def test_llamacpp_runs_the_trained_layout_as_trained(tmp_path, design):
+    from kvphase.train.glm5 import logits
+
+    config = small_config(design)
+    path, params, tokens = exported(tmp_path, config)
+    assert_agrees(np.asarray(logits(params, tokens[None], config))[0], engine_logits(path, tokens), design)
+
+
+def test_the_selection_is_in_play(tmp_path):
+    """The same weights read through 3 pools and through every pool give other logits (an export
+    whose top-k kept everything would pass the agreement test above unnoticed)."""
+    from kvphase.train.glm5 import logits
+
+    sparse, dense = small_config("glm-kpool"), small_config("glm-dense")
+    _, params, tokens = exported(tmp_path, sparse)
+    a = np.asarray(logits(params, tokens[None], sparse))[0]
+    b = np.asarray(logits(params, tokens[None], dense))[0]
+    assert np.abs(a - b)[4 * 4:].max() > 1e-2  # past the first pools, where 3 pools are fewer than the visible ones
+
+
+def test_llamacpps_top_k_selects_the_pools_training_selected(tmp_path):
+    """`indexer_top_k` captured from llama.cpp's graph equals the JAX selection as a set at every
+    query of every layer whose top-k boundary is not a tie. ReLU scores tie at exactly 0; there
+    llama.cpp's partial sort picks by its heap order and JAX by the lower index (most queries
+    of these random weights see fewer than 3 pools with a positive score: the ties are counted)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kvphase.engines.capture import EngineSettings, by_name, run_and_capture
+    from kvphase.train.glm5 import attention, pool_scores, rms
+
+    config = small_config("glm-kpool")
+    path, params, tokens = exported(tmp_path, config)
+    run = run_and_capture(path, tokens.tolist(), [len(tokens)], by_name(["indexer_top_k"]),
+                          EngineSettings(n_threads=1, flash_attn=False))
+    x = params["wte"][jnp.asarray(tokens)[None]]  # (1, T, d)
+    compared = 0
+    for layer, block in enumerate(params["blocks"]):
+        a = rms(x, block["attn_norm"])
+        qr = rms(a @ block["q_a"], block["q_a_norm"])
+        scores = np.asarray(pool_scores(a, qr, block, config))[0]  # (T, n_pool)
+        got = run.get("indexer_top_k", layer, 0).reshape(len(tokens), -1)  # (T, n_top)
+        for t in range(len(tokens)):
+            finite = np.sort(scores[t][np.isfinite(scores[t])])[::-1]
+            n_top = min(config.top_k, len(finite))
+            if n_top < len(finite) and finite[n_top - 1] == finite[n_top]:
+                continue
+            ours = set(np.argsort(-scores[t], kind="stable")[:n_top].tolist())
+            assert set(got[t][:n_top].tolist()) == ours, (layer, t, got[t], sorted(ours))
+            compared += 1
+        out, _ = attention(a, block, config, sparse=True)
+        x = x + out
+        m = rms(x, block["ffn_norm"])
+        x = x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]
+    assert compared >= len(tokens) // 2, f"only {compared} of {2 * len(tokens)} queries had no tie at the boundary"
+
+
+def test_the_numpy_reference_runs_the_exported_file_as_llamacpp_does(tmp_path):
+    """`--backend reference` on a glm5-next file: kvphase.reference.glm5 (built on the KPool design
+    `kvphase validate` checks) against llama.cpp."""
+    from kvphase.reference import open_model
+
+    path, _, tokens = exported(tmp_path, small_config("glm-kpool"))
+    model = open_model(path)
+    assert_agrees(model.forward(tokens.tolist(), model.new_cache()), engine_logits(path, tokens), "reference")
+
+
+def test_the_reference_refuses_a_glm5_file_outside_the_minimal_configuration(tmp_path):
+    from kvphase.errors import ModelFileError
+    from kvphase.gguf.tiny import write_tiny_model
+    from kvphase.reference import open_model
+
+    path = write_tiny_model("glm5-next", tmp_path / "tiny.gguf")  # random hyper-connections and a live KDA layer
+    with pytest.raises(ModelFileError, match="identity hyper-connections"):
+        open_model(path)
+
+
+def test_kvphase_validate_passes_on_the_exported_file(tmp_path):
+    """`kvphase validate` (llama.cpp's k-pool indexer against the KPool design) on a glm-kpool file."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    path, _, _ = exported(tmp_path, small_config("glm-kpool"))
+    result = CliRunner().invoke(app, ["validate", str(path), "--threads", "1", "--tokens", "48"])
+    assert result.exit_code == 0 and result.output.strip().endswith("PASS"), result.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["glm-kpool", "--stagger", "head"], "takes no --stagger or --offsets"),
+    (["glm-dense", "--offsets", "random"], "takes no --stagger or --offsets"),
+    (["glm-kpool", "--local-window", "4"], "takes no --local-window"),
+    (["glm-kpool", "--dense-steps", "-1"], "--dense-steps must be an integer"),
+])
+def test_bad_options_for_glm5_are_one_line_and_leave_no_folder(tmp_path, args, fragment):
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    result = CliRunner().invoke(app, ["train", args[0], str(tmp_path / "o"), *args[1:]])
+    assert result.exit_code == 1 and fragment in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
