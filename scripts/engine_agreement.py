@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from kvphase.reference import open_model
 from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits
-from kvphase.reference.deepseek4 import DeepSeek4
-from kvphase.train.csa import logits as jax_logits
-from kvphase.train.loop import Trainer
+from kvphase.train.loop import Trainer, model_of
 from kvphase.train.run import CHECKPOINT_FILE, MODEL_FILE, load_train_config
 
 ROOT = Path("reports/trained/engine")
@@ -33,10 +32,11 @@ def one(run: Path) -> tuple[str, str]:
     trainer = Trainer.new(config)
     trainer.load(run / CHECKPOINT_FILE)
     batch = trainer.data.evaluation_batch().tokens[:SEQUENCES]  # (n, T)
+    jax_logits = model_of(config).logits
     ours = np.concatenate([np.asarray(jax_logits(trainer.params, tokens[None], config))[0] for tokens in batch])
     engine = np.concatenate([llamacpp_logits(run / MODEL_FILE, tokens.tolist(), type_k=0, type_v=0, flash_attn=False)
                              for tokens in batch])
-    model = DeepSeek4.from_gguf(run / MODEL_FILE)
+    model = open_model(run / MODEL_FILE)
     reference = np.concatenate([model.forward(tokens.tolist(), model.new_cache()) for tokens in batch])
     clear = lead(engine) > CLEAR_LEAD
     jax_vs = agreement(ours, engine)

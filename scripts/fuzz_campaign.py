@@ -449,7 +449,9 @@ class Campaign:
             *(["train", design, str(self.work / "train-run"), *a] for design, a in (
                 ("csa", ["--stride", "8", "--context", "64"]), ("csa", ["--stagger", "head"]),
                 ("csa-disjoint", ["--offsets", "random"]), ("csa-dense", ["--d-model", "24", "--heads", "4"]),
-                ("csa", ["--local-window", "0"]), ("csa-nope", []))),
+                ("csa", ["--local-window", "0"]), ("csa-nope", []), ("glm-kpool", ["--stagger", "layer"]),
+                ("glm-dense", ["--offsets", "jitter"]), ("glm-kpool", ["--local-window", "3"]),
+                ("glm-kpool", ["--dense-steps", "-5"]), ("glm-kpool", ["--dense-steps", "x"]), ("glm-kpool", ["--top-k", "0"]))),
             ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
             ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
             ["sweep", m, "--out", ""], ["knockout", m, "--out", "."], ["knockout", m, "--context", "0"],

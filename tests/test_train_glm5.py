@@ -1,9 +1,10 @@
 """GLM-5.3's k-pool trained by kvphase and run by llama.cpp's own `glm5-next`.
 
 The JAX forward (kvphase/train/glm5.py) must equal what llama.cpp computes from the exported
-file, with a top-k that keeps fewer pools than a query sees (so the selection is in play)
-and for the twin that keeps every pool, with every trained tensor away from its initial
-value so that a wrong name, transpose or half shows.
+file, with a top-k that keeps fewer pools than a query sees (so the selection is in play,
+ties at ReLU's 0 included) and for the twin that keeps every pool, with the KDA layer
+trained or off, and with every trained tensor away from its initial value so that a wrong
+name, transpose or half shows.
 """
 
 from __future__ import annotations
@@ -65,13 +66,13 @@ def assert_agrees(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
     assert np.all(ours.argmax(1)[clear] == theirs.argmax(1)[clear]), f"{what}: {result}"
 
 
-@pytest.mark.parametrize("design", ["glm-kpool", "glm-dense"])
-def test_llamacpp_runs_the_trained_layout_as_trained(tmp_path, design):
+@pytest.mark.parametrize("design, kda", [("glm-kpool", "trained"), ("glm-dense", "trained"), ("glm-kpool", "off")])
+def test_llamacpp_runs_the_trained_layout_as_trained(tmp_path, design, kda):
     from kvphase.train.glm5 import logits
 
-    config = small_config(design)
+    config = small_config(design, kda=kda)
     path, params, tokens = exported(tmp_path, config)
-    assert_agrees(np.asarray(logits(params, tokens[None], config))[0], engine_logits(path, tokens), design)
+    assert_agrees(np.asarray(logits(params, tokens[None], config))[0], engine_logits(path, tokens), f"{design} {kda}")
 
 
 def test_the_selection_is_in_play(tmp_path):
@@ -88,39 +89,72 @@ def test_the_selection_is_in_play(tmp_path):
 
 def test_llamacpps_top_k_selects_the_pools_training_selected(tmp_path):
     """`indexer_top_k` captured from llama.cpp's graph equals the JAX selection as a set at every
-    query of every layer whose top-k boundary is not a tie. ReLU scores tie at exactly 0; there
-    llama.cpp's partial sort picks by its heap order and JAX by the lower index (most queries
-    of these random weights see fewer than 3 pools with a positive score: the ties are counted)."""
-    import jax
+    query of every layer, ties included: ReLU scores tie at exactly 0, and training breaks those
+    ties as llama.cpp's CPU partial sort does (with the lower index instead, some sets differ:
+    counted, so this sequence does exercise ties)."""
     import jax.numpy as jnp
 
+    from kvphase.designs.windows import top_k_indices
     from kvphase.engines.capture import EngineSettings, by_name, run_and_capture
-    from kvphase.train.glm5 import attention, pool_scores, rms
+    from kvphase.train.glm5 import _llamacpp_choice, attention, feed_forward, kda, pool_scores, rms
 
     config = small_config("glm-kpool")
     path, params, tokens = exported(tmp_path, config)
     run = run_and_capture(path, tokens.tolist(), [len(tokens)], by_name(["indexer_top_k"]),
                           EngineSettings(n_threads=1, flash_attn=False))
     x = params["wte"][jnp.asarray(tokens)[None]]  # (1, T, d)
-    compared = 0
+    x = feed_forward(x + kda(rms(x, params["kda"]["attn_norm"]), params["kda"], config), params["kda"])
+    lower_index_differs = 0
     for layer, block in enumerate(params["blocks"]):
         a = rms(x, block["attn_norm"])
-        qr = rms(a @ block["q_a"], block["q_a_norm"])
-        scores = np.asarray(pool_scores(a, qr, block, config))[0]  # (T, n_pool)
-        got = run.get("indexer_top_k", layer, 0).reshape(len(tokens), -1)  # (T, n_top)
+        scores = np.asarray(pool_scores(a, rms(a @ block["q_a"], block["q_a_norm"]), block, config))[0]  # (T, n_pool)
+        got = run.get("indexer_top_k", layer + 1, 0).reshape(len(tokens), -1)  # (T, n_top): layer 0 is KDA
+        ours = _llamacpp_choice(scores, config.top_k)  # (T, n_pool)
+        lower = top_k_indices(scores, config.top_k)  # (T, top_k)
         for t in range(len(tokens)):
-            finite = np.sort(scores[t][np.isfinite(scores[t])])[::-1]
-            n_top = min(config.top_k, len(finite))
-            if n_top < len(finite) and finite[n_top - 1] == finite[n_top]:
-                continue
-            ours = set(np.argsort(-scores[t], kind="stable")[:n_top].tolist())
-            assert set(got[t][:n_top].tolist()) == ours, (layer, t, got[t], sorted(ours))
-            compared += 1
+            n_top = int(ours[t].sum())
+            assert set(got[t][:n_top].tolist()) == set(np.flatnonzero(ours[t]).tolist()), (layer, t, got[t], scores[t])
+            lower_index_differs += set(lower[t][lower[t] >= 0].tolist()) != set(np.flatnonzero(ours[t]).tolist())
         out, _ = attention(a, block, config, sparse=True)
-        x = x + out
-        m = rms(x, block["ffn_norm"])
-        x = x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]
-    assert compared >= len(tokens) // 2, f"only {compared} of {2 * len(tokens)} queries had no tie at the boundary"
+        x = feed_forward(x + out, block)
+    assert lower_index_differs > 0, "no tie at the top-k boundary: the test does not exercise tie-breaking"
+
+
+def test_the_tie_breaking_is_libstdcxx_partial_sort():
+    """partial_sort_sets against std::partial_sort itself (ggml_top_k's CPU kernel), compiled here, on
+    rows full of ties, for every k and row length the trained models use and some they do not."""
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from kvphase.designs.windows import partial_sort_sets
+
+    compiler = shutil.which("g++") or shutil.which("c++")
+    assert compiler, "a C++ compiler builds llama-cpp-python; none was found"
+    source = r"""
+    #include <algorithm>
+    #include <cstdio>
+    #include <vector>
+    int main() { unsigned s = 7; for (int n = 2; n <= 24; n++) for (int k = 1; k < n; k++) for (int r = 0; r < 40; r++) {
+      std::vector<float> v(n); std::vector<int> idx(n);
+      for (int j = 0; j < n; j++) { s = s * 1103515245u + 12345u; v[j] = (float) ((s >> 16) % 4) - 1.0f; idx[j] = j; }
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) { return v[a] > v[b]; });
+      std::sort(idx.begin(), idx.begin() + k);
+      printf("%d %d |", n, k); for (int j = 0; j < n; j++) printf(" %g", v[j]); printf(" |");
+      for (int j = 0; j < k; j++) printf(" %d", idx[j]); printf("\n"); } }
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "t.cpp").write_text(source)
+        subprocess.run([compiler, "-O1", "-o", str(Path(tmp) / "t"), str(Path(tmp) / "t.cpp")], check=True)
+        lines = subprocess.run([str(Path(tmp) / "t")], check=True, capture_output=True, text=True).stdout.splitlines()
+    wrong = []
+    for line in lines:
+        head, row, kept = line.split("|")
+        k = int(head.split()[1])
+        got = sorted(partial_sort_sets(np.array([[float(x) for x in row.split()]], np.float32), k)[0].tolist())
+        wrong += [line] if got != [int(x) for x in kept.split()] else []
+    assert len(lines) > 10000 and not wrong, f"{len(wrong)} of {len(lines)} rows differ, e.g. {wrong[:3]}"
 
 
 def test_the_numpy_reference_runs_the_exported_file_as_llamacpp_does(tmp_path):
@@ -159,6 +193,9 @@ def test_kvphase_validate_passes_on_the_exported_file(tmp_path):
     (["glm-dense", "--offsets", "random"], "takes no --stagger or --offsets"),
     (["glm-kpool", "--local-window", "4"], "takes no --local-window"),
     (["glm-kpool", "--dense-steps", "-1"], "--dense-steps must be an integer"),
+    (["glm-kpool", "--kda", "on"], "unknown --kda 'on'"),
+    (["csa", "--kda", "off"], "belong to the glm designs"),
+    (["gated", "--dense-steps", "5"], "belong to the glm designs"),
 ])
 def test_bad_options_for_glm5_are_one_line_and_leave_no_folder(tmp_path, args, fragment):
     from typer.testing import CliRunner

@@ -172,11 +172,11 @@ class KPool:
     def top_pools(self, scores: np.ndarray) -> np.ndarray:
         """`indexer_top_k`: the top top_k // kpool visible pools, descending score, -1 padding.
 
-        llama.cpp sorts ggml_top_k's unordered result by descending score (argsort); neither
-        sort is stable, so equal scores may come in another order there. Compare sets, and
-        treat rows flagged by `ambiguous_top_k` as ties (see `windows.top_k_indices`).
+        Among equal scores at the boundary (ReLU scores tie at exactly 0) the set is the one
+        llama.cpp's CPU partial sort keeps (`windows.partial_sort_sets`); `ambiguous_top_k`
+        still flags those rows, where another backend's kernel may choose otherwise.
         """
-        return top_k_indices(scores, self.n_top_pools)  # (n_query, n_top)
+        return top_k_indices(scores, self.n_top_pools, ties="llama.cpp")  # (n_query, n_top)
 
     def selected_positions(self, top_pools: np.ndarray, query_positions: np.ndarray) -> np.ndarray:
         """`indexer_sel_idx` as positions: each top pool's members in order, then the tail slots."""

@@ -165,21 +165,71 @@ def tail_positions(query_positions: np.ndarray, kpool: int, start: int) -> np.nd
     return np.where(k < n_tail[:, None], q[:, None] - k, -1)  # (n_query, kpool - 1)
 
 
-def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
+def top_k_indices(scores: np.ndarray, k: int, ties: str = "lower") -> np.ndarray:
     """Indices of the k largest finite scores per row, by descending score; -1 pads rows with fewer.
 
-    Ties: ggml_top_k (CPU: std::partial_sort, then the first two results swapped) and the
-    argsort llama.cpp applies afterwards (std::sort) are not stable, so among equal
-    scores llama.cpp's order, and at the k-th place its choice, is unspecified. This
-    reference breaks ties by the lower index; `ambiguous_top_k` flags rows where the
-    selected *set* depends on that choice. -inf entries are never selected here: in
-    llama.cpp they can fill unused slots but are masked out afterwards.
+    Ties: ggml_top_k on the CPU is std::partial_sort (then the first two results swapped),
+    and the argsort llama.cpp applies afterwards (std::sort) is not stable either, so among
+    equal scores llama.cpp's order is unspecified. Its *set* at the k-th place is fixed by
+    libstdc++'s heap selection: `ties="llama.cpp"` reproduces it (`partial_sort_sets`);
+    `ties="lower"` breaks them by the lower index, and `ambiguous_top_k` flags the rows where
+    the two can differ. -inf entries are never selected here: in llama.cpp they can fill
+    unused slots but are masked out afterwards.
     """
     scores = np.asarray(scores, dtype=np.float32)  # (..., n)
     k = min(k, scores.shape[-1])
-    order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # (..., k)
+    if ties == "llama.cpp" and 0 < k < scores.shape[-1]:
+        chosen = partial_sort_sets(scores.reshape(-1, scores.shape[-1]), k).reshape(scores.shape[:-1] + (k,))
+        ranked = np.argsort(-np.take_along_axis(scores, chosen, axis=-1), axis=-1, kind="stable")  # (..., k)
+        order = np.take_along_axis(chosen, ranked, axis=-1)  # (..., k) by descending score
+    else:
+        order = np.argsort(-scores, axis=-1, kind="stable")[..., :k]  # (..., k)
     picked = np.take_along_axis(scores, order, axis=-1)  # (..., k)
     return np.where(np.isfinite(picked), order, -1)  # (..., k)
+
+
+def partial_sort_sets(scores: np.ndarray, k: int) -> np.ndarray:
+    """The k indices per row that `std::partial_sort(idx, idx + k, idx + n, a > b by score)` keeps
+    (libstdc++'s __heap_select: a heap of the first k whose root is the smallest, each later
+    index replacing the root only when strictly greater), as ggml_top_k's CPU kernel runs it.
+    scores (R, n) -> (R, k) in heap order; vectorised over rows, every step as libstdc++ takes it."""
+    rows = np.arange(len(scores))  # (R,)
+    heap = np.tile(np.arange(k), (len(scores), 1))  # (R, k) indices into each row
+    value = lambda r, i: scores[r, heap[r, i]]  # noqa: E731
+
+    def adjust(r: np.ndarray, hole: int, length: int, new: np.ndarray) -> None:
+        """std::__adjust_heap on rows r: sift the hole down by the better child, then push `new` up."""
+        top, hole, second = hole, np.full(len(r), hole), np.full(len(r), hole)
+        while True:
+            go = second < (length - 1) // 2
+            if not go.any():
+                break
+            second = np.where(go, 2 * (second + 1), second)
+            right_smaller = go & (value(r, np.minimum(second, length - 1)) > value(r, np.maximum(second - 1, 0)))
+            second = np.where(right_smaller, second - 1, second)  # the root side keeps the smaller score
+            heap[r, hole] = np.where(go, heap[r, second], heap[r, hole])
+            hole = np.where(go, second, hole)
+        if length % 2 == 0:
+            last = second == (length - 2) // 2
+            second = np.where(last, 2 * (second + 1), second)
+            heap[r, hole] = np.where(last, heap[r, np.maximum(second - 1, 0)], heap[r, hole])
+            hole = np.where(last, second - 1, hole)
+        while True:  # std::__push_heap: comp(parent, new) is score[parent] > score[new]
+            parent = (hole - 1) // 2
+            up = (hole > top) & (scores[r, heap[r, np.maximum(parent, 0)]] > scores[r, new])
+            if not up.any():
+                break
+            heap[r, hole] = np.where(up, heap[r, np.maximum(parent, 0)], heap[r, hole])
+            hole = np.where(up, parent, hole)
+        heap[r, hole] = new
+
+    for parent in range((k - 2) // 2, -1, -1):  # std::__make_heap
+        adjust(rows, parent, k, heap[:, parent].copy())
+    for i in range(k, scores.shape[1]):  # std::__heap_select
+        r = rows[scores[:, i] > value(rows, 0)]
+        if len(r):
+            adjust(r, 0, k, np.full(len(r), i))
+    return heap
 
 
 def ambiguous_top_k(scores: np.ndarray, k: int) -> np.ndarray:

@@ -1,11 +1,12 @@
 """A numpy GLM-5.3 (glm5-next) for the files `kvphase train glm-kpool` exports, independent of its JAX mirror.
 
 It runs glm5-next files in the minimal configuration (../shared/notes/llama-cpp-minimal-configs.md):
-hyper-connections that are exact identities (every `hc_*_fn` zero), dense SwiGLU
-feed-forwards, and KDA layers that add nothing (`attn_output` and `ffn_down` zero); anything
-else is refused, not approximated. The selection is `kvphase.designs.KPool` (the code
-`kvphase validate` proves equal to llama.cpp's) with an F32 indexer cache; the attention
-follows `build_dsa_layer` in src/models/glm5-next.cpp: NoPE MLA over one RMS-normed latent.
+hyper-connections that are exact identities (every `hc_*_fn` zero) and dense SwiGLU
+feed-forwards; anything else is refused, not approximated. The selection is
+`kvphase.designs.KPool` (the code `kvphase validate` proves equal to llama.cpp's) with an F32
+indexer cache; the attention follows `build_dsa_layer` in src/models/glm5-next.cpp: NoPE MLA
+over one RMS-normed latent. KDA layers follow `build_kda_layer`, whose CPU op is a per-token
+gated delta rule from a zero state (no gate lower bound).
 
 Each call runs the whole sequence again (the cache is the token list), as the deepseek4
 reference does: the models it is for are small and their contexts short.
@@ -37,6 +38,7 @@ class Glm5Config:
     mla_layers: tuple[bool, ...]  # per layer: NoPE MLA with the indexer (True) or KDA (False)
     n_head: int
     k_mla: int  # per-head key width (the scale 1/sqrt(k_mla))
+    kda_dim: int  # KDA head width
     kpool: int
     top_k: int  # tokens: top_k // kpool pools
     n_idx_head: int
@@ -51,12 +53,15 @@ class Glm5Config:
         if len(kv_heads) != n_layer or meta.integer(f"{ARCH}.leading_dense_block_count", 0) < n_layer:
             raise ModelFileError(f"the glm5-next reference runs dense feed-forwards on every layer and needs a head_count_kv "
                                  f"per layer (the minimal configuration kvphase train exports)")
+        if f"{ARCH}.kda.gate_lower_bound" in meta.fields:
+            raise ModelFileError("the glm5-next reference runs KDA without a gate lower bound")
         if not meta.get(f"{ARCH}.attention.indexer.kpool_select_tail", False):
             raise ModelFileError("the glm5-next reference reads each query's pool tail: kpool_select_tail must be true")
         return cls(
             n_layer=n_layer, mla_layers=tuple(h > 0 for h in kv_heads),
             n_head=meta.integer(f"{ARCH}.attention.head_count", low=1),
             k_mla=meta.integer(f"{ARCH}.attention.key_length_mla", low=1),
+            kda_dim=meta.integer(f"{ARCH}.kda.head_dim", low=1),
             kpool=meta.integer(f"{ARCH}.attention.indexer.kpool", low=2),
             top_k=meta.integer(f"{ARCH}.attention.indexer.top_k", low=1),
             n_idx_head=meta.integer(f"{ARCH}.attention.indexer.head_count", low=1),
@@ -79,9 +84,6 @@ def _load(path: str) -> tuple[Glm5Config, dict[str, np.ndarray]]:
             not np.allclose(w, identity_hc_base(len(w)), atol=1e-6) for n, w in weights.items() if n.endswith("_base.weight")):
         raise ModelFileError("the glm5-next reference needs identity hyper-connections (every hc fn zero, each base "
                              "-ln 3 for the four streams' pre weights and 0 after)")
-    for il, mla in enumerate(config.mla_layers):
-        if not mla and any(np.any(weights[f"blk.{il}.{n}.weight"]) for n in ("attn_output", "ffn_down")):
-            raise ModelFileError(f"the glm5-next reference needs KDA layer {il} neutralised (attn_output and ffn_down zero)")
     return config, weights
 
 
@@ -118,9 +120,10 @@ class Glm5Next:
         """The residual stream after the last layer at every position: (T, n_embd)."""
         w, c = self.w, self.config
         x = w["token_embd.weight"][tokens]  # (T, n_embd)
-        for il in np.flatnonzero(c.mla_layers):  # KDA layers add exactly nothing
+        for il, mla in enumerate(c.mla_layers):
             p = f"blk.{il}."
-            x = x + self.attention(il, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps))  # (T, n_embd)
+            mixer = self.attention if mla else self.kda
+            x = x + mixer(il, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps))  # (T, n_embd)
             m = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)  # (T, n_embd)
             h = m @ w[p + "ffn_gate.weight"].T  # (T, n_ff)
             x = x + (h / (1 + np.exp(-h)) * (m @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T  # (T, n_embd)
@@ -152,3 +155,33 @@ class Glm5Next:
         read = np.einsum("htu,ul->thl", weights, latent)  # (T, H, L)
         out = np.einsum("thl,hvl->thv", read, w[p + "attn_v_b.weight"])  # (T, H, v_mla)
         return out.reshape(t, -1) @ w[p + "attn_output.weight"].T  # (T, n_embd)
+
+    def kda(self, il: int, a: np.ndarray) -> np.ndarray:
+        """One KDA layer's output (T, n_embd) from its normed input a (T, n_embd)."""
+        w, c, p = self.w, self.config, f"blk.{il}."
+        t, dk = len(a), c.kda_dim
+
+        def conv(x, taps):  # ggml_ssm_conv then silu: tap K-1 is the current token, zeros before the sequence
+            taps = taps.reshape(taps.shape[0], -1)  # (C, K)
+            padded = np.concatenate([np.zeros((taps.shape[1] - 1, x.shape[1]), np.float32), x])  # (T + K - 1, C)
+            y = sum(padded[i : i + t] * taps[:, i] for i in range(taps.shape[1]))  # (T, C)
+            return (y / (1 + np.exp(-y))).reshape(t, -1, dk)  # (T, H, dk)
+
+        def l2(x):  # ggml_l2_norm, eps 1e-6
+            return x / np.sqrt(np.sum(x.astype(np.float64) ** 2, -1, keepdims=True) + 1e-6).astype(np.float32)
+
+        q, k, v = (conv(a @ w[f"{p}attn_{x}.weight"].T, w[f"{p}ssm_conv1d_{x}.weight"]) for x in "qkv")  # (T, H, dk)
+        q, k = l2(q), l2(k)
+        f = a @ w[p + "ssm_f_a.weight"].T @ w[p + "ssm_f_b.weight"].T + w[p + "ssm_dt.bias"]  # (T, H dk)
+        decay = np.exp(np.logaddexp(0, f).reshape(t, -1, dk) * w[p + "ssm_a"][None, :, None])  # (T, H, dk)
+        beta = 1 / (1 + np.exp(-(a @ w[p + "ssm_beta.weight"].T)))  # (T, H)
+        state = np.zeros((q.shape[1], dk, dk), np.float32)  # (H, dk, dv)
+        out = np.zeros_like(q)  # (T, H, dv)
+        for i in range(t):
+            state = decay[i][:, :, None] * state
+            u = (v[i] - np.einsum("hk,hkv->hv", k[i], state)) * beta[i][:, None]  # (H, dv)
+            state = state + k[i][:, :, None] * u[:, None, :]
+            out[i] = np.einsum("hk,hkv->hv", q[i], state) / np.sqrt(dk)
+        gate = 1 / (1 + np.exp(-(a @ w[p + "ssm_g_a.weight"].T @ w[p + "ssm_g_b.weight"].T).reshape(t, -1, dk)))
+        normed = rms_norm(out, w[p + "ssm_norm.weight"], c.norm_eps) * gate  # (T, H, dv)
+        return normed.reshape(t, -1) @ w[p + "attn_output.weight"].T  # (T, n_embd)

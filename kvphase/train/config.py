@@ -22,6 +22,7 @@ LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000}, "glm5-
 MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes on one core
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
+KDA_MODES = ("trained", "off")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class TrainConfig:
     offsets: str = "fixed"  # "fixed", "random" (per sequence and head) or "jitter" (per sequence, shared)
     task: str = "pairs"  # prompts/<task>.toml: the words and record format
     dense_steps: int = 200  # glm designs: steps of dense attention (the indexer distilled) before sparse training
+    kda: str = "trained"  # glm designs: the KDA layer "trained" (first, the model's source of order) or "off" (a no-op)
 
     def __post_init__(self) -> None:
         if self.design not in TRAINED_DESIGNS:
@@ -63,6 +65,8 @@ class TrainConfig:
             self._check_deepseek4()
         if self.layout == "glm5-next":
             self._check_glm5()
+        elif self.kda != TrainConfig.kda or self.dense_steps != TrainConfig.dense_steps:
+            raise PlanError(f"--kda and --dense-steps belong to the glm designs; {self.design} has neither")
         if self.design == "dense" and (self.stagger != "none" or self.offsets != "fixed"):
             raise PlanError("the dense control has no windows to offset; drop --stagger/--offsets")
 
@@ -115,6 +119,8 @@ class TrainConfig:
         if self.local_window != TrainConfig.local_window:
             raise PlanError(f"glm5-next has no sliding window (a query reads its selected pools and its own pool's "
                             f"tail); {self.design} takes no --local-window")
+        if self.kda not in KDA_MODES:
+            raise PlanError(f"unknown --kda {self.kda!r}; expected one of {', '.join(KDA_MODES)}")
         if not isinstance(self.dense_steps, int) or not 0 <= self.dense_steps <= MAX_STEPS:
             raise PlanError(f"--dense-steps must be an integer from 0 to {MAX_STEPS}, got {self.dense_steps!r}")
 

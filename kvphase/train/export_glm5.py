@@ -1,10 +1,12 @@
 """A `glm-kpool` / `glm-dense` model (kvphase/train/glm5.py) as a `glm5-next` GGUF that llama.cpp runs.
 
 The file is `gguf.tiny.glm5_next_spec` (the names and shapes llama.cpp's loader asks for)
-at the trained sizes: the trained NoPE MLA layers with their k-pool indexers, then the KDA
-layer the architecture requires, made an exact identity (../shared/notes/llama-cpp-minimal-configs.md):
+at the trained sizes: the trained KDA layer first (`--kda trained`), then the trained NoPE
+MLA layers with their k-pool indexers; with `--kda off` the KDA layer the architecture
+requires comes last, made an exact identity, and the rest of the machinery is made exact
+identities too (../shared/notes/llama-cpp-minimal-configs.md):
 
-- KDA: small random weights (zero ones would L2-normalise zero vectors), a zero
+- the no-op KDA: small random weights (zero ones would L2-normalise zero vectors), a zero
   `attn_output` and a zero `ffn_down`, so the layer adds exactly nothing;
 - hyper-connections: every `hc_*_fn` zero, so the four identical streams add back up to
   the residual (the same bias as the deepseek4 export); the output collapse is their mean;
@@ -22,21 +24,44 @@ from kvphase.gguf.tiny import Glm5Layout, glm5_next_spec, init_tensor
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
 from kvphase.train.export import shared_metadata
-from kvphase.train.glm5 import INDEXER_HEADS, LN_EPS, RMS_EPS
+from kvphase.train.glm5 import INDEXER_HEADS, KDA_CONV, LN_EPS, RMS_EPS
 from kvphase.train.vocab import WordVocab
 
-KDA_HEAD_DIM = 8  # the neutralised KDA layer's head width: the smallest that loads
+KDA_HEAD_DIM = 8  # the no-op KDA layer's head width (--kda off): small, it computes nothing that counts
 EVERY_POOL = 1 << 16  # pools the twin's top-k keeps: more than any context holds
 
 
 def layout(config: TrainConfig) -> Glm5Layout:
     d, hd = config.d_model, config.head_dim
     pools = EVERY_POOL if config.design == "glm-dense" else config.top_k
+    trained_kda = config.kda == "trained"
     return Glm5Layout(
-        n_embd=d, n_head=config.heads, q_lora=d, kv_lora=d, k_mla=hd, v_mla=hd, kda_dim=KDA_HEAD_DIM, d_conv=4,
-        n_idx_head=INDEXER_HEADS, n_idx=hd, kpool=config.stride, top_k=pools * config.stride, n_ff=4 * d,
-        kinds=("dsa",) * config.layers + ("kda",),
+        n_embd=d, n_head=config.heads, q_lora=d, kv_lora=d, k_mla=hd, v_mla=hd,
+        kda_dim=hd if trained_kda else KDA_HEAD_DIM, d_conv=KDA_CONV, n_idx_head=INDEXER_HEADS, n_idx=hd,
+        kpool=config.stride, top_k=pools * config.stride, n_ff=4 * d,
+        kinds=(("kda",) + ("dsa",) * config.layers) if trained_kda else (("dsa",) * config.layers + ("kda",)),
     )
+
+
+def kda_layer(config: TrainConfig) -> int:
+    """The KDA layer's index: first when trained, last when it is the no-op."""
+    return 0 if config.kda == "trained" else config.layers
+
+
+def _kda_weights(block: dict) -> dict[str, np.ndarray]:
+    """The trained KDA layer (layer 0) in numpy order."""
+    b = {k: np.asarray(v, dtype=np.float32) for k, v in block.items()}
+    out = {f"blk.0.ssm_conv1d_{x}.weight": b[f"conv_{x}"][:, None, :] for x in "qkv"}  # (inner, 1, taps)
+    out.update({f"blk.0.attn_{x}.weight": b[x].T for x in "qkv"})
+    out.update({
+        "blk.0.attn_norm.weight": b["attn_norm"], "blk.0.ffn_norm.weight": b["ffn_norm"],
+        "blk.0.ssm_f_a.weight": b["f_a"].T, "blk.0.ssm_f_b.weight": b["f_b"].T, "blk.0.ssm_dt.bias": b["dt_bias"],
+        "blk.0.ssm_a": -np.exp(b["a_log"]), "blk.0.ssm_beta.weight": b["beta"].T,
+        "blk.0.ssm_g_a.weight": b["g_a"].T, "blk.0.ssm_g_b.weight": b["g_b"].T, "blk.0.ssm_norm.weight": b["norm"],
+        "blk.0.attn_output.weight": b["o"].T,
+        "blk.0.ffn_gate.weight": b["w_gate"].T, "blk.0.ffn_up.weight": b["w_up"].T, "blk.0.ffn_down.weight": b["w_down"].T,
+    })
+    return out
 
 
 def _block_weights(i: int, block: dict) -> dict[str, np.ndarray]:
@@ -74,8 +99,11 @@ def glm5_file(params: dict, config: TrainConfig, vocab: WordVocab, step: int):
     trained = {"token_embd.weight": np.asarray(params["wte"], np.float32),
                "output.weight": np.asarray(params["wte"], np.float32),  # tied in training, untied in the file
                "output_norm.weight": np.asarray(params["out_norm"], np.float32)}
+    first_mla = 1 if config.kda == "trained" else 0
     for i, block in enumerate(params["blocks"]):
-        trained.update(_block_weights(i, block))
+        trained.update(_block_weights(first_mla + i, block))
+    if "kda" in params:
+        trained.update(_kda_weights(params["kda"]))
     keys = {**spec.keys, **shared_metadata(config, vocab, step)}
     keys["glm5-next.vocab_size"] = len(vocab)
     keys["glm5-next.context_length"] = config.n_positions
@@ -92,7 +120,7 @@ def glm5_file(params: dict, config: TrainConfig, vocab: WordVocab, step: int):
         if name in trained:
             value = np.ascontiguousarray(trained.pop(name))
         else:
-            value = _untrained_weight(name, ne, kind, config.layers, rng)
+            value = _untrained_weight(name, ne, kind, kda_layer(config), rng)
         if value.shape != shape:
             raise AssertionError(f"{name}: the glm5-next layout expects {shape}, the trained model has {value.shape}")
         tensors.append((name, value))

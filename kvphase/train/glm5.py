@@ -21,8 +21,9 @@ The top-k is not differentiable. The indexer is trained as sparse-attention mode
 distillation (its softmax over visible pools pulled towards the attention mass the heads
 put on each pool, stop-gradient, with the indexer's inputs detached so the distillation
 trains the indexer alone), first under dense attention for `dense_steps` steps, then with
-the attention reading only what the indexer selects. Ties: `jax.lax.top_k` keeps the lower
-pool index; llama.cpp's partial sort leaves tied sets unspecified (designs/windows.py).
+the attention reading only what the indexer selects. Ties:
+ReLU scores tie at exactly 0, so the selection is computed as llama.cpp's CPU
+partial sort computes it (`designs.windows.partial_sort_sets`, host code under jit).
 
 Designs: "glm-kpool" and its twin "glm-dense", whose top-k keeps every pool (dense causal
 NoPE MLA; the indexer is dead weight). The export is `kvphase/train/export_glm5.py`;
@@ -37,11 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kvphase.designs.windows import partial_sort_sets
 from kvphase.train.config import TrainConfig
 
 RMS_EPS = 1e-6  # glm5-next.attention.layer_norm_rms_epsilon of the export
 LN_EPS = 1e-5  # glm5-next.attention.layer_norm_epsilon: the indexer key's LayerNorm
 INDEXER_HEADS = 2  # glm5-next.attention.indexer.head_count
+KDA_CONV = 4  # glm5-next.ssm.conv_kernel: taps of KDA's causal convolution, the current token's last
 
 
 def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
@@ -66,7 +69,27 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             "idx_proj": normal(d, INDEXER_HEADS, scale=1.0),
             "ffn_norm": jnp.ones(d), "w_gate": normal(d, f), "w_up": normal(d, f), "w_down": normal(f, d, scale=proj),
         })
-    return {"wte": normal(n_vocab, d), "blocks": blocks, "out_norm": jnp.ones(d)}
+    params = {"wte": normal(n_vocab, d), "blocks": blocks, "out_norm": jnp.ones(d)}
+    if config.kda == "trained":
+        params["kda"] = init_kda(config, normal)
+    return params
+
+
+def init_kda(config: TrainConfig, normal) -> dict:
+    """The KDA layer's weights: head width head_dim, the low-rank decay and gate maps that wide;
+    A_log and the decay bias at zero (decay e^{-softplus(0)} = 1/2 per token at start)."""
+    d, hd, h, f = config.d_model, config.head_dim, config.heads, 4 * config.d_model
+    inner = h * hd
+    return {
+        "attn_norm": jnp.ones(d), "q": normal(d, inner), "k": normal(d, inner), "v": normal(d, inner),
+        "conv_q": normal(inner, KDA_CONV, scale=0.5), "conv_k": normal(inner, KDA_CONV, scale=0.5),
+        "conv_v": normal(inner, KDA_CONV, scale=0.5),
+        "f_a": normal(d, hd), "f_b": normal(hd, inner), "dt_bias": jnp.zeros(inner), "a_log": jnp.zeros(h),
+        "beta": normal(d, h), "g_a": normal(d, hd), "g_b": normal(hd, inner), "norm": jnp.ones(hd),
+        "o": normal(inner, d, scale=0.02 / math.sqrt(2 * config.layers)),
+        "ffn_norm": jnp.ones(d), "w_gate": normal(d, f), "w_up": normal(d, f),
+        "w_down": normal(f, d, scale=0.02 / math.sqrt(2 * config.layers)),
+    }
 
 
 def rms(x, weight):
@@ -102,13 +125,21 @@ def selection(scores, config: TrainConfig):
     if config.design == "glm-dense" or config.top_k >= n_pool:
         chosen = jnp.isfinite(scores)  # (B, T, np)
     else:
-        _, top = jax.lax.top_k(scores, config.top_k)  # (B, T, top_k): ties keep the lower index
-        picked = jax.nn.one_hot(top, n_pool, dtype=jnp.bool_).any(2)  # (B, T, np)
-        chosen = picked & jnp.isfinite(scores)  # (B, T, np): -inf fillers are masked, as llama.cpp does
+        chosen = jax.pure_callback(_llamacpp_choice, jax.ShapeDtypeStruct(scores.shape, jnp.bool_),
+                                   jax.lax.stop_gradient(scores), config.top_k)  # (B, T, np)
     padded = jnp.concatenate([chosen, jnp.zeros_like(chosen[..., :1])], axis=-1)  # (B, T, np + 1): the trailing
     token_chosen = padded[..., jnp.minimum(pool_of, n_pool)]  # (B, T, T); incomplete pool is only ever a tail
     tail = (pool_of[None, :] == pool_of[:, None]) & (pos[None, :] <= pos[:, None]) & (pos[:, None] % kp != kp - 1)  # (T, T)
     return token_chosen | tail[None]  # (B, T, T)
+
+
+def _llamacpp_choice(scores: np.ndarray, k: int) -> np.ndarray:
+    """The pools llama.cpp's top-k keeps (ties as its CPU partial sort breaks them), as a mask."""
+    scores = np.asarray(scores)
+    flat = scores.reshape(-1, scores.shape[-1])  # (rows, np)
+    chosen = np.zeros(flat.shape, bool)
+    np.put_along_axis(chosen, partial_sort_sets(flat, int(k)), True, axis=1)
+    return (chosen & np.isfinite(flat)).reshape(scores.shape)  # -inf fillers are masked, as llama.cpp does
 
 
 def distillation(scores, dense_weights, config: TrainConfig):
@@ -149,17 +180,62 @@ def attention(a, block, config: TrainConfig, sparse: bool):
     return out @ block["o"], aux  # (B, T, d)
 
 
+def short_conv(x, taps):
+    """ggml_ssm_conv then silu: y[t, c] = sum_i x[t - (K-1) + i, c] taps[c, i], zeros before the
+    sequence; x (B, T, C), taps (C, K)."""
+    k = taps.shape[1]
+    padded = jnp.pad(x, ((0, 0), (k - 1, 0), (0, 0)))  # (B, T + K - 1, C)
+    y = sum(padded[:, i : i + x.shape[1]] * taps[:, i] for i in range(k))  # (B, T, C)
+    return jax.nn.silu(y)
+
+
+def l2_norm(x):
+    """ggml_l2_norm over the last axis at eps 1e-6 (build_kda_layer): x / sqrt(sum x^2 + eps)."""
+    return x * jax.lax.rsqrt((x * x).sum(-1, keepdims=True) + 1e-6)
+
+
+def kda(a, block, config: TrainConfig):
+    """The KDA layer's output (B, T, d) from its normed input a (B, T, d): build_kda_layer of
+    src/models/glm5-next.cpp, whose CPU op is this per-token gated delta rule from a zero state."""
+    b, t, _ = a.shape
+    h, hd = config.heads, config.head_dim
+    heads = lambda x: x.reshape(b, t, h, hd)  # noqa: E731
+    q = l2_norm(heads(short_conv(a @ block["q"], block["conv_q"])))  # (B, T, H, hd)
+    k = l2_norm(heads(short_conv(a @ block["k"], block["conv_k"])))  # (B, T, H, hd)
+    v = heads(short_conv(a @ block["v"], block["conv_v"]))  # (B, T, H, hd)
+    decay = heads(jax.nn.softplus(a @ block["f_a"] @ block["f_b"] + block["dt_bias"])) * -jnp.exp(block["a_log"])[:, None]
+    beta = jax.nn.sigmoid(a @ block["beta"])  # (B, T, H)
+
+    def step(state, inputs):  # state (B, H, hd_k, hd_v)
+        q_t, k_t, v_t, g_t, beta_t = inputs
+        state = jnp.exp(g_t)[..., None] * state
+        u = (v_t - jnp.einsum("bhk,bhkv->bhv", k_t, state)) * beta_t[..., None]  # (B, H, hd)
+        state = state + k_t[..., :, None] * u[..., None, :]
+        return state, jnp.einsum("bhk,bhkv->bhv", q_t, state) / math.sqrt(hd)
+
+    steps = [x.swapaxes(0, 1) for x in (q, k, v, decay, beta)]  # time first
+    _, out = jax.lax.scan(step, jnp.zeros((b, h, hd, hd)), steps)  # (T, B, H, hd)
+    out = out.swapaxes(0, 1)  # (B, T, H, hd)
+    gate = jax.nn.sigmoid(heads(a @ block["g_a"] @ block["g_b"]))  # (B, T, H, hd)
+    return (rms(out, block["norm"]) * gate).reshape(b, t, h * hd) @ block["o"]  # (B, T, d)
+
+
+def feed_forward(x, block):
+    m = rms(x, block["ffn_norm"])  # (B, T, d)
+    return x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
+
+
 def forward(params, tokens, starts, config: TrainConfig, sparse: bool = True):
     """Hidden states after the output norm (B, T, d) and the summed distillation loss; `starts`
     is unused (glm5-next's pools start at position 0)."""
     x = params["wte"][tokens]  # (B, T, d): NoPE, no position embedding
+    if "kda" in params:
+        x = feed_forward(x + kda(rms(x, params["kda"]["attn_norm"]), params["kda"], config), params["kda"])
     aux = 0.0
     for block in params["blocks"]:
         out, layer_aux = attention(rms(x, block["attn_norm"]), block, config, sparse)
-        x = x + out  # (B, T, d)
+        x = feed_forward(x + out, block)  # (B, T, d)
         aux = aux + layer_aux
-        m = rms(x, block["ffn_norm"])  # (B, T, d)
-        x = x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
     return rms(x, params["out_norm"]), aux
 
 
