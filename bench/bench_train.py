@@ -18,6 +18,7 @@ STEPS = 20
 
 def steps_per_second(design: str) -> tuple[float, int]:
     trainer = Trainer.new(TrainConfig.for_design(design))  # the defaults `kvphase train DESIGN` uses
+    trainer.step = trainer.config.dense_steps if trainer.config.layout == "glm5-next" else 0  # glm: the sparse steps
     trainer.train_step()  # compile
     start = time.perf_counter()
     for _ in range(STEPS):
@@ -28,7 +29,7 @@ def steps_per_second(design: str) -> tuple[float, int]:
 
 def main() -> None:
     rates = {}
-    for design in ("dense", "gated", "meanpool", "kpool", "csa", "csa-disjoint", "csa-dense"):
+    for design in ("dense", "gated", "meanpool", "kpool", "csa", "csa-disjoint", "csa-dense", "glm-kpool", "glm-dense"):
         rate, tokens = steps_per_second(design)
         rates[design] = rate
         print(f"train {design:9s} {rate:6.2f} steps/s  {rate * tokens:9.0f} tokens/s"

@@ -205,3 +205,27 @@ def test_bad_options_for_glm5_are_one_line_and_leave_no_folder(tmp_path, args, f
     result = CliRunner().invoke(app, ["train", args[0], str(tmp_path / "o"), *args[1:]])
     assert result.exit_code == 1 and fragment in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_kvphase_train_glm_kpool_exports_a_file_llamacpp_loads_and_sweeps(tmp_path):
+    """The command end to end with the layout's defaults, past the dense warm-up into sparse steps:
+    a glm5-next file `kvphase inspect` names and `kvphase sweep` runs through llama.cpp."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    done = runner.invoke(app, ["train", "glm-kpool", str(out), "--steps", "3", "--dense-steps", "1", "--eval-every", "3",
+                               "--quiet"])
+    assert done.exit_code == 0, done.output
+    saved = json.loads((out / "config.json").read_text())
+    assert (saved["heads"], saved["batch"], saved["kda"]) == (2, 32, "trained")
+    shown = runner.invoke(app, ["inspect", str(out / "model.gguf")])
+    assert shown.exit_code == 0 and "glm5-next" in shown.output and "kpool" in shown.output, shown.output
+    swept = runner.invoke(app, ["sweep", str(out / "model.gguf"), "--per-residue", "8", "--out", str(tmp_path / "s"),
+                                "--quiet"])
+    assert swept.exit_code == 0, swept.output
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["backend"] == "llama.cpp"

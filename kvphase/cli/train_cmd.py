@@ -29,13 +29,16 @@ def train(
     records: int = typer.Option(TrainConfig.records, help="Key value records in each training context."),
     queries: int = typer.Option(TrainConfig.queries, help="Questions after the context of every training sequence."),
     steps: Optional[int] = typer.Option(None, help=f"Optimisation steps; default {TrainConfig.steps}, "
-                                       f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa and glm designs."),
+                                       f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa designs, "
+                                       f"{LAYOUT_DEFAULTS['glm5-next']['steps']} for the glm designs."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
     eval_every: int = typer.Option(TrainConfig.eval_every, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
     stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),
     offsets: str = typer.Option("fixed", help="fixed, random (per sequence and head) or jitter (per sequence, shared)."),
     local_window: int = typer.Option(TrainConfig.local_window, "--local-window", help="Recent tokens every query sees exactly."),
-    top_k: int = typer.Option(TrainConfig.top_k, "--top-k", help="kpool, glm-kpool: windows (pools) each query reads."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="kpool, glm-kpool: windows (pools) each query reads; default "
+                                        f"{TrainConfig.top_k}, {LAYOUT_DEFAULTS['glm5-next'].get('top_k', TrainConfig.top_k)} "
+                                        "for glm-kpool."),
     dense_steps: int = typer.Option(TrainConfig.dense_steps, "--dense-steps",
                                     help="glm designs: steps of dense attention, the indexer distilled, before sparse training."),
     kda: str = typer.Option(TrainConfig.kda, "--kda", help="glm designs: the KDA layer trained (first: what gives the NoPE "

@@ -1,29 +1,33 @@
 """The JAX mirror of GLM-5.3's k-pool sparse attention as llama.cpp's `glm5-next` computes it.
 
-Every trained layer is one `build_dsa_layer` of src/models/glm5-next.cpp: NoPE MLA whose
-cache holds one RMS-normed latent per token (K and V share it), with the selection of
-`build_kpool_select` in the minimal configuration that makes the rest of the
-architecture exact identities (../shared/notes/llama-cpp-minimal-configs.md):
-hyper-connections with four identical streams, dense SwiGLU feed-forwards, and the
-mandatory KDA layer appended last with a zero output and a zero feed-forward (the export's
-business: this module never sees it). What is trained:
+The model is src/models/glm5-next.cpp in the minimal configuration that makes the rest of
+the architecture exact identities (../shared/notes/llama-cpp-minimal-configs.md):
+hyper-connections with four identical streams and dense SwiGLU feed-forwards. What is trained:
 
-- low-rank q (q_a, RMSNorm, q_b), absorbed into latent space by k_b per head; the latent
-  c = RMSNorm(kv_a a); out_h = v_b[h] (sum_j p_j c_j); attn_output; no RoPE, no sink;
-- the k-pool indexer: per token key LayerNorm(W_k a) and gate W_g a; per complete pool of
-  `stride` tokens from position 0 the per-channel softmax(gate + ape[phase]) pooled key;
-  score(t, pool) = sum_h w_h relu(iq_h . pooled), w = W_proj a / sqrt(d_idx H_idx),
-  iq = W_qb_idx qr; a query reads the tokens of its top `top_k` visible pools (one
-  selection per token, shared by the heads) plus the incomplete tail of its own pool
-  (none when the query completes its pool), as llama.cpp does with kpool_select_tail.
+- a KDA layer first (`--kda trained`): `build_kda_layer`, whose CPU op is a per-token gated
+  delta rule from a zero state, after short causal convolutions of q, k and v. The MLA layers
+  have no positions (NoPE); in GLM-5.3 the KDA layers are what knows token order, and here
+  too: with `--kda off` (the layer the loader requires made a no-op, appended last) the model
+  cannot tell the token after a key from the others, and its retrieval stalls near half
+  (measured, issue 18's note);
+- NoPE MLA layers (`build_dsa_layer`): low-rank q (q_a, RMSNorm, q_b) absorbed into latent
+  space by k_b per head; the latent c = RMSNorm(kv_a a) is K and V; out_h = v_b[h] (sum_j
+  p_j c_j); attn_output; no sink;
+- each MLA layer's k-pool indexer (`build_kpool_select`): per token key LayerNorm(W_k a) and
+  gate W_g a; per complete pool of `stride` tokens from position 0 the per-channel
+  softmax(gate + ape[phase]) pooled key; score(t, pool) = sum_h w_h relu(iq_h . pooled),
+  w = W_proj a / sqrt(d_idx H_idx), iq = W_qb_idx qr; a query reads the tokens of its top
+  `top_k` visible pools (one selection per token, shared by the heads) plus the incomplete
+  tail of its own pool (none when the query completes its pool), as llama.cpp does with
+  kpool_select_tail.
 
 The top-k is not differentiable. The indexer is trained as sparse-attention models are: by
 distillation (its softmax over visible pools pulled towards the attention mass the heads
 put on each pool, stop-gradient, with the indexer's inputs detached so the distillation
 trains the indexer alone), first under dense attention for `dense_steps` steps, then with
-the attention reading only what the indexer selects. Ties:
-ReLU scores tie at exactly 0, so the selection is computed as llama.cpp's CPU
-partial sort computes it (`designs.windows.partial_sort_sets`, host code under jit).
+the attention reading only what the indexer selects. ReLU scores tie at exactly 0, so the
+selection is computed as llama.cpp's CPU partial sort computes it, ties included
+(`designs.windows.partial_sort_sets`, host code under jit).
 
 Designs: "glm-kpool" and its twin "glm-dense", whose top-k keeps every pool (dense causal
 NoPE MLA; the indexer is dead weight). The export is `kvphase/train/export_glm5.py`;
