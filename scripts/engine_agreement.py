@@ -66,4 +66,5 @@ def main(runs: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    main([Path(p) for p in sys.argv[1:]] or sorted(p for p in ROOT.glob("*-seed*") if (p / CHECKPOINT_FILE).is_file()))
+    main([Path(p) for p in sys.argv[1:]] or sorted(p for p in ROOT.glob("*-seed*")
+                                                   if (p / CHECKPOINT_FILE).is_file() and (p / MODEL_FILE).is_file()))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The engine-layout study (issue 18): DeepSeek-V4's CSA trained by kvphase in deepseek4's own
-# file layout, its disjoint variant and its dense twin (SEEDS, default 0 1 2), every model trained
+# file layout, its disjoint variant and its dense twin, GLM-5.3's k-pool in glm5-next's own layout
+# and its dense twin (SEEDS, default 0 1 2), every model trained
 # into reports/trained/engine/<name>-seed<k>/ (resumable: re-running continues), then swept
 # twice with the standard protocol: through llama.cpp itself (`kvphase sweep FILE`, the
 # default for these files) and through the numpy reference (`--backend reference`) on the
@@ -11,9 +12,12 @@
 #     bash scripts/engine_study.sh [STEPS] [CONFIG ...]      # JOBS=2 trainings at a time, SEEDS="0 1 2"
 #
 # STEPS: default (or "-") the layout's own default of `kvphase train` (1000 steps of 32 sequences for the
-# csa designs). reports/trained/engine/ holds:
+# csa designs, 2000 for the glm designs). reports/trained/engine/ holds:
 #     SEEDS=0 bash scripts/engine_study.sh - csa-dense
 #     SEEDS="0 1 2 3 4" bash scripts/engine_study.sh - csa-disjoint csa
+#     SEEDS=0 bash scripts/engine_study.sh - glm-dense
+#     SEEDS="0 1" bash scripts/engine_study.sh - glm-kpool
+# and glm-kpool-top4-seed0 (`kvphase train glm-kpool --top-k 4`, swept through llama.cpp) by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KV=${KV:-.venv/bin/kvphase}

@@ -212,7 +212,7 @@ def test_bad_options_for_glm5_are_one_line_and_leave_no_folder(tmp_path, args, f
 
 
 def test_kvphase_train_glm_kpool_exports_a_file_llamacpp_loads_and_sweeps(tmp_path):
-    """The command end to end with the layout's defaults, past the dense warm-up into sparse steps:
+    """The command end to end with the layout's defaults (a smaller batch), past the dense warm-up into sparse steps:
     a glm5-next file `kvphase inspect` names and `kvphase sweep` runs through llama.cpp."""
     from typer.testing import CliRunner
 
@@ -221,10 +221,10 @@ def test_kvphase_train_glm_kpool_exports_a_file_llamacpp_loads_and_sweeps(tmp_pa
     runner = CliRunner()
     out = tmp_path / "run"
     done = runner.invoke(app, ["train", "glm-kpool", str(out), "--steps", "3", "--dense-steps", "1", "--eval-every", "3",
-                               "--quiet"])
+                               "--batch", "4", "--quiet"])
     assert done.exit_code == 0, done.output
     saved = json.loads((out / "config.json").read_text())
-    assert (saved["heads"], saved["batch"], saved["kda"]) == (2, 32, "trained")
+    assert (saved["heads"], saved["batch"], saved["kda"], saved["top_k"]) == (2, 4, "trained", 8)
     shown = runner.invoke(app, ["inspect", str(out / "model.gguf")])
     assert shown.exit_code == 0 and "glm5-next" in shown.output and "kpool" in shown.output, shown.output
     swept = runner.invoke(app, ["sweep", str(out / "model.gguf"), "--per-residue", "8", "--out", str(tmp_path / "s"),
