@@ -97,11 +97,16 @@ def _load(path: str) -> tuple[DSV4Config, dict[str, np.ndarray]]:
     if CSA_RATIO in config.ratios and top_k < config.n_ctx_train // CSA_RATIO:
         raise ModelFileError(f"the deepseek4 reference reads every block: indexer top_k {top_k} is below the "
                              f"{config.n_ctx_train // CSA_RATIO} blocks of the model's context")
+    check_identity_hyper_connections(weights, ARCH)
+    return config, weights
+
+
+def check_identity_hyper_connections(weights: dict[str, np.ndarray], arch: str) -> None:
+    """Refuse a file whose hyper-connections are not the identity `identity_hc_base` makes."""
     if any(np.any(w) for n, w in weights.items() if n.endswith("_fn.weight")) or any(
             not np.allclose(w, identity_hc_base(len(w)), atol=1e-6) for n, w in weights.items() if n.endswith("_base.weight")):
-        raise ModelFileError("the deepseek4 reference needs identity hyper-connections (every hc fn zero, each base "
+        raise ModelFileError(f"the {arch} reference needs identity hyper-connections (every hc fn zero, each base "
                              "-ln 3 for the four streams' pre weights and 0 after)")
-    return config, weights
 
 
 def identity_hc_base(n: int, streams: int = 4) -> np.ndarray:
@@ -112,19 +117,26 @@ def identity_hc_base(n: int, streams: int = 4) -> np.ndarray:
     return base
 
 
-class DeepSeek4:
-    """`forward(tokens, cache, logits_for)` as the other reference models have it."""
+class WholeSequence:
+    """A reference model for a file in an engine's own layout that runs the whole sequence again at
+    every call; `forward(tokens, cache, logits_for)` as the other reference models have it.
+    Subclasses name their `arch`, give `load(path) -> (config, weights)` and `hidden(tokens)`."""
 
     policy = None  # the file's own compressor; no post-hoc policy applies
+    arch = ""
 
-    def __init__(self, config: DSV4Config, weights: dict[str, np.ndarray]):
+    def __init__(self, config, weights: dict[str, np.ndarray]):
         self.config, self.w = config, weights
 
+    @staticmethod
+    def load(path: str) -> tuple:
+        raise NotImplementedError
+
     @classmethod
-    def from_gguf(cls, path: str | Path, policy=None) -> DeepSeek4:
+    def from_gguf(cls, path: str | Path, policy=None):
         if policy is not None:
-            raise ModelFileError("a deepseek4 file runs its own compressor; --design does not apply to it")
-        return cls(*_load(str(Path(path).resolve())))
+            raise ModelFileError(f"a {cls.arch} file runs its own compressor; --design does not apply to it")
+        return cls(*cls.load(str(Path(path).resolve())))
 
     def new_cache(self, capacity: int = 0) -> TokenCache:
         return TokenCache()
@@ -140,6 +152,16 @@ class DeepSeek4:
             return np.zeros((0, len(self.w["output.weight"])), np.float32)
         x = self.hidden(np.asarray(cache.tokens))[start + rows]  # (n_rows, n_embd)
         return rms_norm(x, self.w["output_norm.weight"], self.config.norm_eps) @ self.w["output.weight"].T  # (n_rows, n_vocab)
+
+    def hidden(self, tokens: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class DeepSeek4(WholeSequence):
+    """The deepseek4 files `kvphase train csa` exports."""
+
+    arch = ARCH
+    load = staticmethod(_load)
 
     def hidden(self, tokens: np.ndarray) -> np.ndarray:
         """The residual stream after the last layer at every position: (T, n_embd)."""

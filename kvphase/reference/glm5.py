@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
-
 import numpy as np
 
 from kvphase.designs.dsv4 import rms_norm
@@ -27,7 +24,7 @@ from kvphase.designs.windows import causal_mask, softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
 from kvphase.gguf.tensors import tensor_array
-from kvphase.reference.deepseek4 import TokenCache, identity_hc_base
+from kvphase.reference.deepseek4 import WholeSequence, check_identity_hyper_connections
 
 ARCH = "glm5-next"
 
@@ -80,41 +77,15 @@ def _load(path: str) -> tuple[Glm5Config, dict[str, np.ndarray]]:
     config = Glm5Config.from_meta(meta)
     raw = np.memmap(path, dtype=np.uint8, mode="r")
     weights = {t.name: tensor_array(raw, t) for t in header.tensors}
-    if any(np.any(w) for n, w in weights.items() if n.endswith("_fn.weight")) or any(
-            not np.allclose(w, identity_hc_base(len(w)), atol=1e-6) for n, w in weights.items() if n.endswith("_base.weight")):
-        raise ModelFileError("the glm5-next reference needs identity hyper-connections (every hc fn zero, each base "
-                             "-ln 3 for the four streams' pre weights and 0 after)")
+    check_identity_hyper_connections(weights, ARCH)
     return config, weights
 
 
-class Glm5Next:
-    """`forward(tokens, cache, logits_for)` as the other reference models have it."""
+class Glm5Next(WholeSequence):
+    """The glm5-next files `kvphase train glm-kpool` exports."""
 
-    policy = None  # the file's own compressor; no post-hoc policy applies
-
-    def __init__(self, config: Glm5Config, weights: dict[str, np.ndarray]):
-        self.config, self.w = config, weights
-
-    @classmethod
-    def from_gguf(cls, path: str | Path, policy=None) -> Glm5Next:
-        if policy is not None:
-            raise ModelFileError("a glm5-next file runs its own compressor; --design does not apply to it")
-        return cls(*_load(str(Path(path).resolve())))
-
-    def new_cache(self, capacity: int = 0) -> TokenCache:
-        return TokenCache()
-
-    def forward(self, tokens: Sequence[int], cache: TokenCache, logits_for: Sequence[int] | None = None) -> np.ndarray:
-        """Append `tokens` to the sequence; the logits of rows `logits_for` of `tokens` (all when None)."""
-        start = cache.n
-        cache.tokens.extend(int(t) for t in tokens)
-        if cache.n > self.config.n_ctx_train:
-            raise ModelFileError(f"the model holds {self.config.n_ctx_train} positions; {cache.n} tokens do not fit")
-        rows = np.arange(len(tokens)) if logits_for is None else np.asarray(logits_for, dtype=np.int64)
-        if len(rows) == 0:
-            return np.zeros((0, len(self.w["output.weight"])), np.float32)
-        x = self.hidden(np.asarray(cache.tokens))[start + rows]  # (n_rows, n_embd)
-        return rms_norm(x, self.w["output_norm.weight"], self.config.norm_eps) @ self.w["output.weight"].T  # (n_rows, n_vocab)
+    arch = ARCH
+    load = staticmethod(_load)
 
     def hidden(self, tokens: np.ndarray) -> np.ndarray:
         """The residual stream after the last layer at every position: (T, n_embd)."""

@@ -63,6 +63,24 @@ def shared_metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
     }
 
 
+def fill_spec(spec, trained: dict[str, np.ndarray], untrained, n_vocab: int) -> list[tuple[str, np.ndarray]]:
+    """Every tensor an engine layout's spec (gguf.tiny) names, in its order: the trained ones (each
+    used once, shape-checked) and `untrained(name, ne, kind)` for the machinery training does not
+    produce; the vocabulary axis is the trained one."""
+    trained, out = dict(trained), []
+    for name, ne, kind in spec.tensors:
+        shape = tuple(reversed(ne))
+        if name in ("token_embd.weight", "output.weight"):
+            shape = (n_vocab,) + shape[1:]
+        value = np.ascontiguousarray(trained.pop(name)) if name in trained else untrained(name, ne, kind)
+        if value.shape != shape:
+            raise AssertionError(f"{name}: the {spec.arch} layout expects {shape}, the trained model has {value.shape}")
+        out.append((name, value))
+    if trained:
+        raise AssertionError(f"trained tensors the {spec.arch} layout has no place for: {sorted(trained)}")
+    return out
+
+
 def tensors(params: dict, config: TrainConfig) -> list[tuple[str, np.ndarray]]:
     """Weights in numpy order (ggml's ne reversed): linear maps as (out, in)."""
     p = {k: np.asarray(v, dtype=np.float32) for k, v in params.items() if k != "blocks"}

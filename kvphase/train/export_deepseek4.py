@@ -26,7 +26,7 @@ from kvphase.gguf.tiny import DSV4Layout, deepseek4_spec
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
 from kvphase.train.csa import MASKED, RATIO, RMS_EPS, ROPE_BASE, rope_dims, window
-from kvphase.train.export import shared_metadata
+from kvphase.train.export import fill_spec, shared_metadata
 from kvphase.train.vocab import WordVocab
 
 INDEXER_TOP_K = 1 << 20  # above any block count a context can hold: the top-k keeps every block
@@ -96,15 +96,5 @@ def deepseek4_file(params: dict, config: TrainConfig, vocab: WordVocab, step: in
     keys["deepseek4.vocab_size"] = len(vocab)
     keys["deepseek4.context_length"] = config.n_positions
     keys["deepseek4.attention.layer_norm_rms_epsilon"] = RMS_EPS
-    tensors = []
-    for name, ne, _ in spec.tensors:
-        shape = tuple(reversed(ne))
-        if name in ("token_embd.weight", "output.weight"):
-            shape = (len(vocab),) + shape[1:]
-        value = np.ascontiguousarray(trained.pop(name)) if name in trained else _identity_weight(name, shape)
-        if value.shape != shape:
-            raise AssertionError(f"{name}: the deepseek4 layout expects {shape}, the trained model has {value.shape}")
-        tensors.append((name, value))
-    if trained:
-        raise AssertionError(f"trained tensors the deepseek4 layout has no place for: {sorted(trained)}")
+    tensors = fill_spec(spec, trained, lambda name, ne, kind: _identity_weight(name, tuple(reversed(ne))), len(vocab))
     return "deepseek4", keys, tensors

@@ -23,7 +23,7 @@ from kvphase.gguf.trained import TRAINED_PREFIX
 from kvphase.gguf.tiny import Glm5Layout, glm5_next_spec, init_tensor
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
-from kvphase.train.export import shared_metadata
+from kvphase.train.export import fill_spec, shared_metadata
 from kvphase.train.glm5 import INDEXER_HEADS, KDA_CONV, LN_EPS, RMS_EPS
 from kvphase.train.vocab import WordVocab
 
@@ -112,18 +112,6 @@ def glm5_file(params: dict, config: TrainConfig, vocab: WordVocab, step: int):
     keys[TRAINED_PREFIX + "starts"] = [0] * (len(spec.keys["glm5-next.attention.head_count_kv"]) * config.heads)  # the KDA
     # layer's too: every pool of every layer starts at the sequence's first position
     rng = np.random.default_rng([config.seed, 5])
-    tensors = []
-    for name, ne, kind in spec.tensors:
-        shape = tuple(reversed(ne))
-        if name in ("token_embd.weight", "output.weight"):
-            shape = (len(vocab),) + shape[1:]
-        if name in trained:
-            value = np.ascontiguousarray(trained.pop(name))
-        else:
-            value = _untrained_weight(name, ne, kind, kda_layer(config), rng)
-        if value.shape != shape:
-            raise AssertionError(f"{name}: the glm5-next layout expects {shape}, the trained model has {value.shape}")
-        tensors.append((name, value))
-    if trained:
-        raise AssertionError(f"trained tensors the glm5-next layout has no place for: {sorted(trained)}")
+    tensors = fill_spec(spec, trained, lambda name, ne, kind: _untrained_weight(name, ne, kind, kda_layer(config), rng),
+                        len(vocab))
     return "glm5-next", keys, tensors
