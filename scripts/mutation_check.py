@@ -45,6 +45,7 @@ T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.
 T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
+T_GLM = "tests/test_train_glm5.py"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
@@ -142,6 +143,22 @@ MUTATIONS = [
              'return "reference" if trained is not None else "llama.cpp"',
              (T_CSA + "::test_probes_take_llamacpp_for_a_deepseek4_file_and_the_reference_refuses_head_knockouts",),
              slow=True),
+    # the glm5-next-layout training (issue 18 part 2): ties, the KDA layer, the MLA export
+    Mutation("kpool-ties-by-lower-index", "kvphase/train/glm5.py",
+             "np.put_along_axis(chosen, partial_sort_sets(flat, int(k)), True, axis=1)",
+             "np.put_along_axis(chosen, np.argsort(-flat, axis=1, kind='stable')[:, : int(k)], True, axis=1)",
+             (T_GLM + "::test_llamacpps_top_k_selects_the_pools_training_selected",), slow=True),
+    Mutation("heap-child-choice-flipped", "kvphase/designs/windows.py",
+             "second = np.where(right_smaller, second - 1, second)",
+             "second = np.where(right_smaller, second, np.where(go, second - 1, second))",
+             (T_GLM + "::test_the_tie_breaking_is_libstdcxx_partial_sort",)),
+    Mutation("kda-conv-taps-reversed", "kvphase/train/glm5.py",
+             "y = sum(padded[:, i : i + x.shape[1]] * taps[:, i] for i in range(k))",
+             "y = sum(padded[:, i : i + x.shape[1]] * taps[:, k - 1 - i] for i in range(k))",
+             (T_GLM + "::test_llamacpp_runs_the_trained_layout_as_trained",), slow=True),
+    Mutation("glm-v-b-transposed-heads", "kvphase/train/export_glm5.py",
+             'p + "attn_v_b.weight": b["v_b"],', 'p + "attn_v_b.weight": b["v_b"][::-1].copy(),',
+             (T_GLM + "::test_llamacpp_runs_the_trained_layout_as_trained",), slow=True),
 ]
 
 
