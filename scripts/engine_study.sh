@@ -16,7 +16,7 @@
 #     SEEDS=0 bash scripts/engine_study.sh - csa-dense
 #     SEEDS="0 1 2 3 4" bash scripts/engine_study.sh - csa-disjoint csa
 #     SEEDS=0 bash scripts/engine_study.sh - glm-dense
-#     SEEDS="0 1" bash scripts/engine_study.sh - glm-kpool
+#     SEEDS="0 1 2" bash scripts/engine_study.sh - glm-kpool
 # and glm-kpool-top4-seed0 (`kvphase train glm-kpool --top-k 4`, swept through llama.cpp) by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
