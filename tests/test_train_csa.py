@@ -31,12 +31,13 @@ def small_config(design: str, **changes) -> TrainConfig:
 
 
 def perturbed_params(config: TrainConfig, n_vocab: int, seed: int = 0) -> dict:
-    """Initial weights with every tensor moved by noise: norms, sinks and gate biases included."""
+    """Initial weights of the config's layout with every tensor moved by noise: norms, sinks, gate
+    biases and (glm5-next) the indexer's ape included."""
     import jax
 
-    from kvphase.train.csa import init_params
+    from kvphase.train.loop import model_of
 
-    params = init_params(config, n_vocab, seed)
+    params = model_of(config).init_params(config, n_vocab, seed)
     rng = np.random.default_rng(seed + 100)
 
     def shake(x):

@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("jax")
 
 from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits  # noqa: E402
+from tests.test_train_csa import _sweep, perturbed_params  # noqa: E402
 from kvphase.train.config import TrainConfig  # noqa: E402
 
 TOLERANCE = 1e-4  # F32 weights and cache, no flash attention, one batch: rounding only
@@ -30,23 +31,6 @@ def small_config(design: str, **changes) -> TrainConfig:
     sizes = dict(design=design, layers=2, heads=2, d_model=32, context=48, queries=2, records=4, steps=2, eval_every=1,
                  eval_sequences=4, batch=2, top_k=3)
     return TrainConfig(**{**sizes, **changes})
-
-
-def perturbed_params(config: TrainConfig, n_vocab: int, seed: int = 0) -> dict:
-    """Initial weights with every tensor moved by noise: norms, biases and the indexer's ape included."""
-    import jax
-
-    from kvphase.train.glm5 import init_params
-
-    params = init_params(config, n_vocab, seed)
-    rng = np.random.default_rng(seed + 100)
-
-    def shake(x):
-        scale = 0.5 if x.ndim < 2 or x.shape[0] == config.stride else 0.3 / np.sqrt(x.shape[0])
-        return x + rng.normal(0.0, scale, size=x.shape).astype(np.float32)
-
-    shaken = jax.tree_util.tree_map(shake, params)
-    return {**shaken, "wte": shaken["wte"] * 30.0}  # logits of several units, not a fraction of one
 
 
 def exported(tmp_path, config: TrainConfig):
@@ -235,16 +219,6 @@ def test_kvphase_train_glm_kpool_exports_a_file_llamacpp_loads_and_sweeps(tmp_pa
 
 TRAINED = Path(__file__).parent / "data" / "trained"
 GLM_DENSE = TRAINED / "glm-dense.gguf"  # reports/trained/engine/glm-dense-seed0: the twin that retrieves
-
-
-def _sweep(model, out, *args) -> dict:
-    from typer.testing import CliRunner
-
-    from kvphase.cli import app
-
-    result = CliRunner().invoke(app, ["sweep", str(model), "--per-residue", "64", "--out", str(out), "--quiet", *args])
-    assert result.exit_code == 0, result.output
-    return json.loads((out / "summary.json").read_text())
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from kvphase.designs.windows import softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
 from kvphase.gguf.tensors import tensor_array
+from kvphase.reference.model import silu
 
 ARCH = "deepseek4"
 
@@ -109,6 +110,11 @@ def check_identity_hyper_connections(weights: dict[str, np.ndarray], arch: str) 
                              "-ln 3 for the four streams' pre weights and 0 after)")
 
 
+def swiglu(m: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """llama.cpp's build_ffn (LLM_FFN_SILU, LLM_FFN_PAR) on normed rows m (T, n_embd); weights (out, in)."""
+    return (silu(m @ gate.T) * (m @ up.T)) @ down.T  # (T, n_embd)
+
+
 def identity_hc_base(n: int, streams: int = 4) -> np.ndarray:
     """A hyper-connection bias under which (with its fn zero) the four identical streams add back up
     to the residual: pre = sigmoid(-ln 3) = 1/4 each, post = 2 sigmoid(0) = 1, comb = softmax(0)."""
@@ -174,8 +180,7 @@ class DeepSeek4(WholeSequence):
             for expert in ("_exps", "_shexp"):  # the routed expert (weight exactly 1) and the shared one
                 stored = (w[f"{p}ffn_{part}{expert}.weight"] for part in ("gate", "up", "down"))
                 gate, up, down = (x.reshape(x.shape[-2:]) for x in stored)  # the routed one's expert axis dropped
-                h = m @ gate.T  # (T, n_ff)
-                x = x + (h / (1 + np.exp(-h)) * (m @ up.T)) @ down.T  # (T, n_embd)
+                x = x + swiglu(m, gate, up, down)  # (T, n_embd)
         return x
 
     def attention(self, il: int, a: np.ndarray) -> np.ndarray:

@@ -24,7 +24,8 @@ from kvphase.designs.windows import causal_mask, softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
 from kvphase.gguf.tensors import tensor_array
-from kvphase.reference.deepseek4 import WholeSequence, check_identity_hyper_connections
+from kvphase.reference.deepseek4 import WholeSequence, check_identity_hyper_connections, swiglu
+from kvphase.reference.model import silu
 
 ARCH = "glm5-next"
 
@@ -96,8 +97,7 @@ class Glm5Next(WholeSequence):
             mixer = self.attention if mla else self.kda
             x = x + mixer(il, rms_norm(x, w[p + "attn_norm.weight"], c.norm_eps))  # (T, n_embd)
             m = rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)  # (T, n_embd)
-            h = m @ w[p + "ffn_gate.weight"].T  # (T, n_ff)
-            x = x + (h / (1 + np.exp(-h)) * (m @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T  # (T, n_embd)
+            x = x + swiglu(m, *(w[f"{p}ffn_{part}.weight"] for part in ("gate", "up", "down")))  # (T, n_embd)
         return x
 
     def visible(self, il: int, a: np.ndarray, qr: np.ndarray) -> np.ndarray:
@@ -136,7 +136,7 @@ class Glm5Next(WholeSequence):
             taps = taps.reshape(taps.shape[0], -1)  # (C, K)
             padded = np.concatenate([np.zeros((taps.shape[1] - 1, x.shape[1]), np.float32), x])  # (T + K - 1, C)
             y = sum(padded[i : i + t] * taps[:, i] for i in range(taps.shape[1]))  # (T, C)
-            return (y / (1 + np.exp(-y))).reshape(t, -1, dk)  # (T, H, dk)
+            return silu(y).reshape(t, -1, dk)  # (T, H, dk)
 
         def l2(x):  # ggml_l2_norm, eps 1e-6
             return x / np.sqrt(np.sum(x.astype(np.float64) ** 2, -1, keepdims=True) + 1e-6).astype(np.float32)

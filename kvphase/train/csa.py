@@ -150,14 +150,18 @@ def attention(a, block, config: TrainConfig):
     return out @ block["o_a"] @ block["o_b"]  # (B, T, d)
 
 
+def feed_forward(x, block):
+    """The residual stream after a block's SwiGLU feed-forward (B, T, d), RMS-normed first."""
+    m = rms(x, block["ffn_norm"])  # (B, T, d)
+    return x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
+
+
 def forward(params, tokens, starts, config: TrainConfig):
     """Hidden states after the output norm (B, T, d) and no auxiliary loss; `starts` is unused
     (deepseek4's blocks are absolute: pos // 4)."""
     x = params["wte"][tokens]  # (B, T, d): no position embedding
     for block in params["blocks"]:
-        x = x + attention(rms(x, block["attn_norm"]), block, config)  # (B, T, d)
-        m = rms(x, block["ffn_norm"])  # (B, T, d)
-        x = x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
+        x = feed_forward(x + attention(rms(x, block["attn_norm"]), block, config), block)  # (B, T, d)
     return rms(x, params["out_norm"]), 0.0
 
 

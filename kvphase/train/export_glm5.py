@@ -24,7 +24,9 @@ from kvphase.gguf.tiny import Glm5Layout, glm5_next_spec, init_tensor
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
 from kvphase.train.export import fill_spec, shared_metadata
-from kvphase.train.glm5 import INDEXER_HEADS, KDA_CONV, LN_EPS, RMS_EPS
+from kvphase.train.csa import RMS_EPS  # the RMSNorm epsilon of both engine layouts' exports
+from kvphase.train.glm5 import INDEXER_HEADS, KDA_CONV
+from kvphase.train.model import LN_EPS  # the LayerNorm epsilon (glm5-next: the indexer key's)
 from kvphase.train.vocab import WordVocab
 
 KDA_HEAD_DIM = 8  # the no-op KDA layer's head width (--kda off): small, it computes nothing that counts
@@ -84,7 +86,7 @@ def _block_weights(i: int, block: dict) -> dict[str, np.ndarray]:
 def _untrained_weight(name: str, ne: tuple[int, ...], kind: str, kda_layer: int, rng: np.random.Generator) -> np.ndarray:
     """A tensor training does not produce: an identity hyper-connection, or the neutralised KDA layer's."""
     shape = tuple(reversed(ne))
-    if name.endswith(("_fn.weight",)):
+    if name.endswith("_fn.weight"):
         return np.zeros(shape, np.float32)
     if name.endswith("_base.weight"):
         return identity_hc_base(shape[0])
@@ -99,7 +101,7 @@ def glm5_file(params: dict, config: TrainConfig, vocab: WordVocab, step: int):
     trained = {"token_embd.weight": np.asarray(params["wte"], np.float32),
                "output.weight": np.asarray(params["wte"], np.float32),  # tied in training, untied in the file
                "output_norm.weight": np.asarray(params["out_norm"], np.float32)}
-    first_mla = 1 if config.kda == "trained" else 0
+    first_mla = int(kda_layer(config) == 0)
     for i, block in enumerate(params["blocks"]):
         trained.update(_block_weights(first_mla + i, block))
     if "kda" in params:

@@ -44,9 +44,8 @@ import numpy as np
 
 from kvphase.designs.windows import partial_sort_sets
 from kvphase.train.config import TrainConfig
-
-RMS_EPS = 1e-6  # glm5-next.attention.layer_norm_rms_epsilon of the export
-LN_EPS = 1e-5  # glm5-next.attention.layer_norm_epsilon: the indexer key's LayerNorm
+from kvphase.train.csa import feed_forward, rms
+from kvphase.train.model import layer_norm, masked_softmax
 INDEXER_HEADS = 2  # glm5-next.attention.indexer.head_count
 KDA_CONV = 4  # glm5-next.ssm.conv_kernel: taps of KDA's causal convolution, the current token's last
 
@@ -94,17 +93,6 @@ def init_kda(config: TrainConfig, normal) -> dict:
         "ffn_norm": jnp.ones(d), "w_gate": normal(d, f), "w_up": normal(d, f),
         "w_down": normal(f, d, scale=0.02 / math.sqrt(2 * config.layers)),
     }
-
-
-def rms(x, weight):
-    """ggml_rms_norm times weight."""
-    return x * jax.lax.rsqrt((x * x).mean(-1, keepdims=True) + RMS_EPS) * weight
-
-
-def layer_norm(x, weight, bias):
-    """ggml_norm times weight plus bias."""
-    centered = x - x.mean(-1, keepdims=True)
-    return centered * jax.lax.rsqrt((centered * centered).mean(-1, keepdims=True) + LN_EPS) * weight + bias
 
 
 def pool_scores(a, qr, block, config: TrainConfig):
@@ -158,11 +146,6 @@ def distillation(scores, dense_weights, config: TrainConfig):
     kl = (target * (jnp.log(jnp.maximum(target, 1e-9)) - logp)).sum(-1)  # (B, T)
     has = seen.any(-1)  # (B, T)
     return jnp.where(has, kl, 0.0).sum() / jnp.maximum(has.sum(), 1)
-
-
-def masked_softmax(scores, visible):
-    scores = jnp.where(visible, scores, -jnp.inf)
-    return jax.nn.softmax(jnp.where(visible.any(-1, keepdims=True), scores, 0.0), axis=-1) * visible
 
 
 def attention(a, block, config: TrainConfig, sparse: bool):
@@ -222,11 +205,6 @@ def kda(a, block, config: TrainConfig):
     out = out.swapaxes(0, 1)  # (B, T, H, hd)
     gate = jax.nn.sigmoid(heads(a @ block["g_a"] @ block["g_b"]))  # (B, T, H, hd)
     return (rms(out, block["norm"]) * gate).reshape(b, t, h * hd) @ block["o"]  # (B, T, d)
-
-
-def feed_forward(x, block):
-    m = rms(x, block["ffn_norm"])  # (B, T, d)
-    return x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
 
 
 def forward(params, tokens, starts, config: TrainConfig, sparse: bool = True):
