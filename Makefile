@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install test bench clean llama-server
+.PHONY: demo install test bench bench-quick clean llama-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,14 @@ llama-server: $(STAMP)
 test: $(STAMP) llama-server
 	$(BIN)/python -m pytest -q
 
+BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report
+
 bench: $(STAMP) llama-server
-	$(BIN)/python bench/bench_sweep.py
-	@if [ -f bench/bench_reference.py ]; then $(BIN)/python bench/bench_reference.py; fi
-	$(BIN)/python bench/bench_train.py
-	$(BIN)/python bench/bench_taps.py
+	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python bench/$$b.py || exit 1; done
+
+# every bench once, at small sizes, so none can rot unnoticed (CI runs it; the figures are not judged)
+bench-quick: $(STAMP) llama-server
+	@for b in $(BENCHES); do echo "== $$b --quick"; $(BIN)/python bench/$$b.py --quick || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -38,7 +38,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    parser.add_argument("--quick", action="store_true", help="128 tokens, one repetition (CI: the bench still runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.repeats = 128, 1
     path = str(args.model or default_model_path())
 
     import llama_cpp

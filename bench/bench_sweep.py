@@ -34,12 +34,16 @@ def main() -> None:
     parser.add_argument("--naive-targets", type=int, default=6, help="targets timed in the naive loop")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--no-server", action="store_true", help="skip the llama-server rows")
+    parser.add_argument("--contexts", type=int, default=None, help="time only the plan's first N contexts")
+    parser.add_argument("--quick", action="store_true", help="the first 4 contexts of a 384-token plan, 2 naive targets (CI: the bench still runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.context, args.per_residue, args.naive_targets, args.contexts = 384, 8, 2, 4
 
     model = default_model_path()
     backend = LlamaCppBackend(model, n_ctx=args.context + 1024, n_threads=args.threads)
     contexts = build_probes(load_task("records"), backend,
-                            ProbeSettings(args.context, 4, 8, args.per_residue, "prefix", seed=0))
+                            ProbeSettings(args.context, 4, 8, args.per_residue, "prefix", seed=0))[:args.contexts]
     targets = [(c, t) for c in contexts for t in c.targets]
     backend.score(contexts[-1].tokens, [])  # warm-up: page in the weights before anything is timed
 

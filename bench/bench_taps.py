@@ -4,7 +4,7 @@ The tap is an eval callback: llama.cpp asks Python about every graph node of eve
 and the knocked-out layer's node is copied out and written back. Measured in one run on the
 default model (SmolLM2-135M, 2 threads), the best of `--repeats` for each:
 
-- a 512-token context decode and 16 queries (6 prompt + 3 answer tokens) with no tap,
+- a `--context`-token context decode (512) and 16 queries (6 prompt + 3 answer tokens) with no tap,
 - the same with the tap installed but idle (a knockout's base sweep),
 - the same with one head of one layer held at a mean (one knockout sweep),
 
@@ -38,21 +38,26 @@ def main() -> None:
     from kvphase.backends.base import Query
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
-    from kvphase.probes.knockout import TapKnockout
+    from kvphase.probes.knockout import EngineHeads
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="a 128-token context, one repetition (CI: the bench still runs)")
     args = parser.parse_args()
+    if args.quick:
+        args.context, args.repeats = 128, 1
     rng = np.random.default_rng(0)
-    context = rng.integers(100, 20000, 512).tolist()
+    context = rng.integers(100, 20000, args.context).tolist()
     queries = [Query(rng.integers(100, 20000, 6).tolist(), rng.integers(100, 20000, 3).tolist()) for _ in range(16)]
     rows = []
     for label, tapped, knock in (("no tap", False, False), ("tap installed, idle", True, False),
                                  ("tap holding L3H2 at a mean", True, True)):
-        backend = LlamaCppBackend(default_model_path(), n_ctx=1024, n_threads=args.threads, head_tap=tapped)
+        backend = LlamaCppBackend(default_model_path(), n_ctx=args.context + 512, n_threads=args.threads, head_tap=tapped)
         if knock:
-            backend.tap_point.tap = TapKnockout(3, 2, np.zeros(64, np.float32))
+            engine = EngineHeads(backend)
+            engine.install(engine.knockout(3, 2, np.zeros(64, np.float32), args.context))  # SmolLM2: heads of 64
         rows.append((label, *timed(backend, context, queries, args.repeats)))
         backend.close()
     base_context, base_queries = rows[0][1], rows[0][2]

@@ -1,6 +1,6 @@
 """Training speed of `kvphase train`'s default model size, as ratios taken in one run.
 
-    .venv/bin/python bench/bench_train.py
+    .venv/bin/python bench/bench_train.py [--quick]
 
 Prints steps/s and trained tokens/s for the default configuration of each design, and each
 design's time per step relative to the dense control (the cost of the compressor).
@@ -8,29 +8,31 @@ design's time per step relative to the dense control (the cost of the compressor
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Trainer
 
-STEPS = 20
-
-
-def steps_per_second(design: str) -> tuple[float, int]:
+def steps_per_second(design: str, steps: int) -> tuple[float, int]:
     trainer = Trainer.new(TrainConfig.for_design(design))  # the defaults `kvphase train DESIGN` uses
     trainer.step = trainer.config.dense_steps if trainer.config.layout == "glm5-next" else 0  # glm: the sparse steps
     trainer.train_step()  # compile
     start = time.perf_counter()
-    for _ in range(STEPS):
+    for _ in range(steps):
         trainer.train_step()
-    rate = STEPS / (time.perf_counter() - start)
+    rate = steps / (time.perf_counter() - start)
     return rate, trainer.config.batch * trainer.config.n_positions
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per design (after one that compiles)")
+    parser.add_argument("--quick", action="store_true", help="2 timed steps per design (CI: the bench still runs)")
+    args = parser.parse_args()
     rates = {}
     for design in ("dense", "gated", "meanpool", "kpool", "csa", "csa-disjoint", "csa-dense", "glm-kpool", "glm-dense"):
-        rate, tokens = steps_per_second(design)
+        rate, tokens = steps_per_second(design, 2 if args.quick else args.steps)
         rates[design] = rate
         print(f"train {design:9s} {rate:6.2f} steps/s  {rate * tokens:9.0f} tokens/s"
               f"  time per step vs dense {rates['dense'] / rate:.2f}x")

@@ -46,11 +46,21 @@ T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
 T_GLM = "tests/test_train_glm5.py"
+SERVER, T_SERVER = "kvphase/backends/server.py", "tests/test_server.py"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
 
 MUTATIONS = [
+    # the server backend's bounds on waiting
+    Mutation("server-deadline-not-capping-a-request", SERVER, "timeout = min(self._retry.timeout_s, left)",
+             "timeout = self._retry.timeout_s", (T_SERVER,)),
+    Mutation("server-trickle-not-timed", SERVER, "            left = ends - time.monotonic()",
+             "            left = timeout  # each chunk gets the whole timeout again", (T_SERVER,)),
+    Mutation("server-cut-answer-accepted", SERVER, "        if response.length:  # the connection closed",
+             "        if False:  # the connection closed", (T_SERVER,)),
+    Mutation("server-timeout-named-as-other", SERVER, "if isinstance(exc, TimeoutError) else _describe(exc))",
+             "if False else _describe(exc))", (T_SERVER,)),
     # statistics
     Mutation("report-intervals-90", STATS, "low, high = wilson_interval(hits, n)",
              "low, high = wilson_interval(hits, n, z=1.6448536269514722)", (T_ANALYSIS,)),
@@ -61,14 +71,21 @@ MUTATIONS = [
              (T_ANALYSIS, T_COMPARE)),
     Mutation("control-headline-dropped", STATS, "            if self.control:", "            if False:",
              (T_ANALYSIS,)),
-    Mutation("cmh-overall-mean", STRAT, "excess = y @ in_group - means @ table",
-             "excess = y @ in_group - y.mean(axis=1, keepdims=True) * table.sum(axis=0)", (T_STRAT,)),
+    Mutation("cmh-overall-mean", STRAT, "excess = (in_group.T @ y.T).T - means @ table",
+             "excess = (in_group.T @ y.T).T - y.mean(axis=1, keepdims=True) * table.sum(axis=0)", (T_STRAT,)),
     Mutation("cmh-variance-over-n", STRAT, "squares / np.maximum(size - 1, 1)", "squares / np.maximum(size, 1)",
              (T_STRAT,)),
     Mutation("singletons-not-pooled", STRAT, "pooled = np.where(sizes[context_codes] == 1, -1, context_codes)",
              "pooled = context_codes", (T_STRAT,)),
-    Mutation("permute-across-contexts", STRAT, "keys = strata[order] + rng.random((n, len(values)))",
-             "keys = 0 * strata[order] + rng.random((n, len(values)))", (T_STRAT,)),
+    Mutation("permute-across-contexts", STRAT, "order = np.argsort(strata, kind=\"stable\")  # (N,) targets grouped",
+             "order = np.arange(len(strata)); strata = np.zeros_like(strata)  # (N,) targets grouped", (T_STRAT,)),
+    Mutation("permute-rows-assumed-in-context-order", STRAT,
+             "slots = order[starts[sizes == size][:, None] + np.arange(size)]",
+             "slots = starts[sizes == size][:, None] + np.arange(size)", (T_STRAT,)),
+    Mutation("permutation-p-without-floor", STRAT, "return (sum(counts) + 1) / (permutations + 1)",
+             "return sum(counts) / permutations", (T_STRAT,)),
+    Mutation("permutation-p-one-shuffle-for-all", STRAT, "np.random.SeedSequence(seed).spawn(len(sizes))",
+             "[np.random.SeedSequence(seed)] * len(sizes)", (T_STRAT,)),
     Mutation("chi-square-at-small-counts", STRAT, "MIN_EXPECTED = 5 ", "MIN_EXPECTED = 0 ", (T_STRAT,)),
     Mutation("power-50-percent", STRAT, "POWER = 0.80", "POWER = 0.50", (T_STRAT, T_ANALYSIS)),
     Mutation("sample-size-not-balanced", STRAT, "return -(-n // modulus) * modulus", "return n", (T_STRAT,)),

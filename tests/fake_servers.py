@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -53,6 +54,15 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum())
 
 
+class _QuietHTTPServer(ThreadingHTTPServer):
+    """Says nothing when a client hangs up mid-answer (timeouts do, on purpose): a handler
+    thread's traceback would land in whatever output a later test captures."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FakeServer:
     """A threaded HTTP server on 127.0.0.1 with a free port; use as a context manager.
 
@@ -60,18 +70,26 @@ class FakeServer:
     token-id grammars (an old build). vocab_shift: tokenize differently from ByteVocab().
     down_after: stop answering completions after this many (a server that dies).
     delay_s: time each completion takes, so that concurrent workers overlap.
+    hostile: after `down_after` completions (or from the first), each next completion is
+    answered in one of HOSTILE's ways instead.
     """
 
+    HOSTILE = {"silent": "accepts the request and never answers",
+               "trickle": "answers one byte every 50 ms",
+               "garbage": "answers 200 with bytes that are not JSON",
+               "cut": "sends half the answer it announced, then closes"}
+
     def __init__(self, engine: str = "llama-server", slots: int = 2, n_ctx: int = 4096, grammar: bool = True,
-                 vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0):
+                 vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None):
         self.engine, self.slots, self.n_ctx, self.grammar = engine, slots, n_ctx, grammar
         self.vocab = ByteVocab(vocab_shift)
-        self.down_after, self.delay_s = down_after, delay_s
+        self.down_after, self.delay_s, self.hostile = down_after, delay_s, hostile
+        self._stopped = threading.Event()
         self.completions = 0
         self.slot_prompts: dict[int, list[int]] = {}  # what each slot last evaluated
         self.evaluated_per_request: list[int] = []
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = _QuietHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
@@ -84,6 +102,7 @@ class FakeServer:
         self.stop()
 
     def stop(self) -> None:
+        self._stopped.set()  # releases the handlers a silent server holds
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -108,8 +127,8 @@ class FakeServer:
             return {"tokens": [BOS] + self.vocab.tokenize(text)}
         with self._lock:
             self.completions += 1
-            if self.down_after is not None and self.completions > self.down_after:
-                raise ConnectionAbortedError
+            if self.down_after is not None and self.completions > self.down_after or self.hostile and not self.down_after:
+                raise ConnectionAbortedError(self.hostile)
         time.sleep(self.delay_s)
         if path == "/completion" and self.engine == "llama-server":
             return self._completion(body)
@@ -166,7 +185,9 @@ class FakeServer:
                     status, out = 200, make()
                 except KeyError:
                     status, out = 404, {"error": {"code": 404, "message": "File Not Found"}}
-                except ConnectionAbortedError:
+                except ConnectionAbortedError as exc:
+                    if exc.args and exc.args[0]:
+                        self._misbehave(exc.args[0])
                     self.close_connection = True
                     self.connection.close()
                     return
@@ -176,6 +197,28 @@ class FakeServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _misbehave(self, how: str) -> None:
+                if how == "silent":
+                    server._stopped.wait()
+                    return
+                data = b"<html>502 upstream error</html>" if how == "garbage" else json.dumps(
+                    {"content": "", "completion_probabilities": []}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if how == "cut":
+                    self.wfile.write(data[: len(data) // 2])
+                elif how == "trickle":
+                    for i in range(len(data)):
+                        if server._stopped.wait(0.05):
+                            return
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                else:
+                    self.wfile.write(data)
+                    self.wfile.flush()
 
             def log_message(self, *args):
                 pass

@@ -144,10 +144,83 @@ def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--url", "http://127.0.0.1:1"], "--url, --slots and --engine apply to --backend server only"),
+    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --request-timeout and --deadline apply to --backend server only"),
     (["--backend", "server"], "--backend server needs --url http://HOST:PORT (once per server)"),
 ])
 def test_cli_server_options_are_checked(default_model, tmp_path, args, message):
     result = CliRunner().invoke(app, ["sweep", str(default_model), *args, "--out", str(tmp_path / "run"), "-q"])
     assert result.exit_code == 1
     assert result.output.strip() == f"Error: {message}"
+
+
+@pytest.fixture
+def silent_socket():
+    """A port whose connections the kernel accepts and nobody ever answers."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def _run_until_error(server, retry, n_jobs=6):
+    """Contexts finished before the backend raised, the error and the seconds it took."""
+    import time
+
+    engines = [ENGINES[server.engine](server.url, retry)]
+    finished, started = [], time.monotonic()
+    with pytest.raises(BackendError) as error:
+        for index, _ in ServerBackend(engines, ByteVocab(), n_ctx_needed=512).score_many([(CONTEXT, QUERIES)] * n_jobs):
+            finished.append(index)
+    return finished, str(error.value), time.monotonic() - started
+
+
+@pytest.mark.parametrize("hostile", ["silent", "trickle"])
+def test_a_server_that_stops_answering_hits_the_request_timeout(hostile):
+    with FakeServer(slots=1, down_after=12, hostile=hostile) as server:
+        finished, message, seconds = _run_until_error(server, Retry(attempts=2, first_wait_s=0.01, timeout_s=0.4))
+    assert finished == [0, 1]
+    assert message == f"{server.url} does not answer (no answer within --request-timeout 0.4 s) after 2 tries"
+    assert seconds < 5  # 2 tries of 0.4 s, not the 300 s default
+
+
+def test_a_silent_server_hits_the_deadline_before_its_request_timeout():
+    with FakeServer(slots=1, down_after=12, hostile="silent") as server:
+        finished, message, seconds = _run_until_error(server, Retry(attempts=6, first_wait_s=0.01, timeout_s=60,
+                                                                    deadline_s=1.5))
+    assert finished == [0, 1]
+    assert message.startswith(f"the --deadline of 1.5 s passed while waiting for {server.url}/completion to answer; "
+                              "finished contexts are kept")
+    assert seconds < 5
+
+
+@pytest.mark.parametrize("hostile, problem", [("garbage", "answered with something that is not JSON: b'<html>502"),
+                                              ("cut", "does not answer (")])
+def test_a_server_that_answers_garbage_or_cuts_its_answer_is_one_line(hostile, problem):
+    with FakeServer(slots=1, down_after=12, hostile=hostile) as server:
+        finished, message, _ = _run_until_error(server, QUICK)
+    assert finished == [0, 1] and problem in message and "\n" not in message
+
+
+def test_a_deadline_that_passes_between_requests_is_named():
+    with FakeServer(slots=1, delay_s=0.2) as server:  # 5 requests a context: 1 s each
+        finished, message, _ = _run_until_error(server, Retry(attempts=3, first_wait_s=0.01, timeout_s=60,
+                                                              deadline_s=3.0), n_jobs=20)
+    assert 0 < len(finished) < 20 and "the --deadline of 3 s passed" in message
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--request-timeout", "0.3"], "{url} does not answer (no answer within --request-timeout 0.3 s) after 2 tries"),
+    (["--deadline", "0.5"], "the --deadline of 0.5 s passed while waiting for {url}/props to answer; "
+                            "finished contexts are kept: run the command again (a later --deadline) to resume"),
+    (["--request-timeout", "0"], "--request-timeout expects a number of seconds above 0, got 0"),
+    (["--deadline", "inf"], "--deadline expects a number of seconds above 0, got inf"),
+])
+def test_cli_a_server_that_never_answers_is_one_line_within_the_bound(default_model, tmp_path, silent_socket,
+                                                                      args, message):
+    result = CliRunner().invoke(app, ["sweep", str(default_model), "--backend", "server", "--url", silent_socket,
+                                      *args, "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: " + message.format(url=silent_socket)

@@ -5,12 +5,16 @@ chi-square, and Monte Carlo power."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
+
 from scipy import stats
 
 from kvphase.sweep.stratified import (Design, basic_interval, bootstrap_gaps, cmh_statistic, detectable_dip, per_residue_for_dip,
-                                      percentile_interval, permute_within, stratified_test)
+                                      percentile_interval, permutation_p, permuted_group_sums,
+                                      stratified_test)
 
 
 def _report(got, want):
@@ -96,12 +100,58 @@ def test_balanced_means_equal_counts_within_every_context():
     assert not Design.of([0, 0, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]).balanced
 
 
-def test_permutations_stay_inside_their_stratum():
-    strata = np.repeat(np.arange(5), 4)
-    values = np.arange(20.0)
-    shuffled = permute_within(values, strata, 50, np.random.default_rng(0))
-    assert (np.sort(shuffled.reshape(50, 5, 4), axis=2) == values.reshape(5, 4)).all()
-    assert (shuffled != values).any()
+def _every_arrangement(y, strata):
+    """Every arrangement of `y` shuffled within its strata, enumerated (A, N)."""
+    members = [np.flatnonzero(strata == h) for h in np.unique(strata)]
+    for orders in itertools.product(*(itertools.permutations(m) for m in members)):
+        arranged = y.copy()
+        for m, order in zip(members, orders):
+            arranged[m] = y[list(order)]
+        yield arranged
+
+
+# three contexts of 3, 2 and 4 targets (strata of unequal sizes), rows not in context order, as the
+# server backend writes them (contexts in the order they finish)
+_STRATA = np.array([2, 0, 1, 2, 0, 2, 1, 2, 0])
+_GROUPS = np.array([0, 1, 0, 1, 2, 2, 1, 0, 0])
+_Y = np.array([0.5, -1.0, 2.0, -0.3, 1.5, 0.9, -2.2, 0.1, 3.0])
+
+
+def test_permuted_group_sums_follow_the_exact_within_context_law():
+    design = Design.of(_GROUPS, _STRATA)
+    exact = {}
+    for arranged in _every_arrangement(_Y, _STRATA):  # 3! 2! 4! = 288, equally likely
+        key = tuple(np.round(np.bincount(_GROUPS, weights=arranged), 9))
+        exact[key] = exact.get(key, 0) + 1 / 288
+    sums = permuted_group_sums(_Y, design, 40_000, np.random.default_rng(0))  # (n, G)
+    drawn = {}
+    for row in np.round(sums, 9):
+        drawn[tuple(row)] = drawn.get(tuple(row), 0) + 1 / len(sums)
+    assert set(drawn) <= set(exact), "an arrangement that moves an outcome out of its context"
+    worst = max(abs(drawn.get(k, 0) - p) for k, p in exact.items())
+    assert worst < 0.01, f"largest frequency difference {worst:.4f} over {len(exact)} sum vectors"
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize("chunk", [None, 25 * len(_Y)], ids=["one-chunk", "chunks-of-25"])
+def test_permutation_p_is_the_exact_permutation_p(binary, chunk, monkeypatch):
+    if chunk:  # many chunks, as a run of thousands of targets takes them: each must draw its own shuffles
+        monkeypatch.setattr("kvphase.sweep.stratified._CHUNK_VALUES", chunk)
+    y = (_Y > 0.4).astype(float) if binary else _Y
+    (observed,), _ = cmh_statistic(y, Design.of(_GROUPS, _STRATA))
+    statistics = np.array([_generalized_loop(a, _GROUPS, _STRATA, 3) for a in _every_arrangement(y, _STRATA)])
+    exact = (statistics >= observed - 1e-9).mean()
+    got = permutation_p(y, Design.of(_GROUPS, _STRATA), observed, seed=0, permutations=20_000)
+    assert got == pytest.approx(exact, abs=4 * np.sqrt(exact * (1 - exact) / 20_000) + 1e-4), (got, exact)
+
+
+def test_permutation_p_never_falls_below_one_over_permutations_plus_one():
+    strata = np.repeat(np.arange(40), 2)
+    groups = np.tile([0, 1], 40)
+    y = (groups == 0).astype(float)  # every context: residue 0 right, residue 1 wrong; a shuffle matches it at 2^-40
+    design = Design.of(groups, strata)
+    (observed,), _ = cmh_statistic(y, design)
+    assert permutation_p(y, design, observed, seed=0, permutations=999) == 1 / 1000
 
 
 def test_permutation_and_chi_square_p_values_agree_on_large_samples():

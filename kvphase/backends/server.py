@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import queue
 import socket
 import threading
@@ -43,15 +44,35 @@ TOKENIZER_PROBES = (
 
 @dataclass(frozen=True)
 class Retry:
-    """How long to keep trying a server that does not answer."""
+    """How long to keep trying a server that does not answer.
+
+    `timeout_s` bounds each request, from sending it to the last byte of its answer;
+    `deadline_s` bounds every request of the run together, from when this record is made
+    (None: no bound). Either one, when hit, is named in the error."""
 
     attempts: int = 6  # tries per request before giving up
     first_wait_s: float = 0.25  # wait after the first failure, doubled after each next one
     timeout_s: float = 300.0  # per request: a long context on a slow machine takes a while
+    deadline_s: float | None = None
+    started: float = field(default_factory=time.monotonic, compare=False)
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.first_wait_s < 0 or self.timeout_s <= 0:
-            raise ValueError(f"Retry expects attempts >= 1, first_wait_s >= 0, timeout_s > 0, got {self}")
+        finite = math.isfinite(self.timeout_s) and (self.deadline_s is None or math.isfinite(self.deadline_s))
+        if self.attempts < 1 or self.first_wait_s < 0 or self.timeout_s <= 0 or not finite or (
+                self.deadline_s is not None and self.deadline_s <= 0):
+            raise ValueError(f"Retry expects attempts >= 1, first_wait_s >= 0, finite timeout_s > 0 and "
+                             f"deadline_s > 0, got {self}")
+
+    def seconds_left(self) -> float:
+        """Until the deadline (infinite without one)."""
+        return math.inf if self.deadline_s is None else self.deadline_s - (time.monotonic() - self.started)
+
+
+class DeadlinePassed(BackendError):
+    """The run's --deadline passed; what finished is kept."""
+
+    def __init__(self, what: str):
+        super().__init__(f"{what}; finished contexts are kept: run the command again (a later --deadline) to resume")
 
 
 class ServerRefused(BackendError):
@@ -102,13 +123,22 @@ class Http:
         attempts = self._retry.attempts if self._answered else min(self._retry.attempts, 2)
         for attempt in range(attempts):
             if attempt:
-                time.sleep(wait)
+                time.sleep(max(0.0, min(wait, self._retry.seconds_left())))
                 wait *= 2
+            left = self._retry.seconds_left()
+            if left <= 0:
+                raise DeadlinePassed(f"the --deadline of {self._retry.deadline_s:g} s passed while waiting for "
+                                     f"{self.url}" + (f" ({problem})" if problem else ""))
+            timeout = min(self._retry.timeout_s, left)
             try:
-                status, data = self._send(method, path, body)
+                status, data = self._send(method, path, body, timeout)
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut mid-answer
                 self._drop_connection()
-                problem = _describe(exc)
+                if isinstance(exc, TimeoutError) and timeout < self._retry.timeout_s:
+                    raise DeadlinePassed(f"the --deadline of {self._retry.deadline_s:g} s passed while waiting for "
+                                         f"{self.url}{path} to answer") from None
+                problem = (f"no answer within --request-timeout {self._retry.timeout_s:g} s"
+                           if isinstance(exc, TimeoutError) else _describe(exc))
                 continue
             self._answered = True
             if status in TRANSIENT_STATUS:
@@ -118,21 +148,41 @@ class Http:
                 raise ServerRefused(self.url, status, _error_message(data))
             try:
                 return json.loads(data)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, UnicodeDecodeError):
                 raise BackendError(f"{self.url}{path} answered with something that is not JSON: {data[:80]!r}") from None
         raise BackendError(f"{self.url} does not answer ({problem}) after {attempts} tries")
 
-    def _send(self, method: str, path: str, body: dict | None) -> tuple[int, bytes]:
+    def _send(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+        """One request and its whole answer within `timeout` seconds (TimeoutError otherwise),
+        however slowly the server trickles its bytes."""
+        ends = time.monotonic() + timeout
         connection = getattr(self._local, "connection", None)
         if connection is None:
             kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            connection = kind(self._parts.hostname, self._parts.port, timeout=self._retry.timeout_s)
+            connection = kind(self._parts.hostname, self._parts.port, timeout=timeout)
             self._local.connection = connection
+        connection.timeout = timeout
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
         payload = None if body is None else json.dumps(body).encode()
         connection.request(method, self._parts.path.rstrip("/") + path, body=payload,
                            headers={"Content-Type": "application/json"} if payload else {})
+        sock = connection.sock  # the answer is read from it, even after a "Connection: close" detaches it
         response = connection.getresponse()
-        return response.status, response.read()
+        chunks = []
+        while not response.isclosed():
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
+            chunk = response.read1(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        if response.length:  # the connection closed before the length the headers promised
+            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        response.close()  # read to its end: the connection may carry the next request
+        return response.status, b"".join(chunks)
 
     def _drop_connection(self) -> None:
         connection = getattr(self._local, "connection", None)
@@ -443,13 +493,19 @@ def _next(done: queue.Queue):
 
 
 def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kind, urls: Sequence[str] = (),
-                        slots: int | None = None, retry: Retry = Retry()) -> ServerBackend:
-    """Servers at `urls` checked against the model file's vocabulary (read locally, no weights)."""
+                        slots: int | None = None, request_timeout_s: float = Retry.timeout_s,
+                        deadline_s: float | None = None) -> ServerBackend:
+    """Servers at `urls` checked against the model file's vocabulary (read locally, no weights);
+    the deadline's clock starts here."""
     from kvphase.engines.llamacpp import Vocab
 
     if engine not in ENGINES:
         raise PlanError(f"unknown server engine {engine!r}; expected one of {', '.join(ENGINES)}")
     if not urls:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    for option, seconds in (("--request-timeout", request_timeout_s), ("--deadline", deadline_s)):
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            raise PlanError(f"{option} expects a number of seconds above 0, got {seconds:g}")
+    retry = Retry(timeout_s=request_timeout_s, deadline_s=deadline_s)
     engines = [ENGINES[engine](url, retry) for url in urls]
     return ServerBackend(engines, Vocab.load(model_path), n_ctx_needed=n_ctx, slots=slots)

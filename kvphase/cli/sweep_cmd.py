@@ -76,6 +76,10 @@ def sweep(
     slots: Optional[int] = typer.Option(None, help="--backend server: requests per server at once; default its -np."),
     engine: ServerEngine = typer.Option(ServerEngine.llama_server, help="--backend server: llama-server, or an "
                                         "OpenAI-compatible engine with prompt logprobs (vLLM)."),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
+                                                    "server: the longest one request may take; default 300."),
+    deadline: Optional[float] = typer.Option(None, "--deadline", metavar="SECONDS", help="--backend server: stop "
+                                             "after this long in all (finished contexts are kept); default none."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
@@ -94,7 +98,8 @@ def sweep(
         raise PlanError("--design and --option apply to --backend reference only")
     else:
         refuse_trained_compressor(info)
-    connect = server_connection(backend.value if backend else defaults.backend, url, slots, engine.value)
+    connect = server_connection(backend.value if backend else defaults.backend, url, slots, engine.value,
+                                request_timeout, deadline)
     if connect:
         plan = replace(plan, backend="server", backend_options={"engine": engine.value})
     run_dir = out or default_run_dir(info, plan)
@@ -213,16 +218,18 @@ def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: 
                    control=plan.control and design == "dense")
 
 
-def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str) -> dict:
-    """Where a server sweep runs (not part of the plan: a run may resume on other servers);
-    empty for the other backends, which take none of these options."""
+def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str,
+                      request_timeout: Optional[float] = None, deadline: Optional[float] = None) -> dict:
+    """Where a server sweep runs and how long it may wait (not part of the plan: a run may
+    resume on other servers); empty for the other backends, which take none of these options."""
     if backend != "server":
-        if urls or slots is not None or engine != ServerEngine.llama_server.value:
-            raise PlanError("--url, --slots and --engine apply to --backend server only")
+        if urls or engine != ServerEngine.llama_server.value or any(v is not None for v in (slots, request_timeout, deadline)):
+            raise PlanError("--url, --slots, --engine, --request-timeout and --deadline apply to --backend server only")
         return {}
     if not urls:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    return {"urls": urls, "slots": slots}
+    waits = {"request_timeout_s": request_timeout, "deadline_s": deadline}
+    return {"urls": urls, "slots": slots, **{k: v for k, v in waits.items() if v is not None}}
 
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None):

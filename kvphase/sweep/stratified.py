@@ -24,6 +24,8 @@ whole contexts:
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +36,7 @@ PERMUTATIONS = 4_000
 BOOTSTRAPS = 2_000
 MIN_EXPECTED = 5  # the chi-square law is used when every expected count reaches this
 WORST_CASE_VARIANCE = 0.25  # p (1 - p) at p = 1/2: the largest a 0/1 outcome can have
-_CHUNK = 1_000  # permutations per matrix product, to bound memory
+_CHUNK_VALUES = 1 << 22  # shuffled outcomes held at once (permutations x targets), to bound memory
 
 
 @dataclass(frozen=True)
@@ -91,19 +93,26 @@ class StratifiedTest:
     note: str
 
 
+def one_hot(codes: np.ndarray, n: int):
+    """Sparse (N, n) membership matrix of `codes`: a run's contexts are thousands of strata, and
+    a dense one would be N x H numbers."""
+    from scipy import sparse
+
+    return sparse.csr_array((np.ones(len(codes)), (np.arange(len(codes)), codes)), shape=(len(codes), n))
+
+
 def cmh_parts(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray]:
     """Per batch row: each group's outcome sum minus its expectation within strata, and
     the covariance of those differences under within-stratum permutation."""
     y = np.atleast_2d(np.asarray(outcomes, dtype=float))  # (B, N)
-    n_strata = design.strata.max() + 1
-    in_stratum = np.eye(n_strata)[design.strata]  # (N, H)
-    in_group = np.eye(design.n_groups)[design.groups]  # (N, G)
+    in_stratum = one_hot(design.strata, design.strata.max() + 1)  # (N, H) sparse
+    in_group = one_hot(design.groups, design.n_groups)  # (N, G) sparse
     table = design.counts  # (H, G)
     size = table.sum(axis=1)  # (H,)
-    sums = y @ in_stratum  # (B, H)
+    sums = (in_stratum.T @ y.T).T  # (B, H)
     means = sums / size  # (B, H)
-    excess = y @ in_group - means @ table  # (B, G)
-    squares = np.clip((y * y) @ in_stratum - sums * means, 0, None)  # (B, H) sum of squared deviations
+    excess = (in_group.T @ y.T).T - means @ table  # (B, G)
+    squares = np.clip((in_stratum.T @ (y * y).T).T - sums * means, 0, None)  # (B, H) sum of squared deviations
     spread = np.where(size > 1, squares / np.maximum(size - 1, 1), 0.0)  # (B, H) within-stratum variance
     shape = np.einsum("hg,gk->hgk", table, np.eye(design.n_groups)) - (
         table[:, :, None] * table[:, None, :] / size[:, None, None])  # (H, G, G)
@@ -120,26 +129,50 @@ def cmh_statistic(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, int
     return np.clip(statistic, 0, None), dof
 
 
-def permute_within(values: np.ndarray, strata: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """`n` copies of `values`, each shuffled within every stratum (n, N)."""
+def _shuffled_within(values: np.ndarray, strata: np.ndarray, n: int, rng: np.random.Generator):
+    """`n` shuffles of `values` within every stratum, one class of equal-sized strata at a
+    time: yields the targets of those strata (H_s, size) and their shuffled values (n, H_s, size).
+    Targets may come in any order; a stratum is whatever shares a code."""
     order = np.argsort(strata, kind="stable")  # (N,) targets grouped by stratum
-    keys = strata[order] + rng.random((n, len(values)))  # (n, N) the stratum, then a random rank inside it
-    shuffled = order[np.argsort(keys, axis=1)]  # (n, N) each stratum's slots, refilled in a random order
-    out = np.empty((n, len(values)))
-    out[:, order] = np.asarray(values, dtype=float)[shuffled]
-    return out
+    _, starts, sizes = np.unique(strata[order], return_index=True, return_counts=True)  # (H,), (H,)
+    for size in np.unique(sizes):  # strata of one size shuffle together, as short rows
+        slots = order[starts[sizes == size][:, None] + np.arange(size)]  # (H_s, size) target indices
+        picks = np.argsort(rng.random((n, *slots.shape)), axis=2)  # (n, H_s, size) a random order in each stratum
+        yield slots, np.take_along_axis(np.broadcast_to(values[slots], picks.shape), picks, axis=2)
+
+
+def permuted_group_sums(outcome: np.ndarray, design: Design, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Each group's outcome sum (n, G) in `n` arrangements with the outcomes shuffled within
+    every stratum."""
+    sums = np.zeros((n, design.n_groups))  # (n, G)
+    for slots, shuffled in _shuffled_within(np.asarray(outcome, dtype=float), design.strata, n, rng):
+        in_group = np.eye(design.n_groups)[design.groups[slots].ravel()]  # (H_s * size, G)
+        sums += shuffled.reshape(n, -1) @ in_group  # (n, G)
+    return sums
 
 
 def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: int,
                   permutations: int = PERMUTATIONS) -> float:
     """Share of within-context permutations whose CMH statistic reaches the observed one
-    (counting the observed arrangement itself, so p is never 0)."""
-    rng = np.random.default_rng(seed)
-    reached = 0
-    for start in range(0, permutations, _CHUNK):
-        shuffled = permute_within(outcome, design.strata, min(_CHUNK, permutations - start), rng)  # (b, N)
-        reached += int((cmh_statistic(shuffled, design)[0] >= observed * (1 - 1e-9) - 1e-12).sum())
-    return (reached + 1) / (permutations + 1)
+    (counting the observed arrangement itself, so p is never 0).
+
+    Shuffling within strata keeps every stratum's sum and spread, so the expected group
+    sums and the covariance are the observed ones: only the group sums move."""
+    excess, covariance = cmh_parts(outcome, design)  # (1, G), (1, G, G)
+    expected = np.bincount(design.groups, weights=np.asarray(outcome, dtype=float), minlength=design.n_groups) - excess[0]  # (G,)
+    inverse = np.linalg.pinv(covariance[0], rcond=1e-10, hermitian=True)  # (G, G)
+    chunk = max(1, min(permutations, _CHUNK_VALUES // len(outcome)))
+    sizes = [min(chunk, permutations - start) for start in range(0, permutations, chunk)]
+
+    def reached(size: int, seed_sequence: np.random.SeedSequence) -> int:
+        moved = permuted_group_sums(outcome, design, size, np.random.default_rng(seed_sequence)) - expected  # (b, G)
+        statistic = np.einsum("bg,gk,bk->b", moved, inverse, moved)  # (b,)
+        return int((statistic >= observed * (1 - 1e-9) - 1e-12).sum())
+
+    # one seed per chunk, so the p-value is the same whatever the number of threads
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        counts = pool.map(reached, sizes, np.random.SeedSequence(seed).spawn(len(sizes)))
+        return (sum(counts) + 1) / (permutations + 1)
 
 
 def stratified_test(outcome: np.ndarray, design: Design, binary: bool, seed: int = 0) -> StratifiedTest:
