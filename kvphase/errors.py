@@ -24,3 +24,12 @@ class BackendError(KvphaseError):
 
 class RunFolderError(KvphaseError):
     """A run folder is missing files or holds a different run."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal stopped a long job after it saved what it had. The CLI prints the message and
+    exits with 128 + the signal's number, as a shell does for a process the signal killed."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum

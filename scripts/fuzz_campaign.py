@@ -38,6 +38,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +63,12 @@ CATEGORIES = {
     "validate": "validate on damaged tiny models",
     "folders": "damaged run folders (report, resume, compare)",
     "options": "option abuse",
+    "training": "damaged training folders (train, report)",
+    "signals": "SIGINT / SIGTERM during training and sweeps",
+    "servers": "hostile servers under sweep --backend server",
 }
+TRAIN = ["--layers", "1", "--heads", "2", "--d-model", "16", "--context", "40", "--batch", "4", "--steps", "4",
+         "--eval-every", "2", "-q"]
 
 
 @dataclass
@@ -75,11 +81,16 @@ class Case:
     prepare: Callable[[], object] | None = None
     cleanup: list[Path] = field(default_factory=list)
     results: list[tuple[str, str, float]] = field(default_factory=list)  # (outcome, first line, wall s) per command
+    signal_after: tuple[int, float] | None = None  # (signal, seconds): sent to each command after that long
+    cpu: float | None = None  # CPU seconds before a hang, when the campaign's --timeout is too short (training)
 
 
-def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300) -> tuple[str, str]:
+def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
+            signal_after: tuple[int, float] | None = None) -> tuple[str, str]:
     """(outcome, the telling line of output) of one CLI process, run in `cwd` (default run
-    folders land in cwd/reports), with `timeout` seconds of CPU and `wall` seconds in all."""
+    folders land in cwd/reports), with `timeout` seconds of CPU and `wall` seconds in all;
+    `signal_after` (signal, seconds) interrupts it: one "Interrupted" line and exit 128 +
+    the signal is a clean stop."""
 
     def limit_cpu() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (math.ceil(timeout), math.ceil(timeout) + 2))
@@ -90,6 +101,11 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300) -> tu
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=limit_cpu)
     try:
+        if signal_after:
+            try:
+                proc.communicate(timeout=signal_after[1])
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal_after[0])
         out, _ = proc.communicate(timeout=wall)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -107,6 +123,8 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300) -> tu
         return "ok", lines[-1] if lines else ""
     if proc.returncode in (1, 2):
         return "clean error", lines[0] if lines else "no output"
+    if signal_after and proc.returncode == 128 + signal_after[0] and len(lines) == 1 and lines[0].startswith("Interrupted"):
+        return "clean error", lines[0]
     return "traceback", f"exit {proc.returncode}: " + (lines[-1] if lines else "")
 
 
@@ -120,7 +138,7 @@ def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
     try:
         if case.prepare:
             case.prepare()
-        case.results = [timed(run_cli, argv, timeout, cwd, wall) for argv in case.commands]
+        case.results = [timed(run_cli, argv, case.cpu or timeout, cwd, wall, case.signal_after) for argv in case.commands]
     finally:
         for path in case.cleanup:
             remove(path)
@@ -385,6 +403,59 @@ class Campaign:
                               cleanup=[folder, self.work / f"cmp-{folder.name}"]))
         return cases
 
+    # -- damaged training folders
+    def training(self) -> list[Case]:
+        from tests.test_train_folders import DAMAGE
+
+        good = self.work / "good-training"
+        outcome, detail = run_cli(["train", "dense", str(good), *TRAIN], 300, self.work)
+        if outcome != "ok":
+            raise SystemExit(f"could not make the seed training folder: {outcome}: {detail}")
+        cases = []
+        for label, (edit, _) in DAMAGE.items():
+            folder = self.path("training")
+
+            def prepare(folder=folder, edit=edit):
+                shutil.copytree(good, folder)
+                edit(folder)
+
+            cases.append(Case("training", label, [["train", "dense", str(folder), *TRAIN], ["report", str(folder)]],
+                              prepare=prepare, cleanup=[folder], cpu=120))
+        return cases
+
+    # -- signals at random moments: starting, compiling, stepping, evaluating, saving, sweeping
+    def signals(self) -> list[Case]:
+        cases = []
+        for i in range(self.n(24)):
+            signum, delay = (signal.SIGINT, signal.SIGTERM)[i % 2], self.rng.uniform(0.5, 9.0)
+            folder = self.path("signalled")
+            design = ("gated", "dense", "glm-dense", "csa")[i % 4] if i < 16 else "gated"
+            argv = ["train", design, str(folder), "--steps", "40", "--eval-every", "5", "-q"]
+            cases.append(Case("signals", f"{signal.Signals(signum).name} after {delay:.1f} s: train {design}",
+                              [argv, argv], cleanup=[folder], signal_after=(signum, delay), cpu=600))
+        for i in range(self.n(6)):
+            signum, delay = (signal.SIGINT, signal.SIGTERM)[i % 2], self.rng.uniform(0.5, 6.0)
+            folder = self.path("signalled-sweep")
+            argv = ["sweep", str(self.seed_model), "--context", "384", "--per-residue", "64", "--threads", "1",
+                    "--out", str(folder), "-q"]
+            cases.append(Case("signals", f"{signal.Signals(signum).name} after {delay:.1f} s: sweep", [argv, argv],
+                              cleanup=[folder], signal_after=(signum, delay), cpu=600))
+        return cases
+
+    # -- servers that answer wrongly, slowly or never
+    def servers(self) -> list[Case]:
+        hostile = HostileServers()
+        cases = []
+        for mode in HostileServers.MODES:
+            for engine in ("llama-server", "openai"):
+                for waits in ([], ["--request-timeout", "2"], ["--deadline", "4"]):
+                    out = self.path("server-run")
+                    argv = ["sweep", str(self.seed_model), "--backend", "server", "--engine", engine,
+                            "--url", hostile.url(mode), *waits, "--context", "256", "--per-residue", "8",
+                            "--out", str(out), "-q"]
+                    cases.append(Case("servers", f"{mode} {engine} {' '.join(waits)}", [argv], cleanup=[out]))
+        return cases
+
     # -- abusive options
     def options(self) -> list[Case]:
         m, out, afile = str(self.seed_model), self.work / "opt-run", self.work / "plain-file"
@@ -461,6 +532,78 @@ class Campaign:
         ]
         return [Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv], cleanup=[out])
                 for argv in argvs]
+
+
+class HostileServers:
+    """One listening port per way of misbehaving, each answering every request that way (the
+    sweep's first requests are its checks). Threads of this process; they live as long as it."""
+
+    MODES = {
+        "silent": "accepts and never answers",
+        "close": "closes the connection at once",
+        "not-http": "answers bytes that are not HTTP",
+        "garbage": "HTTP 200 with a body that is not JSON",
+        "cut": "announces 1000 bytes, sends 10, closes",
+        "trickle": "a JSON body, one byte every 0.5 s",
+        "slow-headers": "its header lines, one byte every 0.5 s",
+        "long-header": "a header line of 100,000 bytes",
+        "error-500": "HTTP 500 with an error message",
+        "wrong-json": "HTTP 200 with JSON of the wrong shape",
+        "huge-json": "HTTP 200 with 20 MB of JSON",
+    }
+
+    def __init__(self):
+        import socketserver
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(handler):
+                mode = handler.server.mode
+                handler.request.settimeout(60)
+                try:
+                    handler.request.recv(65536)
+                    self.misbehave(mode, handler.request)
+                except OSError:
+                    pass
+
+        self.servers = {}
+        for mode in self.MODES:
+            server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+            server.daemon_threads, server.mode = True, mode
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self.servers[mode] = server
+
+    def url(self, mode: str) -> str:
+        return f"http://127.0.0.1:{self.servers[mode].server_address[1]}"
+
+    @staticmethod
+    def misbehave(mode: str, sock) -> None:
+        def answer(status: str, body: bytes, length: int | None = None) -> bytes:
+            return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: "
+                    f"{len(body) if length is None else length}\r\n\r\n").encode() + body
+
+        if mode == "silent":
+            time.sleep(3600)
+        elif mode == "not-http":
+            sock.sendall(os.urandom(200))
+        elif mode == "garbage":
+            sock.sendall(answer("200 OK", b"<html>oops</html>"))
+        elif mode == "cut":
+            sock.sendall(answer("200 OK", b'{"data": [', length=1000))
+        elif mode in ("trickle", "slow-headers"):
+            data = answer("200 OK", b'{"data": [{"id": "m"}]}')
+            start = 0 if mode == "slow-headers" else data.index(b"\r\n\r\n") + 4
+            sock.sendall(data[:start])
+            for i in range(start, len(data)):
+                sock.sendall(data[i:i + 1])
+                time.sleep(0.5)
+        elif mode == "long-header":
+            sock.sendall(b"HTTP/1.1 200 OK\r\nX-Long: " + b"x" * 100_000 + b"\r\n\r\n")
+        elif mode == "error-500":
+            sock.sendall(answer("500 Internal Server Error", b'{"error": {"message": "boom"}}'))
+        elif mode == "wrong-json":
+            sock.sendall(answer("200 OK", b'{"data": 5, "default_generation_settings": [], "tokens": "x"}'))
+        elif mode == "huge-json":
+            sock.sendall(answer("200 OK", b"[" + b"1," * 10_000_000 + b"1]"))
 
 
 def short(text: str, limit: int = 50) -> str:

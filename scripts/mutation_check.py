@@ -47,20 +47,38 @@ KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
 T_GLM = "tests/test_train_glm5.py"
 SERVER, T_SERVER = "kvphase/backends/server.py", "tests/test_server.py"
+TRAIN_RUN, TRAIN_LOOP = "kvphase/train/run.py", "kvphase/train/loop.py"
+T_SIGNALS = "tests/test_train.py::test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped"
+T_TRAIN_FOLDERS = "tests/test_train_folders.py"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
 
 MUTATIONS = [
+    # training folders and signals
+    Mutation("training-sigterm-unhandled", TRAIN_RUN, "for signum in (signal.SIGINT, signal.SIGTERM)}",
+             "for signum in (signal.SIGINT,)}", (T_SIGNALS,), slow=True),
+    Mutation("training-signal-raises-mid-step", TRAIN_RUN, "        if received:\n            raise KeyboardInterrupt\n",
+             "        raise KeyboardInterrupt\n", (T_SIGNALS,), slow=True),
+    Mutation("train-checkpoint-shapes-unchecked", TRAIN_LOOP,
+             "if leaf.shape != want.shape or leaf.dtype != want.dtype or not np.isfinite(leaf).all():", "if False:",
+             (T_TRAIN_FOLDERS,), slow=True),
+    Mutation("train-table-values-unchecked", TRAIN_RUN,
+             "bad = ~np.isfinite(values) | ((values % 1 != 0) | (values < 0) if column == \"step\" else False)",
+             "bad = np.zeros(len(values), dtype=bool)", (T_TRAIN_FOLDERS,), slow=True),
+    Mutation("train-rows-past-the-checkpoint-kept", TRAIN_RUN, "kept = frame[frame[\"step\"] <= step][columns]",
+             "kept = frame[columns]", (T_TRAIN_FOLDERS,), slow=True),
+    Mutation("train-output-files-unchecked", TRAIN_RUN, "    check_writable(out, FOLDER_FILES)\n", "", (T_TRAIN_FOLDERS,),
+             slow=True),
     # the server backend's bounds on waiting
-    Mutation("server-deadline-not-capping-a-request", SERVER, "timeout = min(self._retry.timeout_s, left)",
-             "timeout = self._retry.timeout_s", (T_SERVER,)),
-    Mutation("server-trickle-not-timed", SERVER, "            left = ends - time.monotonic()",
-             "            left = timeout  # each chunk gets the whole timeout again", (T_SERVER,)),
-    Mutation("server-cut-answer-accepted", SERVER, "        if response.length:  # the connection closed",
-             "        if False:  # the connection closed", (T_SERVER,)),
-    Mutation("server-timeout-named-as-other", SERVER, "if isinstance(exc, TimeoutError) else _describe(exc))",
-             "if False else _describe(exc))", (T_SERVER,)),
+    Mutation("server-deadline-not-capping-a-request", SERVER, "timeout = min(limit, left)", "timeout = limit",
+             (T_SERVER,)),
+    Mutation("server-no-watchdog", SERVER, "        watchdog.start()\n", "", (T_SERVER,)),
+    Mutation("server-timeout-named-as-other", SERVER, "problem = _describe(exc) if not isinstance(exc, TimeoutError)",
+             "problem = _describe(exc) if True", (T_SERVER,)),
+    Mutation("server-first-contact-waits-the-whole-timeout", SERVER,
+             "limit = self._retry.timeout_s if self._answered else min(self._retry.timeout_s, FIRST_CONTACT_S)",
+             "limit = self._retry.timeout_s", (T_SERVER,)),
     # statistics
     Mutation("report-intervals-90", STATS, "low, high = wilson_interval(hits, n)",
              "low, high = wilson_interval(hits, n, z=1.6448536269514722)", (T_ANALYSIS,)),

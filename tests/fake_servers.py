@@ -76,6 +76,7 @@ class FakeServer:
 
     HOSTILE = {"silent": "accepts the request and never answers",
                "trickle": "answers one byte every 50 ms",
+               "slow-headers": "sends its status and header lines one byte every 50 ms",
                "garbage": "answers 200 with bytes that are not JSON",
                "cut": "sends half the answer it announced, then closes"}
 
@@ -204,6 +205,15 @@ class FakeServer:
                     return
                 data = b"<html>502 upstream error</html>" if how == "garbage" else json.dumps(
                     {"content": "", "completion_probabilities": []}).encode()
+                if how == "slow-headers":
+                    head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                    for i, byte in enumerate(head.encode()):
+                        if server._stopped.wait(0.05):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                    self.wfile.write(data)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

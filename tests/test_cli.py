@@ -206,7 +206,7 @@ import importlib.abc, os, signal, sys
 class InterruptOnImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name == "kvphase.cli.sweep_cmd":  # Ctrl-C while the command modules load
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.{signal})
         return None
 
 sys.meta_path.insert(0, InterruptOnImport())
@@ -216,12 +216,37 @@ kvphase.cli.main()
 """
 
 
-def test_ctrl_c_while_starting_is_one_line(tmp_path):
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_ctrl_c_or_sigterm_while_starting_is_one_line(tmp_path, signal_name, code):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", STARTUP_INTERRUPT], capture_output=True, text=True, env=env,
-                          timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-c", STARTUP_INTERRUPT.replace("{signal}", signal_name)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == code and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == "Interrupted while starting; nothing was written."
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_during_a_sweep_is_one_line_and_the_run_resumes(default_model, tmp_path, signal_name, code):
+    import signal
+    import time
+
+    from kvphase.gguf.tiny import write_tiny_model
+
+    run, model = tmp_path / "run", write_tiny_model("llama", tmp_path / "tiny.gguf", tokenizer_from=default_model)
+    argv = [sys.executable, "-m", "kvphase.cli", "sweep", str(model), "--context", "384", "--per-residue", "64",
+            "--threads", "1", "--out", str(run), "-q"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    while not (run / "results.csv").exists() and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(getattr(signal, signal_name))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert err.strip() == "Interrupted: finished results are kept; run the same command again to resume."
+    resumed = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
 
 
 def test_ctrl_c_during_a_command_is_one_line(default_model, monkeypatch):

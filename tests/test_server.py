@@ -177,7 +177,7 @@ def _run_until_error(server, retry, n_jobs=6):
     return finished, str(error.value), time.monotonic() - started
 
 
-@pytest.mark.parametrize("hostile", ["silent", "trickle"])
+@pytest.mark.parametrize("hostile", ["silent", "trickle", "slow-headers"])
 def test_a_server_that_stops_answering_hits_the_request_timeout(hostile):
     with FakeServer(slots=1, down_after=12, hostile=hostile) as server:
         finished, message, seconds = _run_until_error(server, Retry(attempts=2, first_wait_s=0.01, timeout_s=0.4))
@@ -224,3 +224,15 @@ def test_cli_a_server_that_never_answers_is_one_line_within_the_bound(default_mo
                                       *args, "--out", str(tmp_path / "run"), "-q"])
     assert result.exit_code == 1
     assert result.output.strip() == "Error: " + message.format(url=silent_socket)
+
+
+def test_a_server_that_never_answered_waits_only_the_first_contact_bound(silent_socket, monkeypatch):
+    """Default options: a port that accepts and never answers is reported in 2 x FIRST_CONTACT_S,
+    not 2 x the 300 s a long context may take once the server has answered."""
+    import time
+
+    monkeypatch.setattr("kvphase.backends.server.FIRST_CONTACT_S", 0.3)
+    started = time.monotonic()
+    with pytest.raises(BackendError, match=r"does not answer \(no first answer within 0.3 s\) after 2 tries"):
+        ENGINES["llama-server"](silent_socket, Retry()).info()
+    assert time.monotonic() - started < 5

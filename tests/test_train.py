@@ -298,3 +298,56 @@ def test_a_trained_positive_control_shows_its_phase_effect_and_its_dense_twin_no
     else:
         assert p >= 1e-3, f"the dense control shows p = {p:.3g}, gap {gap:.1f} points"
         assert summary["headline"].startswith("No phase effect")
+
+
+INTERRUPTED_ARGS = ["gated", "--layers", "2", "--heads", "2", "--d-model", "16", "--context", "40", "--batch", "8",
+                    "--steps", "160", "--eval-every", "20", "-q"]
+
+
+@pytest.mark.slow
+def test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped(tmp_path):
+    """SIGINT and SIGTERM, alternately, at random moments (starting, compiling, stepping,
+    evaluating, saving), on one core as the campaign that found the crashes ran: every stop is
+    one line with exit 130 or 143, and the resumed run writes exactly the rows of an
+    uninterrupted one (the checkpoints resumed from were whole)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from kvphase.train.run import train
+
+    import shutil
+
+    # one core, as the campaign that found the crashes ran (taskset: a preexec_fn would fork this JAX process)
+    pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if shutil.which("taskset") else []
+    command = [*pin, sys.executable, "-m", "kvphase.cli", "train", *INTERRUPTED_ARGS[:1], str(tmp_path / "stopped"),
+               *INTERRUPTED_ARGS[1:]]
+    rng, stopped_at, later = np.random.default_rng(0), [0], 0.0
+    for i in range(20):
+        signum = (signal.SIGINT, signal.SIGTERM)[i % 2]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(rng.uniform(1.5, 5.0) + later)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=300)
+        if process.returncode == 0:  # it finished before the signal
+            break
+        assert process.returncode == 128 + signum, f"signal {signum.name}: exit {process.returncode}: {err[-400:]}"
+        assert len(err.strip().splitlines()) == 1 and err.startswith("Interrupted"), err[-400:]
+        step = int(err.split("stopped at step ")[1].split()[0]) if "stopped at step " in err else stopped_at[-1]
+        later = later + 1.0 if step == stopped_at[-1] else 0.0  # a loaded machine starts slowly: signal later
+        stopped_at.append(step)
+    assert len(stopped_at) > 10, f"only {len(stopped_at) - 1} signals landed before the run ended"
+    assert len(set(stopped_at)) > 3, f"the signals landed at steps {stopped_at}: too few while training"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-400:]
+
+    options = dict(zip(INTERRUPTED_ARGS[1:-1:2], INTERRUPTED_ARGS[2:-1:2]))
+    config = TrainConfig.for_design("gated", **{k.lstrip("-").replace("-", "_"): int(v) for k, v in options.items()})
+    train(config, tmp_path / "whole")
+    for name in ("results.csv", "training.csv"):
+        ours, whole = ((tmp_path / run / name).read_text().splitlines() for run in ("stopped", "whole"))
+        if name == "training.csv":  # steps/s and the loss mean over a session's steps differ; the steps may not
+            ours, whole = [line.split(",")[0] for line in ours], [line.split(",")[0] for line in whole]
+        assert ours == whole, f"{name}: {len(ours)} lines against {len(whole)}"

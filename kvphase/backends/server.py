@@ -83,7 +83,8 @@ class ServerRefused(BackendError):
         self.status, self.message = status, message
 
 
-TRANSIENT_STATUS = (502, 503, 504)  # a proxy hiccup, or llama-server still loading the model
+TRANSIENT_STATUS = (502, 503, 504)
+FIRST_CONTACT_S = 30.0  # a server that has never answered: /props and /tokenize answer at once on a live one  # a proxy hiccup, or llama-server still loading the model
 
 
 def parse_url(url: str):
@@ -101,8 +102,9 @@ def parse_url(url: str):
 class Http:
     """JSON requests to one server over one keep-alive connection (one per thread).
 
-    Until the server has answered once, a failure is retried only once: a wrong URL is
-    reported at once, a server that goes away mid-run gets every retry."""
+    Until the server has answered once, a failure is retried only once and a request waits
+    at most FIRST_CONTACT_S: a wrong URL or a port that never answers is reported in a
+    minute, a server that goes away mid-run gets every retry and the whole timeout."""
 
     def __init__(self, url: str, retry: Retry):
         parts = parse_url(url)
@@ -129,16 +131,18 @@ class Http:
             if left <= 0:
                 raise DeadlinePassed(f"the --deadline of {self._retry.deadline_s:g} s passed while waiting for "
                                      f"{self.url}" + (f" ({problem})" if problem else ""))
-            timeout = min(self._retry.timeout_s, left)
+            limit = self._retry.timeout_s if self._answered else min(self._retry.timeout_s, FIRST_CONTACT_S)
+            timeout = min(limit, left)
             try:
                 status, data = self._send(method, path, body, timeout)
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut mid-answer
                 self._drop_connection()
-                if isinstance(exc, TimeoutError) and timeout < self._retry.timeout_s:
+                if isinstance(exc, TimeoutError) and timeout < limit:
                     raise DeadlinePassed(f"the --deadline of {self._retry.deadline_s:g} s passed while waiting for "
                                          f"{self.url}{path} to answer") from None
-                problem = (f"no answer within --request-timeout {self._retry.timeout_s:g} s"
-                           if isinstance(exc, TimeoutError) else _describe(exc))
+                problem = _describe(exc) if not isinstance(exc, TimeoutError) else (
+                    f"no answer within --request-timeout {limit:g} s" if limit == self._retry.timeout_s
+                    else f"no first answer within {limit:g} s")
                 continue
             self._answered = True
             if status in TRANSIENT_STATUS:
@@ -154,8 +158,8 @@ class Http:
 
     def _send(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
         """One request and its whole answer within `timeout` seconds (TimeoutError otherwise),
-        however slowly the server trickles its bytes."""
-        ends = time.monotonic() + timeout
+        however slowly the server trickles its header lines or its body: a watchdog shuts
+        the socket when the time is up."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
             kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
@@ -165,30 +169,37 @@ class Http:
         if connection.sock is not None:
             connection.sock.settimeout(timeout)
         payload = None if body is None else json.dumps(body).encode()
-        connection.request(method, self._parts.path.rstrip("/") + path, body=payload,
-                           headers={"Content-Type": "application/json"} if payload else {})
-        sock = connection.sock  # the answer is read from it, even after a "Connection: close" detaches it
-        response = connection.getresponse()
-        chunks = []
-        while not response.isclosed():
-            left = ends - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            sock.settimeout(left)
-            chunk = response.read1(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        if response.length:  # the connection closed before the length the headers promised
-            raise http.client.IncompleteRead(b"".join(chunks), response.length)
-        response.close()  # read to its end: the connection may carry the next request
-        return response.status, b"".join(chunks)
+        expired = threading.Event()
+        watchdog = threading.Timer(timeout, _shut, args=(expired, connection))
+        watchdog.start()
+        try:
+            connection.request(method, self._parts.path.rstrip("/") + path, body=payload,
+                               headers={"Content-Type": "application/json"} if payload else {})
+            response = connection.getresponse()
+            return response.status, response.read()  # IncompleteRead when the answer stops short of its length
+        except (OSError, http.client.HTTPException):
+            if expired.is_set():
+                raise TimeoutError from None
+            raise
+        finally:
+            watchdog.cancel()
 
     def _drop_connection(self) -> None:
         connection = getattr(self._local, "connection", None)
         if connection is not None:
             connection.close()
             self._local.connection = None
+
+
+def _shut(expired: threading.Event, connection: http.client.HTTPConnection) -> None:
+    """The watchdog's bite: a read blocked on the socket returns at once."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,17 +13,26 @@ import threading
 
 
 def _interrupted_while_starting(signum, frame) -> None:
-    """Ctrl-C while the command modules import (pandas, llama.cpp...): one line, no traceback."""
+    """Ctrl-C or SIGTERM while the command modules import (pandas, llama.cpp...): one line, no traceback."""
     sys.stderr.write("Interrupted while starting; nothing was written.\n")
-    os._exit(130)
+    os._exit(128 + signum)
 
 
-def _on_sigint(handler) -> None:
+def _interrupted(signum, frame) -> None:
+    """SIGINT or SIGTERM during a command: an Interrupted the command may catch (training
+    saves its checkpoint) and `invoke` reports, with the shell's exit code for the signal."""
+    from kvphase.errors import Interrupted
+
+    raise Interrupted("finished results are kept; run the same command again to resume.", signum)
+
+
+def _on_signals(handler) -> None:
     if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
-        signal.signal(signal.SIGINT, handler)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, handler)
 
 
-_on_sigint(_interrupted_while_starting)
+_on_signals(_interrupted_while_starting)
 
 import typer  # noqa: E402
 from typer.core import TyperGroup  # noqa: E402
@@ -41,9 +50,10 @@ class KvphaseGroup(TyperGroup):
         except KvphaseError as exc:
             typer.echo(f"Error: {plain(exc, limit=2000)}", err=True)
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            typer.echo("Interrupted: finished results are kept; run the same command again to resume.", err=True)
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:
+            said = str(exc) or "finished results are kept; run the same command again to resume."
+            typer.echo(f"Interrupted: {said}", err=True)
+            raise typer.Exit(getattr(exc, "exit_code", 130)) from None
 
 
 app = typer.Typer(
@@ -65,7 +75,7 @@ from kvphase.cli import validate_cmd  # noqa: E402,F401
 from kvphase.cli import probes_cmd  # noqa: E402,F401
 from kvphase.cli import train_cmd  # noqa: E402,F401
 
-_on_sigint(signal.default_int_handler)  # from here Ctrl-C is a KeyboardInterrupt `invoke` reports
+_on_signals(_interrupted)  # from here SIGINT and SIGTERM are an Interrupted (a KeyboardInterrupt) `invoke` reports
 
 
 def main() -> None:

@@ -233,7 +233,7 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     if not path.is_file() or path.stat().st_size == 0:
         return pd.DataFrame(columns=RESULT_COLUMNS)
     try:
-        text = _complete_lines(path.read_bytes()).decode("utf-8")
+        text = complete_lines(path.read_bytes()).decode("utf-8")
         frame = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
     except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
         raise RunFolderError(f"{path} is not a readable results file ({(str(exc).splitlines() or ['?'])[0]})") from None
@@ -277,15 +277,15 @@ class ResultWriter:
         self._file.close()
 
 
-def _complete_lines(data: bytes) -> bytes:
+def complete_lines(data: bytes) -> bytes:
     """A crash mid-write can leave half a row; only whole lines count."""
     return data[: data.rfind(b"\n") + 1]
 
 
 def _drop_partial_last_line(path: Path) -> None:
     data = path.read_bytes()
-    if _complete_lines(data) != data:
-        path.write_bytes(_complete_lines(data))
+    if complete_lines(data) != data:
+        path.write_bytes(complete_lines(data))
 
 
 @dataclass

@@ -170,10 +170,13 @@ class TrainConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise PlanError(f"config.json holds unknown training settings {unknown}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise PlanError(f"config.json: {exc}") from None
+        for f in dataclasses.fields(cls):
+            kind = str if f.default is dataclasses.MISSING else type(f.default)
+            value = data.get(f.name, f.default if f.default is not dataclasses.MISSING else None)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+                expected = {int: "a whole number", float: "a number", str: "text"}[kind]
+                raise PlanError(f"config.json: {f.name} is {str(value)[:40]!r}, expected {expected}")
+        return cls(**data)
 
 
 def layout_of(design: str) -> str:

@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from kvphase.errors import KvphaseError, PlanError
+from kvphase.errors import KvphaseError, PlanError, RunFolderError
 from kvphase.train.config import TrainConfig
 from kvphase.train.data import Batch, PairData
 
@@ -86,10 +86,12 @@ class Trainer:
         until: int,
         on_step: Callable[[StepMetrics], None] = lambda m: None,
         on_eval: Callable[[Evaluation], None] = lambda e: None,
+        should_stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        """Train to step `until`, evaluating (and calling `on_eval`, which checkpoints) every eval_every steps."""
+        """Train to step `until`, evaluating (and calling `on_eval`, which checkpoints) every
+        eval_every steps; returns early, between two steps, once `should_stop()`."""
         t0, done0 = time.perf_counter(), self.step
-        while self.step < until:
+        while self.step < until and not should_stop():
             loss, accuracy = self.train_step()
             rate = (self.step - done0) / max(time.perf_counter() - t0, 1e-9)
             on_step(StepMetrics(self.step, loss, accuracy, rate))
@@ -131,19 +133,33 @@ class Trainer:
         tmp.replace(path)
 
     def load(self, path: Path) -> None:
+        """The state `save` wrote; RunFolderError naming the problem when the file is not one
+        this configuration saved (damaged, another model's shapes, a step outside the run)."""
+        import zipfile
+
         import jax
 
+        expected = jax.tree_util.tree_leaves((self.params, self.opt_state))
+        names = ["step", *(f"leaf{i}" for i in range(len(expected)))]
         try:
-            with np.load(path) as saved:
-                step = int(saved["step"])
-                leaves = [saved[f"leaf{i}"] for i in range(len(saved.files) - 1)]
-        except (OSError, ValueError, KeyError) as exc:
-            raise PlanError(f"checkpoint {path} is damaged ({exc}); delete it to start over") from None
+            with np.load(path, allow_pickle=False) as saved:
+                if sorted(saved.files) != sorted(names):
+                    raise ValueError(f"it holds {len(saved.files)} arrays, this configuration saves {len(names)}")
+                step, leaves = saved["step"], [saved[name] for name in names[1:]]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise RunFolderError(f"checkpoint {path} is damaged ({str(exc).splitlines()[0][:120]}); "
+                                 "delete it to start over") from None
+        if step.shape != () or step.dtype.kind not in "iu" or not 0 <= int(step) <= self.config.steps:
+            raise RunFolderError(f"checkpoint {path} is damaged (step {step.tolist()!r}, expected a whole number from 0 to "
+                                 f"{self.config.steps}); delete it to start over")
+        for i, (leaf, want) in enumerate(zip(leaves, expected)):
+            if leaf.shape != want.shape or leaf.dtype != want.dtype or not np.isfinite(leaf).all():
+                found = "non-finite values" if leaf.shape == want.shape and leaf.dtype == want.dtype else (
+                    f"{leaf.dtype}{list(leaf.shape)}, expected {want.dtype}{list(want.shape)}")
+                raise RunFolderError(f"checkpoint {path} is damaged (array {i}: {found}); delete it to start over")
         treedef = jax.tree_util.tree_structure((self.params, self.opt_state))
-        if len(leaves) != treedef.num_leaves:
-            raise PlanError(f"checkpoint {path} holds {len(leaves)} arrays, expected {treedef.num_leaves}")
         self.params, self.opt_state = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
-        self.step = step
+        self.step = int(step)
 
 
 def model_of(config: TrainConfig):

@@ -17,23 +17,8 @@ from kvphase.errors import RunFolderError
 from kvphase.sweep.analysis import homogeneity_test, wilson_interval
 from kvphase.sweep.report import figure, markdown_table
 from kvphase.train.config import TrainConfig
-from kvphase.train.run import RESULTS_FILE, TRAINING_FILE, load_train_config
-
-SUMMARY_FILE, REPORT_FILE, CURVE_FILE = "summary.json", "report.md", "training_curve.png"
+from kvphase.train.run import CURVE_FILE, REPORT_FILE, RESULT_COLUMNS, RESULTS_FILE, SUMMARY_FILE, load_csv, load_train_config
 READABLE_ACCURACY = 0.8
-
-
-def load_csv(path: Path, columns: list[str]) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise RunFolderError(f"{path} is not readable ({str(exc).splitlines()[0]})") from None
-    missing = set(columns) - set(frame.columns)
-    if missing:
-        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
-    if frame[columns].isna().any().any() or not all(pd.api.types.is_numeric_dtype(frame[c]) for c in columns):
-        raise RunFolderError(f"{path} holds a value that is not a number in {', '.join(columns)}")
-    return frame
 
 
 def curve(results: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +46,7 @@ def final_table(results: pd.DataFrame) -> pd.DataFrame:
 
 def summarize_training(out: Path) -> dict:
     config = load_train_config(out)
-    results = load_csv(out / RESULTS_FILE, ["step", "residue", "phase", "n", "correct", "logprob"])
+    results = load_csv(out / RESULTS_FILE, RESULT_COLUMNS)
     if results.empty:
         raise RunFolderError(f"{out} has no evaluation yet; train at least --eval-every steps")
     table = final_table(results)

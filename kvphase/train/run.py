@@ -14,22 +14,32 @@ configuration is refused rather than mixed.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
 import platform
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
 from kvphase import __version__
-from kvphase.errors import PlanError, RunFolderError
-from kvphase.sweep.run import make_folder, write_atomic
+from kvphase.errors import Interrupted, PlanError, RunFolderError
+from kvphase.sweep.run import check_writable, complete_lines, make_folder, read_json_object, write_atomic
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
 
 CONFIG_FILE, RESULTS_FILE, TRAINING_FILE = "config.json", "results.csv", "training.csv"
 CHECKPOINT_FILE, MODEL_FILE, MANIFEST_FILE = "checkpoint.npz", "model.gguf", "manifest.json"
+SUMMARY_FILE, REPORT_FILE, CURVE_FILE = "summary.json", "report.md", "training_curve.png"
+FOLDER_FILES = (CONFIG_FILE, RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE, CHECKPOINT_FILE + ".tmp", MODEL_FILE,
+                MANIFEST_FILE, SUMMARY_FILE, REPORT_FILE, CURVE_FILE)
+MANIFEST_NUMBERS = ("wall_time_s", "steps_trained", "sessions")
 RESULT_COLUMNS = ["step", "residue", "phase", "n", "correct", "logprob"]
 TRAINING_COLUMNS = ["step", "loss", "accuracy", "steps_per_s"]
 
@@ -47,12 +57,18 @@ def check_train_dir(out: Path, config: TrainConfig) -> None:
     parent = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
     if not parent.is_dir() or not _writable(parent):
         raise PlanError(f"cannot write the run folder {out}: {parent} is not a writable folder")
-    saved = out / CONFIG_FILE
-    if saved.is_file():
+    if not out.is_dir():
+        return
+    check_writable(out, FOLDER_FILES)
+    if (out / CONFIG_FILE).is_file():
         old = load_train_config(out)
         if old != config:
             changed = sorted(k for k, v in config.to_json().items() if old.to_json().get(k) != v)
             raise RunFolderError(f"{out} holds a different training run (differs in {', '.join(changed)}); choose another OUT")
+    for name, columns in ((RESULTS_FILE, RESULT_COLUMNS), (TRAINING_FILE, TRAINING_COLUMNS)):
+        if (out / name).is_file():
+            load_csv(out / name, columns)
+    load_train_manifest(out)
 
 
 def _writable(folder: Path) -> bool:
@@ -92,18 +108,56 @@ def evaluation_rows(evaluation: Evaluation, config: TrainConfig) -> list[dict]:
     return rows
 
 
-def _keep_rows_up_to(path: Path, step: int) -> None:
+def load_csv(path: Path, columns: list[str]) -> pd.DataFrame:
+    """One of a training folder's tables; RunFolderError naming the file and the problem when it
+    is not UTF-8 CSV with `columns`, finite numbers everywhere and whole, non-negative steps.
+    Half a line at the end (a kill mid-write) does not count; an empty file is no rows yet."""
+    try:
+        text = complete_lines(path.read_bytes()).decode("utf-8")
+    except OSError as exc:
+        raise RunFolderError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path} byte {exc.start}: not UTF-8 text") from None
+    if not text.strip():
+        return pd.DataFrame(columns=columns)
+    try:
+        frame = pd.read_csv(io.StringIO(text))
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
+        raise RunFolderError(f"{path} is not a readable table ({(str(exc).splitlines() or ['?'])[0]})") from None
+    missing = set(columns) - set(frame.columns)
+    if missing:
+        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
+    for column in columns:
+        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)  # (rows,) NaN where not a number
+        bad = ~np.isfinite(values) | ((values % 1 != 0) | (values < 0) if column == "step" else False)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise RunFolderError(f"{path} row {row + 1}: {column} is {str(frame[column].iloc[row])[:40]!r}, expected "
+                                 + ("a whole number of steps" if column == "step" else "a finite number"))
+    return frame
+
+
+def load_train_manifest(out: Path) -> dict:
+    """manifest.json ({} before the first session ends); RunFolderError when a number it sums is damaged."""
+    path = out / MANIFEST_FILE
+    if not path.exists():
+        return {}
+    manifest = read_json_object(path)
+    for name in MANIFEST_NUMBERS:
+        value = manifest.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise RunFolderError(f"{path}: {name} is {str(value)[:40]!r}, expected a number; delete the file "
+                                 "(it records times and versions) and the next session writes a new one")
+    return manifest
+
+
+def _keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
     """After resuming from a checkpoint at `step`, rows from later (lost) steps go."""
     if not path.is_file():
         return
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    header = path.read_text().splitlines()[0].split(",") if path.stat().st_size else []
-    kept = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) <= step]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(kept)
+    frame = load_csv(path, columns)
+    kept = frame[frame["step"] <= step][columns]
+    write_atomic(path, kept.to_csv(index=False))
 
 
 def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -117,38 +171,23 @@ def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
 
 def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] = lambda total, done: None,
           on_step: Callable[[StepMetrics], None] = lambda m: None) -> Trainer:
-    """Train (or resume) into `out`; returns the trainer. Ctrl-C saves a checkpoint and re-raises."""
+    """Train (or resume) into `out`; returns the trainer. SIGINT or SIGTERM saves a checkpoint
+    and raises Interrupted."""
     check_train_dir(out, config)
-    trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
-    make_folder(out)
-    write_atomic(out / CONFIG_FILE, json.dumps({"kind": "train", **config.to_json()}, indent=2) + "\n")
     checkpoint = out / CHECKPOINT_FILE
-    if checkpoint.is_file():
-        trainer.load(checkpoint)
-    for name in (RESULTS_FILE, TRAINING_FILE):
-        _keep_rows_up_to(out / name, trainer.step)
-    on_start(config.steps, trainer.step)
-    t0, losses = time.perf_counter(), []
-
-    def step_done(metrics: StepMetrics) -> None:
-        losses.append((metrics.loss, metrics.accuracy, metrics.steps_per_s))
-        on_step(metrics)
-
-    def evaluated(evaluation: Evaluation) -> None:
+    with stop_requests() as requested:
+        trainer = _resume(config, out)
+        on_start(config.steps, trainer.step)
+        t0, started = time.perf_counter(), trainer.step
+        try:
+            trainer.run(config.steps, *_recorders(trainer, out, on_step), should_stop=lambda: bool(requested))
+        except KeyboardInterrupt:  # a second signal, which stops at once
+            trainer.save(checkpoint)
+            raise
+    if requested and trainer.step < config.steps:
         trainer.save(checkpoint)
-        _append(out / RESULTS_FILE, RESULT_COLUMNS, evaluation_rows(evaluation, config))
-        mean = np.mean(losses, axis=0) if losses else (np.nan, np.nan, np.nan)
-        _append(out / TRAINING_FILE, TRAINING_COLUMNS, [{"step": evaluation.step, "loss": round(float(mean[0]), 5),
-                                                          "accuracy": round(float(mean[1]), 5),
-                                                          "steps_per_s": round(float(mean[2]), 2)}])
-        losses.clear()
-
-    started = trainer.step
-    try:
-        trainer.run(config.steps, step_done, evaluated)
-    except KeyboardInterrupt:
-        trainer.save(checkpoint)
-        raise
+        raise Interrupted(f"training stopped at step {trainer.step} of {config.steps} with its checkpoint saved; "
+                          "run the same command again to resume.", requested[0])
     from kvphase.train.export import export_gguf
 
     export_gguf(out / MODEL_FILE, trainer.params, config, trainer.data.vocab, trainer.step)
@@ -156,15 +195,72 @@ def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] =
     return trainer
 
 
+def _resume(config: TrainConfig, out: Path) -> Trainer:
+    """A trainer at the folder's checkpoint (step 0 without one), its tables cut back to that step."""
+    trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
+    make_folder(out)
+    write_atomic(out / CONFIG_FILE, json.dumps({"kind": "train", **config.to_json()}, indent=2) + "\n")
+    if (out / CHECKPOINT_FILE).is_file():
+        trainer.load(out / CHECKPOINT_FILE)
+    for name, columns in ((RESULTS_FILE, RESULT_COLUMNS), (TRAINING_FILE, TRAINING_COLUMNS)):
+        _keep_rows_up_to(out / name, columns, trainer.step)
+    return trainer
+
+
+def _recorders(trainer: Trainer, out: Path, on_step: Callable[[StepMetrics], None]):
+    """(after each step, after each evaluation): the step's metrics gathered, then each
+    evaluation's rows appended and the checkpoint saved."""
+    losses = []
+
+    def step_done(metrics: StepMetrics) -> None:
+        losses.append((metrics.loss, metrics.accuracy, metrics.steps_per_s))
+        on_step(metrics)
+
+    def evaluated(evaluation: Evaluation) -> None:
+        # rows first, then the checkpoint: a kill between them leaves rows past the checkpoint,
+        # which the resume drops and writes again, never a checkpoint whose rows are missing
+        _append(out / RESULTS_FILE, RESULT_COLUMNS, evaluation_rows(evaluation, trainer.config))
+        if losses:
+            mean = np.mean(losses, axis=0)
+            _append(out / TRAINING_FILE, TRAINING_COLUMNS, [{"step": evaluation.step, "loss": round(float(mean[0]), 5),
+                                                              "accuracy": round(float(mean[1]), 5),
+                                                              "steps_per_s": round(float(mean[2]), 2)}])
+        trainer.save(out / CHECKPOINT_FILE)
+        losses.clear()
+
+    return step_done, evaluated
+
+
+@contextmanager
+def stop_requests():
+    """SIGINT and SIGTERM ask the training loop to stop between two steps; yields the signals
+    received. A KeyboardInterrupt raised in the middle of a step, while XLA still runs it,
+    could crash the interpreter on its way out (SIGSEGV after the checkpoint was saved);
+    between steps nothing is in flight. A second signal stops at once."""
+    received: list[int] = []
+
+    def request(signum, frame) -> None:
+        if received:
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may take signals
+        yield received
+        return
+    previous = {signum: signal.signal(signum, request) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _update_manifest(out: Path, wall_s: float, steps: int) -> None:
     import jax
     import optax
 
     path = out / MANIFEST_FILE
-    try:
-        old = json.loads(path.read_text()) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        old = {}
+    old = load_train_manifest(out)
     manifest = {
         "model": {"file": MODEL_FILE, "size": (out / MODEL_FILE).stat().st_size},
         "versions": {"kvphase": __version__, "jax": jax.__version__, "optax": optax.__version__,
