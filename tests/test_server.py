@@ -236,3 +236,12 @@ def test_a_server_that_never_answered_waits_only_the_first_contact_bound(silent_
     with pytest.raises(BackendError, match=r"does not answer \(no first answer within 0.3 s\) after 2 tries"):
         ENGINES["llama-server"](silent_socket, Retry()).info()
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("engine", ["llama-server", "openai"])
+def test_a_server_whose_tokenize_answers_the_wrong_shape_is_one_line(engine, monkeypatch):
+    """It answered its info well, then /tokenize with JSON that holds no tokens (was a KeyError traceback)."""
+    with FakeServer(engine) as server:
+        monkeypatch.setattr(server, "post", lambda path, body: {"data": [{"id": "m"}]})
+        with pytest.raises(BackendError, match=f"{server.url} does not look like a {engine} server \\(unexpected answer"):
+            backend_for(server)

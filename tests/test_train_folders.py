@@ -113,7 +113,8 @@ def test_a_damaged_training_folder_is_refused_in_one_line_before_training(finish
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before, "a refused folder was written"
 
 
-@pytest.mark.parametrize("damage", ["results step not a number", "results count infinite", "results without columns"])
+@pytest.mark.parametrize("damage", ["results step not a number", "results count infinite", "results without columns",
+                                    "summary a folder", "report a folder", "curve a folder"])
 def test_report_on_a_damaged_training_folder_is_one_line(finished, tmp_path, damage):
     folder = tmp_path / "run"
     shutil.copytree(finished, folder)

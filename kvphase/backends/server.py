@@ -396,6 +396,7 @@ class ServerBackend:
         """One line for each way a server can be unfit, before anything is scored."""
         try:
             info = engine.info()
+            tokenized = [list(engine.tokenize(text)) for text in TOKENIZER_PROBES]
         except ServerRefused as exc:
             raise BackendError(f"{engine.http.url} does not look like a {engine.kind} server ({exc.message})") from None
         except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -404,8 +405,8 @@ class ServerBackend:
         if info.n_vocab is not None and info.n_vocab != self.vocab.n_vocab:
             raise BackendError(f"{info.url} serves another model ({info.model}): its vocabulary has {info.n_vocab} "
                                f"tokens, the model file's {self.vocab.n_vocab}")
-        for text in TOKENIZER_PROBES:
-            theirs, ours = list(engine.tokenize(text)), self.vocab.prefix_ids + self.vocab.tokenize(text)
+        for text, theirs in zip(TOKENIZER_PROBES, tokenized):
+            ours = self.vocab.prefix_ids + self.vocab.tokenize(text)
             if theirs != ours:
                 raise BackendError(f"{info.url} serves another model ({info.model}): it tokenizes {text[:24]!r} as "
                                    f"{theirs[:6]}..., the model file as {ours[:6]}...")

@@ -18,12 +18,27 @@ def _interrupted_while_starting(signum, frame) -> None:
     os._exit(128 + signum)
 
 
+_signals_received: list[int] = []
+_INTERRUPTED = "finished results are kept; run the same command again to resume."
+
+
 def _interrupted(signum, frame) -> None:
     """SIGINT or SIGTERM during a command: an Interrupted the command may catch (training
     saves its checkpoint) and `invoke` reports, with the shell's exit code for the signal."""
     from kvphase.errors import Interrupted
 
-    raise Interrupted("finished results are kept; run the same command again to resume.", signum)
+    _signals_received.append(signum)
+    raise Interrupted(_INTERRUPTED, signum)
+
+
+def raise_if_interrupted() -> None:
+    """Stops the command if a signal came whose Interrupted was swallowed: a handler that
+    runs inside a C callback (llama.cpp's log callback, while a model loads) raises into
+    ctypes, which prints nothing and carries on."""
+    from kvphase.errors import Interrupted
+
+    if _signals_received:
+        raise Interrupted(_INTERRUPTED, _signals_received[0])
 
 
 def _on_signals(handler) -> None:
@@ -45,6 +60,7 @@ class KvphaseGroup(TyperGroup):
     """Turns the library's errors into one line on stderr and exit code 1."""
 
     def invoke(self, ctx):
+        _on_signals(_interrupted)  # from here a signal is an Interrupted the command or this method reports
         try:
             return super().invoke(ctx)
         except KvphaseError as exc:
@@ -75,7 +91,6 @@ from kvphase.cli import validate_cmd  # noqa: E402,F401
 from kvphase.cli import probes_cmd  # noqa: E402,F401
 from kvphase.cli import train_cmd  # noqa: E402,F401
 
-_on_signals(_interrupted)  # from here SIGINT and SIGTERM are an Interrupted (a KeyboardInterrupt) `invoke` reports
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from kvphase.backends import BACKENDS
-from kvphase.cli import app
+from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path
@@ -243,16 +243,23 @@ class _RateColumn(ProgressColumn):
         return Text(f"{task.speed or 0:.1f} targets/s", style="cyan")
 
 
-class _RichProgress(SweepProgress):
-    def __init__(self, progress: Progress):
+class _CheckedProgress(SweepProgress):
+    """The bar's callbacks (nothing with --quiet), each of which first stops the sweep if a
+    signal came whose Interrupted was swallowed while the model loaded."""
+
+    def __init__(self, progress: Progress | None):
         self._progress = progress
         self._task = None
 
     def start(self, total: int, done: int) -> None:
-        self._task = self._progress.add_task("scoring targets", total=total, completed=done)
+        raise_if_interrupted()
+        if self._progress is not None:
+            self._task = self._progress.add_task("scoring targets", total=total, completed=done)
 
     def advance(self, n: int) -> None:
-        self._progress.advance(self._task, n)
+        raise_if_interrupted()
+        if self._progress is not None:
+            self._progress.advance(self._task, n)
 
 
 class _progress_bar:
@@ -265,10 +272,9 @@ class _progress_bar:
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
 
     def __enter__(self) -> SweepProgress:
-        if self._progress is None:
-            return SweepProgress()
-        self._progress.start()
-        return _RichProgress(self._progress)
+        if self._progress is not None:
+            self._progress.start()
+        return _CheckedProgress(self._progress)
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:

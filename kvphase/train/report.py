@@ -16,6 +16,7 @@ import pandas as pd
 from kvphase.errors import RunFolderError
 from kvphase.sweep.analysis import homogeneity_test, wilson_interval
 from kvphase.sweep.report import figure, markdown_table
+from kvphase.sweep.run import check_writable
 from kvphase.train.config import TrainConfig
 from kvphase.train.run import CURVE_FILE, REPORT_FILE, RESULT_COLUMNS, RESULTS_FILE, SUMMARY_FILE, load_csv, load_train_config
 READABLE_ACCURACY = 0.8
@@ -91,6 +92,7 @@ def plot_curve(summary: dict, path: Path) -> None:
 
 def build_training_report(out: Path) -> dict:
     """Write summary.json, report.md and the curve; return the summary."""
+    check_writable(out, [SUMMARY_FILE, REPORT_FILE, CURVE_FILE])
     summary = summarize_training(out)
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     plot_curve(summary, out / CURVE_FILE)
