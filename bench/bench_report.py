@@ -21,7 +21,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,16 +50,8 @@ def large_run(folder: Path, rows: int, seed: int = 0) -> Path:
     return folder
 
 
-def best(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main() -> None:
+    from bench_reference import best_time  # this folder is on the path when a bench runs as a script
     from kvphase.sweep.report import build_report
     from kvphase.sweep.run import load_results
     from kvphase.sweep.stratified import Design, bootstrap_gaps, detectable_dip, stratified_test
@@ -81,11 +72,11 @@ def main() -> None:
             design = Design.of(residues, contexts)
             build_report(folder)  # warm-up: imports, fonts
             table.append((len(results), {
-                "whole report": best(lambda: build_report(folder), repeats),
-                "test, correct": best(lambda: stratified_test(correct, design, binary=True), repeats),
-                "test, log-probability (permutations)": best(lambda: stratified_test(logprob, design, binary=False), repeats),
-                "bootstrap of the gap": best(lambda: bootstrap_gaps(correct, residues, contexts), repeats),
-                "power": best(lambda: detectable_dip(correct, design), repeats),
+                "whole report": best_time(lambda: build_report(folder), repeats),
+                "test, correct": best_time(lambda: stratified_test(correct, design, binary=True), repeats),
+                "test, log-probability (permutations)": best_time(lambda: stratified_test(logprob, design, binary=False), repeats),
+                "bootstrap of the gap": best_time(lambda: bootstrap_gaps(correct, residues, contexts), repeats),
+                "power": best_time(lambda: detectable_dip(correct, design), repeats),
             }))
     (n_small, small_times), (n_large, large_times) = table
     print(f"kvphase report, best of {repeats}: {n_small} rows against {n_large} rows")
