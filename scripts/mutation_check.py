@@ -46,6 +46,9 @@ T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
 T_GLM = "tests/test_train_glm5.py"
+REFERENCE = "kvphase/backends/reference.py"
+T_IN_TURN = "tests/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
+T_GAPS = "tests/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
 SERVER, T_SERVER = "kvphase/backends/server.py", "tests/test_server.py"
 TRAIN_RUN, TRAIN_LOOP = "kvphase/train/run.py", "kvphase/train/loop.py"
 T_SIGNALS = "tests/test_train.py::test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped"
@@ -105,6 +108,15 @@ MUTATIONS = [
     Mutation("permutation-p-one-shuffle-for-all", STRAT, "np.random.SeedSequence(seed).spawn(len(sizes))",
              "[np.random.SeedSequence(seed)] * len(sizes)", (T_STRAT,)),
     Mutation("chi-square-at-small-counts", STRAT, "MIN_EXPECTED = 5 ", "MIN_EXPECTED = 0 ", (T_STRAT,)),
+    Mutation("chi-square-checks-successes-only", STRAT,
+             "return float(min(successes.min(), (table.sum(axis=0) - successes).min()))",
+             "return float(successes.min())", (T_STRAT,)),
+    Mutation("expected-counts-from-the-pooled-rate", STRAT,
+             "rate = np.bincount(design.strata, weights=correct) / table.sum(axis=1)  # (H,)",
+             "rate = np.full(len(table), correct.mean())  # (H,)", (T_STRAT,)),
+    Mutation("balanced-asks-every-residue-of-every-context", STRAT,
+             "return bool(all(len(set(row[row > 0])) == 1 for row in table))",
+             "return bool(all(len(set(row)) == 1 for row in table))", (T_STRAT,)),
     Mutation("power-50-percent", STRAT, "POWER = 0.80", "POWER = 0.50", (T_STRAT, T_ANALYSIS)),
     Mutation("sample-size-not-balanced", STRAT, "return -(-n // modulus) * modulus", "return n", (T_STRAT,)),
     Mutation("interval-90-percent", STRAT, "def percentile_interval(samples: np.ndarray, level: float = 0.95)",
@@ -123,6 +135,10 @@ MUTATIONS = [
              "t = t", (T_PROBES,)),
     Mutation("phase-mod-m", PLACE, "Target(first_target_id + i, index, p, p % m, p % s,",
              "Target(first_target_id + i, index, p, p % m, p % m,", (T_PROBES,)),
+    Mutation("in-sequence-gaps-short-of-m-minus-1", PLACE, "gap = int(rng.integers(self.settings.modulus))",
+             "gap = int(rng.integers(self.settings.modulus - 1))", (T_GAPS,)),
+    Mutation("in-sequence-gaps-never-0", PLACE, "gap = int(rng.integers(self.settings.modulus))",
+             "gap = int(rng.integers(1, self.settings.modulus))", (T_GAPS,)),
     Mutation("mean-not-cancelled", PLACE, "slots[r] = anchors + r - modulus * shifted",
              "slots[r] = anchors + r", (T_PROBES,)),
     # scoring
@@ -139,6 +155,32 @@ MUTATIONS = [
     Mutation("foreign-rows-accepted", RUN,
              "if planned.get(int(row.target_id)) != (int(row.target_pos), str(row.key)):", "if False:", (T_RUN,)),
     Mutation("other-plan-accepted", RUN, "if existing != plan.comparable():", "if False:", (T_RUN,)),
+    Mutation("resume-other-model-of-same-size-accepted", RUN,
+             'if recorded.get("size") != info.file_size or model_sha256(info.path) != recorded["sha256"]:',
+             'if recorded.get("size") != info.file_size:', (T_RUN,)),
+    Mutation("resume-other-contexts-accepted", RUN, "if recorded and recorded != fingerprint:", "if False:", (T_RUN,)),
+    Mutation("resume-checks-position-and-key-only", RUN,
+             "if planned.get(int(row.target_id)) != (int(row.context), int(row.target_pos), str(row.key), str(row.answer)):",
+             "if (planned.get(int(row.target_id)) or (0, 0))[1:3] != (int(row.target_pos), str(row.key)):", (T_RUN,)),
+    # the reference backend's prefix cache across contexts
+    Mutation("reference-prefix-kept-across-offsets", REFERENCE,
+             "same = self._policy_key is not None and key[0] is self._policy_key[0] and key[1] == self._policy_key[1]",
+             "same = self._policy_key is not None and key[0] is self._policy_key[0]", (T_IN_TURN,), slow=True),
+    Mutation("reference-common-prefix-unchecked", REFERENCE, "        if a[i] != b[i]:\n            return i",
+             "        if False:\n            return i", (T_IN_TURN,), slow=True),
+    Mutation("reference-cache-tail-kept", REFERENCE, "self._cache.truncate(min(keep, self._cache.n))",
+             "self._cache.truncate(max(keep, self._cache.n))", (T_IN_TURN,), slow=True),
+    # validate's per-layer verdicts
+    Mutation("one-passing-layer-passes-the-model", VREPORT, "all(not layer.failures(self.tolerances) for layer in",
+             "any(not layer.failures(self.tolerances) for layer in", (T_VERDICT,)),
+    Mutation("empty-report-passes", VREPORT, "return bool(self.layers) and all(", "return all(", (T_VERDICT,)),
+    Mutation("gate-logits-unchecked", VREPORT, "out += self.gates.excess(", "_ = self.gates.excess(", (T_VERDICT,)),
+    Mutation("mask-mismatch-ignored", VREPORT, "        if self.mask_mismatch:\n", "        if False:\n", (T_VERDICT,)),
+    Mutation("tie-read-back-not-required", VREPORT,
+             'elif verdict == "tie" and (tokens_equal or not tie_needs_equal_tokens):', 'elif verdict == "tie":',
+             (T_VERDICT,)),
+    Mutation("attention-tolerance-absolute", VREPORT, "tol.attention_rel * max(self.attention_scale, 1e-30)",
+             "tol.attention_rel", (T_VERDICT,)),
     # knockouts inside llama.cpp's graph
     Mutation("tap-writes-next-head", KNOCKOUT, "heads[:, self.head] = self.mean.astype(heads.dtype)",
              "heads[:, (self.head + 1) % heads.shape[1]] = self.mean.astype(heads.dtype)", (T_TAP,), slow=True),

@@ -111,6 +111,28 @@ def test_in_sequence_gaps_vary(llama_backend):
     assert len(gaps) > 3
 
 
+def test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1():
+    """PROTOCOL: gaps of 0..M-1 filler tokens, drawn uniformly, so a distractor's phase is
+    independent of the targets'. Over 80 contexts (about 2,200 distractor records, one token a
+    character) every gap length and every start residue mod M appears 1/M of the time, within
+    25% (about 4 standard deviations)."""
+    task, backend, m = load_task("records"), CharBackend(), 8
+    gaps, residues = [], []
+    for context in build_probes(task, backend, _settings("in-sequence", context=1024, modulus=m, per_residue=64)):
+        text = backend.detokenize(context.tokens)
+        body = text[: text.index(task.footer)]  # the demonstrations after it restate records
+        targets, end = {t.position for t in context.targets}, len(task.header)
+        for colon in [i for i, ch in enumerate(body) if ch == ":"]:
+            start = colon - len(body[:colon].split(" ")[-1]) - 1  # the space before the key
+            if start not in targets:
+                gaps.append(start - end)
+                residues.append(start % m)
+            end = body.index("\n", colon) + 1
+    for name, values in (("gap", gaps), ("start residue", residues)):
+        counts = np.bincount(values)
+        assert len(counts) == m and np.all(np.abs(counts / (len(values) / m) - 1) < 0.25), f"{name} counts {counts}"
+
+
 def test_long_context_uses_multi_token_keys(llama_backend):
     task = load_task("records")
     contexts = build_probes(task, llama_backend, _settings("prefix", context=2048, per_residue=8))

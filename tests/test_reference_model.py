@@ -260,3 +260,40 @@ def test_compressed_attention_wraps_only_chosen_layers(backend, text_tokens):
     got = backend.logits(text_tokens[:64])
     backend.policy = make_policy("dense")
     np.testing.assert_allclose(got, backend.logits(text_tokens[:64]), atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(default_model, tmp_path_factory):
+    """A two-layer llama with SmolLM2's tokenizer: the cache logic, not the model, is the point."""
+    from kvphase.backends.reference import ReferenceBackend
+
+    path = write_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama.gguf", tokenizer_from=default_model)
+    b = ReferenceBackend(path)
+    yield b
+    b.close()
+
+
+@pytest.mark.parametrize("options", [dict(design="dense"),
+                                     dict(design="meanpool", window=4, stride=4, stagger="layer"),
+                                     dict(design="meanpool", window=4, stride=4, randomize=True, seed=3)],
+                         ids=["dense", "staggered", "randomized"])
+def test_contexts_scored_in_turn_equal_each_scored_afresh(tiny_backend, options):
+    """The backend keeps the prefix one context shares with the previous one: contexts that share
+    40, 60 (a longer one), 30 (a shorter one) or 0 tokens with the one before, or repeat it, score
+    as each does alone; under randomized offsets no prefix is shared (each context draws its own)."""
+    tiny_backend.policy = make_policy(**options)
+    text = np.random.default_rng(0).integers(100, 40_000, 300).tolist()
+    contexts = [text[:60], text[:40] + text[200:230], text[:40] + text[200:230] + text[100:120], text[:30],
+                text[:30], text[250:290]]
+    queries = [Query(prompt=(28, 30), answer=(3575, 282)), Query(prompt=(378,), answer=(7476,))]
+    in_turn = [tiny_backend.score(c, queries) for c in contexts]
+    for context, got in zip(contexts, in_turn):
+        for query, score in zip(queries, got):
+            full = context + list(query.prompt) + list(query.answer)
+            if hasattr(tiny_backend.policy, "begin"):
+                tiny_backend.policy.begin(context)  # this context's own offsets, as score() draws them
+            logits = tiny_backend.logits(full)  # (n_full, n_vocab), from an empty cache
+            first = len(context) + len(query.prompt) - 1
+            alone = score_from_logits(logits[first: first + len(query.answer)], query.answer)
+            assert score.logprob == pytest.approx(alone.logprob, abs=1e-5), (len(context), score, alone)
+    tiny_backend.policy = make_policy("dense")

@@ -19,7 +19,9 @@ from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import read_model_info
 from kvphase.sweep.report import build_report
 from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.placement import build_probes, plan_fingerprint
 from kvphase.sweep.run import RunLock, execute_sweep, load_plan, load_results, write_atomic
+from kvphase.sweep.tasks import load_task
 from tests.fakes import CharBackend
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,15 +122,58 @@ def test_results_have_the_documented_columns(tmp_path, info):
     assert (results["query_pos"] == 1500).all()
 
 
-def test_rows_from_a_different_probe_layout_are_refused(tmp_path, info):
+@pytest.mark.parametrize("column, change", [("target_pos", lambda v: v + 1), ("key", lambda v: v + "x"),
+                                            ("answer", lambda v: v + "x"), ("context", lambda v: v + 1)])
+def test_rows_from_a_different_probe_layout_are_refused(tmp_path, info, column, change):
     plan = _plan(info)
     execute_sweep(plan, CharBackend(), tmp_path, info)
     path = tmp_path / "results.csv"
-    frame = pd.read_csv(path)
-    frame.loc[0, "target_pos"] += 1
+    frame = pd.read_csv(path, keep_default_na=False)
+    frame.loc[3, column] = change(frame.loc[3, column])
     frame.to_csv(path, index=False)
     with pytest.raises(RunFolderError, match="not the one this version of kvphase plans"):
         execute_sweep(plan, CharBackend(), tmp_path, info)
+
+
+def test_rows_scored_on_contexts_built_differently_are_refused(tmp_path, info):
+    """The manifest keeps a fingerprint of every context's tokens: rows scored on other filler
+    (another kvphase or tokenizer version) have the same positions and keys, and must not mix."""
+    plan = _plan(info)
+    with pytest.raises(KeyboardInterrupt):
+        execute_sweep(plan, CharBackend(interrupt_after=2), tmp_path, info)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    contexts = build_probes(load_task(plan.task), CharBackend(), plan.probe_settings)
+    assert manifest["plan_sha256"] == plan_fingerprint(contexts)
+    manifest["plan_sha256"] = "0" * 64
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RunFolderError, match="builds differently"):
+        execute_sweep(plan, CharBackend(), tmp_path, info)
+    (tmp_path / "manifest.json").unlink()  # a first session killed before its manifest: the rows decide
+    assert len(execute_sweep(plan, CharBackend(), tmp_path, info)) == 64
+
+
+def test_a_folder_scored_with_another_model_file_is_refused(tmp_path, info):
+    """A retrained model saved under the same name (same size, other weights) must not add its
+    rows to the old model's; the same file copied elsewhere resumes."""
+    model = tmp_path / "models" / info.path.name
+    model.parent.mkdir()
+    shutil.copyfile(info.path, model)
+    ours = read_model_info(model)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        execute_sweep(_plan(ours), CharBackend(interrupt_after=2), run, ours)
+    moved = tmp_path / "elsewhere" / model.name
+    moved.parent.mkdir()
+    shutil.copyfile(model, moved)  # same bytes, another path and modification time
+    with pytest.raises(KeyboardInterrupt):
+        execute_sweep(_plan(read_model_info(moved)), CharBackend(interrupt_after=1), run, read_model_info(moved))
+    with model.open("r+b") as f:  # same size, one weight byte changed
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(RunFolderError, match="scored with another model file"):
+        execute_sweep(_plan(ours), CharBackend(), run, read_model_info(model))
 
 
 # --------------------------------------------------------------------------- locks, atomic writes, damaged files

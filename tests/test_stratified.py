@@ -12,9 +12,9 @@ import pytest
 
 from scipy import stats
 
-from kvphase.sweep.stratified import (Design, basic_interval, bootstrap_gaps, cmh_statistic, detectable_dip, per_residue_for_dip,
-                                      percentile_interval, permutation_p, permuted_group_sums,
-                                      stratified_test)
+from kvphase.sweep.stratified import (Design, basic_interval, bootstrap_gaps, cmh_statistic, detectable_dip,
+                                      per_residue_for_dip, percentile_interval, permutation_p,
+                                      permuted_group_sums, stratified_p_values, stratified_test)
 
 
 def _report(got, want):
@@ -100,6 +100,13 @@ def test_balanced_means_equal_counts_within_every_context():
     assert not Design.of([0, 0, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]).balanced
 
 
+def test_contexts_serving_fewer_residues_than_m_are_balanced_when_each_is_served_equally():
+    """Short contexts hold fewer targets than M = 4 residues and serve a rotating subset, each once."""
+    assert Design.of([0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 1, 1, 2, 2, 3, 3]).balanced
+    assert Design.of([0, 1, 2, 3, 0, 0, 2, 2], [0, 0, 0, 0, 1, 1, 1, 1]).balanced  # residues 0 and 2, twice each
+    assert not Design.of([0, 1, 2, 3, 0, 0, 2], [0, 0, 0, 0, 1, 1, 1]).balanced  # residue 0 twice, 2 once
+
+
 def _every_arrangement(y, strata):
     """Every arrangement of `y` shuffled within its strata, enumerated (A, N)."""
     members = [np.flatnonzero(strata == h) for h in np.unique(strata)]
@@ -171,6 +178,47 @@ def test_small_binary_samples_take_the_permutation_p_value():
     y = (groups % 2 == 0).astype(float)  # residues 0 and 2 always right, 1 and 3 always wrong
     test = stratified_test(y, Design.of(groups, strata), binary=True)
     assert "permutations" in test.note and test.p_value < 0.01
+
+
+@pytest.mark.parametrize("accuracy", ["high", "low"])
+def test_a_large_run_near_ceiling_or_floor_takes_the_permutation_p_value(accuracy):
+    """320 targets, but 6 failures in all (or 6 successes): each residue expects 0.75 of them, far
+    below 5, so the chi-square law does not hold however many targets there are."""
+    groups = np.tile(np.arange(8), 40)  # (320,)
+    strata = np.repeat(np.arange(40), 8)  # (320,)
+    y = np.ones(320)
+    y[[3, 11, 19, 27, 35, 43]] = 0  # residue 3 fails six times
+    y = y if accuracy == "high" else 1 - y
+    design = Design.of(groups, strata)
+    p, exact = stratified_p_values(y[None], design, binary=True, permutations=2000)
+    assert exact.tolist() == [True]
+    assert "permutations" in stratified_test(y, design, binary=True).note
+
+
+def test_the_chi_square_law_is_used_from_five_expected_per_group_on():
+    """By hand: 40 contexts of 8 residues; with 40 failures in all, spread so each context fails
+    once, every residue expects 40/8 = 5 failures (each context's own rate is 1/8): the law holds.
+    With 39, a residue expects 39/8 < 5: permutations."""
+    groups, strata = np.tile(np.arange(8), 40), np.repeat(np.arange(40), 8)
+    design = Design.of(groups, strata)
+    for failures, exact in ((40, False), (39, True)):
+        y = np.ones(320)
+        y[np.arange(failures) * 8 + np.arange(failures) % 8] = 0  # context c fails at residue c mod 8
+        assert stratified_p_values(y[None], design, binary=True, permutations=200)[1].tolist() == [exact], failures
+
+
+def test_expected_counts_use_each_contexts_own_rate():
+    """20 copies of: a context (residues 0, 1) always right, one (residues 2, 3, 2, 3) always
+    wrong, 24 single-target contexts (residues 0-3) all right. Residue 0 sits only where nothing
+    fails, so it expects 0 failures: permutations. A rate pooled over the run (80 of 640 wrong)
+    would expect 17.5 failures of residue 0 and take the chi-square law."""
+    groups = np.concatenate([[0, 1], [2, 3, 2, 3], np.tile(np.arange(4), 6)])
+    strata = np.concatenate([[0, 0], [1, 1, 1, 1], np.arange(2, 26)])
+    y = np.concatenate([[1, 1], [0, 0, 0, 0], np.ones(24)])
+    groups = np.concatenate([groups] * 20)
+    strata = np.concatenate([strata + 26 * k for k in range(20)])
+    y = np.concatenate([y] * 20)
+    assert stratified_p_values(y[None], Design.of(groups, strata), binary=True, permutations=200)[1].tolist() == [True]
 
 
 def test_constant_outcome_gives_p_one():

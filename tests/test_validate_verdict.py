@@ -48,3 +48,61 @@ def test_the_last_line_and_exit_code_follow_the_tolerance(relative, verdict, cod
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "m.gguf")])
     assert result.exit_code == code, result.output
     assert result.output.strip().splitlines()[-1] == verdict, result.output
+
+
+def _report(*layers: LayerCheck) -> ValidationReport:
+    return ValidationReport(Path("m.gguf"), "deepseek4", "dsv4", 64, [[64]], Tolerances(), list(layers))
+
+
+def test_one_failing_layer_fails_the_model_and_is_the_one_named(monkeypatch, tmp_path):
+    bad = _layer(score_error=3e-4)
+    bad.layer = 2
+    layers = [_layer(), _layer(), bad, _layer()]
+    for i, layer in enumerate(layers):
+        layer.layer = i
+    assert not _report(*layers).passed and _report(*layers[:2], layers[3]).passed
+    assert [bool(layer.failures(Tolerances())) for layer in layers] == [False, False, True, False]
+    monkeypatch.setattr("kvphase.cli.validate_cmd.validate_model", lambda *a, **k: _report(*layers))
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "m.gguf")])
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == "FAIL", result.output
+    assert result.output.count("scores differ by up to") == 1, result.output
+
+
+def test_a_report_without_layers_does_not_pass():
+    assert not _report().passed
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda l: l.gates.add(np.full(4, 2e-5), np.zeros(4)), "gate logits differ"),
+    (lambda l: setattr(l, "mask_mismatch", 1), "1 scores are masked in one and not the other"),
+    (lambda l: l.not_compared("the block mask"), "not compared: the block mask"),
+    (lambda l: l.count("exact", False, "query 3"), "1 of 5 selected sets differ beyond ties"),
+    (lambda l: l.count("tie", False, "query 3", tie_needs_equal_tokens=True), "1 of 5 selected sets differ"),
+    (lambda l: l.count("differ", True, "query 3"), "1 of 5 selected sets differ"),
+], ids=["gates", "mask", "uncompared", "exact-other-tokens", "tie-other-tokens-read-back", "differ"])
+def test_each_kind_of_difference_fails_its_layer(spoil, reason):
+    layer = _layer()
+    assert not layer.failures(Tolerances())
+    spoil(layer)
+    failures = layer.failures(Tolerances())
+    assert any(f.startswith(reason) for f in failures), failures
+
+
+def test_a_tie_among_equal_scores_passes_unless_tokens_are_read_back():
+    layer = _layer()
+    layer.count("tie", False, "query 1")  # the reference chose other tokens among exactly tied scores
+    layer.count("tie", True, "query 2", tie_needs_equal_tokens=True)
+    assert (layer.rows, layer.exact, layer.ties, layer.failures(Tolerances())) == (6, 4, 2, [])
+
+
+@pytest.mark.parametrize("relative, fails", [(4e-3, False), (6e-3, True)])
+def test_attention_tolerance_is_relative_to_the_largest_output(relative, fails):
+    layer = _layer()
+    layer.attention_scale = 50.0
+    outputs = np.linspace(-50.0, 50.0, 32)
+    layer.attention.add(outputs + relative * 50.0, outputs)
+    assert bool(layer.failures(Tolerances())) == fails
+
+
+def test_a_layer_that_compared_nothing_fails():
+    assert LayerCheck(layer=0).failures(Tolerances()) == ["nothing was compared"]

@@ -105,7 +105,7 @@ def sweep(
     run_dir = out or default_run_dir(info, plan)
     console = Console(stderr=True, quiet=quiet)
     with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
-        check_run_dir(run_dir, plan)
+        check_run_dir(run_dir, plan, info)
         if lock.stale:  # said even with --quiet: a sweep died here
             Console(stderr=True).print(f"[yellow]{markup(run_dir)}: the sweep that held it ({markup(lock.stale)}) "
                                        "ended without releasing it; resuming.")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -168,9 +169,9 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
     return Path("reports") / name
 
 
-def check_run_dir(run_dir: Path, plan: SweepPlan) -> None:
-    """RunFolderError unless `run_dir` is new, or a folder that holds this same plan with
-    readable results and manifest."""
+def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
+    """RunFolderError unless `run_dir` is new, or a folder that holds this same plan, scored
+    with this same model file, with readable results and manifest."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunFolderError(f"{run_dir} is a file, not a run folder; choose another --out")
     if (run_dir / CONFIG_FILE).exists() or (run_dir / CONFIG_FILE).is_symlink():
@@ -180,8 +181,21 @@ def check_run_dir(run_dir: Path, plan: SweepPlan) -> None:
             raise RunFolderError(f"{run_dir} holds a different run (differs in: {', '.join(differing)}); "
                                  f"choose another --out or delete the folder")
     load_results(run_dir)
-    load_manifest(run_dir)
+    _check_same_model(run_dir, load_manifest(run_dir).get("model", {}), info)
     check_writable(run_dir, [CONFIG_FILE, RESULTS_FILE, MANIFEST_FILE])
+
+
+def _check_same_model(run_dir: Path, recorded: dict, info: ModelInfo) -> None:
+    """RunFolderError when the folder's rows were scored with another file than `info`'s: a
+    retrained model of the same name and size would otherwise mix its rows with the old ones."""
+    if not recorded.get("sha256"):
+        return
+    if recorded.get("size") == info.file_size and recorded.get("mtime_ns") == info.path.stat().st_mtime_ns:
+        return  # untouched since the folder last saw it: no need to read it whole
+    if recorded.get("size") != info.file_size or model_sha256(info.path) != recorded["sha256"]:
+        raise RunFolderError(f"{run_dir} holds rows scored with another model file (sha256 "
+                             f"{recorded['sha256'][:16]}..., {recorded.get('size')} bytes) than {info.path}; "
+                             "choose another --out or delete the folder")
 
 
 def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
@@ -307,10 +321,11 @@ def execute_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelI
 def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelInfo,
                     progress: SweepProgress) -> pd.DataFrame:
     started = time.time()
-    check_run_dir(run_dir, plan)
+    check_run_dir(run_dir, plan, info)
     contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
+    fingerprint = plan_fingerprint(contexts)
+    done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir, fingerprint)
     prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
-    done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir)
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done))  # every finished row is a planned target, checked above
     writer = ResultWriter(run_dir / RESULTS_FILE)
@@ -327,16 +342,24 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
         writer.close()
         _update_manifest(run_dir, info, plan, time.time() - started,
                          getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend),
-                         getattr(backend, "n_threads", None), plan_fingerprint(contexts))
+                         getattr(backend, "n_threads", None), fingerprint)
     return load_results(run_dir)
 
 
-def _check_finished_rows_match(results: pd.DataFrame, contexts: list[ProbeContext], run_dir: Path) -> set[int]:
-    """The finished target ids, after checking each still names the same position and key
-    (a different kvphase version could build different probes from the same plan)."""
-    planned = {t.target_id: (t.position, t.key) for c in contexts for t in c.targets}
+def _check_finished_rows_match(results: pd.DataFrame, contexts: list[ProbeContext], run_dir: Path,
+                               fingerprint: str) -> set[int]:
+    """The finished target ids, after checking they were scored on these very contexts (a
+    different kvphase or tokenizer version could build other probes from the same plan): the
+    manifest's fingerprint of every context's tokens, and each row's context, position, key and
+    answer (the manifest is written when a session ends, so a killed first session has none)."""
+    recorded = load_manifest(run_dir).get("plan_sha256")
+    if recorded and recorded != fingerprint:
+        raise RunFolderError(f"{run_dir}: its rows were scored on contexts this version of kvphase builds "
+                             f"differently (plan sha256 {str(recorded)[:16]}..., now {fingerprint[:16]}...); "
+                             "finish it with the version that started it or use a new --out")
+    planned = {t.target_id: (t.context_index, t.position, t.key, t.answer) for c in contexts for t in c.targets}
     for row in results.itertuples(index=False):
-        if planned.get(int(row.target_id)) != (int(row.target_pos), str(row.key)):
+        if planned.get(int(row.target_id)) != (int(row.context), int(row.target_pos), str(row.key), str(row.answer)):
             raise RunFolderError(f"{run_dir}: target {row.target_id} in {RESULTS_FILE} is not the one this version "
                                  f"of kvphase plans; finish it with the version that started it or use a new --out")
     return set(results["target_id"].astype(int))
@@ -358,6 +381,18 @@ def _result_row(target: Target, score, query_pos: int, backend: Backend) -> dict
     }
 
 
+def model_sha256(path: Path) -> str:
+    """sha256 of a model file, read once per size and modification time (a resumed sweep checks it
+    before scoring and records it after)."""
+    stat = path.stat()
+    return _sha256_of(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_of(path: Path, size: int, mtime_ns: int) -> str:
+    return file_sha256(path)
+
+
 def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -374,9 +409,11 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
 
     path = run_dir / MANIFEST_FILE
     old = load_manifest(run_dir)
-    sha = old.get("model", {}).get("sha256") if old.get("model", {}).get("size") == info.file_size else None
+    known, mtime_ns = old.get("model", {}), info.path.stat().st_mtime_ns
+    same = known.get("sha256") and (known.get("size"), known.get("mtime_ns")) == (info.file_size, mtime_ns)
     manifest = {
-        "model": {"file": info.path.name, "size": info.file_size, "sha256": sha or file_sha256(info.path),
+        "model": {"file": info.path.name, "size": info.file_size, "mtime_ns": mtime_ns,
+                  "sha256": known["sha256"] if same else model_sha256(info.path),
                   "name": info.name, "architecture": info.architecture, "quantization": info.quantization},
         "compression": asdict(info.compression),
         "backend": plan.backend,
