@@ -64,6 +64,7 @@ CATEGORIES = {
     "folders": "damaged run folders (report, resume, compare)",
     "options": "option abuse",
     "training": "damaged training folders (train, report)",
+    "probes": "damaged probe folders (report, and the probe run again on its folder)",
     "signals": "SIGINT / SIGTERM during training and sweeps",
     "servers": "hostile servers under sweep --backend server",
 }
@@ -422,6 +423,66 @@ class Campaign:
             cases.append(Case("training", label, [["train", "dense", str(folder), *TRAIN], ["report", str(folder)]],
                               prepare=prepare, cleanup=[folder], cpu=120))
         return cases
+
+    # -- damaged probe folders: each probe's own files, one sub-sweep's files, the rolled model
+    def probes(self) -> list[Case]:
+        trained = self.work / "probe-model"
+        outcome, detail = run_cli(["train", "gated", str(trained), *TRAIN, "--context", "64"], 300, self.work)
+        if outcome != "ok":
+            raise SystemExit(f"could not train the probes' model: {outcome}: {detail}")
+        m = str(trained / "model.gguf")
+        probes = {"knockout": ["knockout", m, "--per-residue", "16"], "flip": ["flip", m], "gates": ["gates", m],
+                  "cycle": ["cycle", m, "--k", "1"], "gate-activations": ["gate-activations", m, "--contexts", "2"]}
+        cases = []
+        for name, argv in probes.items():
+            good = self.work / f"good-{name}"
+            outcome, detail = run_cli([*argv, "--out", str(good)], 300, self.work)
+            if outcome != "ok":
+                raise SystemExit(f"could not make the seed {name} folder: {outcome}: {detail}")
+            for relative, label, content in self._damages_of(good):
+                folder = self.path(name)
+
+                def prepare(folder=folder, good=good, relative=relative, content=content):
+                    shutil.copytree(good, folder)
+                    target = folder / relative
+                    remove(target)
+                    if content is None:
+                        target.mkdir()
+                        (target / "inside").write_text("x")
+                    elif content != b"<missing>":
+                        target.write_bytes(content)
+
+                cases.append(Case("probes", f"{name}: {relative} {label}",
+                                  [["report", str(folder)], [*argv, "--out", str(folder)]],
+                                  prepare=prepare, cleanup=[folder], cpu=120))
+        return cases
+
+    def _damages_of(self, good: Path):
+        """(path in the folder, label, new bytes or None for a directory) for the folder's own files
+        and those of its first sub-sweep."""
+        subs = sorted(p for p in good.iterdir() if p.is_dir())
+        files = sorted(p for p in good.iterdir() if p.is_file()) + (sorted(subs[0].iterdir()) if subs else [])
+        noise = bytes(self.rng.randrange(256) for _ in range(200))
+        for path in files:
+            relative, data = path.relative_to(good), path.read_bytes()
+            yield relative, "a directory", None
+            if path.name == ".lock":
+                yield relative, "garbage", noise[:40]
+            elif path.suffix == ".json":
+                yield from ((relative, label, content) for label, content in (
+                    ("missing", b"<missing>"), ("binary", noise), ("a list", b"[]"), ("half", data[: len(data) // 2]),
+                    ("probe unknown", data.replace(b'"probe": "', b'"probe": "x')),
+                    ("numbers as text", data.replace(b": 1", b': "1'))))
+            elif path.suffix == ".csv":
+                header, _, rows = data.partition(b"\n")
+                yield from ((relative, label, content) for label, content in (
+                    ("missing", b"<missing>"), ("binary", noise), ("empty", b""), ("header only", header + b"\n"),
+                    ("wrong columns", b"a,b\n1,2\n"), ("half a row", data[: len(header) + 12]),
+                    ("nan first cell", header + b"\nnan" + rows[rows.find(b","):]),
+                    ("huge number first cell", header + b"\n" + b"9" * 400 + rows[rows.find(b","):])))
+            elif path.suffix == ".gguf":
+                yield relative, "truncated", data[: len(data) // 3]
+                yield relative, "binary", noise
 
     # -- signals at random moments: starting, compiling, stepping, evaluating, saving, sweeping
     def signals(self) -> list[Case]:

@@ -47,6 +47,8 @@ KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
 T_GLM = "tests/test_train_glm5.py"
 REFERENCE = "kvphase/backends/reference.py"
+PROBE_FOLDER = "kvphase/probes/folder.py"
+T_PROBE_DAMAGE = "tests/test_probe_gates.py::test_report_refuses_a_damaged_probe_folder_in_one_line"
 T_IN_TURN = "tests/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
 T_GAPS = "tests/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
 SERVER, T_SERVER = "kvphase/backends/server.py", "tests/test_server.py"
@@ -162,6 +164,16 @@ MUTATIONS = [
     Mutation("resume-checks-position-and-key-only", RUN,
              "if planned.get(int(row.target_id)) != (int(row.context), int(row.target_pos), str(row.key), str(row.answer)):",
              "if (planned.get(int(row.target_id)) or (0, 0))[1:3] != (int(row.target_pos), str(row.key)):", (T_RUN,)),
+    # probe folders under `kvphase report`
+    Mutation("probe-table-without-rows-accepted", PROBE_FOLDER, "    if frame.empty:\n        raise RunFolderError(",
+             "    if False:\n        raise RunFolderError(", (T_PROBE_DAMAGE,)),
+    Mutation("probe-table-numbers-unchecked", PROBE_FOLDER, "            frame[column] = numbers_in(path, frame, column)",
+             "            pass", (T_PROBE_DAMAGE,)),
+    Mutation("probe-figure-in-the-way-unchecked", PROBE_FOLDER,
+             '    check_writable(Path(run_dir), [SUMMARY_FILE, REPORT_FILE, FIGURES[config["probe"]]])\n', "",
+             (T_PROBE_DAMAGE,)),
+    Mutation("table-whole-numbers-unchecked", RUN, "        bad |= (values % 1 != 0) | (values < 0) | (values > WHOLE_LIMIT)",
+             "        pass", (T_RUN,)),
     # the reference backend's prefix cache across contexts
     Mutation("reference-prefix-kept-across-offsets", REFERENCE,
              "same = self._policy_key is not None and key[0] is self._policy_key[0] and key[1] == self._policy_key[1]",

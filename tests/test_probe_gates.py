@@ -162,3 +162,27 @@ def test_bad_input_is_one_line(tmp_path, case, message):
 def test_help():
     result = runner.invoke(app, ["gates", "--help"])
     assert result.exit_code == 0 and "Static gate concentration" in result.output
+
+
+@pytest.mark.parametrize("name, damage, message", [
+    ("phases.csv", lambda t: t.split("\n")[0] + "\n", "phases.csv holds no rows; run the probe again"),
+    ("phases.csv", lambda t: t[: len(t.split("\n")[0]) + 10], "phases.csv holds no rows"),  # half a row only
+    ("results.csv", lambda t: t.replace("\n0,", "\n" + "9" * 400 + ",", 1), "results.csv line 2: layer is '9999"),
+    ("results.csv", lambda t: t.replace("\n0,", "\nnan,", 1), "results.csv line 2: layer is 'nan', expected a finite"),
+    ("results.csv", lambda t: t.replace(",4,", ",four,", 1), "results.csv line 2: stride is 'four'"),
+    ("gate_phases.png", None, "gate_phases.png is not a file, so it cannot be rewritten"),
+], ids=["header-only", "half-a-row", "huge-number", "nan", "text", "figure-a-folder"])
+def test_report_refuses_a_damaged_probe_folder_in_one_line(tmp_path, name, damage, message):
+    """Each found by the fuzz campaign as a traceback (an empty table, a number past a float, a
+    figure replaced by a folder)."""
+    model, out = _glm_with_ape(tmp_path, [0.0, 0.0, BIG, 0.0]), tmp_path / "run"
+    assert runner.invoke(app, ["gates", str(model), "--out", str(out)]).exit_code == 0
+    path = out / name
+    if damage is None:
+        path.unlink()
+        path.mkdir()
+    else:
+        path.write_text(damage(path.read_text()))
+    result = runner.invoke(app, ["report", str(out)])
+    assert result.exit_code == 1 and message in result.output and len(result.output.strip().splitlines()) == 1, \
+        result.output

@@ -67,8 +67,10 @@ def test_a_half_written_row_is_dropped_and_rescored(tmp_path, info):
 
 
 @pytest.mark.parametrize("damage, fragment", [
-    (b"garbage,,,,,,,,,,\n", "target_id is 'garbage', expected a finite number"),
-    (b"\xff\xfe\x00 not text\n", "is not a readable results file"),
+    (b"garbage,,,,,,,,,,\n", "target_id is 'garbage', expected a whole number >= 0"),
+    (b"\xff\xfe\x00 not text\n", "byte 4[0-9]+: not UTF-8 text"),
+    (b"1" + b"0" * 400 + b",,,,,,,,,,\n", "target_id is '1000+', expected a whole number >= 0"),  # past a float
+    (b"2.5,,,,,,,,,,\n", "target_id is '2.5', expected a whole number >= 0"),
 ])
 def test_a_damaged_results_file_is_named_not_a_traceback(tmp_path, info, damage, fragment):
     execute_sweep(_plan(info, per_residue=1), CharBackend(), tmp_path, info)
@@ -79,7 +81,8 @@ def test_a_damaged_results_file_is_named_not_a_traceback(tmp_path, info, damage,
 
 
 @pytest.mark.parametrize("column, value, fragment", [
-    ("target_id", "inf", "target_id is 'inf', expected a finite number"),  # resume died on int(inf)
+    ("target_id", "inf", "target_id is 'inf', expected a whole number >= 0"),  # resume died on int(inf)
+    ("target_pos", "-3", "target_pos is '-3', expected a whole number >= 0"),
     ("logprob", "nan", "logprob is 'nan', expected a finite number"),
     ("correct", "2", "correct is '2', expected True or False"),  # counted as wrong, silently
     ("correct", "maybe", "correct is 'maybe', expected True or False"),

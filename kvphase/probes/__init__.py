@@ -23,5 +23,8 @@ REPORTS: dict[str, Callable[[Path], str]] = {
     "cycle": cycle.build_report,
     "knockout": knockout.build_report,
 }
+# probe name -> the figure its report rewrites (checked before anything is rebuilt)
+FIGURES: dict[str, str] = {"gates": gates.FIGURE_FILE, "gate-activations": activations.FIGURE_FILE,
+                           "flip": flip.FIGURE_FILE, "cycle": cycle.FIGURE_FILE, "knockout": knockout.FIGURE_FILE}
 
-__all__ = ["REPORTS", "activations", "cycle", "flip", "gates", "knockout"]
+__all__ = ["FIGURES", "REPORTS", "activations", "cycle", "flip", "gates", "knockout"]

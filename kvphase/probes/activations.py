@@ -277,9 +277,8 @@ def build_report(run_dir: Path) -> str:
     from kvphase.probes import folder
 
     config = folder.load_probe_config(run_dir)
-    windows = folder.load_csv(run_dir, WINDOWS_FILE, COLUMNS)
-    if windows.empty:
-        raise RunFolderError(f"{run_dir}/{WINDOWS_FILE} holds no rows; the contexts completed no window")
+    windows = folder.load_csv(run_dir, WINDOWS_FILE, COLUMNS, text=("source",),
+                              empty="the contexts completed no window, or the file was emptied")
     summary = summarize(windows)
     plot(windows, Path(run_dir) / FIGURE_FILE)
     folder.write_report(run_dir, summary, render_markdown(config, summary, folder.read_manifest(run_dir)))

@@ -211,11 +211,7 @@ def build_report(run_dir: Path) -> str:
     from kvphase.probes import folder
 
     config = folder.load_probe_config(run_dir)
-    results = folder.load_csv(run_dir, RESULTS_FILE, COLUMNS)
-    if results.empty:
-        from kvphase.errors import RunFolderError
-
-        raise RunFolderError(f"{run_dir}/{RESULTS_FILE} holds no rows; run the probe again")
+    results = folder.load_csv(run_dir, RESULTS_FILE, COLUMNS, text=("distractor",), flags=("correct",))
     stride = int(config["plan"]["stride"])
     summary = summarize(results, stride)
     plot(results, stride, Path(run_dir) / FIGURE_FILE)

@@ -8,7 +8,6 @@ probe folder from a sweep's. The atomic writes and JSON checks are the sweep's
 
 from __future__ import annotations
 
-import io
 import json
 import platform
 from pathlib import Path
@@ -17,8 +16,8 @@ import pandas as pd
 
 from kvphase import __version__
 from kvphase.errors import RunFolderError
-from kvphase.sweep.run import (CONFIG_FILE, MANIFEST_FILE, SUMMARY_FILE, check_writable, make_folder,
-                               read_json_object, write_atomic)
+from kvphase.sweep.run import (CONFIG_FILE, MANIFEST_FILE, SUMMARY_FILE, check_writable, flags_in, make_folder,
+                               numbers_in, read_json_object, read_table, write_atomic)
 
 REPORT_FILE = "report.md"
 
@@ -55,18 +54,21 @@ def load_probe_config(run_dir: Path) -> dict | None:
     return config
 
 
-def load_csv(run_dir: Path, name: str, columns: list[str]) -> pd.DataFrame:
-    """One of a probe's data files; RunFolderError naming it when it is missing or damaged."""
+def load_csv(run_dir: Path, name: str, columns: list[str], text: tuple[str, ...] = (),
+             flags: tuple[str, ...] = (), empty: str = "run the probe again") -> pd.DataFrame:
+    """One of a probe's data tables, with at least one row, finite numbers in every column but the
+    `text` and True/False `flags` ones; RunFolderError naming the file and the problem."""
     path = Path(run_dir) / name
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise RunFolderError(f"{run_dir} lacks {name}; run the probe again")
-    try:
-        frame = pd.read_csv(io.StringIO(path.read_bytes().decode("utf-8")))
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-        raise RunFolderError(f"{path} is not a readable table ({(str(exc).splitlines() or ['?'])[0]})") from None
-    missing = set(columns) - set(frame.columns)
-    if missing:
-        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
+    frame = read_table(path, columns)
+    if frame.empty:
+        raise RunFolderError(f"{path} holds no rows; {empty}")
+    for column in columns:
+        if column in flags:
+            frame[column] = flags_in(path, frame, column)
+        elif column not in text:
+            frame[column] = numbers_in(path, frame, column)
     return frame
 
 
@@ -98,7 +100,7 @@ def read_manifest(run_dir: Path) -> dict:
 def rebuild_probe_report(run_dir: Path) -> str | None:
     """Rebuild a probe folder's summary, report and figure and return its headline; None
     when `run_dir` is not a probe's folder (a sweep's, or no run folder at all)."""
-    from kvphase.probes import REPORTS
+    from kvphase.probes import FIGURES, REPORTS
 
     if not (Path(run_dir) / CONFIG_FILE).is_file():
         return None
@@ -107,4 +109,5 @@ def rebuild_probe_report(run_dir: Path) -> str | None:
         return None
     if config["probe"] not in REPORTS:
         raise RunFolderError(f"{run_dir}: unknown probe {config['probe']!r}; expected one of {', '.join(REPORTS)}")
+    check_writable(Path(run_dir), [SUMMARY_FILE, REPORT_FILE, FIGURES[config["probe"]]])
     return REPORTS[config["probe"]](Path(run_dir))

@@ -343,8 +343,8 @@ def build_report(run_dir: Path) -> str:
     from kvphase.probes import folder
 
     config = folder.load_probe_config(run_dir)
-    channels = folder.load_csv(run_dir, CHANNELS_FILE, CHANNEL_COLUMNS)
-    phases = folder.load_csv(run_dir, PHASES_FILE, PHASE_COLUMNS)
+    channels = folder.load_csv(run_dir, CHANNELS_FILE, CHANNEL_COLUMNS, text=("source",))
+    phases = folder.load_csv(run_dir, PHASES_FILE, PHASE_COLUMNS, text=("source",))
     summary = summarize(channels, phases)
     plot_heatmap(phases, Path(run_dir) / FIGURE_FILE)
     folder.write_report(run_dir, summary, render_markdown(config, summary, folder.read_manifest(run_dir)))

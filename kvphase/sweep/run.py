@@ -22,7 +22,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -242,33 +242,68 @@ def load_manifest(run_dir: Path) -> dict:
 def load_results(run_dir: Path) -> pd.DataFrame:
     """The scored rows so far (an empty frame with the right columns when none)."""
     path = run_dir / RESULTS_FILE
-    if path.exists() and not path.is_file():
-        raise RunFolderError(f"{path} is not a file; move it away to start the results afresh")
-    if not path.is_file() or path.stat().st_size == 0:
+    if not path.exists() and not path.is_symlink():
         return pd.DataFrame(columns=RESULT_COLUMNS)
-    try:
-        text = complete_lines(path.read_bytes()).decode("utf-8")
-        frame = pd.read_csv(io.StringIO(text), keep_default_na=False, dtype={"key": str, "answer": str, "predicted": str})
-    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
-        raise RunFolderError(f"{path} is not a readable results file ({(str(exc).splitlines() or ['?'])[0]})") from None
-    missing = set(RESULT_COLUMNS) - set(frame.columns)
-    if missing:
-        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
+    frame = read_table(path, RESULT_COLUMNS)
     for column in NUMERIC_COLUMNS:
-        values = pd.to_numeric(frame[column], errors="coerce")  # (n_rows,)
-        _refuse_rows(path, frame, column, ~np.isfinite(values.to_numpy(dtype=float)), "a finite number")
-        frame[column] = values
-    verdicts = frame["correct"].astype(str).str.lower()  # (n_rows,)
-    _refuse_rows(path, frame, "correct", ~verdicts.isin(["true", "false", "1", "0"]).to_numpy(), "True or False")
-    frame["correct"] = verdicts.isin(["true", "1"])
+        frame[column] = numbers_in(path, frame, column, whole=column != "logprob")
+    frame["correct"] = flags_in(path, frame, "correct")
     return frame.drop_duplicates("target_id", keep="first")
 
 
-def _refuse_rows(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, expected: str) -> None:
-    """One line naming the first row of `column` flagged in `bad` (n_rows,), if any."""
+def read_table(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    """A run folder's CSV table, every cell as text, with `columns` present; complete lines only
+    (half a line at the end is a write a kill cut short), and an empty file is a table without
+    rows. RunFolderError naming the file and the problem."""
+    if not path.is_file():
+        raise RunFolderError(f"{path} is not a file; move it away")
+    try:
+        text = complete_lines(path.read_bytes()).decode("utf-8")
+    except OSError as exc:
+        raise RunFolderError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RunFolderError(f"{path} byte {exc.start}: not UTF-8 text") from None
+    if not text.strip():
+        return pd.DataFrame({column: pd.Series(dtype=str) for column in columns})
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
+        raise RunFolderError(f"{path} is not a readable table ({(str(exc).splitlines() or ['?'])[0]})") from None
+    missing = set(columns) - set(frame.columns)
+    if missing:
+        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
+    return frame
+
+
+WHOLE_LIMIT = 2**53  # whole numbers a float holds exactly; ids, positions and steps stay far below
+
+
+def numbers_in(path: Path, frame: pd.DataFrame, column: str, whole: bool = False) -> pd.Series:
+    """A column of a `read_table` table as numbers (whole ones as integers); RunFolderError naming
+    the first line whose cell is not a finite number (or not whole and within 0 .. 2^53)."""
+    parsed = pd.to_numeric(frame[column], errors="coerce")  # (rows,) NaN: not a number; integers stay integers
+    values = parsed.to_numpy(dtype=float)  # (rows,)
+    bad = ~np.isfinite(values)
+    if whole:
+        values = np.where(bad, 0.0, values)  # (rows,)
+        bad |= (values % 1 != 0) | (values < 0) | (values > WHOLE_LIMIT)
+    refuse_rows(path, frame, column, bad, "a whole number >= 0" if whole else "a finite number")
+    return parsed.astype(np.int64) if whole else parsed
+
+
+def flags_in(path: Path, frame: pd.DataFrame, column: str) -> pd.Series:
+    """A True/False column of a `read_table` table (1 and 0 accepted) as booleans."""
+    verdicts = frame[column].astype(str).str.lower()  # (rows,)
+    refuse_rows(path, frame, column, ~verdicts.isin(["true", "false", "1", "0"]).to_numpy(), "True or False")
+    return verdicts.isin(["true", "1"])
+
+
+def refuse_rows(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, expected: str) -> None:
+    """One line naming the first line of the file whose `column` is flagged in `bad` (n_rows,), if any."""
     if bad.any():
         row = int(bad.argmax())
-        raise RunFolderError(f"{path} line {row + 2}: {column} is {str(frame[column].iloc[row])!r}, expected {expected}")
+        raise RunFolderError(f"{path} line {row + 2}: {column} is {str(frame[column].iloc[row])[:40]!r}, "
+                             f"expected {expected}")
 
 
 class ResultWriter:

@@ -184,7 +184,7 @@ def stratified_test(outcome: np.ndarray, design: Design, binary: bool, seed: int
     if dof == 0:
         return StratifiedTest(name, 0.0, 0, 1.0, "no context holds two targets that differ, so nothing varies "
                               "within a context")
-    p, exact = stratified_p_values(np.atleast_2d(outcome), design, binary, seed)
+    p, exact = _p_values(np.atleast_2d(outcome), design, binary, seed, PERMUTATIONS, statistic, dof)
     if not exact[0]:
         return StratifiedTest(name, float(statistic[0]), dof, float(p[0]),
                               f"chi-square law (df = {dof}); every expected count is at least {MIN_EXPECTED}")
@@ -199,9 +199,14 @@ def stratified_p_values(outcomes: np.ndarray, design: Design, binary: bool, seed
     came from permutations. A 0/1 outcome uses the chi-square law when every group's
     expected number of successes and failures is at least MIN_EXPECTED; a continuous one
     (heavy-tailed log-probabilities) always takes its p from within-context permutations."""
+    statistic, dof = cmh_statistic(outcomes, design)  # (B,)
+    return _p_values(outcomes, design, binary, seed, permutations, statistic, dof)
+
+
+def _p_values(outcomes: np.ndarray, design: Design, binary: bool, seed: int, permutations: int,
+              statistic: np.ndarray, dof: int) -> tuple[np.ndarray, np.ndarray]:
     from scipy import stats  # imported here: scipy.stats alone takes seconds, and most commands never test
 
-    statistic, dof = cmh_statistic(outcomes, design)  # (B,)
     p = stats.chi2.sf(statistic, max(dof, 1))  # (B,)
     exact = np.ones(len(outcomes), dtype=bool) if not binary else np.array(
         [_expected_extremes(row, design) < MIN_EXPECTED for row in outcomes])  # (B,)

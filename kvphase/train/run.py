@@ -14,7 +14,6 @@ configuration is refused rather than mixed.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import platform
@@ -30,7 +29,7 @@ import pandas as pd
 
 from kvphase import __version__
 from kvphase.errors import Interrupted, PlanError, RunFolderError
-from kvphase.sweep.run import check_writable, complete_lines, make_folder, read_json_object, write_atomic
+from kvphase.sweep.run import check_writable, make_folder, numbers_in, read_json_object, read_table, write_atomic
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
 
@@ -109,31 +108,11 @@ def evaluation_rows(evaluation: Evaluation, config: TrainConfig) -> list[dict]:
 
 
 def load_csv(path: Path, columns: list[str]) -> pd.DataFrame:
-    """One of a training folder's tables; RunFolderError naming the file and the problem when it
-    is not UTF-8 CSV with `columns`, finite numbers everywhere and whole, non-negative steps.
-    Half a line at the end (a kill mid-write) does not count; an empty file is no rows yet."""
-    try:
-        text = complete_lines(path.read_bytes()).decode("utf-8")
-    except OSError as exc:
-        raise RunFolderError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RunFolderError(f"{path} byte {exc.start}: not UTF-8 text") from None
-    if not text.strip():
-        return pd.DataFrame(columns=columns)
-    try:
-        frame = pd.read_csv(io.StringIO(text))
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
-        raise RunFolderError(f"{path} is not a readable table ({(str(exc).splitlines() or ['?'])[0]})") from None
-    missing = set(columns) - set(frame.columns)
-    if missing:
-        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
+    """One of a training folder's tables, finite numbers everywhere and whole, non-negative
+    steps; RunFolderError naming the file, the line and the problem."""
+    frame = read_table(path, columns)
     for column in columns:
-        values = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)  # (rows,) NaN where not a number
-        bad = ~np.isfinite(values) | ((values % 1 != 0) | (values < 0) if column == "step" else False)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise RunFolderError(f"{path} row {row + 1}: {column} is {str(frame[column].iloc[row])[:40]!r}, expected "
-                                 + ("a whole number of steps" if column == "step" else "a finite number"))
+        frame[column] = numbers_in(path, frame, column, whole=column == "step")
     return frame
 
 
