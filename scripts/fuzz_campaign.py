@@ -146,6 +146,19 @@ def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
     return case
 
 
+def damaged_copy(good: Path, folder: Path, name, content: bytes | None) -> None:
+    """A copy of the folder `good` whose file `name` holds `content` instead (None: a directory
+    there; b"<missing>": no file)."""
+    shutil.copytree(good, folder)
+    target = folder / name
+    remove(target)
+    if content is None:
+        target.mkdir()
+        (target / "inside").write_text("x")
+    elif content != b"<missing>":
+        target.write_bytes(content)
+
+
 def remove(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
@@ -389,14 +402,7 @@ class Campaign:
             folder = self.path("run")
 
             def prepare(folder=folder, name=name, content=content):
-                shutil.copytree(good, folder)
-                target = folder / name
-                remove(target)
-                if content is None:
-                    target.mkdir()
-                    (target / "inside").write_text("x")
-                else:
-                    target.write_bytes(content)
+                damaged_copy(good, folder, name, content)
 
             commands = [["report", str(folder)], ["sweep", str(self.seed_model), *SWEEP, "--out", str(folder)],
                         ["compare", str(folder), str(good), "--out", str(self.work / f"cmp-{folder.name}")]]
@@ -443,14 +449,7 @@ class Campaign:
                 folder = self.path(name)
 
                 def prepare(folder=folder, good=good, relative=relative, content=content):
-                    shutil.copytree(good, folder)
-                    target = folder / relative
-                    remove(target)
-                    if content is None:
-                        target.mkdir()
-                        (target / "inside").write_text("x")
-                    elif content != b"<missing>":
-                        target.write_bytes(content)
+                    damaged_copy(good, folder, relative, content)
 
                 cases.append(Case("probes", f"{name}: {relative} {label}",
                                   [["report", str(folder)], [*argv, "--out", str(folder)]],
