@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Build llama-server from the llama.cpp sources vendored in the llama-cpp-python sdist
 # that kvphase pins, so the server and the in-process backend run the same llama.cpp.
+# By default only the server, its common library and its HTTP layer are compiled, linked
+# against the libllama/libggml/libmtmd shared libraries llama-cpp-python installed (the same
+# build the in-process backend loads; about half the CPU time of a whole build). FULL=1 (or
+# libraries it cannot use) builds llama.cpp whole into one static binary instead.
 # The binary is cached under .cache/llama-server/<version>/ (ignored by git) of the main
 # checkout, so git worktrees share one build: a second call returns at once. Prints the
 # binary's path on stdout; progress goes to stderr.
 #
 #   scripts/build_llama_server.sh [VERSION]     (default: the pin in pyproject.toml)
-#   JOBS=2 NICE=10 PYTHON=.venv/bin/python      (environment overrides)
+#   JOBS=2 NICE=10 PYTHON=.venv/bin/python FULL=1  (environment overrides)
 #
 # No package in the registries ships a usable llama-server binary, hence the build
-# (35 minutes wall, 23 CPU-minutes with -j2 on a busy 2-core machine). The UI download and OpenSSL are switched off so the
+# (a whole build: 35 minutes wall, 23 CPU-minutes with -j2 on a busy 2-core machine; the
+# server alone: 12 CPU-minutes). The UI download and OpenSSL are switched off so the
 # build needs no network beyond the sdist itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,11 +29,13 @@ COMMON=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null || ec
 CACHE=$(dirname "$COMMON")/.cache/llama-server/$VERSION
 BIN=$CACHE/bin/llama-server
 
-if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
+# a cached binary that no longer starts (the libraries it links were removed) is built again
+runs() { [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; }
+if runs; then echo "$BIN"; exit 0; fi
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9  # another checkout (a worktree) may be building the same version: wait for it
-if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
+if runs; then echo "$BIN"; exit 0; fi
 SDIST=$CACHE/llama_cpp_python-$VERSION.tar.gz
 if [ ! -f "$SDIST" ]; then
     echo "build_llama_server: downloading the llama-cpp-python $VERSION sdist..." >&2
@@ -38,20 +45,51 @@ if [ ! -f "$SDIST" ]; then
     rm -rf "$CACHE/download"
 fi
 SRC=$CACHE/src
-if [ ! -f "$SRC/CMakeLists.txt" ]; then
-    rm -rf "$SRC" && mkdir -p "$SRC"
-    tar xzf "$SDIST" -C "$SRC" --strip-components=3 \
-        "llama_cpp_python-$VERSION/vendor/llama.cpp"
-fi
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
-echo "build_llama_server: building llama-server $VERSION with $JOBS jobs (several minutes)..." >&2
+OPTIONS=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF
+         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+         -DLLAMA_BUILD_COMMIT="llama-cpp-python-$VERSION")
+LIB=$("$PYTHON" -c "import importlib.util, pathlib
+print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')" 2>/dev/null || true)
+
+fresh_sources() {
+    rm -rf "$SRC" "$CACHE/build" && mkdir -p "$SRC"
+    tar xzf "$SDIST" -C "$SRC" --strip-components=3 "llama_cpp_python-$VERSION/vendor/llama.cpp"
+}
+
+# llama.cpp's CMake with its ggml, llama and mtmd targets taken from llama-cpp-python's libraries
+on_installed_libraries() {
+    [ -z "${FULL:-}" ] && [ -n "$LIB" ] && [ -f "$LIB/libllama.so" ] || return 1
+    fresh_sources
+    "$PYTHON" - "$SRC" >&2 <<'EOF' || return 1
+import pathlib, sys
+src = pathlib.Path(sys.argv[1])
+edits = [("CMakeLists.txt", "if (LLAMA_USE_SYSTEM_GGML)\n", "include(${KVPHASE_PREBUILT})\nif (LLAMA_USE_SYSTEM_GGML)\n"),
+         ("CMakeLists.txt", "add_subdirectory(src)\n", ""),
+         ("CMakeLists.txt", "install(TARGETS llama LIBRARY PUBLIC_HEADER)\n", ""),
+         ("tools/CMakeLists.txt", "    add_subdirectory(mtmd)\n", "")]
+for name, old, new in edits:
+    text = (src / name).read_text()
+    if text.count(old) != 1:
+        sys.exit(f"build_llama_server: {name} of this llama.cpp lacks {old.strip()!r}; building it whole")
+    (src / name).write_text(text.replace(old, new))
+EOF
+    echo "build_llama_server: building llama-server $VERSION against $LIB with $JOBS jobs (several minutes)..." >&2
+    nice -n "$NICE" cmake -S "$SRC" -B "$CACHE/build" "${GEN[@]}" "${OPTIONS[@]}" \
+        -DKVPHASE_PREBUILT="$ROOT/scripts/llama_server_prebuilt.cmake" -DKVPHASE_LLAMA_LIB="$LIB" >&2 &&
+    nice -n "$NICE" cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
+}
+
+whole() {
+    fresh_sources
+    echo "build_llama_server: building llama.cpp and llama-server $VERSION whole with $JOBS jobs (15-40 minutes)..." >&2
+    nice -n "$NICE" cmake -S "$SRC" -B "$CACHE/build" "${GEN[@]}" "${OPTIONS[@]}" >&2
+    nice -n "$NICE" cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
+}
+
 START=$(date +%s)
-nice -n "$NICE" cmake -S "$SRC" -B "$CACHE/build" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_BUILD_COMMIT="llama-cpp-python-$VERSION" >&2
-nice -n "$NICE" cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
+on_installed_libraries || whole
 mkdir -p "$CACHE/bin"
 cp "$CACHE/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
 rm -rf "$CACHE/build" "$SRC"

@@ -263,12 +263,11 @@ def test_compressed_attention_wraps_only_chosen_layers(backend, text_tokens):
 
 
 @pytest.fixture(scope="module")
-def tiny_backend(default_model, tmp_path_factory):
-    """A two-layer llama with SmolLM2's tokenizer: the cache logic, not the model, is the point."""
+def tiny_backend(tiny_llama):
+    """The cache logic, not the model, is the point."""
     from kvphase.backends.reference import ReferenceBackend
 
-    path = write_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "llama.gguf", tokenizer_from=default_model)
-    b = ReferenceBackend(path)
+    b = ReferenceBackend(tiny_llama)
     yield b
     b.close()
 

@@ -35,17 +35,11 @@ RESIDUE_TARGETS, MEAN_POINTS, LOGPROB_NATS = 3, 2.0, 1.0
 
 
 @pytest.mark.slow
-def test_make_demo_reproduces_the_committed_example_within_tolerance(tmp_path):
+def test_make_demo_reproduces_the_committed_example_within_tolerance(default_sweep):
     import json
 
-    from typer.testing import CliRunner
-
-    from kvphase.cli import app
-
-    result = CliRunner().invoke(app, ["sweep", "--out", str(tmp_path / "demo"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    ours, committed = (json.loads((d / "summary.json").read_text()) for d in (tmp_path / "demo", EXAMPLE))
-    plans = [json.loads((d / "manifest.json").read_text())["plan_sha256"] for d in (tmp_path / "demo", EXAMPLE)]
+    ours, committed = (json.loads((d / "summary.json").read_text()) for d in (default_sweep, EXAMPLE))
+    plans = [json.loads((d / "manifest.json").read_text())["plan_sha256"] for d in (default_sweep, EXAMPLE)]
     assert plans[0] == plans[1], "the default plan is not the example's: re-run make demo into the example folder"
     for a, b in zip(ours["per_residue"], committed["per_residue"]):
         assert a["residue"] == b["residue"] and a["n"] == b["n"]

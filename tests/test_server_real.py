@@ -18,7 +18,9 @@ from kvphase.engines.llama_server import find_llama_server, llama_server
 from kvphase.sweep.run import RESULTS_FILE, load_results
 
 pytestmark = pytest.mark.slow
-SWEEP = ["--context", "512", "--per-residue", "8", "--threads", "1", "-q"]  # one thread: no spinning on a busy machine
+# one thread: no spinning on a busy machine; 32 targets of SmolLM2 (each query is its own request)
+SWEEP = ["--context", "512", "--per-residue", "4", "--threads", "1", "-q"]
+TINY_SWEEP = ["--per-residue", "64"]  # 512 targets in 32 contexts: a kill after 16 rows lands mid-run
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def local_run(tmp_path_factory, default_model):
     out = tmp_path_factory.mktemp("local") / "run"
     result = CliRunner().invoke(app, ["sweep", str(default_model), *SWEEP, "--out", str(out)])
     assert result.exit_code == 0, result.output
-    return load_results(out).sort_values("target_id").reset_index(drop=True)
+    return sorted_results(out)
 
 
 def server_sweep(model, out, *urls, extra=()):
@@ -47,12 +49,31 @@ def server_sweep(model, out, *urls, extra=()):
     return CliRunner().invoke(app, args)
 
 
+def sorted_results(out):
+    return load_results(out).sort_values("target_id").reset_index(drop=True)
+
+
 @pytest.fixture(scope="module")
 def one_server_run(tmp_path_factory, default_model, one_server):
     out = tmp_path_factory.mktemp("server") / "run"
     result = server_sweep(default_model, out, one_server.url)
     assert result.exit_code == 0, result.output
-    return load_results(out).sort_values("target_id").reset_index(drop=True)
+    return sorted_results(out)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama):
+    """How servers share and resume a run does not depend on the model."""
+    return tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_server_run(tmp_path_factory, binary, tiny):
+    out = tmp_path_factory.mktemp("tiny-server") / "run"
+    with llama_server(tiny, binary=binary, threads=1, slots=1, n_ctx_per_slot=1024) as server:
+        result = server_sweep(tiny, out, server.url, extra=TINY_SWEEP)
+    assert result.exit_code == 0, result.output
+    return sorted_results(out)
 
 
 def flag_agreement(a: pd.DataFrame, b: pd.DataFrame) -> tuple[int, str]:
@@ -69,23 +90,23 @@ def test_server_sweep_flags_agree_with_the_in_process_backend(local_run, one_ser
     assert (local_run["predicted"] == one_server_run["predicted"]).mean() >= 0.99
 
 
-def test_two_servers_give_the_results_of_one(tmp_path, binary, default_model, one_server_run):
-    with llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as a, \
-         llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as b:
-        result = server_sweep(default_model, tmp_path / "two", a.url, b.url)
+def test_two_servers_give_the_results_of_one(tmp_path, binary, tiny, tiny_server_run):
+    with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as a, \
+         llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as b:
+        result = server_sweep(tiny, tmp_path / "two", a.url, b.url, extra=TINY_SWEEP)
     assert result.exit_code == 0, result.output
-    two = load_results(tmp_path / "two").sort_values("target_id").reset_index(drop=True)
-    differing, spread = flag_agreement(one_server_run, two)
+    two = sorted_results(tmp_path / "two")
+    differing, spread = flag_agreement(tiny_server_run, two)
     assert differing == 0, spread
     # one slot per server: each context is evaluated alone from position 0, so the numbers are the same
-    assert np.array_equal(one_server_run["logprob"], two["logprob"]), spread
+    assert np.array_equal(tiny_server_run["logprob"], two["logprob"]), spread
 
 
 def test_a_server_killed_mid_run_stops_the_sweep_with_one_line_and_a_resume_completes(
-        tmp_path, binary, default_model, one_server_run):
+        tmp_path, binary, tiny, tiny_server_run):
     out = tmp_path / "run"
-    with llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as server:
-        sweep = subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(default_model), *SWEEP,
+    with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as server:
+        sweep = subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(tiny), *SWEEP, *TINY_SWEEP,
                                   "--backend", "server", "--url", server.url, "--out", str(out)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, "PYTHONPATH": os.getcwd()})
@@ -97,16 +118,16 @@ def test_a_server_killed_mid_run_stops_the_sweep_with_one_line_and_a_resume_comp
     assert stderr.strip().count("\n") == 0, stderr
     assert stderr.startswith(f"Error: {server.url} does not answer"), stderr
     finished = load_results(out)
-    assert 16 <= len(finished) < len(one_server_run)
+    assert 16 <= len(finished) < len(tiny_server_run)
 
-    with llama_server(default_model, binary=binary, threads=1, n_ctx_per_slot=1024) as again:
-        result = server_sweep(default_model, out, again.url)
+    with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as again:
+        result = server_sweep(tiny, out, again.url, extra=TINY_SWEEP)
     assert result.exit_code == 0, result.output
     lines = (out / RESULTS_FILE).read_text().strip().splitlines()[1:]
-    assert len(lines) == len(one_server_run)  # nothing scored twice, nothing missing
-    resumed = load_results(out).sort_values("target_id").reset_index(drop=True)
-    assert list(resumed["target_id"]) == list(one_server_run["target_id"])
-    assert list(resumed["correct"]) == list(one_server_run["correct"])
+    assert len(lines) == len(tiny_server_run)  # nothing scored twice, nothing missing
+    resumed = sorted_results(out)
+    assert list(resumed["target_id"]) == list(tiny_server_run["target_id"])
+    assert np.allclose(resumed["logprob"], tiny_server_run["logprob"], atol=1e-4)
 
 
 def _rows(out) -> int:
