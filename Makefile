@@ -29,7 +29,7 @@ llama-server: $(STAMP)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
 
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report
 
