@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from kvphase.errors import PlanError, RunFolderError
+from kvphase.errors import PlanError
 from kvphase.probes.gates import GateSource, entropy_bits, sum_by_phase
 
 WINDOWS_FILE, FIGURE_FILE = "windows.csv", "gate_activations.png"

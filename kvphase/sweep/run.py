@@ -188,14 +188,19 @@ def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
 def _check_same_model(run_dir: Path, recorded: dict, info: ModelInfo) -> None:
     """RunFolderError when the folder's rows were scored with another file than `info`'s: a
     retrained model of the same name and size would otherwise mix its rows with the old ones."""
-    if not recorded.get("sha256"):
+    if not recorded.get("sha256") or _unchanged_sha256(recorded, info):
         return
-    if recorded.get("size") == info.file_size and recorded.get("mtime_ns") == info.path.stat().st_mtime_ns:
-        return  # untouched since the folder last saw it: no need to read it whole
     if recorded.get("size") != info.file_size or model_sha256(info.path) != recorded["sha256"]:
         raise RunFolderError(f"{run_dir} holds rows scored with another model file (sha256 "
                              f"{recorded['sha256'][:16]}..., {recorded.get('size')} bytes) than {info.path}; "
                              "choose another --out or delete the folder")
+
+
+def _unchanged_sha256(recorded: dict, info: ModelInfo) -> str | None:
+    """The sha256 the manifest recorded when the model file still has the size and modification
+    time it had then (no need to read it whole), else None."""
+    same = (recorded.get("size"), recorded.get("mtime_ns")) == (info.file_size, info.path.stat().st_mtime_ns)
+    return recorded.get("sha256") if same else None
 
 
 def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
@@ -444,11 +449,9 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
 
     path = run_dir / MANIFEST_FILE
     old = load_manifest(run_dir)
-    known, mtime_ns = old.get("model", {}), info.path.stat().st_mtime_ns
-    same = known.get("sha256") and (known.get("size"), known.get("mtime_ns")) == (info.file_size, mtime_ns)
     manifest = {
-        "model": {"file": info.path.name, "size": info.file_size, "mtime_ns": mtime_ns,
-                  "sha256": known["sha256"] if same else model_sha256(info.path),
+        "model": {"file": info.path.name, "size": info.file_size, "mtime_ns": info.path.stat().st_mtime_ns,
+                  "sha256": _unchanged_sha256(old.get("model", {}), info) or model_sha256(info.path),
                   "name": info.name, "architecture": info.architecture, "quantization": info.quantization},
         "compression": asdict(info.compression),
         "backend": plan.backend,
