@@ -24,12 +24,14 @@ demo: $(STAMP)
 	@echo "Open the report above (reports/<run>/report.md); 'kvphase --help' lists the other commands."
 
 # llama-server built from the llama.cpp that llama-cpp-python vendors, cached in .cache/ (the
-# integration tests of `--backend server` run it); the first build takes about 25 CPU-minutes.
+# integration tests of `--backend server` run it); the first build takes about 6 CPU-minutes.
 llama-server: $(STAMP)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
 
+# one pytest worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on
+# one worker, so its module-scoped fixtures (a real model's sweep, a server) are made once
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report
 

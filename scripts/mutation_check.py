@@ -55,6 +55,8 @@ SERVER, T_SERVER = "kvphase/backends/server.py", "tests/test_server.py"
 TRAIN_RUN, TRAIN_LOOP = "kvphase/train/run.py", "kvphase/train/loop.py"
 T_SIGNALS = "tests/test_train.py::test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped"
 T_TRAIN_FOLDERS = "tests/test_train_folders.py"
+T_CACHE = "tests/test_train.py::test_training_keeps_its_compilations_where_the_user_wants_them"
+T_CACHE_FILLED = "tests/test_train.py::test_a_training_run_fills_the_compilation_cache"
 T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
@@ -249,6 +251,17 @@ MUTATIONS = [
     Mutation("glm-v-b-transposed-heads", "kvphase/train/export_glm5.py",
              'p + "attn_v_b.weight": b["v_b"],', 'p + "attn_v_b.weight": b["v_b"][::-1].copy(),',
              (T_GLM + "::test_llamacpp_runs_the_trained_layout_as_trained",), slow=True),
+    # issue 22 item 6: threads for the CPUs granted, and training's compilation cache
+    Mutation("threads-default-to-every-cpu-of-the-machine", "kvphase/defaults.py",
+             "return len(os.sched_getaffinity(0))", "return os.cpu_count() or 1",
+             ("tests/test_cli.py::test_threads_default_to_the_cpus_the_process_may_use",), slow=True),
+    Mutation("validate-threads-zero-read-as-the-default", VCLI,
+             "threads = default_threads() if threads is None else threads", "threads = threads or default_threads()",
+             ("tests/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",)),
+    Mutation("compilations-never-kept", TRAIN_LOOP, '    jax.config.update("jax_compilation_cache_dir", str(folder))\n',
+             "", (T_CACHE, T_CACHE_FILLED), slow=True),
+    Mutation("compile-cache-overrides-the-users-choice", TRAIN_LOOP,
+             "    if jax.config.jax_compilation_cache_dir:\n        return\n", "", (T_CACHE,)),
 ]
 
 

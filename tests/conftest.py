@@ -6,9 +6,24 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # BLAS threads beside llama.cpp's would fight over 2 cores
 
+
+def _pin_xdist_worker() -> None:
+    """Under `pytest -n N` (N <= the CPUs we may use), worker k runs on CPU k alone, before JAX or
+    llama.cpp size their thread pools: llama.cpp's threads spin at every barrier, so two workers'
+    threads sharing CPUs would waste a time slice per barrier. `default_threads()` then gives 1."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if count <= len(cpus):
+        os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
+
+
+_pin_xdist_worker()
+
 import pytest  # noqa: E402
 
-from kvphase.defaults import default_model_path  # noqa: E402
+from kvphase.defaults import default_model_path, default_threads  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +35,7 @@ def default_model():
 def llama_backend(default_model):
     from kvphase.backends.llamacpp import LlamaCppBackend
 
-    backend = LlamaCppBackend(default_model, n_ctx=2048, n_threads=2)
+    backend = LlamaCppBackend(default_model, n_ctx=2048, n_threads=default_threads())
     yield backend
     backend.close()
 
@@ -35,15 +50,12 @@ def tiny_llama(default_model, tmp_path_factory):
                             tokenizer_from=default_model)
 
 
-@pytest.fixture(scope="session")
-def default_sweep(tmp_path_factory):
-    """`kvphase sweep` with no options (the README's main job, SmolLM2 at 1024 tokens), run once and
-    read by every test that needs a real model's full run folder. Tests copy it before changing it."""
-    from typer.testing import CliRunner
+# the modules that take longest (minutes on one CPU) are collected first, so that under
+# `pytest -n` they start at once and no worker is left waiting for one of them at the end
+LONGEST_FIRST = ("test_default_sweep.py", "test_server_real.py", "test_train.py", "test_reference_model.py",
+                 "test_scoring.py", "test_wheel.py")
 
-    from kvphase.cli import app
 
-    out = tmp_path_factory.mktemp("default-sweep") / "demo"
-    result = CliRunner().invoke(app, ["sweep", "--out", str(out), "--quiet"])
-    assert result.exit_code == 0 and "Report:" in result.output, result.output
-    return out
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: the rest keep their order

@@ -131,29 +131,6 @@ def test_report_on_a_folder_that_is_not_a_run(tmp_path):
     _one_line_error(runner.invoke(app, ["report", str(tmp_path)]), "config.json is missing")
 
 
-@pytest.mark.slow
-def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_path, default_sweep):
-    out = tmp_path / "run"
-    shutil.copytree(default_sweep, out)  # `kvphase sweep` with no options, run once for every test that reads it
-    for name in ["config.json", "results.csv", "summary.json", "report.md", "accuracy_by_residue.png",
-                 "manifest.json"]:
-        assert (out / name).is_file(), name
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["n_targets"] == 256 and len(summary["per_residue"]) == 8
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["model"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and len(manifest["model"]["sha256"]) == 64
-    assert manifest["tokens_evaluated"] > 1024
-    report_text = (out / "report.md").read_text()
-    shutil.copy(out / "results.csv", tmp_path / "results.bak")
-    for name in ["summary.json", "report.md", "accuracy_by_residue.png"]:
-        (out / name).unlink()
-    rebuilt = runner.invoke(app, ["report", str(out)])
-    assert rebuilt.exit_code == 0 and (out / "report.md").read_text() == report_text
-    again = runner.invoke(app, ["sweep", "--out", str(out), "--quiet"])  # everything is done: nothing is scored twice
-    assert again.exit_code == 0 and "Report:" in again.output, again.output
-    assert (out / "results.csv").read_text() == (tmp_path / "results.bak").read_text()
-
-
 @pytest.mark.parametrize("design_args", [
     ["--design", "blocktopk", "-o", "block_size=4", "-o", "top_k=8", "-o", "local_window=8", "-o", "stagger=layer"],
     ["--design", "kpool", "-o", "top_k=32", "-o", "randomize=true", "-o", "seed=3"],
@@ -255,6 +232,20 @@ def test_ctrl_c_during_a_command_is_one_line(default_model, monkeypatch):
     monkeypatch.setattr(inspect_cmd, "read_model_info", interrupted)
     result = runner.invoke(app, ["inspect", str(default_model)])
     assert result.exit_code == 130 and result.output.strip().startswith("Interrupted:")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not shutil.which("taskset"), reason="Linux's taskset")
+def test_threads_default_to_the_cpus_the_process_may_use(tiny_llama, tmp_path):
+    """Under taskset (or a container's cpuset) llama.cpp gets one thread per CPU granted, not one per
+    CPU of the machine: more would spin against each other at every barrier. (On a one-CPU machine
+    both counts are 1 and this cannot tell them apart.)"""
+    out = tmp_path / "run"
+    argv = ["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m", "kvphase.cli", "sweep",
+            str(tiny_llama), "--context", "256", "--per-residue", "1", "-q", "--out", str(out)]
+    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "manifest.json").read_text())["machine"]["threads"] == 1
 
 
 @pytest.mark.slow

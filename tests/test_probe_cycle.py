@@ -16,7 +16,6 @@ import pytest
 
 from kvphase.backends.base import Query, Score
 from kvphase.errors import PlanError
-from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.tensors import read_model_tensor
 from kvphase.gguf.tiny import write_tiny_model
 from kvphase.gguf.writer import overwrite_tensor

@@ -294,13 +294,16 @@ def test_report_names_an_output_that_is_in_the_way(tmp_path, info):
 
 # --------------------------------------------------------------------------- real sweeps, killed and raced
 
-SWEEP_ARGS = ["--context", "256", "--per-residue", "1", "--quiet", "--threads", "1"]  # 8 targets in 6 contexts
+# the tiny llama: what a kill does to a run folder does not depend on the model, and its 128 targets
+# (about 30 contexts, milliseconds each) leave room to kill the sweep after any number of rows
+SWEEP_ARGS = ["--context", "512", "--per-residue", "16", "--quiet", "--threads", "1"]
+N_TARGETS = 128
 
 
-def _sweep(out, *extra):
+def _sweep(model, out, *extra):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", *SWEEP_ARGS, "--out", str(out), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    return subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(model), *SWEEP_ARGS, "--out", str(out),
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
 
 
 def _wait_for_lock(proc, out) -> None:
@@ -314,9 +317,9 @@ def _rows(folder) -> int:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(tmp_path_factory, tiny_llama):
     out = tmp_path_factory.mktemp("whole") / "run"
-    proc = _sweep(out)
+    proc = _sweep(tiny_llama, out)
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     return out
@@ -324,19 +327,20 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_after_rows", [0, 1, 4])
-def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_path, uninterrupted, kill_after_rows):
+def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_path, tiny_llama, uninterrupted,
+                                                                          kill_after_rows):
     """SIGKILL while the model loads (0 rows) or after some contexts; the lock it leaves is
     stale, and the resumed results.csv is byte-identical to a run never interrupted."""
     out = tmp_path / "run"
-    proc = _sweep(out)
+    proc = _sweep(tiny_llama, out)
     _wait_for_lock(proc, out)
     while proc.poll() is None and _rows(out) < kill_after_rows:
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    assert _rows(out) < 8, "the sweep finished before it could be killed"
+    assert _rows(out) < N_TARGETS, "the sweep finished before it could be killed"
     assert (out / ".lock").read_text().startswith("pid ")
-    resumed = _sweep(out)
+    resumed = _sweep(tiny_llama, out)
     _, stderr = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, stderr
     assert "ended without releasing it; resuming" in " ".join(stderr.split())  # rich wraps the line
@@ -345,15 +349,17 @@ def test_a_sweep_killed_at_any_point_resumes_to_the_uninterrupted_results(tmp_pa
 
 
 @pytest.mark.slow
-def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path, uninterrupted):
+def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path, tiny_llama, uninterrupted):
     out = tmp_path / "run"
-    first = _sweep(out)
-    _wait_for_lock(first, out)  # then the second starts while the first holds the folder
-    second = _sweep(out)
+    first = _sweep(tiny_llama, out)
+    _wait_for_lock(first, out)
+    first.send_signal(signal.SIGSTOP)  # it holds the folder, however fast the tiny model runs, until the second gives up
+    second = _sweep(tiny_llama, out)
     _, refusal = second.communicate(timeout=900)
+    first.send_signal(signal.SIGCONT)
     _, stderr = first.communicate(timeout=900)
     assert first.returncode == 0, stderr
     assert second.returncode == 1 and refusal.count("\n") == 1, refusal
     assert f"is in use by another sweep (pid {first.pid} on " in refusal
     assert (out / "results.csv").read_bytes() == (uninterrupted / "results.csv").read_bytes()
-    assert build_report(out).n_targets == 8
+    assert build_report(out).n_targets == N_TARGETS

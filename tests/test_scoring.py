@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kvphase.backends.base import Query, score_from_logits
+from kvphase.defaults import default_threads
 from kvphase.sweep.placement import ProbeSettings, build_probes
 from kvphase.sweep.tasks import load_task
 
@@ -14,7 +15,7 @@ def _separate_prompt_scores(model_path, context, queries):
     """Each prompt on its own through llama-cpp-python's high-level API, all logits kept."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(str(model_path), n_ctx=2048, n_threads=2, logits_all=True, verbose=False)
+    llm = llama_cpp.Llama(str(model_path), n_ctx=2048, n_threads=default_threads(), logits_all=True, verbose=False)
     scores = []
     for query in queries:
         tokens = list(context) + list(query.prompt) + list(query.answer[:-1])
@@ -26,15 +27,31 @@ def _separate_prompt_scores(model_path, context, queries):
     return scores
 
 
+@pytest.fixture(scope="module")
+def long_tiny(default_model, tmp_path_factory):
+    """A two-layer llama with SmolLM2's tokenizer and a 2048-token context: the equality does not
+    depend on the model, and SmolLM2 would take minutes for the eight 1,100-token prompts."""
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.gguf.tiny import write_tiny_model
+
+    path = write_tiny_model("llama", tmp_path_factory.mktemp("long-tiny") / "tiny.gguf",
+                            tokenizer_from=default_model, context_length=2048)
+    backend = LlamaCppBackend(path, n_ctx=2048, n_threads=default_threads())
+    yield path, backend
+    backend.close()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("task, length", [("records", 512), ("passkey", 512),
-                                          ("records", 1100)])  # 1100: three 512-token batches, positions must run on
-def test_shared_context_equals_separate_prompts(default_model, llama_backend, task, length):
+@pytest.mark.parametrize("model, task, length", [("real", "records", 512), ("tiny", "passkey", 512),
+                                                 ("tiny", "records", 1100)])
+# 1100 tokens: three 512-token batches, whose positions must run on from one batch to the next
+def test_shared_context_equals_separate_prompts(default_model, llama_backend, long_tiny, model, task, length):
+    path, backend = (default_model, llama_backend) if model == "real" else long_tiny
     settings = ProbeSettings(length, 4, 8, 8, "in-sequence", seed=3)
-    context = build_probes(load_task(task), llama_backend, settings)[0]
+    context = build_probes(load_task(task), backend, settings)[0]
     queries = [t.query for t in context.targets][:8]
-    shared = llama_backend.score(context.tokens, queries)
-    separate = _separate_prompt_scores(default_model, context.tokens, queries)
+    shared = backend.score(context.tokens, queries)
+    separate = _separate_prompt_scores(path, context.tokens, queries)
     assert [s.correct for s in shared] == [s.correct for s in separate]
     diffs = np.abs(np.array([s.logprob for s in shared]) - np.array([s.logprob for s in separate]))
     assert diffs.max() <= 1e-3, f"logprob differences: max {diffs.max():.2e}, mean {diffs.mean():.2e}"

@@ -300,6 +300,49 @@ def test_a_trained_positive_control_shows_its_phase_effect_and_its_dense_twin_no
         assert summary["headline"].startswith("No phase effect")
 
 
+class _FakeJaxConfig:
+    def __init__(self, cache_dir=None):
+        self.jax_compilation_cache_dir, self.updates = cache_dir, {}
+
+    def update(self, name, value):
+        self.updates[name] = value
+
+
+@pytest.mark.parametrize("xdg, chosen, expected", [
+    ("xdg", None, "xdg/kvphase/jax"),  # the default home of the cache
+    ("xdg", "mine", None),  # JAX_COMPILATION_CACHE_DIR (read by JAX itself) wins
+    ("a-file", None, None),  # a folder that cannot be made: no cache, no error
+])
+def test_training_keeps_its_compilations_where_the_user_wants_them(tmp_path, monkeypatch, xdg, chosen, expected):
+    from types import SimpleNamespace
+
+    from kvphase.train.loop import _keep_compilations
+
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / xdg))
+    jax = SimpleNamespace(config=_FakeJaxConfig(chosen))
+    _keep_compilations(jax)
+    assert jax.config.updates == ({"jax_compilation_cache_dir": str(tmp_path / expected)} if expected else {})
+    if expected:
+        assert (tmp_path / expected).is_dir()
+
+
+@pytest.mark.slow
+def test_a_training_run_fills_the_compilation_cache(tmp_path):
+    """(That a run served from the cache writes the rows of one that compiled is the twenty-signals
+    test's: its restarts load what the first run compiled and must end as the uninterrupted run.)"""
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "kvphase.cli", "train", "gated", str(tmp_path / "run"), "--layers", "1",
+            "--d-model", "16", "--context", "40", "--batch", "4", "--steps", "10", "--eval-every", "10", "-q"]
+    environment = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    done = subprocess.run(argv, capture_output=True, text=True, env={**environment, "XDG_CACHE_HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-400:]
+    assert any((tmp_path / "kvphase" / "jax").iterdir()), "the run kept no compilation"
+
+
 INTERRUPTED_ARGS = ["gated", "--layers", "2", "--heads", "2", "--d-model", "16", "--context", "40", "--batch", "8",
                     "--steps", "160", "--eval-every", "20", "-q"]
 

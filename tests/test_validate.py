@@ -191,6 +191,13 @@ def test_validate_refuses_more_tokens_than_the_context(models):
     assert result.exit_code == 1 and "does not fit" in result.output and "1024-token context" in result.output
 
 
+@pytest.mark.parametrize("threads", ["0", "-1", "513"])
+def test_validate_refuses_a_thread_count_llama_cpp_cannot_run(models, threads):
+    """0 is refused like any other impossible count, never read as "the default"."""
+    result = CliRunner().invoke(app, ["validate", str(models["glm5-next"]), "--threads", threads])
+    assert result.exit_code == 1 and f"--threads must be from 1 to 512 (llama.cpp's limit), got {threads}" in result.output
+
+
 def test_validate_cli_pass_and_fail_exit_codes(models):
     runner = CliRunner()
     ok = runner.invoke(app, ["validate", str(models["glm5-next"]), "--tokens", "40", "--threads", "1"])

@@ -38,9 +38,9 @@ def test_an_installed_wheel_runs_a_sweep_outside_the_repository(tmp_path):
                             "print(kvphase.__file__); print(d.prompts_dir())"],
                            check=True, capture_output=True, text=True, cwd=outside, env=env).stdout.split()
     assert all(Path(p).is_relative_to(site) for p in where), where  # the wheel's copy, not the checkout
-    run = subprocess.run([venv / "bin" / "kvphase", "sweep", "--context", "256", "--per-residue", "2", "--quiet",
+    run = subprocess.run([venv / "bin" / "kvphase", "sweep", "--context", "256", "--per-residue", "1", "--quiet",
                           "--threads", "1", "--out", "run"], capture_output=True, text=True, cwd=outside, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "Report: run/report.md" in run.stdout
     summary = json.loads((outside / "run" / "summary.json").read_text())
-    assert summary["n_targets"] == 16
+    assert summary["n_targets"] == 8

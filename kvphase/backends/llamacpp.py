@@ -15,13 +15,13 @@ context, batches, decode, logits) is `kvphase.engines.llamacpp`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
 
@@ -53,7 +53,7 @@ class LlamaCppBackend:
         self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
         # n_seq_max 2: the context, and the query scored on a copy of it
-        self.n_threads = n_threads or os.cpu_count() or 1  # recorded in a run's manifest
+        self.n_threads = n_threads or default_threads()  # recorded in a run's manifest
         self.tap_point = self._tap_point() if head_tap else None
         self._context_tap = None  # the every-decode tap the cached context was decoded under
         self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,

@@ -10,6 +10,7 @@ import typer
 from kvphase.cli import app
 from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import plain
+from kvphase.defaults import default_threads
 
 
 @app.command()
@@ -37,11 +38,9 @@ def gate_activations(
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer (repeatable); default every layer with a gate."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-gate-activations."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
 ) -> None:
     """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
-    import os
-
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
     from kvphase.engines.llamacpp import check_threads
@@ -66,7 +65,7 @@ def gate_activations(
                      task or defaults.task, seed)
     if on_reference:
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
-    n_threads = threads or os.cpu_count() or 1
+    n_threads = threads or default_threads()
     backend = BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=n_threads,
                                      options=plan.backend_options)
     run_dir = out or Path("reports") / f"{info.short_name}-gate-activations"
@@ -85,15 +84,13 @@ def flip(
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     seed: int = typer.Option(0, help="Seed for records and positions."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-flip-S<stride>-L<context>."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     backend: str = typer.Option("auto", help="llama.cpp, reference (the numpy model), or auto: reference with the "
                                 "file's own compressor for a compressed kvphase-trained model, else llama.cpp."),
     design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
     option: List[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable."),
 ) -> None:
     """Flip probe: move single targets through the phases and track the right value against the strongest distractor."""
-    import os
-
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import make_plan, parse_options, query_room, with_reference_design
     from kvphase.defaults import default_model_path
@@ -133,7 +130,7 @@ def flip(
     elif design != "dense" or option:
         raise PlanError("--design and --option apply to --backend reference only")
     run_dir = out or Path("reports") / f"{info.short_name}-flip-S{plan.stride}-L{context}"
-    engine = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or os.cpu_count(),
+    engine = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
                                     options=plan.backend_options)
     typer.echo(plain(run_flip(plan, engine, run_dir, targets, cycles, info), limit=2000))
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
@@ -150,11 +147,10 @@ def cycle(
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-cycle-k<K>."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     backend: str = typer.Option("auto", help="llama.cpp, reference, or auto: reference for kvphase-trained models."),
 ) -> None:
     """Gate cycling: sweep the model and a copy with its gate biases rolled by k; does the weak phase move by k?"""
-    import os
     from dataclasses import replace
 
     from kvphase.backends import BACKENDS
@@ -183,7 +179,7 @@ def cycle(
     run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
 
     def open_backend(path: Path):
-        return BACKENDS[name](path, n_ctx=plan.context + query_room(info), n_threads=threads or os.cpu_count(),
+        return BACKENDS[name](path, n_ctx=plan.context + query_room(info), n_threads=threads or default_threads(),
                               options=plan.backend_options)
 
     typer.echo(plain(run_cycle(plan, k, run_dir, open_backend), limit=2000))
@@ -207,10 +203,9 @@ def knockout(
                                "deepseek4's CSA and indexer compressors."),
     backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (taps on llama.cpp's graph), "
                                 "or auto: reference for kvphase-trained models, else llama.cpp."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
 ) -> None:
     """Knockouts: mean-ablate each attention head (or gate phase slot) in turn and map the accuracy change per phase."""
-    import os
     from dataclasses import replace
 
     from kvphase.backends import BACKENDS
@@ -240,7 +235,7 @@ def knockout(
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
         engine = BACKENDS["reference"](info.path, n_ctx=n_ctx, n_threads=1, options=plan.backend_options)
     else:
-        engine = open_tapped_backend(info.path, n_ctx, threads or os.cpu_count() or 1)
+        engine = open_tapped_backend(info.path, n_ctx, threads or default_threads())
     run_dir = out or Path("reports") / f"{info.short_name}-knockout{'-slots' if slots else ''}"
     def progress(name: str, number: int, runs: int) -> None:
         typer.echo(f"[{number}/{runs}] {name}", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
@@ -19,7 +18,7 @@ from kvphase.backends import BACKENDS
 from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import markup, plain
-from kvphase.defaults import default_model_path
+from kvphase.defaults import default_model_path, default_threads
 from kvphase.engines.llamacpp import check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
@@ -64,7 +63,7 @@ def sweep(
                                        "default records, or the task a trained model learned."),
     seed: int = typer.Option(0, help="Seed for records, positions and gaps."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
-    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default all cores."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     backend: Optional[BackendName] = typer.Option(None, help="llama.cpp (default), or the numpy reference model "
                                                   "(the default for trained compressed models)."),
@@ -234,7 +233,7 @@ def server_connection(backend: str, urls: list[str], slots: Optional[int], engin
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None):
     """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs."""
-    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=threads or os.cpu_count(),
+    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=threads or default_threads(),
                                   options={**plan.backend_options, **(connect or {})})
 
 

@@ -13,6 +13,7 @@ from kvphase.engines.capture import EngineSettings
 from kvphase.engines.llamacpp import check_threads
 from kvphase.cli import app
 from kvphase.cli.text import markup
+from kvphase.defaults import default_threads
 from kvphase.errors import PlanError
 from kvphase.validate import Tolerances, ValidationReport, validate_model
 
@@ -26,7 +27,7 @@ def validate(
     split: Optional[List[str]] = typer.Option(
         None, help="A batch split such as 19,5,11,29 (repeatable); default: three splits incl. decode batches."
     ),
-    threads: int = typer.Option(2, help="CPU threads for llama.cpp."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to a GPU."),
     keys_tol: float = typer.Option(1e-5, "--keys-tol", help="Max absolute difference of compressed keys."),
     scores_tol: float = typer.Option(1e-4, "--scores-tol", help="Max score difference, relative to the largest score."),
@@ -37,6 +38,7 @@ def validate(
                               "rounds where llama.cpp rounds)."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
+    threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
     check_threads(threads)
     splits = [_parse_split(s) for s in split] if split else None
     settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)

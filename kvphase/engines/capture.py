@@ -21,6 +21,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, ModelFileError
 
@@ -193,7 +194,7 @@ class EngineSettings:
     """How llama.cpp is set up for a capture run."""
 
     n_ctx: int = 512
-    n_threads: int = 2
+    n_threads: int = field(default_factory=default_threads)
     flash_attn: bool = True  # minimax-m3's sparse path runs only with flash attention
     kv_f32: bool = True  # an F16 cache would round the indexer keys before pooling
     n_gpu_layers: int = 0

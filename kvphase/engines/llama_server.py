@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+from kvphase.defaults import default_threads
 from kvphase.errors import BackendError
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_server.sh"
@@ -52,7 +53,7 @@ def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ct
 
 
 @contextlib.contextmanager
-def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, threads: int = 2,
+def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, threads: int | None = None,
                  extra: tuple[str, ...] = (), binary: Path | None = None, ready_s: float = 120.0
                  ) -> Iterator["RunningServer"]:
     """A llama-server serving `model` on a free port; always stopped on exit."""
@@ -60,7 +61,7 @@ def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, thr
     port = free_port()
     log = tempfile.TemporaryFile()
     process = subprocess.Popen(server_command(binary, model, port, slots=slots, n_ctx_per_slot=n_ctx_per_slot,
-                                              threads=threads, extra=extra),
+                                              threads=threads or default_threads(), extra=extra),
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     running = RunningServer(f"http://127.0.0.1:{port}", process, log)
     try:

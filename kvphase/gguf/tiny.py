@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from kvphase.errors import ModelFileError, PlanError
+from kvphase.gguf.limits import INT32_MAX
 from kvphase.gguf.writer import write_gguf
 
 TINY_VOCAB = 64
@@ -440,13 +441,13 @@ def _take_tokenizer(spec: TinySpec, donor: Path) -> None:
 
 
 def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: float = 0.0,
-                     tokenizer_from: str | Path | None = None) -> Path:
+                     tokenizer_from: str | Path | None = None, context_length: int = TINY_CONTEXT) -> Path:
     """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes.
 
     `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do.
     `tokenizer_from` gives the model another GGUF's tokenizer (every `tokenizer.*` key, and
     its vocabulary size), so that `kvphase sweep` can build prompts for it: a sweep through
-    real llama.cpp in a fraction of a second."""
+    real llama.cpp in a fraction of a second. `context_length` is the context the file declares."""
     specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
     if arch not in specs:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
@@ -455,7 +456,10 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     if not 0 <= yarn_factor <= np.finfo(np.float32).max or (yarn_factor and arch not in YARN_ARCHS):  # NaN fails too
         raise PlanError(f"a YaRN factor must be positive and is offered for {', '.join(YARN_ARCHS)} only; "
                         f"got {yarn_factor} for {arch}")
+    if not 1 <= context_length <= INT32_MAX:
+        raise PlanError(f"a tiny model's context must be from 1 to {INT32_MAX} tokens, got {context_length}")
     spec = specs[arch]()
+    spec.key("context_length", int(context_length))
     if tokenizer_from is not None:
         _take_tokenizer(spec, Path(tokenizer_from))
     if yarn_factor:

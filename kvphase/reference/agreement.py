@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from kvphase.defaults import prompts_dir
+from kvphase.defaults import default_threads, prompts_dir
 from kvphase.engines.llamacpp import GGML_TYPE_F32, silence_llama_logs
 
 __all__ = ["CLEAR_LEAD", "GGML_TYPE_F32", "Agreement", "agreement", "lead", "llamacpp_logits", "natural_text"]
@@ -58,7 +58,7 @@ def llamacpp_logits(path: str | Path, tokens: Sequence[int], **params) -> np.nda
     import llama_cpp
 
     silence_llama_logs()
-    settings = {"n_ctx": max(2048, len(tokens)), "n_threads": 2, **params}
+    settings = {"n_ctx": max(2048, len(tokens)), "n_threads": default_threads(), **params}
     llm = llama_cpp.Llama(str(path), logits_all=True, verbose=False, **settings)
     try:
         llm.eval(list(tokens))

@@ -24,11 +24,12 @@ whole contexts:
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+from kvphase.defaults import default_threads
 
 ALPHA = 0.05
 POWER = 0.80
@@ -170,7 +171,7 @@ def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: in
         return int((statistic >= observed * (1 - 1e-9) - 1e-12).sum())
 
     # one seed per chunk, so the p-value is the same whatever the number of threads
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+    with ThreadPoolExecutor(max_workers=default_threads()) as pool:
         counts = pool.map(reached, sizes, np.random.SeedSequence(seed).spawn(len(sizes)))
         return (sum(counts) + 1) / (permutations + 1)
 
