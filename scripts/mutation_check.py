@@ -257,7 +257,7 @@ MUTATIONS = [
              ("tests/test_cli.py::test_threads_default_to_the_cpus_the_process_may_use",), slow=True),
     Mutation("validate-threads-zero-read-as-the-default", VCLI,
              "threads = default_threads() if threads is None else threads", "threads = threads or default_threads()",
-             ("tests/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",)),
+             ("tests/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",), slow=True),
     Mutation("compilations-never-kept", TRAIN_LOOP, '    jax.config.update("jax_compilation_cache_dir", str(folder))\n',
              "", (T_CACHE, T_CACHE_FILLED), slow=True),
     Mutation("compile-cache-overrides-the-users-choice", TRAIN_LOOP,
