@@ -29,9 +29,10 @@ llama-server: $(STAMP)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
 
 # one pytest worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on
-# one worker, so its module-scoped fixtures (a real model's sweep, a server) are made once
+# one worker, so its module-scoped fixtures (a real model's sweep, a server) are made once; the
+# longest modules first, as conftest.py orders them (xdist would order by number of tests)
 test: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report
 
