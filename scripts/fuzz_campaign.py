@@ -42,7 +42,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -55,6 +55,7 @@ from tests.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, la
                                u32)
 
 OUTCOMES = ("ok", "clean error", "traceback", "native crash", "hang")
+FINISHED = ("Report:", "Model:")  # the last line of a sweep and of a training run that completed
 BAD = ("traceback", "native crash", "hang")
 SWEEP = ["--context", "256", "--per-residue", "1", "--quiet", "--threads", "1"]
 CATEGORIES = {
@@ -116,6 +117,10 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
     lines = [line for line in text.splitlines() if line.strip()]
     if proc.returncode == -signal.SIGXCPU:
         return "hang", f"more than {timeout:g} s of CPU"
+    if signal_after and proc.returncode == -signal_after[0] and lines and lines[-1].startswith(FINISHED):
+        # the work was done and its last line printed: the signal came while the interpreter was
+        # exiting, after the command's handler was gone, and ended it as it ends any process
+        return "ok", f"finished, then ended by the signal on its way out: {lines[-1]}"
     if proc.returncode < 0:
         return "native crash", f"signal {-proc.returncode}: " + (lines[-1] if lines else "")
     if "Traceback" in text:
@@ -590,8 +595,16 @@ class Campaign:
             ["sweep", m, "--backend", "server", "--url", "http://h:99999"], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
             ["--no-such-option"], ["inspect", "--help"], ["inspect", "[/x]"], ["inspect", "\x1b[2J"],
         ]
-        return [Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv], cleanup=[out])
-                for argv in argvs]
+        return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
+                                      cleanup=[out]), out) for argv in argvs]
+
+    def _own_folder(self, case: Case, shared: Path) -> Case:
+        """The case with a run folder of its own in place of `shared`: under --jobs 2, one case's
+        cleanup removed the folder another case's sweep was writing (a FileNotFoundError of the
+        harness, not of kvphase)."""
+        own = self.path(shared.name)
+        commands = [[str(own) if arg == str(shared) else arg for arg in argv] for argv in case.commands]
+        return replace(case, commands=commands, cleanup=[own])
 
 
 class HostileServers:
