@@ -223,6 +223,69 @@ def test_a_signal_during_a_sweep_is_one_line_and_the_run_resumes(default_model, 
     assert resumed.returncode == 0, resumed.stderr
 
 
+SWALLOWED_INTERRUPT = """
+import gc, signal, sys
+import kvphase.cli
+
+def signal_inside_a_gc_callback(phase, info):  # Python swallows what a gc callback raises
+    if signal.getsignal(signal.SIGINT) is kvphase.cli._interrupted and phase == "start":
+        gc.callbacks.remove(signal_inside_a_gc_callback)
+        signal.raise_signal(signal.SIGINT)
+
+gc.callbacks.append(signal_inside_a_gc_callback)
+gc.set_threshold(1)
+sys.argv = ["kvphase", "inspect", sys.argv[1]]
+kvphase.cli.main()
+"""
+
+
+def test_a_signal_whose_interrupted_a_callback_swallowed_still_stops_the_command_in_one_line(default_model):
+    """Training's last second (JAX's garbage-collector callback) met Ctrl-C with a printed
+    traceback and exit 0, as if nothing had come."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED_INTERRUPT, str(default_model)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "Interrupted: finished results are kept; run the same command again to resume."
+
+
+SIGNAL_AFTER_THE_COMMAND = """
+import atexit, os, signal, sys
+import kvphase.cli
+
+def late_signals():  # at exit, the moment a finished command's teardown meets Ctrl-C
+    print(signal.getsignal(signal.SIGINT) == signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+atexit.register(late_signals)
+sys.argv = ["kvphase", "inspect", sys.argv[1]]
+kvphase.cli.main()
+"""
+
+
+def test_a_signal_after_the_command_finished_leaves_its_exit_status(default_model):
+    """Past Python's own teardown of the handlers such a signal killed the process (exit -2): the
+    handlers are ignored once the command is over."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_THE_COMMAND, str(default_model)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines()[-1] == "True", proc.stdout[-300:]
+
+
+def test_a_signal_between_the_commands_return_and_the_exit_is_not_an_interruption(default_model):
+    import signal
+
+    import kvphase.cli
+
+    assert runner.invoke(app, ["inspect", str(default_model)]).exit_code == 0
+    try:
+        kvphase.cli._interrupted(signal.SIGINT, None)
+    except KeyboardInterrupt:
+        pytest.fail("a signal after the command returned was raised as an interruption")
+
+
 def test_ctrl_c_during_a_command_is_one_line(default_model, monkeypatch):
     import kvphase.cli.inspect_cmd as inspect_cmd
 

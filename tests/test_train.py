@@ -349,17 +349,19 @@ INTERRUPTED_ARGS = ["gated", "--layers", "2", "--heads", "2", "--d-model", "16",
 
 @pytest.mark.slow
 def test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped(tmp_path):
-    """SIGINT and SIGTERM, alternately, at random moments (starting, compiling, stepping,
-    evaluating, saving), on one core as the campaign that found the crashes ran: every stop is
-    one line with exit 130 or 143, and the resumed run writes exactly the rows of an
-    uninterrupted one (the checkpoints resumed from were whole)."""
+    """SIGINT and SIGTERM, alternately, at random moments, on one core as the campaign that found
+    the crashes ran: half of them while the command starts (importing, compiling), half while it
+    trains (stepping, evaluating, saving: a random moment after it saved a checkpoint, so every
+    such stop is past some progress however fast the machine); every stop is one line with exit
+    130 or 143, and the resumed run writes exactly the rows of an uninterrupted one (the
+    checkpoints resumed from were whole)."""
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    from kvphase.train.run import train
+    from kvphase.train.run import CHECKPOINT_FILE, train
 
     import shutil
 
@@ -367,20 +369,25 @@ def test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run
     pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if shutil.which("taskset") else []
     command = [*pin, sys.executable, "-m", "kvphase.cli", "train", *INTERRUPTED_ARGS[:1], str(tmp_path / "stopped"),
                *INTERRUPTED_ARGS[1:]]
-    rng, stopped_at, later = np.random.default_rng(0), [0], 0.0
+    checkpoint = tmp_path / "stopped" / CHECKPOINT_FILE
+    rng, stopped_at = np.random.default_rng(0), [0]
     for i in range(20):
         signum = (signal.SIGINT, signal.SIGTERM)[i % 2]
+        saved_before = checkpoint.stat().st_mtime_ns if checkpoint.exists() else None
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(rng.uniform(1.5, 5.0) + later)
+        if i % 4 < 2:  # while starting
+            time.sleep(rng.uniform(0.3, 3.0))
+        else:  # while training: after this run's first checkpoint
+            while process.poll() is None and (checkpoint.stat().st_mtime_ns if checkpoint.exists() else None) == saved_before:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.5))
         process.send_signal(signum)
         out, err = process.communicate(timeout=300)
         if process.returncode == 0:  # it finished before the signal
             break
         assert process.returncode == 128 + signum, f"signal {signum.name}: exit {process.returncode}: {err[-400:]}"
         assert len(err.strip().splitlines()) == 1 and err.startswith("Interrupted"), err[-400:]
-        step = int(err.split("stopped at step ")[1].split()[0]) if "stopped at step " in err else stopped_at[-1]
-        later = later + 1.0 if step == stopped_at[-1] else 0.0  # a loaded machine starts slowly: signal later
-        stopped_at.append(step)
+        stopped_at.append(int(err.split("stopped at step ")[1].split()[0]) if "stopped at step " in err else stopped_at[-1])
     assert len(stopped_at) > 10, f"only {len(stopped_at) - 1} signals landed before the run ended"
     assert len(set(stopped_at)) > 3, f"the signals landed at steps {stopped_at}: too few while training"
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)

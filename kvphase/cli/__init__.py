@@ -19,6 +19,7 @@ def _interrupted_while_starting(signum, frame) -> None:
 
 
 _signals_received: list[int] = []
+_command_over = [False]
 _INTERRUPTED = "finished results are kept; run the same command again to resume."
 
 
@@ -27,6 +28,8 @@ def _interrupted(signum, frame) -> None:
     saves its checkpoint) and `invoke` reports, with the shell's exit code for the signal."""
     from kvphase.errors import Interrupted
 
+    if _command_over[0]:  # its results are written and its exit status decided: a signal now changes nothing
+        return
     _signals_received.append(signum)
     raise Interrupted(_INTERRUPTED, signum)
 
@@ -39,6 +42,16 @@ def raise_if_interrupted() -> None:
 
     if _signals_received:
         raise Interrupted(_INTERRUPTED, _signals_received[0])
+
+
+def _quiet_about_a_swallowed_signal(unraisable) -> None:
+    """A signal's Interrupted raised inside a callback whose exceptions Python swallows (a garbage
+    collector callback, a ctypes callback) is recorded in `_signals_received` and reported once the
+    command returns, in one line; any other unraisable exception is printed as Python would."""
+    from kvphase.errors import Interrupted
+
+    if not isinstance(unraisable.exc_value, Interrupted):
+        sys.__unraisablehook__(unraisable)
 
 
 def _on_signals(handler) -> None:
@@ -60,9 +73,14 @@ class KvphaseGroup(TyperGroup):
     """Turns the library's errors into one line on stderr and exit code 1."""
 
     def invoke(self, ctx):
+        _signals_received.clear()
+        _command_over[0] = False
+        previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_about_a_swallowed_signal
         _on_signals(_interrupted)  # from here a signal is an Interrupted the command or this method reports
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            raise_if_interrupted()
+            return result
         except KvphaseError as exc:
             typer.echo(f"Error: {plain(exc, limit=2000)}", err=True)
             raise typer.Exit(1) from None
@@ -70,6 +88,9 @@ class KvphaseGroup(TyperGroup):
             said = str(exc) or "finished results are kept; run the same command again to resume."
             typer.echo(f"Interrupted: {said}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 130)) from None
+        finally:
+            _command_over[0] = True
+            sys.unraisablehook = previous_hook
 
 
 app = typer.Typer(
@@ -95,4 +116,10 @@ from kvphase.cli import train_cmd  # noqa: E402,F401
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    finally:
+        # Python's teardown (JAX's and llama.cpp's threads: about a second) would otherwise meet a
+        # signal with a traceback or, once it has reset the handlers, as a kill (exit -2): a
+        # finished command's exit status stands
+        _on_signals(signal.SIG_IGN)
