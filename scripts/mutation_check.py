@@ -47,7 +47,7 @@ KNOCKOUT, TAPS = "kvphase/probes/knockout.py", "kvphase/engines/taps.py"
 CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
 T_GLM = "tests/test_train_glm5.py"
 REFERENCE = "kvphase/backends/reference.py"
-PROBE_FOLDER = "kvphase/probes/folder.py"
+PROBE_FOLDER, RUN_FOLDER = "kvphase/probes/folder.py", "kvphase/runfolder/files.py"
 T_PROBE_DAMAGE = "tests/test_probe_gates.py::test_report_refuses_a_damaged_probe_folder_in_one_line"
 T_IN_TURN = "tests/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
 T_GAPS = "tests/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
@@ -155,7 +155,7 @@ MUTATIONS = [
     # resume
     Mutation("rescore-finished", RUN, "pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]",
              "pending = [(c, list(c.targets)) for c in contexts]", (T_RUN,)),
-    Mutation("keep-half-row", RUN, 'return data[: data.rfind(b"\\n") + 1]', "return data", (T_RUN,)),
+    Mutation("keep-half-row", RUN_FOLDER, 'return data[: data.rfind(b"\\n") + 1]', "return data", (T_RUN,)),
     Mutation("foreign-rows-accepted", RUN,
              "if planned.get(int(row.target_id)) != (int(row.context), int(row.target_pos), str(row.key), str(row.answer)):",
              "if False:", (T_RUN,)),
@@ -175,7 +175,7 @@ MUTATIONS = [
     Mutation("probe-figure-in-the-way-unchecked", PROBE_FOLDER,
              '    check_writable(Path(run_dir), [SUMMARY_FILE, REPORT_FILE, FIGURES[config["probe"]]])\n', "",
              (T_PROBE_DAMAGE,)),
-    Mutation("table-whole-numbers-unchecked", RUN, "        bad |= (values % 1 != 0) | (values < 0) | (values > WHOLE_LIMIT)",
+    Mutation("table-whole-numbers-unchecked", RUN_FOLDER, "        bad |= (values % 1 != 0) | (values < 0) | (values > WHOLE_LIMIT)",
              "        pass", (T_RUN,)),
     # the reference backend's prefix cache across contexts
     Mutation("reference-prefix-kept-across-offsets", REFERENCE,

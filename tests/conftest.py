@@ -52,8 +52,8 @@ def tiny_llama(default_model, tmp_path_factory):
 
 # the modules that take longest (minutes on one CPU) are collected first, so that under
 # `pytest -n` they start at once and no worker is left waiting for one of them at the end
-LONGEST_FIRST = ("test_default_sweep.py", "test_server_real.py", "test_train.py", "test_reference_model.py",
-                 "test_scoring.py", "test_wheel.py")
+LONGEST_FIRST = ("test_default_sweep.py", "test_server_real.py", "test_train.py", "test_docs.py",
+                 "test_reference_model.py", "test_scoring.py", "test_wheel.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -323,3 +323,12 @@ def test_a_tiny_model_with_a_real_tokenizer_sweeps_through_llama_cpp(default_mod
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["n_targets"] == 8
     assert json.loads((out / "manifest.json").read_text())["model"]["architecture"] == "llama"
+
+
+def test_make_tiny_takes_the_bundled_models_tokenizer_by_the_name_default(default_model, tmp_path, monkeypatch):
+    """`--vocab-from default`, so the manual's examples need no path to the wheel's model."""
+    from kvphase.gguf.modelinfo import read_model_info
+
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, ["make-tiny", "llama", "bundled.gguf", "--vocab-from", "default"]).exit_code == 0
+    assert read_model_info(Path("bundled.gguf")).vocab_size == read_model_info(default_model).vocab_size

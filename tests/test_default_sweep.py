@@ -51,7 +51,7 @@ def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_p
 
 
 EXAMPLE = Path(__file__).parents[1] / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024"
-# Tolerances for a re-run on another CPU (README, "What reproduces across machines"): llama.cpp's
+# Tolerances for a re-run on another CPU (docs/run-folder.md, "What reproduces across machines"): llama.cpp's
 # kernels differ per instruction set, which flipped 2 of 256 targets and moved logprobs by up to
 # 0.6 nats between two x86 machines. Allowed here: 3 targets per residue (of 32), 2 points of mean
 # accuracy, 1 nat of mean log-probability per residue; the plan itself must be identical.

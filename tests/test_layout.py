@@ -1,8 +1,8 @@
 """The package's layers import only downward (DESIGN.md, "Layout"):
 cli -> sweep / probes / validate / train -> backends -> engines, reference -> designs,
-with gguf, errors and defaults below them all; parts of one layer may import each other
-(probes and train reuse the sweep's run folder). Nothing imports the CLI, and nothing below
-the backends imports a backend."""
+with gguf, errors, defaults and the run folder's room (`runfolder`, which sweep, probes and
+train all write through) below them all; parts of one layer may import each other (probes
+run sweeps). Nothing imports the CLI, and nothing below the backends imports a backend."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import kvphase
 
 PACKAGE = Path(kvphase.__file__).resolve().parent
 LAYER = {"cli": 5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "backends": 3, "engines": 2,
-         "reference": 2, "designs": 1, "gguf": 0, "errors": 0, "defaults": 0}
+         "reference": 2, "designs": 1, "gguf": 0, "errors": 0, "defaults": 0, "runfolder": 0}
 
 
 def _imports(path: Path) -> set[str]:
@@ -36,3 +36,9 @@ def test_every_module_imports_only_its_own_layer_or_below():
             if LAYER.get(target, 0) > LAYER[part]:  # a sibling of the same layer may be imported
                 wrong.append(f"{path.relative_to(PACKAGE.parent)} imports kvphase.{target}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_run_folder_room_imports_nothing_of_kvphase_but_its_errors():
+    wrong = {f"{path.name} imports kvphase.{target}" for path in sorted((PACKAGE / "runfolder").glob("*.py"))
+             for target in _imports(path) - {"errors", "runfolder"}}
+    assert not wrong, "\n".join(sorted(wrong))

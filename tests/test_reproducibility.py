@@ -1,4 +1,4 @@
-"""What reproduces across machines (README, "What reproduces across machines").
+"""What reproduces across machines (docs/run-folder.md, "What reproduces across machines").
 
 The plan is not machine-bound: the default sweep's probes hash to a committed fingerprint. The
 numbers are, within stated tolerances: tests/test_default_sweep.py runs `make demo`'s sweep and

@@ -17,10 +17,11 @@ import pytest
 
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import read_model_info
+from kvphase.runfolder import RunLock, write_atomic
 from kvphase.sweep.report import build_report
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.placement import build_probes, plan_fingerprint
-from kvphase.sweep.run import RunLock, execute_sweep, load_plan, load_results, write_atomic
+from kvphase.sweep.run import execute_sweep, load_plan, load_results
 from kvphase.sweep.tasks import load_task
 from tests.fakes import CharBackend
 
@@ -183,7 +184,7 @@ def test_a_folder_scored_with_another_model_file_is_refused(tmp_path, info):
 
 HOLD_LOCK = """
 import sys, time
-from kvphase.sweep.run import RunLock
+from kvphase.runfolder import RunLock
 with RunLock(sys.argv[1]):
     print("locked", flush=True)
     time.sleep(600)

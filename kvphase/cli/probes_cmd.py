@@ -20,7 +20,7 @@ def gates(
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer (repeatable); default every layer with a gate bias."),
 ) -> None:
     """Static gate concentration: per layer and channel, the phase the per-phase bias favours, its share and entropy."""
-    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.runfolder import REPORT_FILE
     from kvphase.probes.gates import run_gates
 
     run_dir = out or Path("reports") / f"{model.name.removesuffix('.gguf')}-gates"
@@ -48,7 +48,7 @@ def gate_activations(
     from kvphase.gguf.limits import check_llama_limits
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.activations import run_gate_activations
-    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.runfolder import REPORT_FILE
     from kvphase.probes.gates import find_sources, select_sources
 
     if threads is not None:
@@ -99,7 +99,7 @@ def flip(
     from kvphase.gguf.limits import check_llama_limits
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.flip import run_flip
-    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.runfolder import REPORT_FILE
 
     if threads is not None:
         check_threads(threads)
@@ -160,7 +160,7 @@ def cycle(
     from kvphase.gguf.header import read_gguf_header
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes.cycle import check_k, run_cycle
-    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.runfolder import REPORT_FILE
     from kvphase.probes.gates import find_sources
 
     if threads is not None:
@@ -214,7 +214,7 @@ def knockout(
     from kvphase.errors import PlanError
     from kvphase.gguf.limits import check_llama_limits
     from kvphase.gguf.modelinfo import read_model_info
-    from kvphase.probes.folder import REPORT_FILE
+    from kvphase.runfolder import REPORT_FILE
     from kvphase.probes.knockout import open_tapped_backend, run_knockout
 
     if threads is not None:

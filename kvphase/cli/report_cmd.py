@@ -14,20 +14,21 @@ from kvphase.cli.text import plain
 def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kvphase sweep` or `kvphase train`.")) -> None:
     """Rebuild summary.json, report.md and the figure from config.json and results.csv."""
     from kvphase.probes.folder import rebuild_probe_report
+    from kvphase.runfolder import REPORT_FILE
 
     if (headline := rebuild_probe_report(run_dir)) is not None:  # a `kvphase gates` (or other probe) folder
         typer.echo(plain(headline, limit=2000))
-        typer.echo(f"Report: {plain(run_dir / 'report.md')}")
+        typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
         return
-    from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
+    from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
 
     from kvphase.train.run import is_train_dir
 
     if is_train_dir(run_dir):
-        from kvphase.train.report import REPORT_FILE as TRAIN_REPORT, build_training_report, headline
+        from kvphase.train.report import build_training_report, headline
 
         typer.echo(headline(build_training_report(run_dir)))
-        typer.echo(f"Report: {run_dir / TRAIN_REPORT}")
+        typer.echo(f"Report: {run_dir / REPORT_FILE}")
         return
     summary = build_report(run_dir)
     typer.echo(summary.headline())

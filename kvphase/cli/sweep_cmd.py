@@ -24,7 +24,8 @@ from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.sweep.plan import SweepDefaults, SweepPlan
-from kvphase.sweep.run import RunLock, SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.runfolder import REPORT_FILE, RunLock
+from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
@@ -81,7 +82,7 @@ def sweep(
                                              "after this long in all (finished contexts are kept); default none."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
-    from kvphase.sweep.report import REPORT_FILE, build_report  # scipy: imported when used, not at start-up
+    from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
 
     if threads is not None:
         check_threads(threads)

@@ -20,9 +20,14 @@ def make_tiny(
     seed: int = typer.Option(0, help="Seed of the random weights; the same seed writes the same file."),
     yarn_factor: float = typer.Option(0.0, help="Declare YaRN RoPE scaling by this factor (deepseek4 only)."),
     tokenizer_from: Optional[Path] = typer.Option(None, "--tokenizer-from", "--vocab-from", help="Take this GGUF's tokenizer, so "
-                                                  "`kvphase sweep` runs on the tiny model (fast tests)."),
+                                                  "`kvphase sweep` runs on the tiny model (fast tests); `default`: "
+                                                  "the bundled default model's."),
 ) -> None:
     """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""
+    if tokenizer_from == Path("default") and not tokenizer_from.exists():
+        from kvphase.defaults import default_model_path
+
+        tokenizer_from = default_model_path()
     path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor, tokenizer_from=tokenizer_from)
     yarn = f", YaRN x{yarn_factor:g}" if yarn_factor else ""
     typer.echo(f"wrote {plain(path)} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn})")

@@ -34,6 +34,7 @@ import pandas as pd
 
 from kvphase.errors import PlanError
 from kvphase.probes.gates import GateSource, entropy_bits, sum_by_phase
+from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 
 WINDOWS_FILE, FIGURE_FILE = "windows.csv", "gate_activations.png"
 COLUMNS = ["layer", "source", "head", "context", "window", "first_position", "channel", "stride", "dominant_phase",
@@ -187,8 +188,8 @@ def run_gate_activations(plan, backend, run_dir: Path, info, sources: Sequence[G
         windows = reference_windows(backend, contexts, sources)
     else:
         windows = engine_windows(info, contexts, sources, n_threads)
-    folder.write_csv(run_dir / WINDOWS_FILE, windows[COLUMNS])
-    folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
+    write_csv(run_dir / WINDOWS_FILE, windows[COLUMNS])
+    write_json(run_dir / MANIFEST_FILE, folder.manifest(
         Path(plan.model), info.architecture, time.time() - started, backend=plan.describe_backend(),
         tokens_evaluated=sum(len(c) for c in contexts)))
     return build_report(run_dir)
@@ -232,8 +233,6 @@ def headline(summary: dict) -> str:
 
 def plot(windows: pd.DataFrame, path: Path) -> None:
     """Per layer: the entropy distribution (left) and which phase dominates where one does (right)."""
-    from kvphase.sweep.report import figure
-
     stride = int(windows.stride.max())
     with figure(path, 1, 2, figsize=(10, 3.8), dpi=110) as (fig, (left, right)):
         bins = np.linspace(0, np.log2(stride), 25)
@@ -251,26 +250,27 @@ def plot(windows: pd.DataFrame, path: Path) -> None:
 
 
 def render_markdown(config: dict, summary: dict, manifest: dict) -> str:
-    from kvphase.sweep.report import markdown_table
-
     plan = config["plan"]
     table = pd.DataFrame([{k: v for k, v in layer.items() if k != "dominant_phase_shares"}
                           | {f"over_half_at_phase_{p}": s for p, s in enumerate(layer["dominant_phase_shares"])}
                           for layer in summary["layers"]]) if summary["layers"] else pd.DataFrame()
-    return "\n".join([
-        f"# Gate activations: {Path(config['model']).name}", "", f"**{headline(summary)}**", "",
-        f"The first {config['contexts']} context(s) of a sweep plan (task `{plan['task']}`, {plan['context']} tokens, "
-        f"seed {plan['seed']}) evaluated; for every complete window, per channel, the weight its gate gave each phase "
-        "(softmax of gate + per-phase bias over the window's slots, summed per position mod S). Entropy in bits: 0 when one "
-        "phase takes all, log2 S when the gate is uniform. `share_over_half`: window channels in which one phase takes more "
-        "than half; `over_half_at_phase_p`: how those split over the phases. Compare with `kvphase gates` (the bias alone).",
-        "", f"![entropy and dominant phases]({FIGURE_FILE})", "", markdown_table(table), "",
-        "## How this was measured", "",
-        f"- Model `{manifest.get('model', {}).get('file', '?')}` ({manifest.get('model', {}).get('architecture', '?')}), "
-        f"backend {manifest.get('backend', '?')}; {manifest.get('tokens_evaluated', '?')} tokens, "
-        f"wall time {manifest.get('wall_time_s', '?')} s.", "",
-        f"Files: `config.json`, `{WINDOWS_FILE}` (one row per layer, head, context, window and channel), `summary.json`, "
-        "`manifest.json`; `kvphase report <this folder>` rebuilds this page from the first two.", ""])
+    return ReportPage(
+        title=f"Gate activations: {Path(config['model']).name}",
+        headline=headline(summary),
+        prose=f"The first {config['contexts']} context(s) of a sweep plan (task `{plan['task']}`, {plan['context']} "
+              f"tokens, seed {plan['seed']}) evaluated; for every complete window, per channel, the weight its gate gave "
+              "each phase (softmax of gate + per-phase bias over the window's slots, summed per position mod S). Entropy "
+              "in bits: 0 when one phase takes all, log2 S when the gate is uniform. `share_over_half`: window channels in "
+              "which one phase takes more than half; `over_half_at_phase_p`: how those split over the phases. Compare "
+              "with `kvphase gates` (the bias alone).",
+        figure=(FIGURE_FILE, "entropy and dominant phases"),
+        sections=[(None, markdown_table(table))],
+        measured=[f"Model `{manifest.get('model', {}).get('file', '?')}` "
+                  f"({manifest.get('model', {}).get('architecture', '?')}), backend {manifest.get('backend', '?')}; "
+                  f"{manifest.get('tokens_evaluated', '?')} tokens, wall time {manifest.get('wall_time_s', '?')} s."],
+        files=f"Files: `config.json`, `{WINDOWS_FILE}` (one row per layer, head, context, window and channel), "
+              "`summary.json`, `manifest.json`; `kvphase report <this folder>` rebuilds this page from the first two.",
+    ).markdown()
 
 
 def build_report(run_dir: Path) -> str:

@@ -27,6 +27,7 @@ from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.tensors import tensor_array
 from kvphase.gguf.writer import overwrite_tensor
 from kvphase.probes.gates import find_sources
+from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 from kvphase.sweep.plan import SweepPlan
 
 BASE_RUN, PHASES_FILE, FIGURE_FILE = "k0", "phases.csv", "cycling.png"
@@ -94,7 +95,7 @@ def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_backend: Callable[[Pa
     tensors = write_rolled_model(model, rolled, k)
     for path, name in ((model, BASE_RUN), (rolled, rolled_run(k))):
         execute_sweep(replace(plan, model=str(path)), open_backend(path), run_dir / name, read_model_info(path))
-    folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
+    write_json(run_dir / MANIFEST_FILE, folder.manifest(
         model, str(read_gguf_header(model).fields.get("general.architecture", "unknown")), time.time() - started,
         rolled_tensors=tensors, rolled_model=rolled.name))
     return build_report(run_dir)
@@ -113,7 +114,6 @@ def headline(summary: dict) -> str:
 
 def build_report(run_dir: Path) -> str:
     from kvphase.probes import folder
-    from kvphase.sweep.report import markdown_table
     from kvphase.sweep.run import load_results
 
     config = folder.load_probe_config(run_dir)
@@ -129,23 +129,23 @@ def build_report(run_dir: Path) -> str:
     summary = {"k": k, "stride": stride, "r_squared": None if r2 is None else round(r2, 4),
                "weakest_k0": int(off["accuracy_k0"].idxmin()), "weakest_k": int(off["accuracy_k"].idxmin()),
                "phases": table.to_dict("records")}
-    folder.write_csv(Path(run_dir) / PHASES_FILE, table)
+    write_csv(Path(run_dir) / PHASES_FILE, table)
     _plot(table, k, Path(run_dir) / FIGURE_FILE)
-    markdown = "\n".join([
-        f"# Gate cycling: {Path(config['model']).name}, k = {k}", "", f"**{headline(summary)}**", "",
-        f"Every per-phase gate bias rolled by k = {k} (row p moved to p + k), payloads unchanged; the same sweep plan "
-        f"on the original (`{BASE_RUN}/`) and on the rolled copy (`{rolled_run(k)}/`). Prediction: "
-        "A_k(r) = A_0((r - k) mod S). The boundary phase S - 1 is left out of R^2.", "",
-        f"![accuracy per phase]({FIGURE_FILE})", "", markdown_table(table), "",
-        f"Files: `config.json`, the two sweep folders, `{PHASES_FILE}`, `summary.json`, `manifest.json`; "
-        "`kvphase report <this folder>` rebuilds this page from the sweeps' results.", ""])
-    folder.write_report(run_dir, summary, markdown)
+    page = ReportPage(
+        title=f"Gate cycling: {Path(config['model']).name}, k = {k}",
+        headline=headline(summary),
+        prose=f"Every per-phase gate bias rolled by k = {k} (row p moved to p + k), payloads unchanged; the same sweep "
+              f"plan on the original (`{BASE_RUN}/`) and on the rolled copy (`{rolled_run(k)}/`). Prediction: "
+              "A_k(r) = A_0((r - k) mod S). The boundary phase S - 1 is left out of R^2.",
+        figure=(FIGURE_FILE, "accuracy per phase"),
+        sections=[(None, markdown_table(table))],
+        files=f"Files: `config.json`, the two sweep folders, `{PHASES_FILE}`, `summary.json`, `manifest.json`; "
+              "`kvphase report <this folder>` rebuilds this page from the sweeps' results.")
+    folder.write_report(run_dir, summary, page.markdown())
     return headline(summary)
 
 
 def _plot(table: pd.DataFrame, k: int, path: Path) -> None:
-    from kvphase.sweep.report import figure
-
     with figure(path, figsize=(6.5, 3.6), dpi=120) as (fig, ax):
         ax.plot(table["phase"], table["accuracy_k0"], "o-", label="original (k = 0)")
         ax.plot(table["phase"], table["accuracy_k"], "s-", label=f"rolled by k = {k}")

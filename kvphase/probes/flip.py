@@ -22,6 +22,7 @@ import pandas as pd
 
 from kvphase.backends.base import Backend, Query
 from kvphase.errors import PlanError
+from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 from kvphase.sweep.placement import ProbeContext, RecordMaker, Target, build_probes
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
@@ -96,8 +97,8 @@ def run_flip(plan: SweepPlan, backend: Backend, run_dir: Path, n_targets: int, c
     config = {"probe": "flip", "model": plan.model, "plan": asdict(plan), "targets": n_targets, "cycles": cycles}
     folder.start_folder(run_dir, config, [RESULTS_FILE, FIGURE_FILE])
     rows = [row for c, t in picked for row in flip_rows(backend, records, c, t, filler, n_shifts, plan.stride)]
-    folder.write_csv(run_dir / RESULTS_FILE, pd.DataFrame(rows, columns=COLUMNS))
-    folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
+    write_csv(run_dir / RESULTS_FILE, pd.DataFrame(rows, columns=COLUMNS))
+    write_json(run_dir / MANIFEST_FILE, folder.manifest(
         Path(plan.model), model_info.architecture, time.time() - started, backend=plan.describe_backend(),
         tokens_evaluated=sum(len(c.tokens) + r for c, _ in picked for r in range(n_shifts))))
     return build_report(run_dir)
@@ -154,8 +155,6 @@ def headline(summary: dict) -> str:
 
 def plot(results: pd.DataFrame, stride: int, path: Path) -> None:
     """Margin (right - strongest distractor) per shift, one line per target; dotted lines mark cycles."""
-    from kvphase.sweep.report import figure
-
     with figure(path, figsize=(7, 3.8), dpi=120) as (fig, ax):
         for target_id, rows in results.groupby("target_id"):
             rows = rows.sort_values("shift")
@@ -170,41 +169,27 @@ def plot(results: pd.DataFrame, stride: int, path: Path) -> None:
 
 
 def render_markdown(config: dict, summary: dict, manifest: dict) -> str:
-    from kvphase.sweep.report import markdown_table
-
     plan = config["plan"]
-    return "\n".join([
-        f"# Flip probe: {Path(config['model']).name}",
-        "",
-        f"**{headline(summary)}**",
-        "",
-        f"Each target is moved through {config['cycles']} stride cycle(s) by inserting 0 to "
-        f"{config['cycles'] * plan['stride'] - 1} filler tokens right before it, everything else unchanged. "
-        "Margin: logprob of the right value minus that of the strongest distractor (any other value of the "
-        "task that occurs in the context); above 0 the model prefers the right value. `periodic_share`: the share of a "
-        "target's margin variation that its phase explains (1: purely periodic in S); a margin of pure noise "
-        "scores (S - 1) / (shifts - 1) on average, so use several cycles before reading it.",
-        "",
-        f"![margin per shift]({FIGURE_FILE})",
-        "",
-        "## Per phase",
-        "",
-        markdown_table(pd.DataFrame(summary["per_phase"])),
-        "",
-        "## Per target",
-        "",
-        markdown_table(pd.DataFrame(summary["targets"])),
-        "",
-        "## How this was measured",
-        "",
-        f"- Model `{manifest.get('model', {}).get('file', '?')}`, backend {manifest.get('backend', '?')}; task "
-        f"`{plan['task']}`, contexts of {plan['context']} tokens (+ the shift), stride {plan['stride']}, seed {plan['seed']}.",
-        f"- Wall time {manifest.get('wall_time_s', '?')} s, {manifest.get('tokens_evaluated', '?')} context tokens evaluated.",
-        "",
-        f"Files: `config.json`, `{RESULTS_FILE}` (one row per target and shift), `summary.json`, `manifest.json`. "
-        "`kvphase report <this folder>` rebuilds this page from the first two.",
-        "",
-    ])
+    return ReportPage(
+        title=f"Flip probe: {Path(config['model']).name}",
+        headline=headline(summary),
+        prose=f"Each target is moved through {config['cycles']} stride cycle(s) by inserting 0 to "
+              f"{config['cycles'] * plan['stride'] - 1} filler tokens right before it, everything else unchanged. "
+              "Margin: logprob of the right value minus that of the strongest distractor (any other value of the "
+              "task that occurs in the context); above 0 the model prefers the right value. `periodic_share`: the share "
+              "of a target's margin variation that its phase explains (1: purely periodic in S); a margin of pure noise "
+              "scores (S - 1) / (shifts - 1) on average, so use several cycles before reading it.",
+        figure=(FIGURE_FILE, "margin per shift"),
+        sections=[("Per phase", markdown_table(pd.DataFrame(summary["per_phase"]))),
+                  ("Per target", markdown_table(pd.DataFrame(summary["targets"])))],
+        measured=[f"Model `{manifest.get('model', {}).get('file', '?')}`, backend {manifest.get('backend', '?')}; task "
+                  f"`{plan['task']}`, contexts of {plan['context']} tokens (+ the shift), stride {plan['stride']}, "
+                  f"seed {plan['seed']}.",
+                  f"Wall time {manifest.get('wall_time_s', '?')} s, {manifest.get('tokens_evaluated', '?')} context "
+                  "tokens evaluated."],
+        files=f"Files: `config.json`, `{RESULTS_FILE}` (one row per target and shift), `summary.json`, `manifest.json`. "
+              "`kvphase report <this folder>` rebuilds this page from the first two.",
+    ).markdown()
 
 
 def build_report(run_dir: Path) -> str:

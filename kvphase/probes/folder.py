@@ -2,13 +2,12 @@
 report.md, a figure and manifest.json, rebuilt by `kvphase report` from config and data.
 
 `config.json` names the probe (`"probe": "gates"`), which is how `kvphase report` tells a
-probe folder from a sweep's. The atomic writes and JSON checks are the sweep's
-(`kvphase.sweep.run`); a probe writes its data whole at the end (probes are fast).
+probe folder from a sweep's. The atomic writes and checked reads are every run folder's
+(`kvphase.runfolder`); a probe writes its data whole at the end (probes are fast).
 """
 
 from __future__ import annotations
 
-import json
 import platform
 from pathlib import Path
 
@@ -16,18 +15,8 @@ import pandas as pd
 
 from kvphase import __version__
 from kvphase.errors import RunFolderError
-from kvphase.sweep.run import (CONFIG_FILE, MANIFEST_FILE, SUMMARY_FILE, check_writable, flags_in, make_folder,
-                               numbers_in, read_json_object, read_table, write_atomic)
-
-REPORT_FILE = "report.md"
-
-
-def write_json(path: Path, value: dict) -> None:
-    write_atomic(path, json.dumps(value, indent=2) + "\n")
-
-
-def write_csv(path: Path, frame: pd.DataFrame) -> None:
-    write_atomic(path, frame.to_csv(index=False))
+from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, REPORT_FILE, SUMMARY_FILE, check_writable, flags_in,
+                               make_folder, numbers_in, read_json_object, read_table, write_atomic, write_json)
 
 
 def start_folder(run_dir: Path, config: dict, data_files: list[str]) -> None:

@@ -36,6 +36,7 @@ import pandas as pd
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.header import GGUFHeader, TensorInfo, read_gguf_header
 from kvphase.gguf.tensors import tensor_array
+from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 
 TRAINED = "kvphase.trained."
 CSA_RATIO = 4  # deepseek4: the ratio whose compressor overlaps two blocks (kvphase.designs.dsv4.CSA_RATIO)
@@ -281,8 +282,6 @@ def headline(summary: dict) -> str:
 
 def plot_heatmap(phases: pd.DataFrame, path: Path) -> None:
     """Mean static share per unit (rows) and phase (columns); one panel per stride."""
-    from kvphase.sweep.report import figure
-
     strides = sorted(phases["stride"].unique())
     grids = []
     for stride in strides:
@@ -304,38 +303,26 @@ def plot_heatmap(phases: pd.DataFrame, path: Path) -> None:
 
 
 def render_markdown(config: dict, summary: dict, manifest: dict) -> str:
-    from kvphase.sweep.report import markdown_table
-
-    units = pd.DataFrame(summary["units"])
     model = manifest.get("model", {})
-    return "\n".join([
-        f"# Static gate concentration: {Path(config['model']).name}",
-        "",
-        f"**{headline(summary)}**",
-        "",
-        "Per channel, the softmax over a window's slots of the learned per-slot bias alone (the content "
-        "term left out), summed per phase (position mod S). Entropy 0 bits: the channel reads one phase "
-        "only; log2 S: all phases alike. `static_entropy_bits` is the entropy of the channel-mean shares "
-        "(effective phases = 2^that); `concentrated_channels` is the share of channels where one phase takes "
-        f"more than {CONCENTRATED:.0%}. Static concentration says which phases a gate can favour; what a "
-        "window actually uses also depends on its content.",
-        "",
-        f"![mean static share per layer and phase]({FIGURE_FILE})",
-        "",
-        "## Per gate unit",
-        "",
-        markdown_table(units),
-        "",
-        "## How this was measured",
-        "",
-        f"- Model `{model.get('file', '?')}` ({model.get('architecture', '?')}, {model.get('size', 0):,} bytes); "
-        f"only the bias tensors were read (sha256 of their bytes `{manifest.get('tensors_sha256', '?')[:16]}...`).",
-        f"- Layers: {config.get('layers') or 'all with a gate bias'}; wall time {manifest.get('wall_time_s', '?')} s.",
-        "",
-        f"Files: `config.json`, `{CHANNELS_FILE}` (one row per channel), `{PHASES_FILE}` (per unit and phase), "
-        "`summary.json`, `manifest.json`. `kvphase report <this folder>` rebuilds this page from them.",
-        "",
-    ])
+    return ReportPage(
+        title=f"Static gate concentration: {Path(config['model']).name}",
+        headline=headline(summary),
+        prose="Per channel, the softmax over a window's slots of the learned per-slot bias alone (the content "
+              "term left out), summed per phase (position mod S). Entropy 0 bits: the channel reads one phase "
+              "only; log2 S: all phases alike. `static_entropy_bits` is the entropy of the channel-mean shares "
+              "(effective phases = 2^that); `concentrated_channels` is the share of channels where one phase takes "
+              f"more than {CONCENTRATED:.0%}. Static concentration says which phases a gate can favour; what a "
+              "window actually uses also depends on its content.",
+        figure=(FIGURE_FILE, "mean static share per layer and phase"),
+        sections=[("Per gate unit", markdown_table(pd.DataFrame(summary["units"])))],
+        measured=[f"Model `{model.get('file', '?')}` ({model.get('architecture', '?')}, {model.get('size', 0):,} "
+                  "bytes); only the bias tensors were read (sha256 of their bytes "
+                  f"`{manifest.get('tensors_sha256', '?')[:16]}...`).",
+                  f"Layers: {config.get('layers') or 'all with a gate bias'}; wall time "
+                  f"{manifest.get('wall_time_s', '?')} s."],
+        files=f"Files: `config.json`, `{CHANNELS_FILE}` (one row per channel), `{PHASES_FILE}` (per unit and phase), "
+              "`summary.json`, `manifest.json`. `kvphase report <this folder>` rebuilds this page from them.",
+    ).markdown()
 
 
 def build_report(run_dir: Path) -> str:
@@ -362,9 +349,9 @@ def run_gates(model: str | Path, run_dir: str | Path, layers: list[int] | None =
     sources, tables = measure_gates(model, layers)  # all input errors before anything is written
     config = {"probe": "gates", "model": str(model), "layers": sorted(layers) if layers else []}
     folder.start_folder(run_dir, config, [CHANNELS_FILE, PHASES_FILE, FIGURE_FILE])
-    folder.write_csv(run_dir / CHANNELS_FILE, tables.channels[CHANNEL_COLUMNS])
-    folder.write_csv(run_dir / PHASES_FILE, tables.phases[PHASE_COLUMNS])
-    folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
+    write_csv(run_dir / CHANNELS_FILE, tables.channels[CHANNEL_COLUMNS])
+    write_csv(run_dir / PHASES_FILE, tables.phases[PHASE_COLUMNS])
+    write_json(run_dir / MANIFEST_FILE, folder.manifest(
         model, tables.architecture, time.time() - started, tensors_sha256=tables.tensors_sha256,
         tensors=[s.tensor for s in sources]))
     return build_report(run_dir)

@@ -44,6 +44,7 @@ import pandas as pd
 from kvphase.designs import GatedPool, GatedTopK
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.probes.activations import RunningMeans
+from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 from kvphase.sweep.plan import SweepPlan
 
 BASE_RUN, CALIBRATION_RUN = "base", "calibration"
@@ -378,7 +379,7 @@ def run_knockout(plan: SweepPlan, backend, run_dir: Path, info, layers: Sequence
             execute_sweep(plan, backend, run_dir / name, info)
     finally:
         heads.restore()
-    folder.write_json(run_dir / folder.MANIFEST_FILE, folder.manifest(
+    write_json(run_dir / MANIFEST_FILE, folder.manifest(
         Path(plan.model), info.architecture, time.time() - started, backend=plan.describe_backend()))
     return build_report(run_dir)
 
@@ -426,7 +427,6 @@ def _calibrate(plan, heads, run_dir: Path, info, recorder, means_file: str, pars
     """The recorder's means as saved in `means_file` (keys as text: "3", "3,1"; `parse_key` reads
     them back); the calibration sweep is (re)scored whole with the recorder installed when they
     were not saved yet. A fresh run returns what it saved, so a resumed one sees the same."""
-    from kvphase.probes import folder
     from kvphase.sweep.run import RESULTS_FILE, execute_sweep
 
     def parsed(saved: dict) -> dict:
@@ -446,7 +446,7 @@ def _calibrate(plan, heads, run_dir: Path, info, recorder, means_file: str, pars
     finally:
         heads.restore()
     saved = {",".join(map(str, np.atleast_1d(key))): m.round(7).tolist() for key, m in recorder.means().items()}
-    folder.write_json(path, saved)
+    write_json(path, saved)
     return parsed(saved)
 
 
@@ -507,7 +507,6 @@ def headline(summary: dict) -> str:
 
 def build_report(run_dir: Path) -> str:
     from kvphase.probes import folder
-    from kvphase.sweep.report import markdown_table
     from kvphase.sweep.run import load_results
 
     run_dir = Path(run_dir)
@@ -519,19 +518,21 @@ def build_report(run_dir: Path) -> str:
     if base.empty:
         raise RunFolderError(f"{run_dir}: the base sweep has no results; run the probe again")
     table = pd.concat([effects(base, load_results(run_dir / c), c) for c in components], ignore_index=True)
-    folder.write_csv(run_dir / EFFECTS_FILE, table.round(4))
+    write_csv(run_dir / EFFECTS_FILE, table.round(4))
     summary = summarize(table)
     _plot(table, run_dir / FIGURE_FILE, "gate slot (layer, phase)" if slots else "knocked-out head")
     shown = table[["component", "phase", "n", "accuracy_base", "accuracy_ko", "d_correct", "d_correct_low",
                    "d_correct_high", "d_logprob", "d_logprob_low", "d_logprob_high"]].round(2)
-    markdown = "\n".join([
-        f"# Knockouts: {Path(config['model']).name}", "", f"**{headline(summary)}**", "",
-        (SLOT_TEXT if slots else HEAD_TEXT).format(calibration=CALIBRATION_RUN), "",
-        f"![accuracy change per component and phase]({FIGURE_FILE})", "", markdown_table(shown), "",
-        f"Files: `config.json`, `{CALIBRATION_RUN}/`, `{BASE_RUN}/` and one sweep folder per component, "
-        f"`{GATE_MEANS_FILE if slots else MEANS_FILE}`, `{EFFECTS_FILE}`, `summary.json`, `manifest.json`; "
-        "`kvphase report <this folder>` rebuilds this page from the sweeps.", ""])
-    folder.write_report(run_dir, summary, markdown)
+    page = ReportPage(
+        title=f"Knockouts: {Path(config['model']).name}",
+        headline=headline(summary),
+        prose=(SLOT_TEXT if slots else HEAD_TEXT).format(calibration=CALIBRATION_RUN),
+        figure=(FIGURE_FILE, "accuracy change per component and phase"),
+        sections=[(None, markdown_table(shown))],
+        files=f"Files: `config.json`, `{CALIBRATION_RUN}/`, `{BASE_RUN}/` and one sweep folder per component, "
+              f"`{GATE_MEANS_FILE if slots else MEANS_FILE}`, `{EFFECTS_FILE}`, `summary.json`, `manifest.json`; "
+              "`kvphase report <this folder>` rebuilds this page from the sweeps.")
+    folder.write_report(run_dir, summary, page.markdown())
     return headline(summary)
 
 
@@ -548,8 +549,6 @@ SLOT_TEXT = ("Component `L<l>P<p>`: in every window of layer l, the gate weight 
 
 def _plot(table: pd.DataFrame, path: Path, ylabel: str) -> None:
     """Two maps, component x phase: the accuracy change and the mean answer log-probability change."""
-    from kvphase.sweep.report import figure
-
     order = sorted(table.component.unique(), key=lambda c: tuple(int(x) for x in re.findall(r"\d+", c)))
     n_phase = table.phase.nunique()
     with figure(path, ncols=2, figsize=(2.4 * n_phase + 5, 0.35 * len(order) + 1.5), dpi=110) as (fig, axes):

@@ -12,11 +12,12 @@ from typing import Sequence
 
 import pandas as pd
 
-from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, summarize
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.sweep.report import markdown_table, plot_accuracy
+from kvphase.runfolder import check_writable, make_folder, markdown_table
+from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, summarize
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import check_writable, load_plan, load_results, make_folder
+from kvphase.sweep.report import plot_accuracy
+from kvphase.sweep.run import load_plan, load_results
 
 DEFAULT_OUT = Path("reports") / "comparison"
 MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "comparison.csv"

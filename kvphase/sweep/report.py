@@ -3,19 +3,18 @@ rebuilt from `config.json` and `results.csv` alone. Computes no statistics itsel
 
 from __future__ import annotations
 
-import json
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 
-from kvphase.sweep.analysis import Summary, summarize
 from kvphase.errors import RunFolderError
+from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
+                               markdown_table, write_atomic, write_json)
+from kvphase.sweep.analysis import Summary, summarize
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import SUMMARY_FILE, check_writable, load_manifest, load_plan, load_results, write_atomic
+from kvphase.sweep.run import load_manifest, load_plan, load_results
 
 FIGURE_FILE = "accuracy_by_residue.png"
-REPORT_FILE = "report.md"
 
 
 def build_report(run_dir: Path) -> Summary:
@@ -28,26 +27,10 @@ def build_report(run_dir: Path) -> Summary:
     manifest = load_manifest(run_dir)
     check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
     summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
-    write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary.to_json(), indent=2) + "\n")
+    write_json(run_dir / SUMMARY_FILE, summary.to_json())
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
     write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest))
     return summary
-
-
-@contextmanager
-def figure(path: Path, nrows: int = 1, ncols: int = 1, **options):
-    """(figure, axes) drawn on the Agg canvas and saved to `path` on exit. pyplot is not
-    imported: its import alone costs a third of a second, a sixth of a `kvphase gates` run.
-    `options`: Figure's (figsize, dpi) and subplots' (squeeze)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    squeeze = options.pop("squeeze", True)
-    fig = Figure(**options)
-    FigureCanvasAgg(fig)
-    yield fig, fig.subplots(nrows, ncols, squeeze=squeeze)
-    fig.tight_layout()
-    fig.savefig(path)
 
 
 def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
@@ -84,57 +67,48 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
 def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
-    lines = [
-        f"# Phase sensitivity: {Path(plan.model).name}",
-        "",
-        f"**{summary.headline()}**",
-        "",
-    ]
+    return ReportPage(
+        title=f"Phase sensitivity: {Path(plan.model).name}",
+        headline=summary.headline(),
+        prose=_compression_note(plan),
+        sections=[
+            ("Over residues", markdown_table(pd.DataFrame(_overview_rows(summary), columns=["quantity", "value"])),
+             figure_link(FIGURE_FILE, "accuracy by residue")),
+            ("Per residue",
+             "Accuracy in percent with a two-sided 95% Wilson interval (each target counted as independent, so "
+             "the intervals are somewhat narrow when contexts differ). Target positions have the same mean "
+             "and standard deviation in every residue group, so depth does not confound residue.",
+             markdown_table(pd.DataFrame(summary.per_residue))),
+            (f"Per phase (position mod {plan.stride})", markdown_table(pd.DataFrame(summary.per_phase))),
+        ],
+        measured=[
+            f"Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
+            f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.describe_backend()}.",
+            f"Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
+            f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
+            f"in {summary.n_contexts} contexts; {plan.padding} padding; seed {plan.seed}.",
+            "Scoring is teacher-forced: a target is correct when every answer token is the argmax given the "
+            "answer tokens before it (greedy exact match); the answer's log-probability is recorded.",
+            "Tests: " + STATISTICS_NOTE,
+            f"Wall time {manifest.get('wall_time_s', '?')} s over {manifest.get('sessions', '?')} session(s), "
+            f"{manifest.get('tokens_evaluated', '?')} tokens evaluated; versions {manifest.get('versions', {})}.",
+            f"Machine: {describe_machine(manifest)}",
+            "What reproduces elsewhere: " + REPRODUCIBILITY_NOTE,
+        ],
+        files="Files: `config.json` (the plan), `results.csv` (one row per target), `summary.json`, `manifest.json`. "
+              "`kvphase report <this folder>` rebuilds this page from the first two.",
+    ).markdown()
+
+
+def _compression_note(plan: SweepPlan) -> str:
+    """Where the compression came from when not from the model itself ("" when it did)."""
     if plan.control:
-        lines += [f"This is a **control run**: the model declares no KV-cache compression, so the stride "
-                  f"S = {plan.stride} is the user's choice and no phase effect is expected from compression. "
-                  f"At alpha = 0.05, one control run in twenty rejects by chance alone.", ""]
-    elif plan.backend == "reference":
-        lines += [f"Compression applied post hoc by the numpy reference model: {plan.describe_backend()}.", ""]
-    lines += [
-        "## Over residues",
-        "",
-        markdown_table(pd.DataFrame(_overview_rows(summary), columns=["quantity", "value"])),
-        "",
-        f"![accuracy by residue]({FIGURE_FILE})",
-        "",
-        "## Per residue",
-        "",
-        "Accuracy in percent with a two-sided 95% Wilson interval (each target counted as independent, so "
-        "the intervals are somewhat narrow when contexts differ). Target positions have the same mean "
-        "and standard deviation in every residue group, so depth does not confound residue.",
-        "",
-        markdown_table(pd.DataFrame(summary.per_residue)),
-        "",
-        f"## Per phase (position mod {plan.stride})",
-        "",
-        markdown_table(pd.DataFrame(summary.per_phase)),
-        "",
-        "## How this was measured",
-        "",
-        f"- Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
-        f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.describe_backend()}.",
-        f"- Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
-        f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
-        f"in {summary.n_contexts} contexts; {plan.padding} padding; seed {plan.seed}.",
-        "- Scoring is teacher-forced: a target is correct when every answer token is the argmax given the "
-        "answer tokens before it (greedy exact match); the answer's log-probability is recorded.",
-        "- Tests: " + STATISTICS_NOTE,
-        f"- Wall time {manifest.get('wall_time_s', '?')} s over {manifest.get('sessions', '?')} session(s), "
-        f"{manifest.get('tokens_evaluated', '?')} tokens evaluated; versions {manifest.get('versions', {})}.",
-        f"- Machine: {describe_machine(manifest)}",
-        "- What reproduces elsewhere: " + REPRODUCIBILITY_NOTE,
-        "",
-        "Files: `config.json` (the plan), `results.csv` (one row per target), `summary.json`, `manifest.json`. "
-        "`kvphase report <this folder>` rebuilds this page from the first two.",
-        "",
-    ]
-    return "\n".join(lines)
+        return (f"This is a **control run**: the model declares no KV-cache compression, so the stride "
+                f"S = {plan.stride} is the user's choice and no phase effect is expected from compression. "
+                f"At alpha = 0.05, one control run in twenty rejects by chance alone.")
+    if plan.backend == "reference":
+        return f"Compression applied post hoc by the numpy reference model: {plan.describe_backend()}."
+    return ""
 
 
 STATISTICS_NOTE = (
@@ -182,11 +156,3 @@ def describe_machine(manifest: dict) -> str:
     cpu, build = machine.get("cpu", {}), machine.get("llama_cpp", {})
     return (f"{cpu.get('model', '?')} ({cpu.get('logical_cpus', '?')} logical CPUs), {machine.get('threads', '?')} "
             f"threads; llama.cpp {build.get('version', '?')}: `{build.get('system_info', '?')}`.")
-
-
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A markdown table from a frame (no tabulate dependency)."""
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *body])

@@ -5,32 +5,29 @@ A run folder describes itself (`config.json`) and resumes: rows already in
 `results.csv` are never scored again, and a folder that holds a different plan is
 refused rather than mixed. One sweep at a time holds a folder (`RunLock`); config,
 manifest and summary are replaced whole (`write_atomic`), and every file is checked
-before a model loads, so a damaged one is named in one line instead of a traceback.
+before a model loads, so a damaged one is named in one line instead of a traceback
+(the lock, the writes and the checked reads are `kvphase.runfolder`'s).
 """
 
 from __future__ import annotations
 
 import csv
-import fcntl
 import functools
-import hashlib
-import io
-import json
 import math
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
-import numpy as np
 import pandas as pd
 
 from kvphase import __version__
 from kvphase.backends.base import Backend, engine_info, score_contexts
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
+from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
+                               flags_in, make_folder, numbers_in, read_json_object, read_table, write_json)
 from kvphase.sweep.machine import machine_info
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
@@ -39,122 +36,7 @@ from kvphase.sweep.tasks import load_task
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
                   "key", "answer", "predicted"]
 NUMERIC_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "logprob"]
-CONFIG_FILE, RESULTS_FILE, SUMMARY_FILE, MANIFEST_FILE = "config.json", "results.csv", "summary.json", "manifest.json"
-LOCK_FILE = ".lock"
-_HELD: dict[Path, int] = {}  # run folders this process holds -> how many RunLocks are open on each
-
-
-class RunLock:
-    """One sweep at a time in a run folder: an exclusive `flock` on `<run_dir>/.lock`.
-
-    The kernel drops a flock when its holder exits, however it exits, so a sweep killed by
-    SIGKILL cannot leave a folder locked: its `.lock` file stays, naming it (pid, host),
-    and the next sweep takes the folder over and reports that holder as `stale`. A clean
-    release empties the file. Re-entrant within a process (the CLI locks before the model
-    loads, `execute_sweep` locks again). A folder this lock created and nothing else wrote
-    to is removed on release, so a refused start leaves nothing behind.
-    """
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir)
-        self.stale: str | None = None  # the holder a previous, killed sweep left in the lock file
-        self._fd: int | None = None
-        self._created = False
-
-    def __enter__(self) -> RunLock:
-        key = self.run_dir.resolve()
-        if key in _HELD:
-            _HELD[key] += 1
-            return self
-        self._created = make_folder(self.run_dir)
-        path = self.run_dir / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise RunFolderError(f"cannot lock {path}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = _lock_holder(fd)
-            os.close(fd)
-            raise RunFolderError(f"{self.run_dir} is in use by another sweep ({holder or 'holder unknown'}); "
-                                 "wait for it to finish or choose another --out") from None
-        self.stale = _lock_holder(fd) or None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
-        self._fd = fd
-        _HELD[key] = 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        key = self.run_dir.resolve()
-        _HELD[key] -= 1
-        if _HELD[key] or self._fd is None:
-            return
-        del _HELD[key]
-        os.ftruncate(self._fd, 0)  # released cleanly: an empty lock file names no holder
-        if self._created and [p.name for p in self.run_dir.iterdir()] == [LOCK_FILE]:
-            (self.run_dir / LOCK_FILE).unlink()
-            self.run_dir.rmdir()
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-
-
-def make_folder(folder: Path) -> bool:
-    """Create an output folder (and its parents); True when it did not exist. RunFolderError
-    when it is a file or cannot be created (read-only place, a file on the way)."""
-    if folder.exists() and not folder.is_dir():
-        raise RunFolderError(f"{folder} is a file, not a run folder; choose another --out")
-    created = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None
-    return created
-
-
-def _lock_holder(fd: int) -> str:
-    return os.pread(fd, 200, 0).decode("utf-8", errors="replace").strip()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` beside `path`, then rename it over `path`: a reader, or a sweep killed
-    mid-write, sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp.is_file():
-            tmp.unlink()
-        raise RunFolderError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
-def check_writable(run_dir: Path, names: Iterable[str]) -> None:
-    """RunFolderError when an output file of the folder is in the way (a directory, say)."""
-    for name in names:
-        path = run_dir / name
-        if path.exists() and not path.is_file():
-            raise RunFolderError(f"{path} is not a file, so it cannot be rewritten; move it away")
-
-
-def read_json_object(path: Path) -> dict:
-    """A run folder's JSON file as a dict; RunFolderError naming the file, line and problem."""
-    if path.is_dir():
-        raise RunFolderError(f"{path} is a directory, expected a JSON file")
-    try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise RunFolderError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RunFolderError(f"{path} byte {exc.start}: not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise RunFolderError(f"{path} line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    except RecursionError:
-        raise RunFolderError(f"{path}: JSON nested too deeply") from None
-    if not isinstance(value, dict):
-        raise RunFolderError(f"{path}: expected a JSON object, found {type(value).__name__}")
-    return value
+RESULTS_FILE = "results.csv"
 
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
@@ -206,7 +88,7 @@ def _unchanged_sha256(recorded: dict, info: ModelInfo) -> str | None:
 def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
     """Create the folder and write its config (after `check_run_dir` has accepted the folder)."""
     make_folder(run_dir)
-    write_atomic(run_dir / CONFIG_FILE, json.dumps(asdict(plan), indent=2) + "\n")
+    write_json(run_dir / CONFIG_FILE, asdict(plan))
 
 
 def load_plan(run_dir: Path) -> SweepPlan:
@@ -256,68 +138,13 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     return frame.drop_duplicates("target_id", keep="first")
 
 
-def read_table(path: Path, columns: Sequence[str]) -> pd.DataFrame:
-    """A run folder's CSV table, every cell as text, with `columns` present; complete lines only
-    (half a line at the end is a write a kill cut short), and an empty file is a table without
-    rows. RunFolderError naming the file and the problem."""
-    if not path.is_file():
-        raise RunFolderError(f"{path} is not a file; move it away")
-    try:
-        text = complete_lines(path.read_bytes()).decode("utf-8")
-    except OSError as exc:
-        raise RunFolderError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RunFolderError(f"{path} byte {exc.start}: not UTF-8 text") from None
-    if not text.strip():
-        return pd.DataFrame({column: pd.Series(dtype=str) for column in columns})
-    try:
-        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
-        raise RunFolderError(f"{path} is not a readable table ({(str(exc).splitlines() or ['?'])[0]})") from None
-    missing = set(columns) - set(frame.columns)
-    if missing:
-        raise RunFolderError(f"{path} lacks columns: {', '.join(sorted(missing))}")
-    return frame
-
-
-WHOLE_LIMIT = 2**53  # whole numbers a float holds exactly; ids, positions and steps stay far below
-
-
-def numbers_in(path: Path, frame: pd.DataFrame, column: str, whole: bool = False) -> pd.Series:
-    """A column of a `read_table` table as numbers (whole ones as integers); RunFolderError naming
-    the first line whose cell is not a finite number (or not whole and within 0 .. 2^53)."""
-    parsed = pd.to_numeric(frame[column], errors="coerce")  # (rows,) NaN: not a number; integers stay integers
-    values = parsed.to_numpy(dtype=float)  # (rows,)
-    bad = ~np.isfinite(values)
-    if whole:
-        values = np.where(bad, 0.0, values)  # (rows,)
-        bad |= (values % 1 != 0) | (values < 0) | (values > WHOLE_LIMIT)
-    refuse_rows(path, frame, column, bad, "a whole number >= 0" if whole else "a finite number")
-    return parsed.astype(np.int64) if whole else parsed
-
-
-def flags_in(path: Path, frame: pd.DataFrame, column: str) -> pd.Series:
-    """A True/False column of a `read_table` table (1 and 0 accepted) as booleans."""
-    verdicts = frame[column].astype(str).str.lower()  # (rows,)
-    refuse_rows(path, frame, column, ~verdicts.isin(["true", "false", "1", "0"]).to_numpy(), "True or False")
-    return verdicts.isin(["true", "1"])
-
-
-def refuse_rows(path: Path, frame: pd.DataFrame, column: str, bad: np.ndarray, expected: str) -> None:
-    """One line naming the first line of the file whose `column` is flagged in `bad` (n_rows,), if any."""
-    if bad.any():
-        row = int(bad.argmax())
-        raise RunFolderError(f"{path} line {row + 2}: {column} is {str(frame[column].iloc[row])[:40]!r}, "
-                             f"expected {expected}")
-
-
 class ResultWriter:
     """Appends rows to results.csv and flushes after each context, so nothing finished is lost."""
 
     def __init__(self, path: Path):
         new = not path.exists() or path.stat().st_size == 0
         if not new:
-            _drop_partial_last_line(path)
+            drop_partial_last_line(path)
         self._file = path.open("a", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=RESULT_COLUMNS)
         if new:
@@ -329,17 +156,6 @@ class ResultWriter:
 
     def close(self) -> None:
         self._file.close()
-
-
-def complete_lines(data: bytes) -> bytes:
-    """A crash mid-write can leave half a row; only whole lines count."""
-    return data[: data.rfind(b"\n") + 1]
-
-
-def _drop_partial_last_line(path: Path) -> None:
-    data = path.read_bytes()
-    if complete_lines(data) != data:
-        path.write_bytes(complete_lines(data))
 
 
 @dataclass
@@ -433,14 +249,6 @@ def _sha256_of(path: Path, size: int, mtime_ns: int) -> str:
     return file_sha256(path)
 
 
-def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: float, tokens: int,
                      engine: dict, threads: int | None = None, fingerprint: str | None = None) -> None:
     """manifest.json: model identity, the engine that scored (its own build info), the machine
@@ -465,8 +273,8 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
         "tokens_evaluated": old.get("tokens_evaluated", 0) + tokens,
         "sessions": old.get("sessions", 0) + 1,
     }
-    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+    write_json(path, manifest)
 
 
-__all__ = ["SweepPlan", "RunLock", "execute_sweep", "load_plan", "load_results", "load_manifest", "write_atomic",
-           "default_run_dir", "ProbeContext"]
+__all__ = ["SweepPlan", "execute_sweep", "load_plan", "load_results", "load_manifest", "default_run_dir",
+           "ProbeContext"]

@@ -16,7 +16,7 @@ reads a chunked-compressed cache:
   a KL term pulls the indexer's softmax over windows towards the attention mass the
   query's heads put on each window's tokens (stop-gradient), as DeepSeek trains its
   lightning indexer. Pooled keys are the model's own keys (no separate indexer
-  projection): said plainly in the README.
+  projection): said plainly in docs/training.md.
 
 The numpy truth is `kvphase/designs/gatedpool.py` (and `meanpool.py`, `kpool.py`) run by
 `kvphase/reference/gpt2.py`; tests/test_train.py checks this forward equals it to 1e-4.

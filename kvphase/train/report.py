@@ -7,18 +7,17 @@ the held-out accuracy has reached `READABLE_ACCURACY`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kvphase.errors import RunFolderError
+from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, check_writable, figure, figure_link, markdown_table,
+                               write_atomic, write_json)
 from kvphase.sweep.analysis import homogeneity_test, wilson_interval
-from kvphase.sweep.report import figure, markdown_table
-from kvphase.sweep.run import check_writable
 from kvphase.train.config import TrainConfig
-from kvphase.train.run import CURVE_FILE, REPORT_FILE, RESULT_COLUMNS, RESULTS_FILE, SUMMARY_FILE, load_csv, load_train_config
+from kvphase.train.run import CURVE_FILE, RESULT_COLUMNS, RESULTS_FILE, load_csv, load_train_config
 READABLE_ACCURACY = 0.8
 
 
@@ -94,7 +93,7 @@ def build_training_report(out: Path) -> dict:
     """Write summary.json, report.md and the curve; return the summary."""
     check_writable(out, [SUMMARY_FILE, REPORT_FILE, CURVE_FILE])
     summary = summarize_training(out)
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / SUMMARY_FILE, summary)
     plot_curve(summary, out / CURVE_FILE)
     table = pd.DataFrame(summary["by_residue"]).round(2)
     steps = pd.DataFrame(summary["curve"]).assign(accuracy=lambda f: (100 * f.accuracy).round(1),
@@ -107,12 +106,12 @@ def build_training_report(out: Path) -> dict:
         "Held-out questions by the residue of the asked key's position (mod 2S), at the last evaluation "
         "(accuracy and its 95% Wilson interval in %, mean log-probability of the right value):", "",
         markdown_table(table), "",
-        f"![training curve]({CURVE_FILE})", "",
+        figure_link(CURVE_FILE, "training curve"), "",
         "Over training (held-out accuracy in %):", "",
         markdown_table(steps), "",
         "The model file is `model.gguf`: `kvphase sweep model.gguf` measures it with the standard protocol.", "",
     ])
-    (out / REPORT_FILE).write_text(text)
+    write_atomic(out / REPORT_FILE, text)
     return summary
 
 

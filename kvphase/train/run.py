@@ -29,13 +29,13 @@ import pandas as pd
 
 from kvphase import __version__
 from kvphase.errors import Interrupted, PlanError, RunFolderError
-from kvphase.sweep.run import check_writable, make_folder, numbers_in, read_json_object, read_table, write_atomic
+from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, REPORT_FILE, SUMMARY_FILE, check_writable, make_folder,
+                               numbers_in, read_json_object, read_table, write_csv, write_json)
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
 
-CONFIG_FILE, RESULTS_FILE, TRAINING_FILE = "config.json", "results.csv", "training.csv"
-CHECKPOINT_FILE, MODEL_FILE, MANIFEST_FILE = "checkpoint.npz", "model.gguf", "manifest.json"
-SUMMARY_FILE, REPORT_FILE, CURVE_FILE = "summary.json", "report.md", "training_curve.png"
+RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE = "results.csv", "training.csv", "checkpoint.npz"
+MODEL_FILE, CURVE_FILE = "model.gguf", "training_curve.png"
 FOLDER_FILES = (CONFIG_FILE, RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE, CHECKPOINT_FILE + ".tmp", MODEL_FILE,
                 MANIFEST_FILE, SUMMARY_FILE, REPORT_FILE, CURVE_FILE)
 MANIFEST_NUMBERS = ("wall_time_s", "steps_trained", "sessions")
@@ -136,7 +136,7 @@ def _keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
         return
     frame = load_csv(path, columns)
     kept = frame[frame["step"] <= step][columns]
-    write_atomic(path, kept.to_csv(index=False))
+    write_csv(path, kept)
 
 
 def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -178,7 +178,7 @@ def _resume(config: TrainConfig, out: Path) -> Trainer:
     """A trainer at the folder's checkpoint (step 0 without one), its tables cut back to that step."""
     trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
     make_folder(out)
-    write_atomic(out / CONFIG_FILE, json.dumps({"kind": "train", **config.to_json()}, indent=2) + "\n")
+    write_json(out / CONFIG_FILE, {"kind": "train", **config.to_json()})
     if (out / CHECKPOINT_FILE).is_file():
         trainer.load(out / CHECKPOINT_FILE)
     for name, columns in ((RESULTS_FILE, RESULT_COLUMNS), (TRAINING_FILE, TRAINING_COLUMNS)):
@@ -250,4 +250,4 @@ def _update_manifest(out: Path, wall_s: float, steps: int) -> None:
         "steps_trained": old.get("steps_trained", 0) + steps,
         "sessions": old.get("sessions", 0) + 1,
     }
-    write_atomic(path, json.dumps(manifest, indent=2) + "\n")
+    write_json(path, manifest)
