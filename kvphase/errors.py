@@ -18,6 +18,11 @@ class PlanError(KvphaseError):
     """The requested run cannot be built: impossible length, stride, sample size..."""
 
 
+class RecordLayoutError(PlanError):
+    """Prefix padding cannot lay this tokenizer's records back to back at the planned positions
+    (in-sequence padding, with filler between records, may)."""
+
+
 class BackendError(KvphaseError):
     """The inference engine refused or failed a request."""
 

@@ -36,6 +36,8 @@ def test_sweep_on_the_default_model_writes_a_report_and_report_rebuilds_it(tmp_p
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_targets"] == 256 and len(summary["per_residue"]) == 8
+    config = json.loads((out / "config.json").read_text())
+    assert config["padding"] == "prefix" and config["adjusted"] == ""  # SmolLM2's tokenizer fits the default plan
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf" and len(manifest["model"]["sha256"]) == 64
     assert manifest["tokens_evaluated"] > 1024

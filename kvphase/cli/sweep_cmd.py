@@ -19,11 +19,11 @@ from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path, default_threads
-from kvphase.engines.llamacpp import check_threads
+from kvphase.engines.llamacpp import Vocab, check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
-from kvphase.sweep.plan import SweepDefaults, SweepPlan
+from kvphase.sweep.plan import SweepDefaults, SweepPlan, fit_padding
 from kvphase.runfolder import REPORT_FILE, RunLock
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.tasks import available_tasks, load_task
@@ -91,7 +91,7 @@ def sweep(
     defaults = SweepDefaults.for_model(info)
     count = sample_size(per_residue, detect, stride_and_modulus(info, stride, modulus)[1], defaults.per_residue)
     plan = make_plan(info, stride, modulus, given(context, defaults.context), count,
-                     (padding or Padding(defaults.padding)).value, task or defaults.task, seed)
+                     padding.value if padding else defaults.padding, task or defaults.task, seed, fit=padding is None)
     if (backend.value if backend else defaults.backend) == "reference":
         plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
     elif design is not None or option:
@@ -123,8 +123,9 @@ def sweep(
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
 
 
-def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed) -> SweepPlan:
-    """The run's plan from the options and the model's metadata; PlanError when impossible."""
+def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed, fit=True) -> SweepPlan:
+    """The run's plan from the options and the model's metadata; PlanError when impossible. `fit`:
+    the padding was not the user's, so kvphase may change it to one the tokenizer can lay out."""
     if info.tokenizer_model in ("none", "unknown"):
         raise PlanError(f"{info.path.name} has no tokenizer (tokenizer.ggml.model = {info.tokenizer_model}), so no "
                         "prompt can be built; random-weight models from make-tiny are for `kvphase validate`")
@@ -138,7 +139,7 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
     load_task(task)
-    return plan
+    return fit_padding(plan, Vocab.load(info.path)) if fit else plan
 
 
 def query_room(info: ModelInfo) -> int:

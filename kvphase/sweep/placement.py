@@ -35,7 +35,7 @@ import math
 import numpy as np
 
 from kvphase.backends.base import Query
-from kvphase.errors import PlanError
+from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep.tasks import Task
 
 PADDING_MODES = ("prefix", "in-sequence")
@@ -369,7 +369,7 @@ class Layout:
         if not self.prefix:
             return gap
         if self._fill.shortest is None:
-            raise PlanError(f"task {self.task.name}: every record has the same length, so back-to-back records "
+            raise RecordLayoutError(f"task {self.task.name}: every record has the same length, so back-to-back records "
                             "cannot reach every residue; use --padding in-sequence")
         return max(gap, longest + self._fill.shortest)
 
@@ -403,7 +403,7 @@ class Layout:
         start = len(self.head)
         pads = [p for p in range(self.pad_max) if self._fill.fillable(slots[0] - start - p)]
         if not pads:
-            raise PlanError(f"no run of records reaches position {slots[0]}; use --padding in-sequence")
+            raise RecordLayoutError(f"no run of records reaches position {slots[0]}; use --padding in-sequence")
         pad = pads[int(rng.integers(len(pads)))]
         items: list = [self._filler(pad, rng)]
         used: set = set()
@@ -436,7 +436,7 @@ class Layout:
                 break
             run.append(record)
             length -= len(record.ids)
-        raise PlanError(f"task {self.task.name}: the keys left cannot make a run of records of exactly "
+        raise RecordLayoutError(f"task {self.task.name}: the keys left cannot make a run of records of exactly "
                         f"{length} tokens; use --padding in-sequence or a shorter --context")
 
     def _record_leaving_fillable(self, length: int, used: set, rng: np.random.Generator) -> Record | None:

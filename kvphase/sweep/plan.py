@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from kvphase.errors import PlanError
-from kvphase.sweep.placement import ProbeSettings
+from kvphase.errors import PlanError, RecordLayoutError
+from kvphase.sweep.placement import ProbeSettings, Tokenizer
 
 _FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict}  # annotation -> the type a value must have
 
@@ -27,6 +27,7 @@ class SweepPlan:
     control: bool  # True when the model declares no compression and the stride is the user's
     backend: str = "llama.cpp"
     backend_options: dict = field(default_factory=dict)  # the reference backend's design and its options
+    adjusted: str = ""  # what kvphase changed in the default plan to fit the model, and why ("" when nothing)
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
@@ -53,6 +54,33 @@ class SweepPlan:
         out = asdict(self)
         out["model"] = Path(self.model).name
         return out
+
+
+def fit_padding(plan: SweepPlan, tokenizer: Tokenizer) -> SweepPlan:
+    """The plan, or, when prefix padding cannot lay out this tokenizer's records, the same plan with
+    in-sequence padding and the reason in `adjusted`: prefix padding needs runs of records exactly as
+    long as the gaps between targets, which record lengths that are all multiples of a few tokens
+    cannot make (Gemma 3's tokenizer at the defaults). Both keep every residue balanced and matched in
+    depth (`build_probes` checks it); PlanError when neither fits."""
+    from kvphase.sweep.placement import build_probes
+    from kvphase.sweep.tasks import load_task
+
+    if plan.padding != "prefix":
+        return plan
+    task = load_task(plan.task)
+    try:
+        build_probes(task, tokenizer, plan.probe_settings)
+        return plan
+    except RecordLayoutError as prefix_failed:
+        fitted = replace(plan, padding="in-sequence", adjusted="in-sequence padding, because prefix padding cannot "
+                         f"lay out this tokenizer's records ({str(prefix_failed).split('; use ')[0]})")
+        try:
+            build_probes(task, tokenizer, fitted.probe_settings)
+        except PlanError as failed:
+            raise PlanError(f"no padding fits this tokenizer: prefix: {prefix_failed}; in-sequence: {failed}") from None
+        return fitted
+    except PlanError:  # not the padding's doing: the sweep reports it where it always has, after the other checks
+        return plan
 
 
 TRAINED_PER_RESIDUE = 256  # the study's sample size; short contexts through numpy make it cheap

@@ -87,6 +87,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
             f"Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
             f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
             f"in {summary.n_contexts} contexts; {plan.padding} padding; seed {plan.seed}.",
+            *([f"Chosen by kvphase to fit this model, not the default: {plan.adjusted}."] if plan.adjusted else []),
             "Scoring is teacher-forced: a target is correct when every answer token is the argmax given the "
             "answer tokens before it (greedy exact match); the answer's log-probability is recorded.",
             "Tests: " + STATISTICS_NOTE,
