@@ -33,7 +33,7 @@ class TwoTokensPerCharacter(CharBackend):
 def test_a_tokenizer_the_prefix_layout_cannot_fit_gets_in_sequence_padding_with_the_reason():
     with pytest.raises(PlanError):  # what the default plan did before
         build_probes(load_task("records"), TwoTokensPerCharacter(), DEFAULT_PLAN.probe_settings)
-    fitted = fit_padding(DEFAULT_PLAN, TwoTokensPerCharacter())
+    fitted = fit_padding(DEFAULT_PLAN, TwoTokensPerCharacter)
     assert fitted.padding == "in-sequence" and "prefix padding cannot lay out" in fitted.adjusted
     contexts = build_probes(load_task("records"), TwoTokensPerCharacter(), fitted.probe_settings)
     residues = [[t.residue for t in c.targets] for c in contexts]
@@ -46,21 +46,29 @@ def test_a_tokenizer_the_prefix_layout_cannot_fit_gets_in_sequence_padding_with_
 
 
 def test_a_tokenizer_the_default_fits_keeps_the_default_plan():
-    assert fit_padding(DEFAULT_PLAN, CharBackend()) == DEFAULT_PLAN
+    assert fit_padding(DEFAULT_PLAN, CharBackend) == DEFAULT_PLAN
+
+
+def test_a_plan_with_in_sequence_padding_loads_no_vocabulary():
+    def never():
+        raise AssertionError("the tokenizer was opened")
+
+    in_sequence = SweepPlan(**{**DEFAULT_PLAN.__dict__, "padding": "in-sequence"})
+    assert fit_padding(in_sequence, never) == in_sequence
 
 
 def test_when_no_padding_fits_the_error_gives_both_reasons(monkeypatch):
-    import kvphase.sweep.placement as placement
+    import kvphase.sweep.plan as plan_module
 
     def neither(task, tokenizer, settings):
         if settings.padding == "prefix":
             raise RecordLayoutError("no run of records reaches position 40")
         raise PlanError("3 distractors do not fit")
 
-    monkeypatch.setattr(placement, "build_probes", neither)
+    monkeypatch.setattr(plan_module, "build_probes", neither)
     with pytest.raises(PlanError, match="no padding fits this tokenizer: prefix: no run of records reaches position 40; "
                                         "in-sequence: 3 distractors do not fit"):
-        fit_padding(DEFAULT_PLAN, CharBackend())
+        fit_padding(DEFAULT_PLAN, CharBackend)
 
 
 def test_a_plan_that_fails_for_another_reason_is_left_to_fail_where_it_always_did():
@@ -71,7 +79,7 @@ def test_a_plan_that_fails_for_another_reason_is_left_to_fail_where_it_always_di
     with pytest.raises(PlanError) as failed:
         build_probes(load_task("records"), TwoTokensPerCharacter(), short.probe_settings)
     assert not isinstance(failed.value, RecordLayoutError)
-    assert fit_padding(short, TwoTokensPerCharacter()) == short
+    assert fit_padding(short, TwoTokensPerCharacter) == short
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from kvphase.engines.llamacpp import Vocab, check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
-from kvphase.sweep.plan import SweepDefaults, SweepPlan, fit_padding
 from kvphase.runfolder import REPORT_FILE, RunLock
+from kvphase.sweep.plan import SweepDefaults, SweepPlan, fit_padding
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.tasks import available_tasks, load_task
 
@@ -139,7 +139,7 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
     load_task(task)
-    return fit_padding(plan, Vocab.load(info.path)) if fit else plan
+    return fit_padding(plan, lambda: Vocab.load(info.path)) if fit else plan
 
 
 def query_room(info: ModelInfo) -> int:

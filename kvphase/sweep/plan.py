@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Callable
 
 from kvphase.errors import PlanError, RecordLayoutError
-from kvphase.sweep.placement import ProbeSettings, Tokenizer
+from kvphase.sweep.placement import ProbeSettings, Tokenizer, build_probes
+from kvphase.sweep.tasks import load_task
 
 _FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict}  # annotation -> the type a value must have
 
@@ -56,18 +58,16 @@ class SweepPlan:
         return out
 
 
-def fit_padding(plan: SweepPlan, tokenizer: Tokenizer) -> SweepPlan:
+def fit_padding(plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:
     """The plan, or, when prefix padding cannot lay out this tokenizer's records, the same plan with
     in-sequence padding and the reason in `adjusted`: prefix padding needs runs of records exactly as
     long as the gaps between targets, which record lengths that are all multiples of a few tokens
     cannot make (Gemma 3's tokenizer at the defaults). Both keep every residue balanced and matched in
-    depth (`build_probes` checks it); PlanError when neither fits."""
-    from kvphase.sweep.placement import build_probes
-    from kvphase.sweep.tasks import load_task
-
+    depth (`build_probes` checks it); PlanError when neither fits. `open_tokenizer` is called only
+    for a prefix plan: loading a vocabulary is the cost."""
     if plan.padding != "prefix":
         return plan
-    task = load_task(plan.task)
+    task, tokenizer = load_task(plan.task), open_tokenizer()
     try:
         build_probes(task, tokenizer, plan.probe_settings)
         return plan
