@@ -61,6 +61,8 @@ T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_que
 T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
 T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
 
+CALIBRATE = "kvphase/sweep/calibrate.py"
+
 MUTATIONS = [
     # training folders and signals
     Mutation("training-sigterm-unhandled", TRAIN_RUN, "for signum in (signal.SIGINT, signal.SIGTERM)}",
@@ -262,6 +264,22 @@ MUTATIONS = [
              "", (T_CACHE, T_CACHE_FILLED), slow=True),
     Mutation("compile-cache-overrides-the-users-choice", TRAIN_LOOP,
              "    if jax.config.jax_compilation_cache_dir:\n        return\n", "", (T_CACHE,)),
+    # --calibrate
+    Mutation("pilot-scores-the-sweeps-own-contexts", CALIBRATE, "seed=plan.seed + PILOT_SEED_OFFSET)", "seed=plan.seed)",
+             ("tests/test_calibrate.py::test_the_pilot_scores_no_context_the_sweep_scores",)),
+    Mutation("pilot-budget-unchecked", CALIBRATE, "    if spent + tokens_of(pilot) > PILOT_BUDGET * sweep_tokens:",
+             "    if False:", ("tests/test_calibrate.py::test_the_budget_stops_a_walk_whose_next_step_would_cost_more"
+                               "_than_it_allows",)),
+    Mutation("calibrated-folder-runs-a-second-pilot", CALIBRATE,
+             'return held if held.calibration.get("requested") == _request(plan, band, knobs) else None',
+             "return None", ("tests/test_calibrate.py::test_the_calibration_round_trips_through_config_json_and_a_"
+                             "rerun_reuses_it",)),
+    Mutation("walk-stops-at-the-bands-edge", CALIBRATE, "    low, high = band.middle\n    for level in levels:",
+             "    low, high = band\n    for level in levels:",
+             ("tests/test_calibrate.py::test_a_step_at_the_edge_of_the_band_walks_on_to_its_middle",)),
+    Mutation("walk-goes-on-past-the-band", CALIBRATE, "        if step.accuracy <= high if above else step.accuracy >= low:",
+             "        if low <= step.accuracy <= high:", ("tests/test_calibrate.py::test_a_walk_that_crosses_the_band_"
+                                                        "takes_the_step_nearest_it_that_the_budget_allows",)),
 ]
 
 

@@ -50,6 +50,15 @@ def tiny_llama(default_model, tmp_path_factory):
                             tokenizer_from=default_model)
 
 
+@pytest.fixture(scope="session")
+def tiny_deepseek4(default_model, tmp_path_factory):
+    """A tiny deepseek4 with SmolLM2's vocabulary: compress ratios 0, 4 and 128 on its three
+    layers (kvphase.gguf.tiny), heads 64 wide (so q8_0 and q4_0 cache blocks of 32 fit)."""
+    from kvphase.gguf.tiny import write_tiny_model
+
+    return write_tiny_model("deepseek4", tmp_path_factory.mktemp("ds4") / "tiny-ds4.gguf", tokenizer_from=default_model)
+
+
 # the modules that take longest (minutes on one CPU) are collected first, so that under
 # `pytest -n` they start at once and no worker is left waiting for one of them at the end
 LONGEST_FIRST = ("test_default_sweep.py", "test_server_real.py", "test_train.py", "test_docs.py",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 from kvphase.backends.base import Query, Score
@@ -43,3 +44,25 @@ class CharBackend:
         self.tokens_evaluated += len(context)
         self.scored += list(queries)
         return [Score(q.answer[0] % 2 == 0, -float(q.answer[0] % 7), tuple(q.answer)) for q in queries]
+
+
+class WordBackend(CharBackend):
+    """One token per word with the space before it, one per other character: records a few
+    tokens long, as a real tokenizer makes them (CharBackend's are a few dozen)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ids: dict[str, int] = {}
+        self._pieces: list[str] = []
+
+    def tokenize(self, text: str) -> list[int]:
+        return [self._id(piece) for piece in re.findall(r" ?\w+| ?[^\w ]| ", text)]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return "".join(self._pieces[i] for i in ids)
+
+    def _id(self, piece: str) -> int:
+        if piece not in self._ids:
+            self._ids[piece] = len(self._pieces)
+            self._pieces.append(piece)
+        return self._ids[piece]

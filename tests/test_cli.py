@@ -12,20 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli_checks import one_line_error
 from kvphase.cli import app
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _one_line_error(result, fragment):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error:"), result.output
-    assert fragment in lines[0]
-    # CliRunner catches any exception, so a traceback never reaches result.output: an uncaught
-    # exception shows up as result.exception instead (typer.Exit's is a SystemExit)
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
 
 
 @pytest.mark.parametrize("command", ["inspect", "sweep", "report", "compare", "validate", "make-tiny"])
@@ -42,14 +33,14 @@ def test_inspect_default_model(default_model):
 
 
 def test_missing_file(tmp_path):
-    _one_line_error(runner.invoke(app, ["inspect", str(tmp_path / "nope.gguf")]), "model file not found")
-    _one_line_error(runner.invoke(app, ["sweep", str(tmp_path / "nope.gguf")]), "model file not found")
+    one_line_error(runner.invoke(app, ["inspect", str(tmp_path / "nope.gguf")]), "model file not found")
+    one_line_error(runner.invoke(app, ["sweep", str(tmp_path / "nope.gguf")]), "model file not found")
 
 
 def test_not_gguf(tmp_path):
     path = tmp_path / "notes.gguf"
     path.write_text("hello, not a model")
-    _one_line_error(runner.invoke(app, ["sweep", str(path)]), "not a GGUF file")
+    one_line_error(runner.invoke(app, ["sweep", str(path)]), "not a GGUF file")
 
 
 @pytest.mark.parametrize("backend", ["llama.cpp", "reference"])
@@ -57,7 +48,7 @@ def test_sweep_refuses_a_model_without_tokenizer(tmp_path, backend):
     from kvphase.gguf.tiny import write_tiny_model
 
     model = write_tiny_model("deepseek4", tmp_path / "tiny.gguf")
-    _one_line_error(runner.invoke(app, ["sweep", str(model), "--context", "256", "--backend", backend]),
+    one_line_error(runner.invoke(app, ["sweep", str(model), "--context", "256", "--backend", backend]),
                     "has no tokenizer")
 
 
@@ -66,8 +57,8 @@ def test_truncated_gguf(tmp_path, default_model, keep):
     path = tmp_path / "cut.gguf"
     with default_model.open("rb") as src, path.open("wb") as dst:
         dst.write(src.read(keep))
-    _one_line_error(runner.invoke(app, ["sweep", str(path)]), "truncated GGUF file")
-    _one_line_error(runner.invoke(app, ["inspect", str(path)]), "truncated GGUF file")
+    one_line_error(runner.invoke(app, ["sweep", str(path)]), "truncated GGUF file")
+    one_line_error(runner.invoke(app, ["inspect", str(path)]), "truncated GGUF file")
 
 
 @pytest.mark.parametrize("options, fragment", [
@@ -90,7 +81,7 @@ def test_truncated_gguf(tmp_path, default_model, keep):
     (["--backend", "reference", "--design", "meanpool", "-o", "layers=[-1]"], "expected layers[0] to be an integer >= 0, got -1"),
 ])
 def test_impossible_options(default_model, options, fragment, tmp_path):
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
                     fragment)
 
 
@@ -101,7 +92,7 @@ def test_impossible_options(default_model, options, fragment, tmp_path):
     (["--per-residue", "many"], "--per-residue must be a whole number or 'auto', got 'many'"),
 ])
 def test_sample_size_options(default_model, options, fragment, tmp_path):
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(tmp_path / "r"), *options]),
                     fragment)
 
 
@@ -123,12 +114,12 @@ def test_unknown_padding_is_a_usage_error(default_model):
 def test_sweep_out_that_is_a_file(default_model, tmp_path):
     taken = tmp_path / "notes.txt"
     taken.write_text("mine")
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(taken)]), "is a file, not a run folder")
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(taken)]), "is a file, not a run folder")
     assert taken.read_text() == "mine"
 
 
 def test_report_on_a_folder_that_is_not_a_run(tmp_path):
-    _one_line_error(runner.invoke(app, ["report", str(tmp_path)]), "config.json is missing")
+    one_line_error(runner.invoke(app, ["report", str(tmp_path)]), "config.json is missing")
 
 
 @pytest.mark.parametrize("design_args", [
@@ -151,17 +142,17 @@ def test_sweep_through_the_reference_backend(tmp_path, design_args, tiny_llama):
 
 
 def test_design_options_need_the_reference_backend(default_model):
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--design", "meanpool"]),
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--design", "meanpool"]),
                     "apply to --backend reference only")
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "--design", "magic"]),
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "--design", "magic"]),
                     "the reference backend runs designs")
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "-o", "window"]),
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--backend", "reference", "-o", "window"]),
                     "--option expects KEY=VALUE")
 
 
 def test_a_refused_sweep_leaves_no_folder_and_the_corrected_one_runs_there(default_model, tmp_path):
     out = tmp_path / "run"
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(out), "--per-residue", "9999"]),
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", str(out), "--per-residue", "9999"]),
                     "--per-residue 9999 asks for 79992 targets")
     assert not out.exists()
 
@@ -171,7 +162,7 @@ def test_a_refused_sweep_leaves_no_folder_and_the_corrected_one_runs_there(defau
 def test_an_out_that_cannot_be_written_is_refused_before_the_model_loads(default_model, tmp_path, out, fragment):
     afile = tmp_path / "plain"
     afile.write_text("x")
-    _one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", out.format(file=afile)]), fragment)
+    one_line_error(runner.invoke(app, ["sweep", str(default_model), "--out", out.format(file=afile)]), fragment)
 
 
 STARTUP_INTERRUPT = """

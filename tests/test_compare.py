@@ -16,6 +16,7 @@ import pytest
 from scipy import stats
 from typer.testing import CliRunner
 
+from cli_checks import one_line_error
 from kvphase.cli import app
 from kvphase.sweep.compare import CSV_FILE, FIGURE_FILE, MARKDOWN_FILE, load_runs
 from kvphase.errors import PlanError
@@ -136,33 +137,25 @@ def test_default_out_is_reports_comparison(two_runs, tmp_path, monkeypatch):
         assert (tmp_path / "reports" / "comparison" / name).is_file()
 
 
-def _one_line_error(result, *fragments):
-    assert result.exit_code == 1, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
 def test_a_folder_that_is_not_a_run(two_runs, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    _one_line_error(invoke([two_runs[0], empty, "--out", tmp_path / "cmp"]), "is not a run folder", "config.json")
+    one_line_error(invoke([two_runs[0], empty, "--out", tmp_path / "cmp"]), "is not a run folder", "config.json")
     assert not (tmp_path / "cmp").exists()
 
 
 def test_a_missing_folder(tmp_path):
-    _one_line_error(invoke([tmp_path / "nope", "--out", tmp_path / "cmp"]), "no such directory")
+    one_line_error(invoke([tmp_path / "nope", "--out", tmp_path / "cmp"]), "no such directory")
 
 
 def test_a_run_with_no_results(tmp_path):
     folder = write_run(tmp_path / "fresh", [0] * 8)
     (folder / "results.csv").write_text("")
-    _one_line_error(invoke([folder, "--out", tmp_path / "cmp"]), "has no scored targets")
+    one_line_error(invoke([folder, "--out", tmp_path / "cmp"]), "has no scored targets")
 
 
 def test_no_folder(tmp_path):
-    _one_line_error(invoke(["--out", tmp_path / "cmp"]), "at least one run folder")
+    one_line_error(invoke(["--out", tmp_path / "cmp"]), "at least one run folder")
 
 
 def test_different_moduli_share_one_figure(tmp_path):
@@ -176,7 +169,7 @@ def test_different_moduli_share_one_figure(tmp_path):
 
 
 def test_a_folder_given_twice(two_runs, tmp_path):
-    _one_line_error(invoke([two_runs[0], two_runs[0], "--out", tmp_path / "cmp"]), "given twice")
+    one_line_error(invoke([two_runs[0], two_runs[0], "--out", tmp_path / "cmp"]), "given twice")
 
 
 def test_different_strides_share_a_figure(tmp_path):

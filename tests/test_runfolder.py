@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from kvphase.errors import RunFolderError
 from kvphase.runfolder import ReportPage
 
 
@@ -17,3 +20,10 @@ def test_a_page_sets_its_parts_apart_by_blank_lines_in_order():
 def test_a_page_without_prose_figure_or_measurements_has_no_gaps_for_them():
     page = ReportPage(title="T", headline="H", sections=[("Over residues", "| a |")], files="Files: none.")
     assert page.markdown() == "# T\n\n**H**\n\n## Over residues\n\n| a |\n\nFiles: none.\n"
+
+
+def test_a_folder_name_longer_than_the_file_system_allows_is_one_error(tmp_path):
+    from kvphase.runfolder.files import make_folder
+
+    with pytest.raises(RunFolderError, match="cannot create run folder .*File name too long"):
+        make_folder(tmp_path / ("d" * 300))

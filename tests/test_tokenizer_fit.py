@@ -109,3 +109,15 @@ def test_the_default_sweep_runs_on_gemma3_and_its_report_says_what_was_changed(g
 def test_a_padding_the_user_chose_is_never_changed(gemma, tmp_path):
     result = runner.invoke(app, ["sweep", str(gemma), "--padding", "prefix", "--out", str(tmp_path / "run")])
     assert result.exit_code == 1 and "cannot make a run of records" in result.output, result.output
+
+
+def test_a_context_longer_than_the_keys_can_fill_is_one_layout_error_not_a_crash():
+    """Gemma 3 at 32,704 tokens needed more records than 282 animals x 20 colours make (the count a
+    context needs is estimated from one record's length, and prefix padding packs records closer):
+    numpy raised from an empty list of free keys."""
+    from kvphase.sweep.placement import Layout, RecordMaker
+
+    tokenizer, task = CharBackend(), load_task("records")
+    layout = Layout.of(task, tokenizer, DEFAULT_PLAN.probe_settings, RecordMaker(task, tokenizer))
+    with pytest.raises(RecordLayoutError, match="needs more distinct keys than its word lists make"):
+        layout._new_record(set(layout.keys), np.random.default_rng(0))

@@ -17,12 +17,19 @@ from kvphase.errors import PlanError
 
 def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
                      options: dict | None = None) -> Backend:
-    """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`); takes no options."""
+    """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`). One option, `cache_type`
+    (q8_0 or q4_0: the K and V cache type; a plan records it only when it is not llama.cpp's
+    default f16)."""
     from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.engines.llamacpp import CACHE_TYPES
 
+    options = dict(options or {})
+    cache_type = options.pop("cache_type", "f16")
     if options:
-        raise PlanError(f"the llama.cpp backend takes no options, got {', '.join(options)}")
-    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads)
+        raise PlanError(f"the llama.cpp backend takes no options but cache_type, got {', '.join(options)}")
+    if not isinstance(cache_type, str) or cache_type not in CACHE_TYPES:
+        raise PlanError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {str(cache_type)[:40]!r}")
+    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type)
 
 
 def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,

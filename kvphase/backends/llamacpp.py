@@ -39,9 +39,11 @@ class LlamaCppBackend:
         n_batch: int = 512,
         flash_attn: bool = False,
         head_tap: bool = False,
+        cache_type: str = "f16",
     ):
         """`head_tap`: install a `TapPoint` (`self.tap_point`): its tap (`engines.taps`) sees, and
-        may overwrite, the graph nodes it selects (knockouts)."""
+        may overwrite, the graph nodes it selects (knockouts). `cache_type`: the K and V cache
+        type (`engines.llamacpp.CACHE_TYPES`); a quantized one runs under flash attention."""
         import llama_cpp
 
         self._lc = llama_cpp
@@ -54,10 +56,12 @@ class LlamaCppBackend:
         self.n_batch = n_batch
         # n_seq_max 2: the context, and the query scored on a copy of it
         self.n_threads = n_threads or default_threads()  # recorded in a run's manifest
+        self.cache_type = cache_type
         self.tap_point = self._tap_point() if head_tap else None
         self._context_tap = None  # the every-decode tap the cached context was decoded under
         self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
-                                       n_seq_max=2, flash_attn=flash_attn, kv_unified=True, label=str(self.model_path),
+                                       n_seq_max=2, flash_attn=flash_attn, kv_unified=True, cache_type=cache_type,
+                                       label=str(self.model_path),
                                        cb_eval=self.tap_point.c_callback if head_tap else None)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
@@ -181,7 +185,8 @@ class LlamaCppBackend:
     def engine_info(self) -> dict:
         """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
         return {"engine": "llama-cpp-python", "version": self._lc.__version__,
-                "system_info": self._lc.llama_print_system_info().decode().strip()}
+                "system_info": self._lc.llama_print_system_info().decode().strip(),
+                **({"cache_type": self.cache_type} if self.cache_type != "f16" else {})}
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

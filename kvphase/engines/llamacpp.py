@@ -20,6 +20,10 @@ from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.tensors import GGML_TYPE_F32
 
 MAX_THREADS = 512  # GGML_MAX_N_THREADS (ggml/include/ggml.h); more threads crash llama.cpp
+# K and V cache types a sweep may ask for, by name: ggml_type ids (ggml/include/ggml.h). f16 is
+# llama_context_default_params' own; the quantized ones store blocks of 32 values with a scale.
+CACHE_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+CACHE_BLOCK = 32  # values per q8_0 / q4_0 block: every head's K and V width must be a multiple
 
 # (token, position, sequence, wants logits): one row of a llama_batch
 Row = tuple[int, int, int, bool]
@@ -132,16 +136,25 @@ def new_context(
     flash_attn: bool = False,
     kv_f32: bool = False,
     kv_unified: bool = False,
+    cache_type: str = "f16",
     cb_eval=None,
     label: str = "the model",
 ):
     """A llama.cpp context with n_ubatch = n_batch, so llama.cpp cannot regroup a batch's tokens.
 
+    `cache_type` (a `CACHE_TYPES` name) sets the K and the V cache together; a quantized one
+    turns flash attention on, because llama.cpp stores a quantized V cache only under flash
+    attention (`llama_init_from_model` in src/llama-context.cpp refuses it otherwise, and
+    deepseek4 and MLA models refuse K and V of different types).
     `cb_eval` is a ctypes eval callback (see `kvphase.engines.capture`); the caller keeps
     it alive as long as the context. BackendError when llama.cpp cannot create it."""
     import llama_cpp
 
     check_threads(n_threads)
+    if cache_type not in CACHE_TYPES or (kv_f32 and cache_type != "f16"):
+        raise ValueError(f"expected a cache type from {', '.join(CACHE_TYPES)} (f16 with kv_f32), got {cache_type!r}")
+    quantized = cache_type != "f16"
+    flash_attn = flash_attn or quantized
 
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = n_ctx
@@ -158,10 +171,16 @@ def new_context(
     if kv_f32:
         params.type_k = GGML_TYPE_F32  # K and V must be set together
         params.type_v = GGML_TYPE_F32
+    if quantized:
+        params.type_k = params.type_v = CACHE_TYPES[cache_type]
     if cb_eval is not None:
         params.cb_eval = ctypes.cast(cb_eval, llama_cpp.ggml_backend_sched_eval_callback)
         params.cb_eval_user_data = None
     ctx = llama_cpp.llama_init_from_model(model, params)
+    if not ctx and quantized:
+        raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens with a {cache_type} KV cache for "
+                           f"{label}: it needs flash attention on this architecture and every attention head's K "
+                           f"and V width a multiple of {CACHE_BLOCK}; use --cache-type f16")
     if not ctx:
         raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {label}")
     return ctx

@@ -88,10 +88,10 @@ class RunLock:
 def make_folder(folder: Path) -> bool:
     """Create an output folder (and its parents); True when it did not exist. RunFolderError
     when it is a file or cannot be created (read-only place, a file on the way)."""
-    if folder.exists() and not folder.is_dir():
-        raise RunFolderError(f"{folder} is a file, not a run folder; choose another --out")
-    created = not folder.exists()
-    try:
+    try:  # exists() itself fails on a name longer than the file system allows
+        if folder.exists() and not folder.is_dir():
+            raise RunFolderError(f"{folder} is a file, not a run folder; choose another --out")
+        created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunFolderError(f"cannot create run folder {folder}: {exc.strerror or exc}") from None

@@ -124,7 +124,10 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         best_accuracy=float(acc.max()),
         best_residue=int(acc.idxmax()),
         gap=round(float(acc.max() - acc.min()), 2),
-        gap_ci=tuple(round(max(v, 0.0), 2) for v in basic_interval(gaps, float(acc.max() - acc.min()))),
+        # no resample of contexts held every residue (one context per residue, as at M = 128 with 1 or 2
+        # targets per residue): the interval is unknown, so it is the gap's whole range
+        gap_ci=tuple(round(max(v, 0.0), 2) for v in basic_interval(gaps, float(acc.max() - acc.min())))
+        if len(gaps) else (0.0, 100.0),
         periodicity=periodicity,
         detectable_dip=None if dip is None else round(100 * dip, 2),
         test=stratified_test(correct, design, binary=True, seed=seed),
@@ -160,5 +163,6 @@ def gap_difference(baseline: pd.DataFrame, other: pd.DataFrame, seed: int = 0) -
     n = min(len(s) for s in samples)
     observed = [100 * np.ptp(r.groupby("residue")["correct"].mean().to_numpy()) for r in (baseline, other)]
     difference = float(observed[1] - observed[0])
-    low, high = basic_interval(samples[1][:n] - samples[0][:n], difference)
+    # a run none of whose resamples held every residue: the difference's interval is its whole range
+    low, high = basic_interval(samples[1][:n] - samples[0][:n], difference) if n else (-100.0, 100.0)
     return GapDifference(round(difference, 2), round(low, 2), round(high, 2))

@@ -45,6 +45,7 @@ SD_TOLERANCE = 0.02  # relative: largest spread of the groups' position standard
 MAX_TARGETS = 1 << 16  # targets in one run: about a minute of planning, and more than any test needs
 MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
 EXACT_RUN_STEPS = 10_000  # records drawn (or taken back) for one exact run before giving up
+MAX_NUMBER_DRAWS = 1_000  # random numbers drawn for one value before deciding none tokenizes cleanly
 
 
 class Tokenizer(Protocol):
@@ -269,37 +270,78 @@ class RecordMaker:
         self.task = task
         self._tokenize_cached: dict[str, tuple[int, ...]] = {}
         self._tokenizer = tokenizer
+        self._uses_other = any("{other}" in s for s in task.record + task.query + task.answer)
         probe_value = task.values[0] if task.values else "1" * task.value_digits
-        keys = [k for k in task.keys if self._joins_cleanly(k, probe_value)]
-        self.values = tuple(v for v in task.values if self._joins_cleanly(keys[0] if keys else "", v))
+        # the value stands in for {other} too, so a kept value joins cleanly in either place
+        keys = [k for k in task.keys if self._joins_cleanly(k, probe_value, other=probe_value)]
+        key0 = keys[0] if keys else ""
+        self.values = tuple(v for v in task.values if self._joins_cleanly(key0, v, other=v))
         self.single_keys = tuple(keys)
         self.compound_keys = tuple(f"{m} {k}" for m in task.key_modifiers for k in keys)
         if task.keys and not keys:
             raise PlanError(f"task {task.name}: no key tokenizes cleanly inside a record")
         if task.values and not self.values:
             raise PlanError(f"task {task.name}: no value tokenizes cleanly inside a record")
+        if self._uses_other and task.values and len(self.values) < 2:
+            raise PlanError(f"task {task.name}: {{other}} needs two values that tokenize cleanly, found "
+                            f"{len(self.values)}")
+        self._peers = self._values_of_equal_length(key0)
 
     def ids(self, text: str) -> tuple[int, ...]:
         if text not in self._tokenize_cached:
             self._tokenize_cached[text] = tuple(self._tokenizer.tokenize(text))
         return self._tokenize_cached[text]
 
-    def segments(self, segments: Sequence[str], key: str, value: str) -> tuple[int, ...]:
-        return tuple(t for s in segments for t in self.ids(s.format(key=key, value=value)))
+    def segments(self, segments: Sequence[str], key: str, value: str, other: str = "") -> tuple[int, ...]:
+        return tuple(t for s in segments for t in self.ids(s.format(key=key, value=value, other=other)))
 
     def make(self, key: str, value: str) -> Record:
         task = self.task
-        query = Query(self.segments(task.query, key, value), self.segments(task.answer, key, value))
-        return Record(key, value, self.segments(task.record, key, value), query)
+        other = self.other_value(key, value)
+        query = Query(self.segments(task.query, key, value, other), self.segments(task.answer, key, value, other))
+        return Record(key, value, self.segments(task.record, key, value, other), query)
+
+    def other_value(self, key: str, value: str) -> str:
+        """The record's second value, `{other}` ("" for tasks without one).
+
+        Placement needs every record's exact length from (key, value) alone, so the other
+        value is a function of them: a stable hash (not Python's salted `hash`) picks it.
+        It is never the value itself, so the asked value stays the only right answer, and
+        it has the value's token length (a word of the same length, a number of as many
+        digits), so a record's length stays its key's share plus its value's
+        (`RecordLengths`).
+        """
+        if not self._uses_other:
+            return ""
+        pick = int.from_bytes(hashlib.sha256(f"{key}\0{value}".encode()).digest()[:8], "big")
+        if not self.task.values:
+            low = 10 ** (self.task.value_digits - 1)
+            span = 9 * low  # numbers of exactly value_digits digits
+            return str(low + (int(value) - low + 1 + pick % (span - 1)) % span)  # any of them but value
+        peers = [v for v in self._peers.get(value, self.values) if v != value]
+        peers = peers or [v for v in self.values if v != value]  # a value alone at its length
+        return peers[pick % len(peers)]
+
+    def _values_of_equal_length(self, key: str) -> dict[str, tuple[str, ...]]:
+        """value -> the values whose record (with that value in every value place) is as long."""
+        if not self._uses_other:
+            return {}
+        by_length: dict[int, list[str]] = {}
+        for value in self.values:
+            by_length.setdefault(len(self.segments(self.task.record, key, value, value)), []).append(value)
+        return {v: tuple(group) for group in by_length.values() for v in group}
 
     def random_value(self, rng: np.random.Generator) -> str:
         if self.values:
             return self.values[rng.integers(len(self.values))]
-        while True:
+        key = self.single_keys[0] if self.single_keys else ""  # a key of the task: "" would merge with ":"
+        for _ in range(MAX_NUMBER_DRAWS):
             digits = self.task.value_digits
             value = str(rng.integers(10 ** (digits - 1), 10**digits))
-            if self._joins_cleanly("", value):
+            if self._joins_cleanly(key, value):
                 return value
+        raise PlanError(f"task {self.task.name}: no {self.task.value_digits}-digit number tokenizes cleanly "
+                        "inside a record")
 
     def keys_for(self, n_records: int) -> tuple[str, ...]:
         """Single keys when there are enough for a context, compound keys otherwise."""
@@ -316,11 +358,14 @@ class RecordMaker:
         """An upper bound on the tokens of one record built from these keys."""
         key_len = max((len(self.ids(f" {k}")) for k in keys), default=0) + 1
         value_len = max((len(self.ids(f" {v}")) for v in self.values), default=self.task.value_digits) + 1
-        return sum(len(self.ids(s.format(key="", value=""))) + 1 for s in self.task.record) + key_len + value_len
+        value_len *= 1 + sum("{other}" in s for s in self.task.record)  # {other} is as long as a value
+        fixed = sum(len(self.ids(s.format(key="", value="", other=""))) + 1 for s in self.task.record)
+        return fixed + key_len + value_len
 
-    def _joins_cleanly(self, key: str, value: str) -> bool:
-        text = "".join(s.format(key=key, value=value) for s in self.task.record)
-        return tuple(self._tokenizer.tokenize(text)) == self.segments(self.task.record, key, value)
+    def _joins_cleanly(self, key: str, value: str, other: str | None = None) -> bool:
+        other = self.other_value(key, value) if other is None else other
+        text = "".join(s.format(key=key, value=value, other=other) for s in self.task.record)
+        return tuple(self._tokenizer.tokenize(text)) == self.segments(self.task.record, key, value, other)
 
 
 @dataclass
@@ -525,6 +570,10 @@ class Layout:
             key = self.keys[int(rng.integers(len(self.keys)))]
             if key in used:
                 free = [k for k in self.keys if k not in used]
+                if not free:  # prefix padding packs records closest; in-sequence's gaps need fewer
+                    raise RecordLayoutError(f"task {self.task.name}: a context of {self.settings.context_length} "
+                                            f"tokens needs more distinct keys than its word lists make "
+                                            f"({len(self.keys)}); use a shorter --context")
                 key = free[int(rng.integers(len(free)))]
             used.add(key)
         return self.records.make(key, self.records.random_value(rng))

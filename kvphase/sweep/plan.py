@@ -30,6 +30,7 @@ class SweepPlan:
     backend: str = "llama.cpp"
     backend_options: dict = field(default_factory=dict)  # the reference backend's design and its options
     adjusted: str = ""  # what kvphase changed in the default plan to fit the model, and why ("" when nothing)
+    calibration: dict = field(default_factory=dict)  # --calibrate's pilot and choice (sweep.calibrate); {} without
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""

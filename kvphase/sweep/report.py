@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvphase.errors import RunFolderError
+from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
 from kvphase.sweep.analysis import Summary, summarize
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import load_manifest, load_plan, load_results
+from kvphase.sweep.tasks import load_task
 
 FIGURE_FILE = "accuracy_by_residue.png"
 
@@ -70,7 +71,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
     return ReportPage(
         title=f"Phase sensitivity: {Path(plan.model).name}",
         headline=summary.headline(),
-        prose=_compression_note(plan),
+        prose="\n\n".join(note for note in (_compression_note(plan), _difficulty_warning(plan, summary)) if note),
         sections=[
             ("Over residues", markdown_table(pd.DataFrame(_overview_rows(summary), columns=["quantity", "value"])),
              figure_link(FIGURE_FILE, "accuracy by residue")),
@@ -88,6 +89,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
             f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
             f"in {summary.n_contexts} contexts; {plan.padding} padding; seed {plan.seed}.",
             *([f"Chosen by kvphase to fit this model, not the default: {plan.adjusted}."] if plan.adjusted else []),
+            _difficulty_line(plan),
             "Scoring is teacher-forced: a target is correct when every answer token is the argmax given the "
             "answer tokens before it (greedy exact match); the answer's log-probability is recorded.",
             "Tests: " + STATISTICS_NOTE,
@@ -110,6 +112,49 @@ def _compression_note(plan: SweepPlan) -> str:
     if plan.backend == "reference":
         return f"Compression applied post hoc by the numpy reference model: {plan.describe_backend()}."
     return ""
+
+
+CEILING, FLOOR = 95.0, 5.0  # mean accuracy (%) beyond which a dip has little room to show
+
+
+def _difficulty_warning(plan: SweepPlan, summary: Summary) -> str:
+    """A warning when the mean accuracy is near the ceiling or the floor, where even a large weak
+    spot barely moves the numbers ("" in between)."""
+    mean = summary.mean_accuracy
+    if FLOOR <= mean <= CEILING:
+        return ""
+    side = "easy" if mean > CEILING else "hard"
+    if plan.calibration:
+        advice = "even the setting `--calibrate` chose (below) is outside its band: see where its pilot stopped"
+    elif _calibration_knobs(plan.task):
+        advice = ("`kvphase sweep --calibrate` chooses the context and task for this model, aiming at a mean accuracy "
+                  "of 40-80% where a dip shows best")
+    else:
+        advice = f"task `{plan.task}` has no difficulty calibration can turn (a trained model is swept as it learned)"
+    return (f"**This task is too {side} for this model to show a weak spot at its hardest**: mean accuracy "
+            f"{mean:.1f}% leaves a dip little room, so \"no phase effect\" here says little about a harder task; "
+            f"{advice}.")
+
+
+def _difficulty_line(plan: SweepPlan) -> str:
+    """How the task's difficulty was chosen."""
+    from kvphase.sweep.calibrate import Calibration
+
+    if plan.calibration:
+        try:
+            return Calibration.from_json(plan.calibration).describe()
+        except PlanError as exc:
+            raise RunFolderError(f"config.json: {exc}") from None
+    hint = " (`--calibrate` chooses them for a mean accuracy in 40-80%)" if _calibration_knobs(plan.task) else ""
+    return f"Difficulty: task and context as given or by default, not calibrated to this model{hint}."
+
+
+def _calibration_knobs(task: str) -> tuple[str, ...]:
+    """The knobs calibration may turn on `task` (none when its file is gone)."""
+    try:
+        return load_task(task).calibrate
+    except PlanError:
+        return ()
 
 
 STATISTICS_NOTE = (

@@ -40,8 +40,11 @@ RESULTS_FILE = "results.csv"
 
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
-    """reports/<model>-<task>-S<stride>-L<context>, plus the reference design and its options."""
+    """reports/<model>-<task>-S<stride>-L<context>, plus the reference design and its options,
+    the server engine, or llama.cpp's cache type where it is not the default f16."""
     name = f"{info.short_name}-{plan.task}-S{plan.stride}-L{plan.context}"
+    if plan.backend == "llama.cpp" and plan.backend_options.get("cache_type", "f16") != "f16":
+        name += f"-cache-{plan.backend_options['cache_type']}"
     if plan.backend == "reference":
         options = plan.backend_options
         name += "-ref-" + "-".join([str(options.get("design", "dense"))] + [
