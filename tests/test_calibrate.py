@@ -61,6 +61,7 @@ def test_the_band_parses_and_refuses_what_is_not_a_band():
 def test_harder_settings_double_the_context_up_to_the_longest_then_turn_to_harder_tasks():
     assert harder_levels(PLAN, ["context"], 5000) == [("records", 2048), ("records", 4096), ("records", 5000)]
     assert harder_levels(PLAN, [], 5000) == []
+    assert harder_levels(PLAN, ["context"], 1024) == []  # the start is the longest already
     assert easier_levels(PLAN, ["context"]) == [("records", 512), ("records", 256)]
     assert easier_levels(PLAN, ["harder"]) == []
     chain = calibration._harder_tasks("records")

@@ -159,7 +159,8 @@ def harder_levels(plan: SweepPlan, knobs: Sequence[str], longest: int) -> list[L
     tasks = _harder_tasks(plan.task) if "harder" in knobs else [plan.task]
     contexts = [plan.context]
     if "context" in knobs:
-        contexts += [c for c in (plan.context << i for i in range(1, 32)) if c < longest] + [longest]
+        contexts += [c for c in (plan.context << i for i in range(1, 32)) if c < longest]
+        contexts += [longest] if longest > plan.context else []
     return [Level(tasks[0], c) for c in contexts[1:]] + [Level(task, contexts[-1]) for task in tasks[1:]]
 
 
