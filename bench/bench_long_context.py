@@ -119,7 +119,7 @@ def main() -> int:
     for b in batches:
         mark = "  <- baseline" if b == baseline else ""
         print(f"{f'raw prompt processing, n_batch {b}':<52}{best_raw[b]:>9.2f}{len(tokens) / best_raw[b]:>10.1f}"
-              f"{raw_rate * best_raw[b] / len(tokens):>8.2f}{mark}")
+              f"{len(tokens) / best_raw[b] / raw_rate:>8.2f}{mark}")
     print(f"{'sweep: context decode alone':<52}{best_context:>9.2f}{len(tokens) / best_context:>10.1f}"
           f"{len(tokens) / best_context / raw_rate:>8.2f}")
     print(f"{f'sweep: score(context, {len(queries)} queries)':<52}{best_sweep:>9.2f}{len(tokens) / best_sweep:>10.1f}"

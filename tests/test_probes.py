@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kvphase.errors import PlanError
-from kvphase.sweep.placement import ProbeSettings, RecordMaker, build_probes, plan_contexts, residue_slots
+from kvphase.sweep.placement import (ProbeSettings, RecordMaker, Target, build_probes, check_matched_moments,
+                                    plan_contexts, residue_slots)
 from kvphase.sweep.tasks import load_task
 from tests.fakes import CharBackend
 
@@ -170,6 +171,32 @@ def test_residue_slots_equalize_means_exactly_when_n_is_a_multiple_of_m():
     assert np.ptp(slots.mean(axis=1)) == 0
     assert all((slots[r] % 8 == r).all() for r in range(8))
     assert ((slots >= anchors - 8) & (slots < anchors + 8)).all()  # each slot stays next to its anchor
+
+
+def test_a_context_with_room_for_one_depth_still_plans_m_or_more_targets_per_residue():
+    """At M = 128 a 960-token context has one anchor depth (`--stride all --per-residue auto` on
+    deepseek4's S = 128 asked for 128 per residue there): moving some of a residue's targets down
+    by M cannot keep its SD, so whole groups move, and the means agree within M / 2."""
+    for per_residue in (32, 40):  # n = M and n > M, one target per context
+        contexts = plan_contexts(lowest=100, highest=230, modulus=32, per_residue=per_residue, lanes=1)
+        slots = np.concatenate(contexts)  # (M n,)
+        assert len(contexts) == 32 * per_residue and np.ptp([s % 32 for s in slots[:32]]) == 31
+        by_residue = [slots[slots % 32 == r] for r in range(32)]
+        assert all(np.ptp(group) == 0 for group in by_residue)  # every group at one depth
+        means = np.array([group.mean() for group in by_residue])  # (M,)
+        assert np.abs(means - means.mean()).max() <= 16
+        check_matched_moments([Target(i, i, int(s), int(s) % 32, int(s) % 4, "k", "v", None)
+                               for i, s in enumerate(slots)], 32)
+
+
+def test_unmatched_moments_are_one_line_however_large_the_modulus():
+    positions = [384 + r + 256 * (r == 5) for r in range(128)]  # residue 5 two periods deeper than the rest
+    targets = [Target(i, i, p, p % 128, p % 128, "k", "v", None) for i, p in enumerate(positions)]
+    with pytest.raises(PlanError) as error:
+        check_matched_moments(targets, 128)
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 200, message
+    assert "mean target positions (from 384.00 at residue 0 to 645.00 at residue 5) differ by more than 64" in message
 
 
 def test_impossible_settings_raise_plan_errors(llama_backend):

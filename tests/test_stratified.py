@@ -267,6 +267,19 @@ def test_per_residue_for_dip_against_scipy_power():
         per_residue_for_dip(20, 8)
 
 
+def test_large_moduli_take_the_smallest_sample_size_not_a_whole_round():
+    """At M = 128 (deepseek4's HCA stride under --stride all) a context holds fewer than M
+    targets, so the count is the smallest with 80% power: 46 per residue for a 50-point dip,
+    where rounding to a multiple of M asked for 128 (16,384 targets, not 5,888)."""
+    def power(k, dip=0.5, m=128):
+        lam = k * dip**2 * (m - 1) / (m * 0.25)
+        return stats.ncx2.sf(stats.chi2.isf(0.05, m - 1), m - 1, lam)
+
+    n = per_residue_for_dip(0.5, 128)
+    assert power(n) >= 0.8 > power(n - 1)
+    assert n == 46
+
+
 def test_bootstrap_resamples_whole_contexts():
     # every context is all right or all wrong and serves every residue once: any resample of
     # whole contexts gives every residue the same accuracy, resampling targets would not

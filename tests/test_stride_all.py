@@ -4,6 +4,7 @@ compress ratios), each what `kvphase sweep --stride S` writes, then their compar
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -85,6 +86,25 @@ def test_the_plan_of_each_stride_is_said_before_anything_runs(tiny_deepseek4, tm
     assert out.index("stride 128, modulus 128") < out.index("Dry run for")
     assert f"Dry run for {tmp_path / 'runs' / NAMES[4]}" in out and f"Dry run for {tmp_path / 'runs' / NAMES[128]}" in out
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_per_residue_auto_sizes_each_stride_for_the_dip(tiny_deepseek4, tmp_path):
+    """--per-residue auto --detect with --stride all: each stride gets the count that detects the
+    dip at its own modulus, and S = 128 in the default context (room for one target depth, so
+    one target per context) plans: the count once failed the depth check after a minute."""
+    from scipy import stats
+
+    def power(n, m, dip=0.9):  # a balanced design at the worst-case variance 1/4
+        return stats.ncx2.sf(stats.chi2.isf(0.05, m - 1), m - 1, n * dip**2 * (m - 1) / (m * 0.25))
+
+    result = runner.invoke(app, ["sweep", str(tiny_deepseek4), "--per-residue", "auto", "--detect", "90", "--threads",
+                                 "1", "--stride", "all", "--dry-run", "--out", str(tmp_path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    counts = {int(m): int(n) for m, n in re.findall(r"modulus (\d+): \d+ targets \((\d+) per residue\)", result.output)}
+    assert counts[8] % 8 == 0 and power(counts[8], 8) >= 0.8 > power(counts[8] - 8, 8)
+    assert power(counts[128], 128) >= 0.8 > power(counts[128] - 1, 128)  # not rounded up to 128
+    assert f"{128 * counts[128]} contexts, {128 * counts[128]} targets" in result.output
 
 
 def test_large_strides_without_a_sample_size_are_told_how_to_size_them():

@@ -209,14 +209,16 @@ def residue_slots(anchors: np.ndarray, modulus: int) -> np.ndarray:
     the offset r, so every group has the anchors' mean (within M / 2n; exactly when M
     divides n). Which anchors move is chosen to keep the standard deviation
     (`_spread_keeping_choice`). With fewer anchors than residues no choice keeps it (two
-    targets have one distance), so there the residues from M / 2 on move as a whole: equal
-    SDs, means within M / 2.
+    targets have one distance), nor when every anchor is the same depth (a context with room
+    for one, as at M = 128 in a 1K context): there the residues from M / 2 on move as a
+    whole: equal SDs, means within M / 2.
     """
     n = len(anchors)
+    whole_groups = n < modulus or np.ptp(anchors) == 0
     slots = np.empty((modulus, n), dtype=int)
     for r in range(modulus):
         shifted = np.zeros(n, dtype=int)  # (n,)
-        if n < modulus:
+        if whole_groups:
             shifted[:] = r >= modulus / 2
         else:
             shifted[_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus)] = 1
@@ -248,18 +250,26 @@ def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
 
     Positions of residue r sum to n*r mod M, so with n < 2M per group the means cannot all
     agree within 0.5; there the bound is M / 2n, the best any choice of positions reaches,
-    and with n < M, where only whole groups move (`residue_slots`), M / 2.
+    and M / 2 where only whole groups move (`residue_slots`): with n < M, or with every group
+    at one depth (SD 0).
     """
     positions = [np.array([t.position for t in targets if t.residue == r]) for r in range(modulus)]
     means = np.array([p.mean() for p in positions])  # (M,)
     sds = np.array([p.std() for p in positions])  # (M,)
     n = min(len(p) for p in positions)
-    bound = modulus / 2 if n < modulus else max(MEAN_TOLERANCE, modulus / (2 * n))
+    bound = modulus / 2 if n < modulus or sds.max() == 0 else max(MEAN_TOLERANCE, modulus / (2 * n))
     if np.abs(means - means.mean()).max() > bound + 1e-9:
-        raise PlanError(f"target position means {np.round(means, 2).tolist()} differ by more than {bound} tokens")
+        raise PlanError(f"the {modulus} residue groups' mean target positions ({_extremes(means)}) differ by more "
+                        f"than {bound:g} tokens")
     if sds.max() > 0 and np.ptp(sds) / sds.max() > SD_TOLERANCE:
-        raise PlanError(f"target position SDs {np.round(sds, 2).tolist()} differ by more than {SD_TOLERANCE:.0%}; "
-                        f"use a larger --per-residue or a longer --context")
+        raise PlanError(f"the {modulus} residue groups' target position SDs ({_extremes(sds)}) differ by more than "
+                        f"{SD_TOLERANCE:.0%}; use a larger --per-residue or a longer --context")
+
+
+def _extremes(values: np.ndarray) -> str:
+    """'from LOW at residue r to HIGH at residue r'': one line however large the modulus."""
+    low, high = int(np.argmin(values)), int(np.argmax(values))
+    return f"from {values[low]:.2f} at residue {low} to {values[high]:.2f} at residue {high}"
 
 
 class RecordMaker:

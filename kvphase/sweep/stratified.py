@@ -37,6 +37,7 @@ PERMUTATIONS = 4_000
 BOOTSTRAPS = 2_000
 MIN_EXPECTED = 5  # the chi-square law is used when every expected count reaches this
 WORST_CASE_VARIANCE = 0.25  # p (1 - p) at p = 1/2: the largest a 0/1 outcome can have
+WHOLE_ROUNDS_BELOW = 32  # moduli whose auto sample sizes are rounded to a multiple of M (per_residue_for_dip)
 _CHUNK_VALUES = 1 << 22  # shuffled outcomes held at once (permutations x targets), to bound memory
 
 
@@ -258,17 +259,22 @@ def detectable_dip(outcome: np.ndarray, design: Design, alpha: float = ALPHA, po
 
 def per_residue_for_dip(dip: float, modulus: int, variance: float = WORST_CASE_VARIANCE,
                         alpha: float = ALPHA, power: float = POWER) -> int:
-    """Targets per residue (a multiple of the modulus, so contexts can be balanced) for
-    which a balanced design detects a one-residue drop of `dip` (a fraction) with `power`.
+    """Targets per residue for which a balanced design detects a one-residue drop of `dip`
+    (a fraction) with `power`; a multiple of the modulus below WHOLE_ROUNDS_BELOW.
 
     In a balanced design the non-centrality of a drop is n dip^2 (M - 1) / (M variance);
-    the worst-case variance 1/4 keeps n large enough at any accuracy.
+    the worst-case variance 1/4 keeps n large enough at any accuracy. Small moduli round up so
+    that contexts holding several targets of every residue come out in whole rounds; from
+    WHOLE_ROUNDS_BELOW on a context holds fewer than M targets (tasks hold at most 16), the
+    placement balances any count, and rounding would add up to M - 1 targets per residue
+    (at M = 128, 16,384 targets where 5,888 detect a 50-point dip).
     """
     if not 0 < dip < 1:
         raise ValueError(f"expected a dip between 0 and 1 (a fraction of targets), got {dip}")
     lam = noncentrality_for_power(modulus - 1, alpha, power)
     n = math.ceil(lam * variance * modulus / ((modulus - 1) * dip * dip))
-    return -(-n // modulus) * modulus
+    step = modulus if modulus < WHOLE_ROUNDS_BELOW else 1
+    return -(-n // step) * step
 
 
 def bootstrap_gaps(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
