@@ -111,6 +111,7 @@ from kvphase.cli import tiny_cmd  # noqa: E402,F401
 from kvphase.cli import validate_cmd  # noqa: E402,F401
 from kvphase.cli import probes_cmd  # noqa: E402,F401
 from kvphase.cli import train_cmd  # noqa: E402,F401
+from kvphase.cli import theory_cmd  # noqa: E402,F401
 
 
 

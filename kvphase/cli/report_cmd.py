@@ -20,6 +20,13 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kv
         typer.echo(plain(headline, limit=2000))
         typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
         return
+    if _is_theory_dir(run_dir):  # `kvphase theory` keeps no gate logits: its study runs again (seconds, deterministic)
+        from kvphase.theory.report import headline as theory_headline
+        from kvphase.theory.study import rerun_study
+
+        typer.echo(plain(theory_headline(rerun_study(run_dir)), limit=2000))
+        typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+        return
     from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
 
     from kvphase.train.run import is_train_dir
@@ -33,3 +40,13 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kv
     summary = build_report(run_dir)
     typer.echo(summary.headline())
     typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+
+
+def _is_theory_dir(run_dir: Path) -> bool:
+    """A folder `kvphase theory` wrote: its config.json holds a "theory" object."""
+    import json
+
+    try:
+        return "theory" in json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False  # the sweep's reader says what is wrong with the folder
