@@ -27,20 +27,27 @@ declare -A OPTIONS=(
   [kpool]="kpool"
   [gated-stagger-head-h2]="gated --stagger head --heads 2"
   [gated-stagger-head-h8]="gated --stagger head --heads 8"
+  [cowa]="cowa"  # CoWA head slices (issue 19): L = 2 tokens to each of 2 heads in turn
+  [cowa-stagger-head]="cowa --stagger head"
+  [cowa-offsets-random]="cowa --offsets random"
+)
+declare -A STEPS_OF=(  # designs that need a longer schedule than STEPS (reports/README.md says why)
+  [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000
 )
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
                                      gated-offsets-random gated-offsets-jitter meanpool kpool
-                                     gated-stagger-head-h2 gated-stagger-head-h8)
+                                     gated-stagger-head-h2 gated-stagger-head-h8 cowa cowa-stagger-head
+                                     cowa-offsets-random)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"
   # shellcheck disable=SC2086
-  "$KV" train ${OPTIONS[$1]} "$out" --steps "$STEPS" --seed "$2" --quiet > /dev/null
+  "$KV" train ${OPTIONS[$1]} "$out" --steps "${STEPS_OF[$1]:-$STEPS}" --seed "$2" --quiet > /dev/null
   [ -f "$out/sweep/summary.json" ] || "$KV" sweep "$out/model.gguf" --out "$out/sweep" --quiet > /dev/null
   echo "$1 seed $2: $(head -c 300 "$out/sweep/report.md" | sed -n 3p)"
 }
 export -f one; export KV STEPS
-export OPTIONS_DECL; OPTIONS_DECL=$(declare -p OPTIONS)
+export OPTIONS_DECL; OPTIONS_DECL="$(declare -p OPTIONS); $(declare -p STEPS_OF)"
 for seed in $SEEDS; do for name in "${CONFIGS[@]}"; do echo "$name $seed"; done; done |
   xargs -P "$JOBS" -L 1 bash -c 'eval "$OPTIONS_DECL"; one "$0" "$1"'
 "$KV" compare reports/trained/*/sweep --out reports/trained/comparison

@@ -401,10 +401,11 @@ def test_gated_pool_needs_its_weights():
 
 
 def test_registry_lists_frozen_dataclasses_with_a_start():
-    assert set(DESIGNS) == {"kpool", "dsv4", "msa", "meanpool", "blocktopk", "gatedpool", "gatedtopk"}
+    assert set(DESIGNS) == {"kpool", "dsv4", "msa", "meanpool", "blocktopk", "gatedpool", "gatedtopk", "cowindow"}
     for cls in DESIGNS.values():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
-        assert "start" in {f.name for f in dataclasses.fields(cls)}
+        # CoWA's heads share one partition: its boundaries move by per-head offsets, not one start
+        assert {"start", "offsets"} & {f.name for f in dataclasses.fields(cls)}
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,10 @@ class Backend(Protocol):
         `context + query.prompt + query.answer` as its own prompt."""
         ...
 
+    # Optional, for offset ensembling (`sweep.offsets`): the log-softmax rows that predict each
+    # answer token, one (n_answer, n_vocab) array per query, from the same evaluation `score` makes:
+    # def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query]) -> list[np.ndarray]: ...
+
 
 def score_contexts(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]
                    ) -> Iterator[tuple[int, list[Score]]]:
@@ -62,19 +66,32 @@ def engine_info(backend: Backend) -> dict:
     return describe() if describe is not None else {"engine": type(backend).__name__}
 
 
+def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
+    """Each row's log-softmax in float64: (n_rows, n_vocab) -> (n_rows, n_vocab)."""
+    logits = np.asarray(logits, dtype=np.float64)  # (n_rows, n_vocab)
+    shifted = logits - logits.max(axis=1, keepdims=True)  # (n_rows, n_vocab)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))  # (n_rows, n_vocab)
+
+
 def score_from_logits(logits: np.ndarray, answer: Sequence[int]) -> Score:
     """Teacher-forced score from the logit rows that predict each answer token.
 
     logits: (n_answer, n_vocab), row i predicts answer[i].
     """
-    logits = np.asarray(logits, dtype=np.float64)  # (n_answer, n_vocab)
-    shifted = logits - logits.max(axis=1, keepdims=True)  # (n_answer, n_vocab)
-    log_norm = np.log(np.exp(shifted).sum(axis=1))  # (n_answer,)
+    return score_from_logprobs(log_softmax_rows(logits), answer)
+
+
+def score_from_logprobs(logprobs: np.ndarray, answer: Sequence[int]) -> Score:
+    """Teacher-forced score from log-probability rows (normalized or averaged over several, as
+    offset ensembling does): correct when each row's argmax is its answer token; logprob is the
+    sum of the rows' values at the answer tokens.
+
+    logprobs: (n_answer, n_vocab), row i predicts answer[i].
+    """
     answer_arr = np.asarray(answer)  # (n_answer,)
-    token_logprobs = shifted[np.arange(len(answer_arr)), answer_arr] - log_norm  # (n_answer,)
-    predicted = logits.argmax(axis=1)  # (n_answer,)
+    predicted = logprobs.argmax(axis=1)  # (n_answer,)
     return Score(
         correct=bool(np.all(predicted == answer_arr)),
-        logprob=float(token_logprobs.sum()),
+        logprob=float(logprobs[np.arange(len(answer_arr)), answer_arr].sum()),
         predicted=tuple(int(t) for t in predicted),
     )

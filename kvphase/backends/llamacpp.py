@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.backends.base import Query, Score, log_softmax_rows, score_from_logits
 from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
@@ -118,6 +118,15 @@ class LlamaCppBackend:
     def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
         """Decode `context` once (kept while the next call passes the same one), then score
         each query after it."""
+        self._check_and_load(context, queries)
+        return [score_from_logits(self._query_logits(len(context), query), query.answer) for query in queries]
+
+    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query]) -> list[np.ndarray]:
+        """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab)."""
+        self._check_and_load(context, queries)
+        return [log_softmax_rows(self._query_logits(len(context), query)) for query in queries]
+
+    def _check_and_load(self, context: Sequence[int], queries: Sequence[Query]) -> None:
         if any(not q.prompt or not q.answer for q in queries):
             raise PlanError("every query needs a non-empty prompt and answer")
         room = min(self.n_batch, self.n_ctx - len(context))
@@ -126,7 +135,6 @@ class LlamaCppBackend:
                 raise PlanError(f"a {len(query.prompt) + len(query.answer)}-token query does not fit beside a "
                                 f"{len(context)}-token context in the {self.n_ctx}-token llama.cpp context")
         self._load_context(tuple(context))
-        return [self._score_query(len(context), query) for query in queries]
 
     def _load_context(self, context: tuple[int, ...]) -> None:
         """Decode the context into sequence 0 in n_batch chunks from position 0.
@@ -149,15 +157,16 @@ class LlamaCppBackend:
             self._decode([(t, start + i, CONTEXT_SEQ, False) for i, t in enumerate(chunk)])
         self._context = context
 
-    def _score_query(self, n_context: int, query: Query) -> Score:
-        """Decode the query on a copy of the context's sequence, then drop the copy."""
+    def _query_logits(self, n_context: int, query: Query) -> np.ndarray:
+        """Decode the query on a copy of the context's sequence, then drop the copy; the logit
+        rows that predict the answer tokens: (n_answer, n_vocab)."""
         self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, QUERY_SEQ, -1, -1)
         first_scored = len(query.prompt) - 1
         rows = [(t, n_context + i, QUERY_SEQ, i >= first_scored)
                 for i, t in enumerate(query.prompt + query.answer[:-1])]
         try:
             self._decode(rows, query=True)
-            return score_from_logits(self._requested_logits(rows), query.answer)
+            return self._requested_logits(rows)
         finally:
             self._lc.llama_memory_seq_rm(self._memory, QUERY_SEQ, -1, -1)
 

@@ -9,11 +9,11 @@ to the llama.cpp backend's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from kvphase.backends.base import Query, Score, score_from_logits
+from kvphase.backends.base import Query, Score, log_softmax_rows, score_from_logits
 from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
 from kvphase.gguf.limits import check_llama_limits
@@ -50,6 +50,24 @@ class ReferenceBackend:
         """Swap the attention policy; the cached context is evaluated again under it."""
         self.model.policy = policy
 
+    def shift_windows(self, phase_shift: int) -> None:
+        """Move the compressor's window starts back by `phase_shift` tokens (0: as the policy
+        was opened), so every token's phase moves by it while positions stay (offset ensembling,
+        `sweep.offsets`); a policy without windows (dense) is left as it is. The next context is
+        evaluated whole: numpy's float32 sums depend on how many rows one forward holds, so a
+        context continued from a cached prefix scores about 1e-6 away from one evaluated whole,
+        and every shift of an ensemble must score as its own shifted sweep does."""
+        self._policy_key = None  # no cached prefix is reused (`_load_context`)
+        if not hasattr(self, "_unshifted"):
+            self._unshifted, self._shifted = self.policy, {}
+        base = self._unshifted
+        if phase_shift == 0 or not hasattr(base, "shifted"):
+            self.policy = base
+            return
+        if phase_shift not in self._shifted:
+            self._shifted[phase_shift] = base.shifted(phase_shift)
+        self.policy = self._shifted[phase_shift]
+
     # -- tokenizer -------------------------------------------------------------------
 
     @property
@@ -80,20 +98,26 @@ class ReferenceBackend:
     def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
         """Evaluate `context` once, then each query after it with the cache rolled back
         in between; equal to scoring each `context + query` as its own prompt."""
+        return [score_from_logits(logits, query.answer)
+                for logits, query in zip(self._answer_logits(context, queries), queries)]
+
+    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query]) -> list[np.ndarray]:
+        """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab)."""
+        return [log_softmax_rows(logits) for logits in self._answer_logits(context, queries)]
+
+    def _answer_logits(self, context: Sequence[int], queries: Sequence[Query]) -> Iterator[np.ndarray]:
+        """Each query's logit rows that predict its answer tokens, (n_answer, n_vocab), one at a time."""
         if any(not q.prompt or not q.answer for q in queries):
             raise PlanError("every query needs a non-empty prompt and answer")
         self._load_context(tuple(int(t) for t in context))
         n = len(self._context)
-        scores = []
         for query in queries:
             tokens = tuple(query.prompt) + tuple(query.answer[:-1])
             first_scored = len(query.prompt) - 1
             try:
-                logits = self._forward(tokens, range(first_scored, len(tokens)))  # (n_answer, n_vocab)
+                yield self._forward(tokens, range(first_scored, len(tokens)))  # (n_answer, n_vocab)
             finally:
                 self._cache.truncate(n)
-            scores.append(score_from_logits(logits, query.answer))
-        return scores
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Every row's next-token logits for one prompt from position 0: (n_tokens, n_vocab)."""

@@ -26,6 +26,7 @@ from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.runfolder import REPORT_FILE, RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
+from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.plan import SweepDefaults, SweepPlan, fit_padding
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.strides import (ALL, LARGE_STRIDE, comparison_dir, declared_strides, modulus_for, parse_stride,
@@ -116,6 +117,17 @@ def sweep(
                                    "accuracy lands in --target-accuracy; options given fix their knob."),
     target_accuracy: Optional[str] = typer.Option(None, "--target-accuracy", metavar="LOW-HIGH", help="With "
                                                   "--calibrate: the band of mean accuracy in percent; default 40-80."),
+    offsets: Optional[int] = typer.Option(None, "--offsets", metavar="K", help="Offset ensembling: score every "
+                                          "target under K phase shifts spread over the stride (0, S/K, ...) and "
+                                          "combine them (--combine); costs about K plain sweeps."),
+    combine: Optional[str] = typer.Option(None, "--combine", metavar="RULE", help="With --offsets: mean (average "
+                                          "the shifts' log-probability rows; default) or max (the most confident "
+                                          "shift decides)."),
+    shift: Optional[int] = typer.Option(None, "--shift", metavar="D", help="Move every token's phase by D tokens "
+                                        "(0 to S-1): D filler tokens after BOS, or for the reference backend its "
+                                        "compressor's windows."),
+    random_offset: bool = typer.Option(False, "--random-offset", help="One shift per context drawn at random in "
+                                       "[0, S) (seeded by --seed; offsets.csv records it)."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     if threads is not None:
@@ -132,12 +144,16 @@ def sweep(
     connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, url, slots, engine.value,
                                 request_timeout, deadline)
     plans = [with_backend(plan, connect, engine.value, asked.cache_type) for plan in plans]
+    plans = [with_offsets(info, plan, offsets, combine, shift, random_offset) for plan in plans]
     aim = calibration_aim(info, plans[0], asked, calibrate, target_accuracy, dry_run)
     runs = [(plan, run_dir_for(info, plan, out, every_stride, aim)) for plan in plans]
     console = Console(stderr=True, quiet=quiet)
     if every_stride:
         say_stride_plans(console, plans, asked.per_residue is not None)
     if dry_run:
+        if plans[0].offsets:
+            raise PlanError("--dry-run times plain scoring; a dry run without --offsets, --shift or --random-offset "
+                            "estimates one shift (K shifts cost about K times its tokens)")
         for plan, run_dir in runs:
             dry_run_sweep(info, plan, run_dir, threads, connect, console, detect)
         return
@@ -185,6 +201,37 @@ def with_backend(plan: SweepPlan, connect: dict, engine: str, cache_type: Option
     if cache_type == "f16":
         return plan
     return replace(plan, backend_options={**plan.backend_options, "cache_type": cache_type})
+
+
+def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combine: Optional[str],
+                 shift: Optional[int], random_offset: bool) -> SweepPlan:
+    """The plan with the phase shifts --offsets, --shift or --random-offset ask for (`sweep.offsets`):
+    made by moving the reference backend's compressor windows (positions stay as a trained model
+    learned them), else by filler tokens after BOS, which must fit in the model's context."""
+    shift_by = "window" if plan.backend == "reference" else "prefix"
+    chosen = offset_plan_from_options(offsets, combine, shift, random_offset, plan.stride, shift_by)
+    if not chosen.active:
+        return plan
+    if len(chosen.shifts) > 1 and plan.backend == "server":
+        raise PlanError("--offsets needs each answer's log-probability rows, which servers do not return; use "
+                        "--backend llama.cpp, or --shift D once per shift")
+    longest = chosen.max_shift(plan.stride)
+    room = query_room(info)
+    if shift_by == "prefix" and info.context_length and (
+            longest >= room if info.trained is not None else plan.context + longest + room > info.context_length):
+        raise PlanError(f"shifts up to {longest} tokens do not fit: {info.path.name} has a {info.context_length}-token "
+                        f"context, the contexts take {plan.context} and the query needs "
+                        f"{1 if info.trained is not None else room} more; use a shorter --context or fewer --offsets")
+    return replace(plan, offsets=chosen.to_json())
+
+
+def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
+    """Tokens a prefix shift adds to llama.cpp's context (a trained model's whole context is
+    already open: its query room holds them)."""
+    offsets = plan.offset_plan
+    if offsets.shift_by != "prefix" or info.trained is not None:
+        return 0
+    return offsets.max_shift(plan.stride)
 
 
 def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,
@@ -274,6 +321,9 @@ def calibration_aim(info: ModelInfo, plan: SweepPlan, asked: PlanOptions, calibr
         if target_accuracy is not None:
             raise PlanError("--target-accuracy applies to --calibrate only")
         return None
+    if plan.offsets:
+        raise PlanError("--calibrate chooses a difficulty by plain scoring; run it without --offsets, --shift or "
+                        "--random-offset, then sweep the setting it chose (--context, --task) with them")
     if dry_run:
         raise PlanError("--dry-run cannot foresee the setting --calibrate's pilot will choose; dry-run that setting "
                         "(--context, --task) instead")
@@ -466,7 +516,8 @@ def server_connection(backend: str, urls: list[str], slots: Optional[int], engin
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None):
     """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs."""
-    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=threads or default_threads(),
+    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info) + shift_room(info, plan),
+                                  n_threads=threads or default_threads(),
                                   options={**plan.backend_options, **(connect or {})})
 
 

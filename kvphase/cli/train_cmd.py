@@ -11,26 +11,30 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvphase.cli import app
 from kvphase.cli.options import own_folder
-from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
+from kvphase.train.config import DESIGN_DEFAULTS, LAYOUT_DEFAULTS, TrainConfig
 
 
 @app.command()
 def train(
-    design: str = typer.Argument(..., help="dense (the control), gated, meanpool or kpool (gpt2 files the reference runs); "
+    design: str = typer.Argument(..., help="dense (the control), gated, meanpool, kpool or cowa (CoWA head slices) (gpt2 files "
+                                 "the reference runs); "
                                  "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs); glm-kpool or glm-dense "
                                  "(glm5-next files llama.cpp runs)."),
     out: Optional[Path] = typer.Argument(None, callback=own_folder, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
-    stride: int = typer.Option(TrainConfig.stride, help="S: tokens per pooled entry."),
+    stride: Optional[int] = typer.Option(None, help=f"S: tokens per pooled entry; default {TrainConfig.stride}. cowa: L, "
+                                         f"tokens per head slice; default {DESIGN_DEFAULTS['cowa']['stride']}."),
     layers: int = typer.Option(TrainConfig.layers, help="Transformer blocks."),
     heads: Optional[int] = typer.Option(None, help="Attention heads (each has its own compressor offset); default "
-                                       f"{TrainConfig.heads}, {LAYOUT_DEFAULTS['deepseek4']['heads']} for the csa and glm designs."),
+                                       f"{TrainConfig.heads}, {LAYOUT_DEFAULTS['deepseek4']['heads']} for the csa and glm designs "
+                                       f"and {DESIGN_DEFAULTS['cowa']['heads']} for cowa."),
     d_model: int = typer.Option(TrainConfig.d_model, "--d-model", help="Width of the residual stream."),
     context: int = typer.Option(TrainConfig.context, help="Tokens before the questions (the sweep's default --context)."),
     records: int = typer.Option(TrainConfig.records, help="Key value records in each training context."),
     queries: int = typer.Option(TrainConfig.queries, help="Questions after the context of every training sequence."),
     steps: Optional[int] = typer.Option(None, help=f"Optimisation steps; default {TrainConfig.steps}, "
                                        f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa designs, "
-                                       f"{LAYOUT_DEFAULTS['glm5-next']['steps']} for the glm designs."),
+                                       f"{LAYOUT_DEFAULTS['glm5-next']['steps']} for the glm designs, "
+                                       f"{DESIGN_DEFAULTS['cowa']['steps']} for cowa."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
     eval_every: int = typer.Option(TrainConfig.eval_every, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
     stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),

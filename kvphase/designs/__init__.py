@@ -6,7 +6,7 @@ Two kinds:
   method per stage named after the llama.cpp tensor it reproduces, and a `forward` that
   runs all stages and returns every intermediate, so `kvphase validate` can compare
   stage by stage with captured tensors.
-- post-hoc designs (`meanpool`, `blocktopk`): applied to any model's own K/V by the
+- post-hoc designs (`meanpool`, `blocktopk`, `cowindow`): applied to any model's own K/V by the
   reference transformer through `compress(queries, keys, values, query_positions)`,
   the one method a new post-hoc design overrides; `attend` runs attention over the result.
 
@@ -16,6 +16,7 @@ randomized offsets can be expressed. See CONTRIBUTING.md for adding a design.
 
 from kvphase.designs.base import CompressedKV, PostHocDesign, attend
 from kvphase.designs.blocktopk import BlockTopK
+from kvphase.designs.cowindow import CoWindow
 from kvphase.designs.dsv4 import DSV4, DSV4Selection
 from kvphase.designs.gatedpool import GatedPool, GatedTopK
 from kvphase.designs.kpool import KPool, KPoolSelection
@@ -31,11 +32,13 @@ DESIGNS: dict[str, type] = {
     "blocktopk": BlockTopK,
     "gatedpool": GatedPool,
     "gatedtopk": GatedTopK,
+    "cowindow": CoWindow,
 }
 
 __all__ = [
     "DESIGNS",
     "BlockTopK",
+    "CoWindow",
     "CompressedKV",
     "DSV4",
     "DSV4Selection",

@@ -127,7 +127,14 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
                   "starts": [list(layer) for layer in trained.starts]}
         if trained.design == "kpool":
             params["top_k"] = trained.top_k
-        return CompressionSpec(family=f"trained-{trained.design}", stride=trained.stride,
+        stride = trained.stride
+        if trained.design == "cowa":
+            # CoWA's mask repeats every heads x L positions (which head owns a slice), so that period is
+            # the stride a sweep groups by: residue mod L is the slot in a slice, residue // L its head
+            n_head = meta.integer(f"{arch}.attention.head_count", 0)
+            params |= {"slice_length": trained.stride, "heads": n_head}
+            stride = n_head * trained.stride
+        return CompressionSpec(family=f"trained-{trained.design}", stride=stride,
                                layers=tuple(range(n_layers)), params=params)
     return CompressionSpec(family="none", stride=None)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kvphase.gguf.header import Metadata
 
 TRAINED_PREFIX = "kvphase.trained."
-GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
+GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool", "cowa")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
 DEEPSEEK4_DESIGNS = ("csa", "csa-disjoint", "csa-dense")  # deepseek4's own layout: llama.cpp runs them
 GLM5_DESIGNS = ("glm-kpool", "glm-dense")  # glm5-next's own layout: llama.cpp runs them
 ENGINE_DESIGNS = DEEPSEEK4_DESIGNS + GLM5_DESIGNS
@@ -20,11 +20,11 @@ class TrainedSpec:
     """The `kvphase.trained.*` keys of a trained model."""
 
     design: str  # one of TRAINED_DESIGNS
-    stride: int  # S
+    stride: int  # S; cowa: L, the slice length (its slices repeat every heads x L positions)
     local_window: int  # exact recent tokens
     top_k: int  # kpool: windows read per query
     offsets: str  # "fixed", "random" or "jitter" (jitter-trained models run at their fixed starts)
-    starts: tuple[tuple[int, ...], ...]  # (layers, heads) window offsets
+    starts: tuple[tuple[int, ...], ...]  # (layers, heads) window offsets; cowa: slice boundary offsets
     context: int  # tokens before the question in training: the sweep's default --context
     task: str  # prompts/<task>.toml the model was trained on
     steps: int  # optimisation steps done

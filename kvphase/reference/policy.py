@@ -118,6 +118,7 @@ class CompressedAttention:
         self.layers = None if layers is None else frozenset(int(i) for i in layers)
         self.stride = design_stride(design)
         self._context_key = 0
+        self.phase_shift = 0  # every window start moves back by this many tokens (`shifted`)
         self._designs: dict[tuple[int, int], object] = {}
 
     def begin(self, context: Sequence[int]) -> int:
@@ -138,6 +139,17 @@ class CompressedAttention:
         index = {"layer": layer, "head": kv_head, "layer_head": layer * n_head_kv + kv_head}[self.stagger]
         return (self.design.start + index * self.stagger_step) % self.stride
 
+    def window_start(self, layer: int, kv_head: int, n_head_kv: int) -> int:
+        """`start`, moved back by the phase shift: every token's phase moves forward by it, as a
+        prefix of that many tokens would move it, while positions stay where the model learned them."""
+        return (self.start(layer, kv_head, n_head_kv) - self.phase_shift) % self.stride
+
+    def shifted(self, phase_shift: int) -> "CompressedAttention":
+        """A copy whose windows start `phase_shift` tokens earlier (offset ensembling, `sweep.offsets`)."""
+        twin = copy.copy(self)
+        twin.phase_shift, twin._designs = int(phase_shift), {}
+        return twin
+
     def with_designs(self, pinned: dict[tuple[int, int], object]) -> "CompressedAttention":
         """A copy that uses the `pinned` designs for those (layer, KV head)s: how a probe swaps
         one design (a knockout) without touching the others."""
@@ -150,7 +162,7 @@ class CompressedAttention:
     def design_for(self, layer: int, kv_head: int, n_head_kv: int):
         key = (layer, kv_head)
         if key not in self._designs:
-            self._designs[key] = _with_start(self.design, self.start(layer, kv_head, n_head_kv))
+            self._designs[key] = _with_start(self.design, self.window_start(layer, kv_head, n_head_kv))
         return self._designs[key]
 
     def attend(self, layer, q, k, v, q_pos, scale):

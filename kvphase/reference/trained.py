@@ -2,7 +2,8 @@
 
 Each (layer, head) gets its own design from `kvphase.designs`: `MeanPool` ("meanpool"),
 `GatedPool` ("gated") or `GatedTopK` ("kpool") with the head's gate and per-phase bias
-read from the file, at the window offset the file declares. Models trained with random
+read from the file, at the window offset the file declares; `CoWindow` ("cowa") with the
+layer's slice boundary offsets (the file's starts, slice length = its stride). Models trained with random
 offsets draw them per context (`CompressedAttention`'s randomize), as in training.
 """
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvphase.designs import GatedPool, GatedTopK, MeanPool
+from kvphase.designs import CoWindow, GatedPool, GatedTopK, MeanPool
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
 from kvphase.gguf.trained import TrainedSpec, read_trained_spec
@@ -37,8 +38,11 @@ class TrainedCompression(CompressedAttention):
         key = (layer, kv_head)
         if key not in self._designs:
             s = self.spec
-            shape = dict(window=s.stride, stride=s.stride, local_window=s.local_window, start=self.start(layer, kv_head, n_head_kv))
-            if s.design == "meanpool":
+            shape = dict(window=s.stride, stride=s.stride, local_window=s.local_window,
+                         start=self.window_start(layer, kv_head, n_head_kv))
+            if s.design == "cowa":
+                self._designs[key] = self._cowa_head(layer, kv_head, n_head_kv)
+            elif s.design == "meanpool":
                 self._designs[key] = MeanPool(**shape)
             else:
                 gate = self.gates[layer][kv_head : kv_head + 1]  # (1, head_dim, head_dim)
@@ -46,6 +50,13 @@ class TrainedCompression(CompressedAttention):
                 made = GatedTopK(**shape, gate=gate, ape=ape, top_k=s.top_k) if s.design == "kpool" else GatedPool(**shape, gate=gate, ape=ape)
                 self._designs[key] = made
         return self._designs[key]
+
+
+    def _cowa_head(self, layer: int, kv_head: int, n_head_kv: int) -> CoWindow:
+        """One head of CoWA: its slices depend on every head's boundary offset in the layer."""
+        offsets = tuple(self.window_start(layer, h, n_head_kv) for h in range(n_head_kv))
+        return CoWindow(slice_length=self.spec.stride, n_heads=n_head_kv, head=kv_head, offsets=offsets,
+                        local_window=self.spec.local_window)
 
 
 def trained_policy(path: str | Path, seed: int = 0):

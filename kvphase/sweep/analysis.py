@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvphase.sweep.stratified import (ALPHA, POWER, Design, StratifiedTest, basic_interval, bootstrap_gaps,
-                                      detectable_dip, stratified_test)
+                                      bootstrap_residue_accuracy, detectable_dip, percentile_interval, stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -43,6 +43,7 @@ class Summary:
     balanced: bool  # every context holds the same number of targets of each residue it serves
     control: bool  # the model declares no compression: the stride is the user's
     mean_accuracy: float  # mean over residues
+    mean_ci: tuple[float, float]  # 95% percentile bootstrap interval of the mean over contexts
     worst_accuracy: float
     worst_residue: int
     best_accuracy: float
@@ -112,13 +113,17 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
     design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
     dip = detectable_dip(correct, design)
-    gaps = bootstrap_gaps(correct, results["residue"].to_numpy(), results["context"].to_numpy(), seed)
+    resampled = bootstrap_residue_accuracy(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
+                                           seed)  # (n', G): the same resamples as bootstrap_gaps's
+    gaps = resampled.max(axis=1) - resampled.min(axis=1)  # (n',)
+    means = resampled.mean(axis=1)  # (n',)
     return Summary(
         n_targets=len(results),
         n_contexts=int(results["context"].nunique()),
         balanced=design.balanced,
         control=control,
         mean_accuracy=round(float(acc.mean()), 2),
+        mean_ci=tuple(round(v, 2) for v in percentile_interval(means)) if len(means) else (0.0, 100.0),
         worst_accuracy=float(acc.min()),
         worst_residue=int(acc.idxmin()),
         best_accuracy=float(acc.max()),
@@ -135,6 +140,21 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         per_residue=by_residue.to_dict("records"),
         per_phase=by_phase.to_dict("records"),
     )
+
+
+def with_shifts(results: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
+    """One row per (target, shift) of offsets.csv, in results' shape: the target's residue, context and
+    position, and its correct, logprob and predicted under that shift."""
+    scored = offsets[["target_id", "shift", "correct", "logprob", "predicted"]]
+    return results.drop(columns=["correct", "logprob", "predicted"]).merge(scored, on="target_id")
+
+
+def summarize_shifts(results: pd.DataFrame, offsets: pd.DataFrame, stride: int, modulus: int,
+                     seed: int = 0) -> dict[int, Summary]:
+    """Each fixed shift's own summary (every target scored under it): what one shift alone gives."""
+    shifted = with_shifts(results, offsets)
+    return {int(d): summarize(frame.drop(columns="shift"), stride, modulus, seed)
+            for d, frame in shifted.groupby("shift", sort=True)}
 
 
 def _format_p(p: float) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Callable
 
 from kvphase.errors import PlanError, RecordLayoutError
+from kvphase.sweep.offsets import OffsetPlan
 from kvphase.sweep.placement import ProbeSettings, Tokenizer, build_probes
 from kvphase.sweep.tasks import load_task
 
@@ -31,6 +32,7 @@ class SweepPlan:
     backend_options: dict = field(default_factory=dict)  # the reference backend's design and its options
     adjusted: str = ""  # what kvphase changed in the default plan to fit the model, and why ("" when nothing)
     calibration: dict = field(default_factory=dict)  # --calibrate's pilot and choice (sweep.calibrate); {} without
+    offsets: dict = field(default_factory=dict)  # phase shifts at inference (sweep.offsets.OffsetPlan); {} without
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
@@ -40,6 +42,12 @@ class SweepPlan:
             if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise PlanError(f"{f.name} is {str(value)[:60]!r}, expected {f.type}")
         self.probe_settings  # context, stride, modulus, sample size, padding and seed in range
+        self.offset_plan  # shifts, rule and how they are made
+
+    @property
+    def offset_plan(self) -> OffsetPlan:
+        """How this run moves phases at inference (the empty OffsetPlan for a plain sweep)."""
+        return OffsetPlan.from_json(self.offsets)
 
     def describe_backend(self) -> str:
         """`backend` alone, or `backend (key=value, ...)` with the reference design's options."""

@@ -10,12 +10,14 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
-from kvphase.sweep.analysis import Summary, summarize
+from kvphase.sweep.analysis import Summary, per_group, summarize, summarize_shifts, with_shifts
+from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import load_manifest, load_plan, load_results
+from kvphase.sweep.run import load_manifest, load_offsets, load_plan, load_results
 from kvphase.sweep.tasks import load_task
 
 FIGURE_FILE = "accuracy_by_residue.png"
+SHIFT_FIGURE_FILE = "accuracy_by_shift.png"  # under an offset ensemble: each shift alone and combined
 
 
 def build_report(run_dir: Path) -> Summary:
@@ -28,10 +30,36 @@ def build_report(run_dir: Path) -> Summary:
     manifest = load_manifest(run_dir)
     check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
     summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
+    shifts = _shift_section(plan, results, load_offsets(run_dir), summary, run_dir)
     write_json(run_dir / SUMMARY_FILE, summary.to_json())
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
-    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest))
+    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts))
     return summary
+
+
+def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame, summary: Summary,
+                   run_dir: Path) -> tuple:
+    """The report's section on phase shifts (`sweep.offsets`): under an ensemble, each shift alone
+    beside the combined score, with their figure; under random offsets, the shifts drawn. () without."""
+    offset_plan = plan.offset_plan
+    if not offset_plan.active or offsets.empty:
+        return ()
+    prose = (f"Phase shifts: {offset_plan.describe()}. Residues are the unshifted plan's; each shift's own "
+             f"scores are in `{OFFSETS_FILE}`.")
+    if len(offset_plan.shifts) < 2:
+        drawn = per_group(with_shifts(results, offsets), "shift")[["shift", "n", "correct", "accuracy", "ci_low",
+                                                                   "ci_high"]]
+        return ("Phase shifts", prose, markdown_table(drawn))
+    alone = summarize_shifts(results, offsets, plan.stride, plan.modulus, plan.seed)
+    rows = [(f"shift {d}", s) for d, s in alone.items()] + [(f"combined ({offset_plan.combine})", summary)]
+    check_writable(run_dir, [SHIFT_FIGURE_FILE])
+    plot_accuracy(rows, plan.stride, run_dir / SHIFT_FIGURE_FILE)
+    table = pd.DataFrame([{"scored": label, "mean accuracy %": f"{s.mean_accuracy:.2f} ({s.mean_ci[0]:.2f} to "
+                           f"{s.mean_ci[1]:.2f})", "worst residue": f"{s.worst_residue}: {s.worst_accuracy:.2f}",
+                           "gap (points)": f"{s.gap:.2f} ({s.gap_ci[0]:.2f} to {s.gap_ci[1]:.2f})",
+                           "p": f"{s.test.p_value:.3g}"} for label, s in rows])
+    return ("Phase shifts", prose, markdown_table(table),
+            figure_link(SHIFT_FIGURE_FILE, "accuracy by residue under each shift"))
 
 
 def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
@@ -65,7 +93,7 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
             ax.legend(fontsize=8, loc="best")
 
 
-def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
+def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = ()) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
     return ReportPage(
@@ -81,6 +109,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict) -> str:
              "and standard deviation in every residue group, so depth does not confound residue.",
              markdown_table(pd.DataFrame(summary.per_residue))),
             (f"Per phase (position mod {plan.stride})", markdown_table(pd.DataFrame(summary.per_phase))),
+            *([shifts] if shifts else []),
         ],
         measured=[
             f"Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
@@ -178,7 +207,8 @@ def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
     return [
         ("targets scored", f"{summary.n_targets} in {summary.n_contexts} contexts"),
         ("contexts balanced over residues", "yes" if summary.balanced else "no (short contexts or few targets)"),
-        ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}%"),
+        ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}% (95% CI {summary.mean_ci[0]:.2f} to "
+                                        f"{summary.mean_ci[1]:.2f}, percentile bootstrap over contexts)"),
         ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
         ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
         ("gap (best - worst)", f"{summary.gap:.2f} points (95% CI {summary.gap_ci[0]:.2f} to {summary.gap_ci[1]:.2f}, "

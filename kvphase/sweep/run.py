@@ -18,7 +18,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import pandas as pd
 
@@ -29,6 +29,7 @@ from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
                                flags_in, make_folder, numbers_in, read_json_object, read_table, write_json)
 from kvphase.sweep.machine import machine_info
+from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
@@ -51,7 +52,7 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
             f"{k}{v}" for k, v in sorted(options.items()) if k in ("stagger", "randomize", "local_window") and v])
     if plan.backend == "server":
         name += "-" + str(plan.backend_options.get("engine", "server"))
-    return Path("reports") / name
+    return Path("reports") / (name + plan.offset_plan.folder_suffix())
 
 
 def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
@@ -67,7 +68,8 @@ def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
                                  f"choose another --out or delete the folder")
     load_results(run_dir)
     _check_same_model(run_dir, load_manifest(run_dir).get("model", {}), info)
-    check_writable(run_dir, [CONFIG_FILE, RESULTS_FILE, MANIFEST_FILE])
+    load_offsets(run_dir)
+    check_writable(run_dir, [CONFIG_FILE, RESULTS_FILE, MANIFEST_FILE, OFFSETS_FILE])
 
 
 def _check_same_model(run_dir: Path, recorded: dict, info: ModelInfo) -> None:
@@ -91,7 +93,10 @@ def _unchanged_sha256(recorded: dict, info: ModelInfo) -> str | None:
 def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
     """Create the folder and write its config (after `check_run_dir` has accepted the folder)."""
     make_folder(run_dir)
-    write_json(run_dir / CONFIG_FILE, asdict(plan))
+    config = asdict(plan)
+    if not plan.offsets:  # a plain sweep's config.json stays what it was before offsets existed
+        del config["offsets"]
+    write_json(run_dir / CONFIG_FILE, config)
 
 
 def load_plan(run_dir: Path) -> SweepPlan:
@@ -141,15 +146,29 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     return frame.drop_duplicates("target_id", keep="first")
 
 
-class ResultWriter:
-    """Appends rows to results.csv and flushes after each context, so nothing finished is lost."""
+def load_offsets(run_dir: Path) -> pd.DataFrame:
+    """offsets.csv: each target's score under each shift (`sweep.offsets`); an empty frame when none."""
+    path = run_dir / OFFSETS_FILE
+    if not path.exists() and not path.is_symlink():
+        return pd.DataFrame(columns=OFFSET_COLUMNS)
+    frame = read_table(path, OFFSET_COLUMNS)
+    for column in ("target_id", "shift", "logprob"):
+        frame[column] = numbers_in(path, frame, column, whole=column != "logprob")
+    frame["confidence"] = pd.to_numeric(frame["confidence"], errors="coerce")  # nan: one shift, none computed
+    frame["correct"] = flags_in(path, frame, "correct")
+    return frame.drop_duplicates(["target_id", "shift"], keep="first")
 
-    def __init__(self, path: Path):
+
+class ResultWriter:
+    """Appends rows to a CSV table (results.csv by default) and flushes after each context, so
+    nothing finished is lost."""
+
+    def __init__(self, path: Path, columns: list[str] = RESULT_COLUMNS):
         new = not path.exists() or path.stat().st_size == 0
         if not new:
             drop_partial_last_line(path)
         self._file = path.open("a", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=RESULT_COLUMNS)
+        self._writer = csv.DictWriter(self._file, fieldnames=columns)
         if new:
             self._writer.writeheader()
 
@@ -192,8 +211,7 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
     try:
-        jobs = [(c.tokens, [t.query for t in todo]) for c, todo in pending]
-        for index, scores in score_contexts(backend, jobs):  # in the order contexts finish
+        for index, scores in _scored_contexts(plan, backend, pending, run_dir):  # in the order contexts finish
             context, todo = pending[index]
             writer.write(_result_row(t, s, len(context.tokens), backend) for t, s in zip(todo, scores))
             progress.advance(len(todo))
@@ -203,6 +221,34 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
                          getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend),
                          getattr(backend, "n_threads", None), fingerprint)
     return load_results(run_dir)
+
+
+def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[ProbeContext, list[Target]]],
+                     run_dir: Path) -> Iterator[tuple[int, list]]:
+    """(index into `pending`, its targets' scores) as contexts finish; under an offset plan each
+    target's score under each shift goes to offsets.csv first (so a row in results.csv always has
+    its shifts' rows), and the score is the combined one. `query_pos` stays the unshifted plan's."""
+    offsets = plan.offset_plan
+    if not offsets.active:
+        yield from score_contexts(backend, [(c.tokens, [t.query for t in todo]) for c, todo in pending])
+        return
+    filler = backend.tokenize(load_task(plan.task).filler.strip() + " ")
+    scorer = ShiftedScorer(backend, offsets, filler, plan.seed, plan.stride)
+    jobs = [(c.index, c.tokens, [t.query for t in todo]) for c, todo in pending]
+    shift_writer = ResultWriter(run_dir / OFFSETS_FILE, OFFSET_COLUMNS)
+    try:
+        for index, combined, each in score_shifted(scorer, jobs):
+            shift_writer.write(_offset_row(t, shifted, backend) for t, per_target in zip(pending[index][1], each)
+                               for shifted in per_target)
+            yield index, combined
+    finally:
+        shift_writer.close()
+
+
+def _offset_row(target: Target, shifted: ShiftedScore, backend: Backend) -> dict:
+    return {"target_id": target.target_id, "shift": shifted.shift, "correct": shifted.score.correct,
+            "logprob": round(shifted.score.logprob, 6), "confidence": round(shifted.confidence, 6),
+            "predicted": backend.detokenize(shifted.score.predicted).strip()}
 
 
 def _check_finished_rows_match(results: pd.DataFrame, contexts: list[ProbeContext], run_dir: Path,

@@ -284,6 +284,14 @@ def bootstrap_gaps(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarr
     Contexts are drawn with replacement, so targets that share a context stay together.
     A resample in which some residue has no target is dropped.
     """
+    accuracy = bootstrap_residue_accuracy(correct, residues, contexts, seed, n)  # (n', G)
+    return accuracy.max(axis=1) - accuracy.min(axis=1)
+
+
+def bootstrap_residue_accuracy(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
+                               n: int = BOOTSTRAPS) -> np.ndarray:
+    """Each residue's accuracy (%) in `n` resamples of whole contexts, (n', G): `bootstrap_gaps`'s
+    resamples (the same for the same seed), of which the gap and the mean over residues are read."""
     _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
     _, groups = np.unique(np.asarray(residues), return_inverse=True)
     shape = (context_codes.max() + 1, groups.max() + 1)
@@ -293,8 +301,7 @@ def bootstrap_gaps(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarr
     draws = np.random.default_rng(seed).multinomial(shape[0], np.full(shape[0], 1 / shape[0]), size=n)  # (n, H)
     counted = draws @ totals  # (n, G)
     complete = (counted > 0).all(axis=1)  # (n,)
-    accuracy = 100 * (draws @ hits)[complete] / counted[complete]  # (n', G)
-    return accuracy.max(axis=1) - accuracy.min(axis=1)
+    return 100 * (draws @ hits)[complete] / counted[complete]  # (n', G)
 
 
 def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:

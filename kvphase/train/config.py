@@ -22,6 +22,11 @@ from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, DENSE_DESIGNS, GLM5_DESIGNS,
 # 1000-step one it had not by the end (47%, measured); 2000 steps keep the rate high enough
 LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000},
                    "glm5-next": {"heads": 2, "batch": 32, "steps": 2000}, "gpt2": {}}
+# what a design trains with over its layout's defaults. cowa: slices of L = 2 tokens dealt to 2 heads, so
+# the mask repeats every 4 positions, the longest period whose residues a sweep can depth-match in the
+# 64-token trained context (modulus 8 already fails the depth check there; measured). 6000 steps: at 1500
+# it still answers at chance; by 6000 it has learned to name a value no earlier question took, not retrieval
+DESIGN_DEFAULTS = {"cowa": {"stride": 2, "heads": 2, "steps": 6000}}
 MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes on one core
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
@@ -30,8 +35,8 @@ KDA_MODES = ("trained", "off")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool"; "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense"
-    stride: int = 4  # S: tokens per pooled entry (window W = S)
+    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool", "cowa"; "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense"
+    stride: int = 4  # S: tokens per pooled entry (window W = S); cowa: L, tokens per head slice
     local_window: int = 8  # most recent tokens every query also sees exactly (compressed designs)
     top_k: int = 8  # kpool: pools each query selects
     layers: int = 2  # transformer blocks
@@ -72,6 +77,8 @@ class TrainConfig:
             raise PlanError(f"--kda and --dense-steps belong to the glm designs; {self.design} has neither")
         if self.design == "dense" and (self.stagger != "none" or self.offsets != "fixed"):
             raise PlanError("the dense control has no windows to offset; drop --stagger/--offsets")
+        if self.design == "cowa":
+            self._check_cowa()
 
     def _check_sizes(self) -> None:
         for name in ("layers", "heads", "d_model", "context", "queries", "steps", "batch", "eval_every", "eval_sequences"):
@@ -85,7 +92,8 @@ class TrainConfig:
         if self.layers > 64 or self.d_model > 4096 or self.context > 65536:
             raise PlanError("sizes beyond 64 layers, d_model 4096 or context 65536 do not train on a CPU")
         if self.context < 8 * self.stride:
-            raise PlanError(f"--context {self.context} holds fewer than 8 windows of stride {self.stride}")
+            unit = "slices of length" if self.design == "cowa" else "windows of stride"
+            raise PlanError(f"--context {self.context} holds fewer than 8 {unit} {self.stride}")
         if not isinstance(self.records, int) or not self.queries <= self.records <= (self.context - 1) // 2:
             raise PlanError(
                 f"--records must lie between --queries ({self.queries}) and what --context {self.context} holds "
@@ -99,6 +107,20 @@ class TrainConfig:
             raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
         if self.local_window < 0 or self.top_k < 1:
             raise PlanError(f"expected --local-window >= 0 and --top-k >= 1, got {self.local_window}, {self.top_k}")
+
+    def _check_cowa(self) -> None:
+        """What CoWA's head slices need: slices of L = --stride tokens dealt to at least two heads,
+        whole slices in the context and every head owning one there; no top-k selection."""
+        if self.heads < 2:
+            raise PlanError(f"cowa deals slices out to the heads: --heads must be at least 2, got {self.heads} "
+                            "(one head reading every slice is the dense control)")
+        if self.context % self.stride:
+            raise PlanError(f"cowa's slice length --stride {self.stride} does not divide --context {self.context}")
+        if self.context < self.heads * self.stride:
+            raise PlanError(f"cowa's slice period --heads x --stride = {self.heads * self.stride} is longer than "
+                            f"--context {self.context}: some head would own no slice of it")
+        if self.top_k != TrainConfig.top_k:
+            raise PlanError("cowa reads its slices exactly and selects nothing; drop --top-k")
 
     def _check_deepseek4(self) -> None:
         """What deepseek4's file cannot express: its blocks start at absolute positions pos // 4."""
@@ -134,9 +156,10 @@ class TrainConfig:
 
     @classmethod
     def for_design(cls, design: str, **options) -> TrainConfig:
-        """The config of `kvphase train DESIGN`: the options given (None: not given) over the layout's defaults."""
+        """The config of `kvphase train DESIGN`: the options given (None: not given) over the design's and
+        the layout's defaults."""
         given = {k: v for k, v in options.items() if v is not None}
-        return cls(design=design, **{**LAYOUT_DEFAULTS[layout_of(design)], **given})
+        return cls(design=design, **{**LAYOUT_DEFAULTS[layout_of(design)], **DESIGN_DEFAULTS.get(design, {}), **given})
 
     @property
     def head_dim(self) -> int:

@@ -10,6 +10,9 @@ reads a chunked-compressed cache:
   ape[phase]) weights (the DeepSeek-V4 compressor / GLM k-pool pooling), plus the
   `local_window` most recent tokens exactly;
 - "meanpool": the same with a uniform gate;
+- "cowa": CoWindow Attention head slices, no pooling: each head reads the local window and
+  its own slices of L = S tokens (slice j to head j mod H, boundaries moved by the
+  per-head offsets), so every position is read by exactly one head;
 - "kpool": GLM-5.3's selection: windows pooled as in "gated" serve as indexer keys, each
   query reads the tokens of its `top_k` best-scoring complete windows plus the local
   window. The top-k is not differentiable; the pooling gate is trained by distillation:
@@ -18,7 +21,7 @@ reads a chunked-compressed cache:
   lightning indexer. Pooled keys are the model's own keys (no separate indexer
   projection): said plainly in docs/training.md.
 
-The numpy truth is `kvphase/designs/gatedpool.py` (and `meanpool.py`, `kpool.py`) run by
+The numpy truth is `kvphase/designs/gatedpool.py` (and `meanpool.py`, `kpool.py`, `cowindow.py`) run by
 `kvphase/reference/gpt2.py`; tests/test_train.py checks this forward equals it to 1e-4.
 Arrays are (batch, ...) throughout; shape comments name the axes.
 """
@@ -31,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kvphase.designs.cowindow import slice_boundaries, slice_owner
 from kvphase.train.config import TrainConfig
 
 LN_EPS = 1e-5  # gpt2.attention.layer_norm_epsilon of the export
@@ -130,6 +134,8 @@ def attention(q, k, v, block, starts, config: TrainConfig):
     raw_scores = jnp.einsum("bhtd,bhud->bhtu", q, k) * scale  # (B, H, T, T)
     if config.design == "dense":
         return jnp.einsum("bhtu,bhud->bhtd", masked_softmax(raw_scores, causal), v), 0.0
+    if config.design == "cowa":
+        return jnp.einsum("bhtu,bhud->bhtd", masked_softmax(raw_scores, cowa_seen(starts, t, config)), v), 0.0
     pk, pv, last, complete = pooled_windows(k, v, block, starts, config)
     pool_seen = (last[:, :, None, :] <= pos[None, None, :, None]) & complete[:, :, None, :]  # (B, H, T, nw)
     recent = causal & (pos[:, None] - pos[None, :] < config.local_window)  # (T, T)
@@ -144,6 +150,18 @@ def attention(q, k, v, block, starts, config: TrainConfig):
     nw = pk.shape[2]
     out = jnp.einsum("bhtn,bhnd->bhtd", weights[..., :nw], pv) + jnp.einsum("bhtu,bhud->bhtd", weights[..., nw:], v)
     return out, 0.0
+
+
+def cowa_seen(starts, t: int, config: TrainConfig):
+    """CoWA's mask (B, H, T, T): causal, and among the local window or in the head's own slices,
+    the slice boundaries moved by the per-head offsets `starts` (B, H) (`designs/cowindow.py`)."""
+    pos = jnp.arange(t)  # (T,)
+    boundaries = slice_boundaries(starts, config.stride)  # (B, H)
+    owner = slice_owner(pos, boundaries, config.heads * config.stride)  # (B, T)
+    own = owner[:, None, :] == jnp.arange(config.heads)[None, :, None]  # (B, H, T) key u owned by head h
+    causal = pos[None, :] <= pos[:, None]  # (T, T)
+    recent = causal & (pos[:, None] - pos[None, :] < config.local_window)  # (T, T)
+    return recent[None, None] | (own[:, :, None, :] & causal[None, None])  # (B, H, T, T)
 
 
 def kpool_attention(q, k, v, raw_scores, pk, last, pool_seen, raw_seen, starts, config: TrainConfig):
