@@ -3,7 +3,7 @@ against the plain sweep measured in one run: the same contexts and targets score
 each fix, through one backend, the rounds interleaved (plain, fix, plain, fix, ...) so that load
 from other work on the machine falls on both; each ratio is of the best round of each.
 
-    .venv/bin/python bench/bench_offsets.py [--per-residue 32] [--rounds 3] [--quick] [MODEL ...]
+    .venv/bin/python bench/bench_offsets.py [--per-residue 64] [--rounds 3] [--quick] [MODEL ...]
 
 Default models: tests/data/trained/csa-disjoint.gguf (llama.cpp, prefix shifts) and
 tests/data/trained/gated.gguf (the numpy reference, window shifts).
@@ -30,13 +30,13 @@ def main() -> None:
     from kvphase.sweep.tasks import load_task
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--per-residue", type=int, default=32)
+    parser.add_argument("--per-residue", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("models", nargs="*", type=Path, default=MODELS)
     parser.add_argument("--quick", action="store_true", help="2 contexts, one round (CI: the bench still runs)")
     args = parser.parse_args()
     if args.quick:
-        args.per_residue, args.rounds = 4, 1
+        args.per_residue, args.rounds = 64, 1
     print("| model | fix | tokens x plain | wall time x plain |\n|---|---|---|---|")
     for model in args.models:
         info = read_model_info(model)
