@@ -17,6 +17,7 @@ SEEDS=${SEEDS:-0 1 2}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"  # one core per training
 declare -A OPTIONS=(
   [dense]="dense"
+  [dense-long]="dense"  # the control at 20000 steps (issue 19 item 2): does a longer schedule alone make it retrieve?
   [gated]="gated"
   [gated-stagger-layer]="gated --stagger layer"
   [gated-stagger-head]="gated --stagger head"
@@ -27,17 +28,18 @@ declare -A OPTIONS=(
   [kpool]="kpool"
   [gated-stagger-head-h2]="gated --stagger head --heads 2"
   [gated-stagger-head-h8]="gated --stagger head --heads 8"
+  [gated-stagger-head-h8-d128]="gated --stagger head --heads 8 --d-model 128"  # 8 heads of 16 channels: width apart from count
   [cowa]="cowa"  # CoWA head slices (issue 19): L = 2 tokens to each of 2 heads in turn
   [cowa-stagger-head]="cowa --stagger head"
   [cowa-offsets-random]="cowa --offsets random"
 )
 declare -A STEPS_OF=(  # designs that need a longer schedule than STEPS (reports/README.md says why)
-  [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000
+  [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000 [dense-long]=20000
 )
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
                                      gated-offsets-random gated-offsets-jitter meanpool kpool
-                                     gated-stagger-head-h2 gated-stagger-head-h8 cowa cowa-stagger-head
+                                     gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 cowa cowa-stagger-head
                                      cowa-offsets-random)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"
@@ -51,4 +53,4 @@ export OPTIONS_DECL; OPTIONS_DECL="$(declare -p OPTIONS); $(declare -p STEPS_OF)
 for seed in $SEEDS; do for name in "${CONFIGS[@]}"; do echo "$name $seed"; done; done |
   xargs -P "$JOBS" -L 1 bash -c 'eval "$OPTIONS_DECL"; one "$0" "$1"'
 "$KV" compare reports/trained/*/sweep --out reports/trained/comparison
-python3 scripts/train_study_figure.py reports/trained
+"${PYTHON:-.venv/bin/python}" scripts/train_study_figure.py reports/trained
