@@ -29,6 +29,8 @@ declare -A OPTIONS=(
   [gated-stagger-head-h2]="gated --stagger head --heads 2"
   [gated-stagger-head-h8]="gated --stagger head --heads 8"
   [gated-stagger-head-h8-d128]="gated --stagger head --heads 8 --d-model 128"  # 8 heads of 16 channels: width apart from count
+  [gated-L256]="gated --context 256"  # 256-token contexts (issue 19 item 3): about 13 minutes each, 2 at a time
+  [gated-S8-L256]="gated --stride 8 --context 256"  # S = 8, where 8 residue groups can be depth-matched
   [cowa]="cowa"  # CoWA head slices (issue 19): L = 2 tokens to each of 2 heads in turn
   [cowa-stagger-head]="cowa --stagger head"
   [cowa-offsets-random]="cowa --offsets random"
@@ -39,7 +41,7 @@ declare -A STEPS_OF=(  # designs that need a longer schedule than STEPS (reports
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
                                      gated-offsets-random gated-offsets-jitter meanpool kpool
-                                     gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 cowa cowa-stagger-head
+                                     gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 gated-L256 gated-S8-L256 cowa cowa-stagger-head
                                      cowa-offsets-random)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"

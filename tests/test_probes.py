@@ -237,3 +237,27 @@ def test_a_task_with_more_distractors_than_room_is_a_plan_error():
     task = dataclasses.replace(load_task("pairs"), distractors_per_context=40)
     with pytest.raises(PlanError, match="40 distractors do not fit"):
         build_probes(task, CharBackend(), _settings("in-sequence", context=256, modulus=4, per_residue=4))
+
+
+def test_a_trained_word_vocabulary_plans_long_contexts_with_scattered_distractors():
+    """A `kvphase train` file's tokenizer knows single words only, so compound keys never join
+    cleanly. At 256 tokens the planner asked it for keys enough to fill the context with records
+    (127) although pairs.toml scatters 3 distractors per context: the sweep of every model
+    trained at that length failed before its first context."""
+    from pathlib import Path
+
+    from kvphase.cli.sweep_cmd import open_backend
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.sweep.plan import SweepDefaults, SweepPlan
+
+    model = Path(__file__).parent / "data/trained/gated.gguf"
+    info = read_model_info(model)
+    defaults = SweepDefaults.for_model(info)
+    plan = SweepPlan(model=str(model), task=defaults.task, stride=4, modulus=4, context=defaults.context,
+                     per_residue=8, padding=defaults.padding, seed=0, control=False, backend=defaults.backend,
+                     backend_options={"design": defaults.design})
+    task = load_task("pairs")
+    contexts = build_probes(task, open_backend(info, plan, threads=1),
+                            _settings("in-sequence", context=256, modulus=8, per_residue=8))
+    assert sum(len(c.targets) for c in contexts) == 8 * 8
+    assert all(len(c.tokens) == 256 for c in contexts)

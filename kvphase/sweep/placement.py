@@ -398,7 +398,10 @@ class Layout:
         footer = records.ids(task.footer) if task.footer else ()
         filler = records.ids(task.filler.strip() + " ")
         typical = len(records.make(task.keys[0] if task.keys else "", records.random_value(np.random.default_rng(0))).ids)
-        keys = records.keys_for((settings.context_length - len(head)) // typical if task.distractors else 1)
+        most_records = (settings.context_length - len(head)) // typical if task.distractors else 1
+        if task.distractors_per_context:  # the targets and that many distractors, not a context full of records
+            most_records = min(most_records, task.targets_per_context + task.distractors_per_context)
+        keys = records.keys_for(most_records)
         record_max = records.longest(keys)
         records_end = settings.context_length - len(footer) - task.demonstrations * record_max
         return cls(task, settings, records, head, footer, filler, keys, record_max, records_end)
