@@ -50,7 +50,7 @@ def main() -> None:
         backend = open_backend(info, plan, threads=1)
         task = load_task(plan.task)
         contexts = build_probes(task, backend, plan.probe_settings)[:2 if args.quick else None]
-        filler = backend.tokenize(task.filler.strip() + " ")
+        filler = backend.tokenize(task.filler_text)
 
         def plain() -> None:
             for c in contexts:

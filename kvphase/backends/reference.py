@@ -58,15 +58,8 @@ class ReferenceBackend:
         context continued from a cached prefix scores about 1e-6 away from one evaluated whole,
         and every shift of an ensemble must score as its own shifted sweep does."""
         self._policy_key = None  # no cached prefix is reused (`_load_context`)
-        if not hasattr(self, "_unshifted"):
-            self._unshifted, self._shifted = self.policy, {}
-        base = self._unshifted
-        if phase_shift == 0 or not hasattr(base, "shifted"):
-            self.policy = base
-            return
-        if phase_shift not in self._shifted:
-            self._shifted[phase_shift] = base.shifted(phase_shift)
-        self.policy = self._shifted[phase_shift]
+        if hasattr(self.policy, "shifted"):  # the shift is absolute: shifted(0) undoes any earlier one
+            self.policy = self.policy.shifted(phase_shift)
 
     # -- tokenizer -------------------------------------------------------------------
 

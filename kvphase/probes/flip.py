@@ -23,6 +23,7 @@ import pandas as pd
 from kvphase.backends.base import Backend, Query
 from kvphase.errors import PlanError
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
+from kvphase.sweep.offsets import prefix_pad
 from kvphase.sweep.placement import ProbeContext, RecordMaker, Target, build_probes
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
@@ -91,9 +92,7 @@ def run_flip(plan: SweepPlan, backend: Backend, run_dir: Path, n_targets: int, c
         raise PlanError(f"task {task.name} generates its values; the flip probe needs a task with a value list")
     picked = pick_targets(build_probes(task, backend, plan.probe_settings), n_targets)
     n_shifts = cycles * plan.stride
-    filler = list(backend.tokenize(task.filler.strip() + " "))
-    while len(filler) < n_shifts:
-        filler += filler
+    filler = prefix_pad(backend.tokenize(task.filler_text), n_shifts)
     config = {"probe": "flip", "model": plan.model, "plan": asdict(plan), "targets": n_targets, "cycles": cycles}
     folder.start_folder(run_dir, config, [RESULTS_FILE, FIGURE_FILE])
     rows = [row for c, t in picked for row in flip_rows(backend, records, c, t, filler, n_shifts, plan.stride)]

@@ -51,7 +51,6 @@ class TrainedCompression(CompressedAttention):
                 self._designs[key] = made
         return self._designs[key]
 
-
     def _cowa_head(self, layer: int, kv_head: int, n_head_kv: int) -> CoWindow:
         """One head of CoWA: its slices depend on every head's boundary offset in the layer."""
         offsets = tuple(self.window_start(layer, h, n_head_kv) for h in range(n_head_kv))

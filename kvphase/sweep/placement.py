@@ -396,7 +396,7 @@ class Layout:
     def of(cls, task: Task, tokenizer: Tokenizer, settings: ProbeSettings, records: RecordMaker) -> "Layout":
         head = tuple(tokenizer.prefix_ids) + records.ids(task.header)
         footer = records.ids(task.footer) if task.footer else ()
-        filler = records.ids(task.filler.strip() + " ")
+        filler = records.ids(task.filler_text)
         typical = len(records.make(task.keys[0] if task.keys else "", records.random_value(np.random.default_rng(0))).ids)
         most_records = (settings.context_length - len(head)) // typical if task.distractors else 1
         if task.distractors_per_context:  # the targets and that many distractors, not a context full of records

@@ -232,7 +232,7 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
     if not offsets.active:
         yield from score_contexts(backend, [(c.tokens, [t.query for t in todo]) for c, todo in pending])
         return
-    filler = backend.tokenize(load_task(plan.task).filler.strip() + " ")
+    filler = backend.tokenize(load_task(plan.task).filler_text)
     scorer = ShiftedScorer(backend, offsets, filler, plan.seed, plan.stride)
     jobs = [(c.index, c.tokens, [t.query for t in todo]) for c, todo in pending]
     shift_writer = ResultWriter(run_dir / OFFSETS_FILE, OFFSET_COLUMNS)

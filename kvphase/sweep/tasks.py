@@ -44,6 +44,12 @@ class Task:
     calibrate: tuple[str, ...] = DEFAULT_CALIBRATION  # knobs a calibration may turn (CALIBRATION_KNOBS)
     harder: str = ""  # the next harder task of the difficulty chain; "" at its end
 
+    @property
+    def filler_text(self) -> str:
+        """The filler as it is tokenized for padding: stripped, with the space that joins it to
+        the next token (its tokens repeat without merging across the seam)."""
+        return self.filler.strip() + " "
+
     def __post_init__(self) -> None:
         if self.distractors_per_context < 0 or (self.distractors_per_context and not self.distractors):
             raise PlanError(f"task {self.name}: distractors_per_context must be >= 0 and needs distractors = true, "
