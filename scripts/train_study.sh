@@ -17,6 +17,7 @@ SEEDS=${SEEDS:-0 1 2}
 export XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"  # one core per training
 declare -A OPTIONS=(
   [dense]="dense"
+  [dense-L3]="dense --layers 3"  # a third layer, 10000 steps: the lever that moved the control furthest (issue 19 item 2)
   [dense-long]="dense"  # the control at 20000 steps (issue 19 item 2): does a longer schedule alone make it retrieve?
   [gated]="gated"
   [gated-stagger-layer]="gated --stagger layer"
@@ -31,17 +32,19 @@ declare -A OPTIONS=(
   [gated-stagger-head-h8-d128]="gated --stagger head --heads 8 --d-model 128"  # 8 heads of 16 channels: width apart from count
   [gated-L256]="gated --context 256"  # 256-token contexts (issue 19 item 3): about 13 minutes each, 2 at a time
   [gated-S8-L256]="gated --stride 8 --context 256"  # S = 8, where 8 residue groups can be depth-matched
+  [gated-L256-long]="gated --context 256"  # S = 4 at 3000 steps: the S = 8 schedule, so the two strides compare at one schedule
+  [gated-S8-L256-long]="gated --stride 8 --context 256"  # the same at 3000 steps: seeds 1-2 sat on a plateau at 1500 (about 25 minutes each)
   [cowa]="cowa"  # CoWA head slices (issue 19): L = 2 tokens to each of 2 heads in turn
   [cowa-stagger-head]="cowa --stagger head"
   [cowa-offsets-random]="cowa --offsets random"
 )
 declare -A STEPS_OF=(  # designs that need a longer schedule than STEPS (reports/README.md says why)
-  [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000 [dense-long]=20000
+  [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000 [dense-long]=20000 [gated-S8-L256-long]=3000 [gated-L256-long]=3000 [dense-L3]=10000
 )
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
                                      gated-offsets-random gated-offsets-jitter meanpool kpool
-                                     gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 gated-L256 gated-S8-L256 cowa cowa-stagger-head
+                                     gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 gated-L256 gated-L256-long gated-S8-L256 gated-S8-L256-long dense-L3 cowa cowa-stagger-head
                                      cowa-offsets-random)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"
