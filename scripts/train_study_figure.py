@@ -29,20 +29,31 @@ def runs(root: Path) -> dict[str, list[Path]]:
     return dict(by_name)
 
 
-def plot(by_name: dict[str, list[Path]], path: Path) -> None:
-    fig, (ax_gap, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
-    for colour, (name, folders) in zip(plt.cm.tab10.colors, by_name.items()):
+LINE_STYLES = ("-", "--", ":")
+
+
+def style(index: int) -> dict:
+    """The index-th configuration's colour and line style: 20 colours, then the next dash,
+    so no configuration is dropped however many the study holds."""
+    colours = plt.cm.tab20.colors
+    return {"color": colours[index % len(colours)], "linestyle": LINE_STYLES[index // len(colours) % len(LINE_STYLES)]}
+
+
+def plot(by_name: dict[str, list[Path]], path: Path) -> plt.Figure:
+    fig, (ax_gap, ax_acc) = plt.subplots(1, 2, figsize=(14, 5), sharex=True)
+    for index, (name, folders) in enumerate(by_name.items()):
         for i, folder in enumerate(folders):
             frame = pd.DataFrame(json.loads((folder / "summary.json").read_text())["curve"])
             label = name if i == 0 else None
-            ax_gap.plot(frame.step, 100 * frame.gap, color=colour, lw=1, alpha=0.8, label=label)
-            ax_acc.plot(frame.step, 100 * frame.accuracy, color=colour, lw=1, alpha=0.8, label=label)
+            ax_gap.plot(frame.step, 100 * frame.gap, lw=1, alpha=0.8, label=label, **style(index))
+            ax_acc.plot(frame.step, 100 * frame.accuracy, lw=1, alpha=0.8, label=label, **style(index))
     ax_gap.set(xlabel="training step", ylabel="gap, best - worst residue (points)",
                title="Phase gap on held-out questions (one line per seed)")
     ax_acc.set(xlabel="training step", ylabel="held-out accuracy (%)", title="Mean accuracy")
-    ax_acc.legend(fontsize=8)
+    ax_acc.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return fig
 
 
 def table(by_name: dict[str, list[Path]]) -> str:
