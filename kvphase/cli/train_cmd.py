@@ -47,6 +47,9 @@ def train(
                                     help="glm designs: steps of dense attention, the indexer distilled, before sparse training."),
     kda: str = typer.Option(TrainConfig.kda, "--kda", help="glm designs: the KDA layer trained (first: what gives the NoPE "
                             "model token order) or off (a no-op layer, the MLA layers alone)."),
+    copy_steps: Optional[int] = typer.Option(None, "--copy-steps", help="Of --steps, the first ones spent on an induction "
+                                             "warm-up (a run of words repeated at a random place) before the pairs; "
+                                             f"default {TrainConfig.copy_steps}."),
     batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
                                         f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa and glm designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
@@ -58,7 +61,8 @@ def train(
 
     config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
-                         local_window=local_window, top_k=top_k, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda)
+                         local_window=local_window, top_k=top_k, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda,
+                         copy_steps=copy_steps)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:
         run_training(config, out, on_start=progress.start, on_step=progress.step)

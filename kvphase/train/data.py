@@ -17,8 +17,15 @@ import numpy as np
 
 from kvphase.errors import PlanError
 from kvphase.sweep.tasks import Task, load_task
-from kvphase.train.config import TrainConfig
+from kvphase.train.config import COPY_GAP, COPY_RUN, TrainConfig
 from kvphase.train.vocab import WordVocab
+
+
+class CopyBatch(NamedTuple):
+    """The induction warm-up's sequences: a run of words, then the same run again."""
+
+    tokens: np.ndarray  # (n_seq, n_positions) int32
+    loss_rows: np.ndarray  # (n_seq, n_positions - 1) float32: 1 where row t's next token (t + 1) is scored
 
 
 class Batch(NamedTuple):
@@ -80,6 +87,30 @@ class PairData:
         tokens[rows] = keys[asked]
         tokens[rows + 1] = values[asked]
         return tokens, starts[asked], values[asked]
+
+    def copy_sequence(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """BOS and filler holding a run of COPY_RUN random words (keys, values, filler alike) and,
+        0 to COPY_GAP words after it, the same run again; scored on the repeat's words after its
+        first, which only an induction circuit predicts (find the current word's earlier copy,
+        read the word after it). The random start and gap leave no fixed offset to attend to."""
+        c, n = self.config, COPY_RUN
+        tokens = self.filler[rng.integers(len(self.filler), size=c.n_positions)]  # (n_positions,)
+        tokens[0] = self.vocab.bos_id
+        words = np.concatenate([self.keys, self.values, self.filler])  # (n_words,)
+        run = words[rng.integers(len(words), size=n)]  # (n,)
+        first = 1 + rng.integers(c.n_positions - 2 * n - COPY_GAP)
+        repeat = first + n + rng.integers(COPY_GAP + 1)
+        tokens[first : first + n] = run
+        tokens[repeat : repeat + n] = run
+        loss_rows = np.zeros(c.n_positions - 1, np.float32)  # (n_positions - 1,)
+        loss_rows[repeat : repeat + n - 1] = 1.0
+        return tokens, loss_rows
+
+    def copy_batch(self, step: int) -> CopyBatch:
+        """The warm-up batch of one step, a function of (seed, step) alone like `training_batch`."""
+        rng = np.random.default_rng([self.config.seed, 5, step])
+        parts = [self.copy_sequence(rng) for _ in range(self.config.batch)]
+        return CopyBatch(np.stack([p[0] for p in parts]).astype(np.int32), np.stack([p[1] for p in parts]))
 
     def batch(self, rng: np.random.Generator, n_seq: int) -> Batch:
         parts = [self.sequence(rng) for _ in range(n_seq)]

@@ -96,11 +96,17 @@ class Trainer:
     def train_step(self) -> tuple[float, float]:
         from kvphase.train.model import draw_starts
 
-        batch = self.data.training_batch(self.step)
         starts = draw_starts(self.config, np.random.default_rng([self.config.seed, 3, self.step]), self.config.batch)
-        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse)(
-            self.params, self.opt_state, batch.tokens, starts, batch.answers
-        )
+        if self.step < self.config.copy_steps:
+            copy = self.data.copy_batch(self.step)
+            self.params, self.opt_state, loss, accuracy = _jitted_copy_step(self.config, self.sparse)(
+                self.params, self.opt_state, copy.tokens, starts, copy.loss_rows
+            )
+        else:
+            batch = self.data.training_batch(self.step)
+            self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse)(
+                self.params, self.opt_state, batch.tokens, starts, batch.answers
+            )
         self.step += 1
         return float(loss), float(accuracy)
 
@@ -201,11 +207,28 @@ def model_of(config: TrainConfig):
 
 
 def optimizer(config: TrainConfig):
+    """AdamW, clipped, at the rate of `learning_rate`."""
     import optax
 
-    warmup = max(1, min(100, config.steps // 10))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup, max(config.steps, warmup + 1), config.lr * 0.1)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(learning_rate(config), weight_decay=0.01))
+
+
+def learning_rate(config: TrainConfig):
+    """A linear warm-up and cosine decay over the pairs steps. An induction warm-up (`copy_steps`)
+    runs before them at the peak rate after its own linear warm-up; the pairs then warm up from
+    zero again, as the measured recipe did (a fresh optimiser after the warm-up)."""
+    import optax
+
+    def warmup_cosine(steps: int):
+        warmup = max(1, min(100, steps // 10))
+        return optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup, max(steps, warmup + 1), config.lr * 0.1)
+
+    pairs = warmup_cosine(config.steps - config.copy_steps)
+    if not config.copy_steps:
+        return pairs
+    warmup = max(1, min(100, config.copy_steps // 10))
+    copy = optax.linear_schedule(0.0, config.lr, warmup)
+    return optax.join_schedules([copy, pairs], [config.copy_steps])
 
 
 def _answer_stats(params, tokens, starts, answers, config: TrainConfig, sparse: bool = True):
@@ -235,6 +258,40 @@ def _jitted_step(config: TrainConfig, sparse: bool = True):
 
     def step(params, opt_state, tokens, starts, answers):
         (_, (nll, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, starts, answers)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, nll, accuracy
+
+    return jax.jit(step)
+
+
+def copy_stats(params, tokens, starts, loss_rows, config: TrainConfig, sparse: bool = True):
+    """The induction warm-up's next-word cross-entropy and accuracy over the scored rows
+    (row t predicts token t + 1), and the auxiliary loss."""
+    import jax
+    import jax.numpy as jnp
+
+    rows = np.arange(config.n_positions - 1)
+    extra = {"sparse": sparse} if config.layout == "glm5-next" else {}
+    logits, aux = model_of(config).query_logits(params, tokens, jnp.asarray(starts), rows, config, **extra)  # (B, T - 1, V)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, 1:, None], axis=-1)[..., 0]  # (B, T - 1)
+    scored = loss_rows.sum()
+    accuracy = ((logits.argmax(-1) == tokens[:, 1:]) * loss_rows).sum() / scored
+    return -(logp * loss_rows).sum() / scored, accuracy, aux
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_copy_step(config: TrainConfig, sparse: bool = True):
+    import jax
+    import optax
+
+    opt = optimizer(config)
+
+    def loss_fn(params, tokens, starts, loss_rows):
+        nll, accuracy, aux = copy_stats(params, tokens, starts, loss_rows, config, sparse)
+        return nll + AUX_WEIGHT * aux, (nll, accuracy)
+
+    def step(params, opt_state, tokens, starts, loss_rows):
+        (_, (nll, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, starts, loss_rows)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, nll, accuracy
 
