@@ -27,8 +27,7 @@ LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000},
 # 64-token trained context (modulus 8 already fails the depth check there; measured). 6000 steps: at 1500
 # it still answers at chance; by 6000 it has learned to name a value no earlier question took, not retrieval
 DESIGN_DEFAULTS = {"cowa": {"stride": 2, "heads": 2, "steps": 6000}}
-COPY_RUN = 8  # words in the run the induction warm-up repeats; the repeat starts 0 to COPY_GAP words after the run ends
-COPY_GAP = 3
+COPY_RUN = 8  # words in the run the induction warm-up repeats (PairData.copy_sequence); every context (>= 16) holds two
 MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes on one core
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
@@ -111,9 +110,6 @@ class TrainConfig:
         if not isinstance(self.copy_steps, int) or not 0 <= self.copy_steps < self.steps:
             raise PlanError(f"--copy-steps must be a whole number from 0 to --steps - 1 ({self.steps - 1}), so that "
                             f"pairs are trained at all, got {self.copy_steps!r}")
-        if self.copy_steps and self.n_positions < 2 * COPY_RUN + COPY_GAP + 2:
-            raise PlanError(f"the induction warm-up repeats a run of {COPY_RUN} words: --context {self.context} with "
-                            f"{self.queries} questions holds fewer than {2 * COPY_RUN + COPY_GAP + 2} positions")
         if self.local_window < 0 or self.top_k < 1:
             raise PlanError(f"expected --local-window >= 0 and --top-k >= 1, got {self.local_window}, {self.top_k}")
 
