@@ -47,9 +47,8 @@ def train(
                                     help="glm designs: steps of dense attention, the indexer distilled, before sparse training."),
     kda: str = typer.Option(TrainConfig.kda, "--kda", help="glm designs: the KDA layer trained (first: what gives the NoPE "
                             "model token order) or off (a no-op layer, the MLA layers alone)."),
-    copy_steps: Optional[int] = typer.Option(None, "--copy-steps", help="Of --steps, the first ones spent on an induction "
-                                             "warm-up (a run of words repeated at a random place) before the pairs; "
-                                             f"default {TrainConfig.copy_steps}."),
+    copy_steps: int = typer.Option(TrainConfig.copy_steps, "--copy-steps", help="Of --steps, the first ones spent on an "
+                                   "induction warm-up (a run of words repeated at a random place) before the pairs."),
     batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
                                         f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa and glm designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),

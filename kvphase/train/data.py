@@ -69,11 +69,16 @@ class PairData:
             )
         return data
 
+    def background(self, rng: np.random.Generator) -> np.ndarray:
+        """BOS, then random filler words over every position (n_positions,), for records or copies to overwrite."""
+        tokens = self.filler[rng.integers(len(self.filler), size=self.config.n_positions)]  # (n_positions,)
+        tokens[0] = self.vocab.bos_id
+        return tokens
+
     def sequence(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One sequence: tokens (n_positions,), the asked keys' positions and values (queries,) each."""
         c = self.config
-        tokens = self.filler[rng.integers(len(self.filler), size=c.n_positions)]  # (n_positions,)
-        tokens[0] = self.vocab.bos_id
+        tokens = self.background(rng)  # (n_positions,)
         keys = rng.permutation(self.keys)  # (n_keys,)
         values = rng.permutation(self.values)  # (n_values,)
         # n sorted draws from the free slots, each shifted past the records before it: every
@@ -98,8 +103,7 @@ class PairData:
         first carried over (a repeat 0-3 words after a run placed anywhere did worse: first
         question 30-32% against 33-45% at 3 seeds, 16 tokens, reports/README.md)."""
         c, n = self.config, COPY_RUN
-        tokens = self.filler[rng.integers(len(self.filler), size=c.n_positions)]  # (n_positions,)
-        tokens[0] = self.vocab.bos_id
+        tokens = self.background(rng)  # (n_positions,)
         words = np.concatenate([self.keys, self.values, self.filler])  # (n_words,)
         run = words[rng.integers(len(words), size=n)]  # (n,)
         first = 1 + rng.integers(min(c.context, c.n_positions - n) - n)

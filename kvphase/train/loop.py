@@ -97,16 +97,16 @@ class Trainer:
         from kvphase.train.model import draw_starts
 
         starts = draw_starts(self.config, np.random.default_rng([self.config.seed, 3, self.step]), self.config.batch)
-        if self.step < self.config.copy_steps:
-            copy = self.data.copy_batch(self.step)
-            self.params, self.opt_state, loss, accuracy = _jitted_copy_step(self.config, self.sparse)(
-                self.params, self.opt_state, copy.tokens, starts, copy.loss_rows
-            )
+        copy = self.step < self.config.copy_steps
+        if copy:
+            batch = self.data.copy_batch(self.step)
+            tokens, targets = batch.tokens, batch.loss_rows
         else:
             batch = self.data.training_batch(self.step)
-            self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse)(
-                self.params, self.opt_state, batch.tokens, starts, batch.answers
-            )
+            tokens, targets = batch.tokens, batch.answers
+        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse, copy)(
+            self.params, self.opt_state, tokens, starts, targets
+        )
         self.step += 1
         return float(loss), float(accuracy)
 
@@ -219,79 +219,62 @@ def learning_rate(config: TrainConfig):
     zero again, as the measured recipe did (a fresh optimiser after the warm-up)."""
     import optax
 
-    def warmup_cosine(steps: int):
-        warmup = max(1, min(100, steps // 10))
-        return optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup, max(steps, warmup + 1), config.lr * 0.1)
+    def warmup(steps: int) -> int:
+        return max(1, min(100, steps // 10))
 
-    pairs = warmup_cosine(config.steps - config.copy_steps)
+    n_pairs = config.steps - config.copy_steps
+    pairs = optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup(n_pairs), max(n_pairs, warmup(n_pairs) + 1), config.lr * 0.1)
     if not config.copy_steps:
         return pairs
-    warmup = max(1, min(100, config.copy_steps // 10))
-    copy = optax.linear_schedule(0.0, config.lr, warmup)
-    return optax.join_schedules([copy, pairs], [config.copy_steps])
+    return optax.join_schedules([optax.linear_schedule(0.0, config.lr, warmup(config.copy_steps)), pairs], [config.copy_steps])
 
 
-def _answer_stats(params, tokens, starts, answers, config: TrainConfig, sparse: bool = True):
+def _target_stats(params, tokens, starts, rows, targets, config: TrainConfig, sparse: bool = True):
+    """Log-probability of each target token at its row, whether it is the argmax (B, R) each, and the
+    auxiliary loss."""
     import jax
     import jax.numpy as jnp
 
-    rows = config.context + 2 * np.arange(config.queries)
-    module = model_of(config)
     extra = {"sparse": sparse} if config.layout == "glm5-next" else {}
-    logits, aux = module.query_logits(params, tokens, jnp.asarray(starts), rows, config, **extra)  # (B, Q, V)
-    logp = jax.nn.log_softmax(logits, axis=-1)  # (B, Q, V)
-    answer_logp = jnp.take_along_axis(logp, answers[..., None], axis=-1)[..., 0]  # (B, Q)
-    return answer_logp, logits.argmax(-1) == answers, aux
+    logits, aux = model_of(config).query_logits(params, tokens, jnp.asarray(starts), rows, config, **extra)  # (B, R, V)
+    logp = jax.nn.log_softmax(logits, axis=-1)  # (B, R, V)
+    target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # (B, R)
+    return target_logp, logits.argmax(-1) == targets, aux
 
 
-@functools.lru_cache(maxsize=8)
-def _jitted_step(config: TrainConfig, sparse: bool = True):
-    import jax
-    import optax
-
-    opt = optimizer(config)
-
-    def loss_fn(params, tokens, starts, answers):
-        answer_logp, correct, aux = _answer_stats(params, tokens, starts, answers, config, sparse)
-        nll = -answer_logp.mean()
-        return nll + AUX_WEIGHT * aux, (nll, correct.mean())
-
-    def step(params, opt_state, tokens, starts, answers):
-        (_, (nll, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, starts, answers)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, nll, accuracy
-
-    return jax.jit(step)
+def _answer_stats(params, tokens, starts, answers, config: TrainConfig, sparse: bool = True):
+    rows = config.context + 2 * np.arange(config.queries)
+    return _target_stats(params, tokens, starts, rows, answers, config, sparse)
 
 
 def copy_stats(params, tokens, starts, loss_rows, config: TrainConfig, sparse: bool = True):
     """The induction warm-up's next-word cross-entropy and accuracy over the scored rows
     (row t predicts token t + 1), and the auxiliary loss."""
-    import jax
-    import jax.numpy as jnp
-
     rows = np.arange(config.n_positions - 1)
-    extra = {"sparse": sparse} if config.layout == "glm5-next" else {}
-    logits, aux = model_of(config).query_logits(params, tokens, jnp.asarray(starts), rows, config, **extra)  # (B, T - 1, V)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, 1:, None], axis=-1)[..., 0]  # (B, T - 1)
+    next_logp, correct, aux = _target_stats(params, tokens, starts, rows, tokens[:, 1:], config, sparse)  # (B, T - 1) x2
     scored = loss_rows.sum()
-    accuracy = ((logits.argmax(-1) == tokens[:, 1:]) * loss_rows).sum() / scored
-    return -(logp * loss_rows).sum() / scored, accuracy, aux
+    return -(next_logp * loss_rows).sum() / scored, (correct * loss_rows).sum() / scored, aux
 
 
-@functools.lru_cache(maxsize=8)
-def _jitted_copy_step(config: TrainConfig, sparse: bool = True):
+@functools.lru_cache(maxsize=16)
+def _jitted_step(config: TrainConfig, sparse: bool = True, copy: bool = False):
+    """One optimisation step on the pairs (targets: the answers) or, with `copy`, on the induction
+    warm-up (targets: the scored rows)."""
     import jax
     import optax
 
     opt = optimizer(config)
 
-    def loss_fn(params, tokens, starts, loss_rows):
-        nll, accuracy, aux = copy_stats(params, tokens, starts, loss_rows, config, sparse)
+    def loss_fn(params, tokens, starts, targets):
+        if copy:
+            nll, accuracy, aux = copy_stats(params, tokens, starts, targets, config, sparse)
+        else:
+            answer_logp, correct, aux = _answer_stats(params, tokens, starts, targets, config, sparse)
+            nll, accuracy = -answer_logp.mean(), correct.mean()
         return nll + AUX_WEIGHT * aux, (nll, accuracy)
 
-    def step(params, opt_state, tokens, starts, loss_rows):
-        (_, (nll, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, starts, loss_rows)
+    def step(params, opt_state, tokens, starts, targets):
+        (_, (nll, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, starts, targets)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, nll, accuracy
 
