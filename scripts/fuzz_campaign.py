@@ -623,7 +623,8 @@ class Campaign:
                 ("cowa", ["--stride", "6"]), ("cowa", ["--stride", "16"]), ("cowa", ["--stride", "8", "--heads", "16"]),
                 ("cowa", ["--heads", "1"]), ("cowa", ["--top-k", "4"]), ("cowa", ["--kda", "off"]),
                 ("dense", ["--copy-steps", "1500"]), ("dense", ["--copy-steps", "-1"]), ("dense", ["--copy-steps", "x"]),
-                ("gated", ["--copy-steps", str(2**70)]))),
+                ("gated", ["--copy-steps", str(2**70)]), ("rolling", ["--stagger", "head"]),
+                ("rolling", ["--offsets", "jitter"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]))),
             ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
             ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
             # kvphase theory (issue 20: the idealized gradient-flow model; no model file, seconds of numpy)

@@ -16,7 +16,8 @@ from kvphase.train.config import DESIGN_DEFAULTS, LAYOUT_DEFAULTS, TrainConfig
 
 @app.command()
 def train(
-    design: str = typer.Argument(..., help="dense (the control), gated, meanpool, kpool or cowa (CoWA head slices) (gpt2 files "
+    design: str = typer.Argument(..., help="dense (the control), gated, meanpool, kpool, cowa (CoWA head slices) or rolling (gated's "
+                                 "pooling at every position: the control that retrieves) (gpt2 files "
                                  "the reference runs); "
                                  "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs); glm-kpool or glm-dense "
                                  "(glm5-next files llama.cpp runs)."),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kvphase.gguf.header import Metadata
 
 TRAINED_PREFIX = "kvphase.trained."
-GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool", "cowa")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
+GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool", "cowa", "rolling")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
 DEEPSEEK4_DESIGNS = ("csa", "csa-disjoint", "csa-dense")  # deepseek4's own layout: llama.cpp runs them
 GLM5_DESIGNS = ("glm-kpool", "glm-dense")  # glm5-next's own layout: llama.cpp runs them
 ENGINE_DESIGNS = DEEPSEEK4_DESIGNS + GLM5_DESIGNS

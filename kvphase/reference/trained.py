@@ -1,10 +1,11 @@
 """The compressor a `kvphase train` model declares, as an attention policy for the reference.
 
 Each (layer, head) gets its own design from `kvphase.designs`: `MeanPool` ("meanpool"),
-`GatedPool` ("gated") or `GatedTopK` ("kpool") with the head's gate and per-phase bias
-read from the file, at the window offset the file declares; `CoWindow` ("cowa") with the
-layer's slice boundary offsets (the file's starts, slice length = its stride). Models trained with random
-offsets draw them per context (`CompressedAttention`'s randomize), as in training.
+`GatedPool` ("gated"; "rolling" with a window starting at every position) or `GatedTopK`
+("kpool") with the head's gate and per-phase bias read from the file, at the window offset
+the file declares; `CoWindow` ("cowa") with the layer's slice boundary offsets (the file's
+starts, slice length = its stride). Models trained with random offsets draw them per context
+(`CompressedAttention`'s randomize), as in training.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class TrainedCompression(CompressedAttention):
         key = (layer, kv_head)
         if key not in self._designs:
             s = self.spec
-            shape = dict(window=s.stride, stride=s.stride, local_window=s.local_window,
+            shape = dict(window=s.stride, stride=1 if s.design == "rolling" else s.stride, local_window=s.local_window,
                          start=self.window_start(layer, kv_head, n_head_kv))
             if s.design == "cowa":
                 self._designs[key] = self._cowa_head(layer, kv_head, n_head_kv)
@@ -69,7 +70,7 @@ def trained_policy(path: str | Path, seed: int = 0):
     if spec.design == "dense":
         return DenseAttention()
     gates = apes = None
-    if spec.design in ("gated", "kpool"):
+    if spec.design in ("gated", "kpool", "rolling"):
         tensors = {t.name: t for t in header.tensors}
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         try:

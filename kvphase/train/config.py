@@ -36,7 +36,7 @@ KDA_MODES = ("trained", "off")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool", "cowa"; "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense"
+    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool", "cowa", "rolling" (gated's pooling at every position: its twin without chunk boundaries); "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense"
     stride: int = 4  # S: tokens per pooled entry (window W = S); cowa: L, tokens per head slice
     local_window: int = 8  # most recent tokens every query also sees exactly (compressed designs)
     top_k: int = 8  # kpool: pools each query selects
@@ -77,8 +77,9 @@ class TrainConfig:
             self._check_glm5()
         elif self.kda != TrainConfig.kda or self.dense_steps != TrainConfig.dense_steps:
             raise PlanError(f"--kda and --dense-steps belong to the glm designs; {self.design} has neither")
-        if self.design == "dense" and (self.stagger != "none" or self.offsets != "fixed"):
-            raise PlanError("the dense control has no windows to offset; drop --stagger/--offsets")
+        if self.design in ("dense", "rolling") and (self.stagger != "none" or self.offsets != "fixed"):
+            what = "the dense control has no windows" if self.design == "dense" else "rolling has a window at every position"
+            raise PlanError(f"{what} to offset; drop --stagger/--offsets")
         if self.design == "cowa":
             self._check_cowa()
 

@@ -10,6 +10,10 @@ reads a chunked-compressed cache:
   ape[phase]) weights (the DeepSeek-V4 compressor / GLM k-pool pooling), plus the
   `local_window` most recent tokens exactly;
 - "meanpool": the same with a uniform gate;
+- "rolling": gated's pooling over the S tokens ending at every position (windows one token
+  apart, no boundaries, one entry per token: no compression), plus the same local window:
+  gated's twin without the chunking, so it shares the one-layer shortcut (a record's key and
+  value in one entry) at every phase alike;
 - "cowa": CoWindow Attention head slices, no pooling: each head reads the local window and
   its own slices of L = S tokens (slice j to head j mod H, boundaries moved by the
   per-head offsets), so every position is read by exactly one head;
@@ -21,7 +25,7 @@ reads a chunked-compressed cache:
   lightning indexer. Pooled keys are the model's own keys (no separate indexer
   projection): said plainly in docs/training.md.
 
-The numpy truth is `kvphase/designs/gatedpool.py` (and `meanpool.py`, `kpool.py`, `cowindow.py`) run by
+The numpy truth is `kvphase/designs/gatedpool.py` (with stride 1 for "rolling"; and `meanpool.py`, `kpool.py`, `cowindow.py`) run by
 `kvphase/reference/gpt2.py`; tests/test_train.py checks this forward equals it to 1e-4.
 Arrays are (batch, ...) throughout; shape comments name the axes.
 """
@@ -66,7 +70,7 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             "w_up": normal(d, f), "b_up": zeros(f),
             "w_down": normal(f, d, scale=proj), "b_down": zeros(d),
         }
-        if config.design in ("gated", "kpool"):
+        if config.design in ("gated", "kpool", "rolling"):
             block["gate"] = normal(config.heads, hd, hd, scale=1.0 / math.sqrt(hd))  # (heads, hd, hd)
             block["ape"] = zeros(config.heads, config.stride, hd)  # (heads, S, hd) per-phase gate bias
         blocks.append(block)
@@ -104,14 +108,15 @@ def masked_softmax(scores, visible):
 
 
 def pooled_windows(k, v, block, starts, config: TrainConfig):
-    """Pool every complete window of S tokens into one entry per (sequence, head).
+    """Pool every complete window of S tokens (one every S tokens; "rolling": every token) into entries per (sequence, head).
 
     k, v: (B, H, T, hd); starts: (B, H) window offset. Returns pooled keys and values
     (B, H, nw, hd), each window's last position (B, H, nw) and whether it is complete.
     """
     s, t = config.stride, k.shape[2]
-    nw = t // s
-    first = starts[:, :, None] + s * jnp.arange(nw)[None, None, :]  # (B, H, nw)
+    step = 1 if config.design == "rolling" else s  # rolling: a window ends at every position from S - 1 on
+    nw = t - s + 1 if config.design == "rolling" else t // s
+    first = starts[:, :, None] + step * jnp.arange(nw)[None, None, :]  # (B, H, nw)
     last = first + s - 1  # (B, H, nw)
     members = jnp.clip(first[..., None] + jnp.arange(s), 0, t - 1)  # (B, H, nw, S)
     flat = members.reshape(*members.shape[:2], nw * s, 1)  # (B, H, nw*S, 1)
