@@ -16,7 +16,8 @@ from kvphase.train.loop import Trainer
 
 def steps_per_second(design: str, steps: int) -> tuple[float, int]:
     trainer = Trainer.new(TrainConfig.for_design(design))  # the defaults `kvphase train DESIGN` uses
-    trainer.step = trainer.config.dense_steps if trainer.config.layout == "glm5-next" else 0  # glm: the sparse steps
+    # the steps after the first stage: glm's sparse ones, meanpool's uniform ones after its gated start
+    trainer.step = trainer.config.dense_steps if trainer.config.layout == "glm5-next" else trainer.config.first_stage_steps
     trainer.train_step()  # compile
     start = time.perf_counter()
     for _ in range(steps):

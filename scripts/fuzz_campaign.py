@@ -624,7 +624,8 @@ class Campaign:
                 ("cowa", ["--heads", "1"]), ("cowa", ["--top-k", "4"]), ("cowa", ["--kda", "off"]),
                 ("dense", ["--copy-steps", "1500"]), ("dense", ["--copy-steps", "-1"]), ("dense", ["--copy-steps", "x"]),
                 ("gated", ["--copy-steps", str(2**70)]), ("rolling", ["--stagger", "head"]),
-                ("rolling", ["--offsets", "jitter"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]))),
+                ("rolling", ["--offsets", "jitter"]), ("gated", ["--gate-steps", "5"]), ("meanpool", ["--gate-steps", "-1"]),
+                ("meanpool", ["--gate-steps", "3000"]), ("meanpool", ["--gate-steps", "x"]), ("meanpool", ["--gate-steps", "5", "--copy-steps", "5"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]))),
             ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
             ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
             # kvphase theory (issue 20: the idealized gradient-flow model; no model file, seconds of numpy)

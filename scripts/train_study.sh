@@ -25,7 +25,8 @@ declare -A OPTIONS=(
   [gated-stagger-layer-head]="gated --stagger layer_head"
   [gated-offsets-random]="gated --offsets random"
   [gated-offsets-jitter]="gated --offsets jitter"
-  [meanpool]="meanpool"
+  [meanpool]="meanpool --gate-steps 0"  # uniform pooling from scratch (the first study; now not the default)
+  [meanpool-gated-start]="meanpool"  # the default: gated's trained gate for the first 1000 of 3000 steps, then uniform (issue 19 item 1)
   [kpool]="kpool"
   [gated-stagger-head-h2]="gated --stagger head --heads 2"
   [gated-stagger-head-h8]="gated --stagger head --heads 8"
@@ -49,13 +50,13 @@ declare -A OPTIONS=(
 declare -A NO_SWEEP=([dense-copy-L16]=1 [dense-L16]=1 [gated-S2-L16]=1 [dense-copy-L32]=1)
 declare -A STEPS_OF=(  # designs that need a longer schedule than STEPS (reports/README.md says why)
   [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000 [dense-long]=20000 [gated-S8-L256-long]=3000 [gated-L256-long]=3000 [dense-L3]=10000
-  [dense-copy-L16]=8000 [dense-L16]=8000 [dense-copy-L32]=8000 [dense-copy]=8000
+  [dense-copy-L16]=8000 [dense-L16]=8000 [dense-copy-L32]=8000 [dense-copy]=8000 [meanpool-gated-start]=3000
 )
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
                                      gated-offsets-random gated-offsets-jitter meanpool kpool
                                      gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 gated-L256 gated-L256-long gated-S8-L256 gated-S8-L256-long dense-L3 cowa cowa-stagger-head
-                                     cowa-offsets-random dense-copy-L16 dense-L16 gated-S2-L16 dense-copy-L32 dense-copy rolling)
+                                     cowa-offsets-random dense-copy-L16 dense-L16 gated-S2-L16 dense-copy-L32 dense-copy rolling meanpool-gated-start)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"
   # shellcheck disable=SC2086

@@ -35,7 +35,8 @@ def train(
     steps: Optional[int] = typer.Option(None, help=f"Optimisation steps; default {TrainConfig.steps}, "
                                        f"{LAYOUT_DEFAULTS['deepseek4']['steps']} for the csa designs, "
                                        f"{LAYOUT_DEFAULTS['glm5-next']['steps']} for the glm designs, "
-                                       f"{DESIGN_DEFAULTS['cowa']['steps']} for cowa."),
+                                       f"{DESIGN_DEFAULTS['cowa']['steps']} for cowa, "
+                                       f"{DESIGN_DEFAULTS['meanpool']['steps']} for meanpool."),
     seed: int = typer.Option(0, help="Seed for weights, data and offsets."),
     eval_every: int = typer.Option(TrainConfig.eval_every, "--eval-every", help="Steps between held-out evaluations and checkpoints."),
     stagger: str = typer.Option("none", help="Window offsets staggered per layer, head or layer_head."),
@@ -50,6 +51,9 @@ def train(
                             "model token order) or off (a no-op layer, the MLA layers alone)."),
     copy_steps: int = typer.Option(TrainConfig.copy_steps, "--copy-steps", help="Of --steps, the first ones spent on an "
                                    "induction warm-up (a run of words repeated at a random place) before the pairs."),
+    gate_steps: Optional[int] = typer.Option(None, "--gate-steps", help="meanpool: of --steps, the first ones pool with a "
+                                             "trained gate (as gated), which is then dropped; default a third "
+                                             "of --steps for meanpool, 0 (not allowed) for the others."),
     batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
                                         f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa and glm designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
@@ -62,7 +66,7 @@ def train(
     config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
                          local_window=local_window, top_k=top_k, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda,
-                         copy_steps=copy_steps)
+                         copy_steps=copy_steps, gate_steps=gate_steps)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:
         run_training(config, out, on_start=progress.start, on_step=progress.step)

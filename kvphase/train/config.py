@@ -26,7 +26,11 @@ LAYOUT_DEFAULTS = {"deepseek4": {"heads": 2, "batch": 32, "steps": 1000},
 # the mask repeats every 4 positions, the longest period whose residues a sweep can depth-match in the
 # 64-token trained context (modulus 8 already fails the depth check there; measured). 6000 steps: at 1500
 # it still answers at chance; by 6000 it has learned to name a value no earlier question took, not retrieval
-DESIGN_DEFAULTS = {"cowa": {"stride": 2, "heads": 2, "steps": 6000}}
+# meanpool: from scratch its uniform pooling stays at chance for 1500 steps and stops at elimination by 6000
+# (measured); gated's trained gate for the first third of the steps (GATED_START), then uniform, carries it
+# to retrieval (reports/README.md)
+DESIGN_DEFAULTS = {"cowa": {"stride": 2, "heads": 2, "steps": 6000}, "meanpool": {"steps": 3000}}
+GATED_START = 3  # meanpool's default --gate-steps: --steps // GATED_START
 COPY_RUN = 8  # words in the run the induction warm-up repeats (PairData.copy_sequence); every context (>= 16) holds two
 MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes on one core
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
@@ -58,6 +62,7 @@ class TrainConfig:
     dense_steps: int = 200  # glm designs: steps of dense attention (the indexer distilled) before sparse training
     kda: str = "trained"  # glm designs: the KDA layer "trained" (first, the model's source of order) or "off" (a no-op)
     copy_steps: int = 0  # of `steps`, the first ones spent on the induction warm-up (PairData.copy_batch), not on pairs
+    gate_steps: int = 0  # meanpool: of `steps`, the first ones pool with gated's trained gate, which is then dropped
 
     def __post_init__(self) -> None:
         if self.design not in TRAINED_DESIGNS:
@@ -111,6 +116,13 @@ class TrainConfig:
         if not isinstance(self.copy_steps, int) or not 0 <= self.copy_steps < self.steps:
             raise PlanError(f"--copy-steps must be a whole number from 0 to --steps - 1 ({self.steps - 1}), so that "
                             f"pairs are trained at all, got {self.copy_steps!r}")
+        if not isinstance(self.gate_steps, int) or not 0 <= self.gate_steps < self.steps:
+            raise PlanError(f"--gate-steps must be a whole number from 0 to --steps - 1 ({self.steps - 1}), so that "
+                            f"the uniform pooling is trained at all, got {self.gate_steps!r}")
+        if self.gate_steps and self.design != "meanpool":
+            raise PlanError(f"--gate-steps starts meanpool with a trained gate; {self.design} has no uniform pooling to start")
+        if self.gate_steps and self.copy_steps:
+            raise PlanError("--gate-steps and --copy-steps each restart the schedule; give one of them")
         if self.local_window < 0 or self.top_k < 1:
             raise PlanError(f"expected --local-window >= 0 and --top-k >= 1, got {self.local_window}, {self.top_k}")
 
@@ -165,7 +177,10 @@ class TrainConfig:
         """The config of `kvphase train DESIGN`: the options given (None: not given) over the design's and
         the layout's defaults."""
         given = {k: v for k, v in options.items() if v is not None}
-        return cls(design=design, **{**LAYOUT_DEFAULTS[layout_of(design)], **DESIGN_DEFAULTS.get(design, {}), **given})
+        merged = {**LAYOUT_DEFAULTS[layout_of(design)], **DESIGN_DEFAULTS.get(design, {}), **given}
+        if design == "meanpool" and "gate_steps" not in given:
+            merged["gate_steps"] = merged.get("steps", cls.steps) // GATED_START
+        return cls(design=design, **merged)
 
     @property
     def head_dim(self) -> int:
@@ -179,6 +194,15 @@ class TrainConfig:
     @property
     def compressed(self) -> bool:
         return self.design not in DENSE_DESIGNS
+
+    @property
+    def first_stage_steps(self) -> int:
+        """Steps before the schedule restarts: the induction warm-up or meanpool's gated start."""
+        return self.copy_steps + self.gate_steps
+
+    def stage(self, step: int) -> TrainConfig:
+        """The configuration a step trains with: meanpool's first `gate_steps` pool as gated does."""
+        return dataclasses.replace(self, design="gated", gate_steps=0) if step < self.gate_steps else self
 
     def starts(self) -> list[list[int]]:
         """Fixed window offset of every (layer, head); random offsets are drawn per sequence instead."""

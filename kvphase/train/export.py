@@ -106,7 +106,7 @@ def tensors(params: dict, config: TrainConfig) -> list[tuple[str, np.ndarray]]:
             (f"blk.{i}.ffn_down.weight", np.ascontiguousarray(b["w_down"].T)),  # (d, 4d)
             (f"blk.{i}.ffn_down.bias", b["b_down"]),
         ]
-        if "gate" in b:
+        if "gate" in b and config.design != "meanpool":  # meanpool's gated start leaves a gate it no longer reads
             out += [
                 (f"blk.{i}.attn_gate.weight", b["gate"]),  # (heads, head_dim in, head_dim out)
                 (f"blk.{i}.attn_gate_ape.weight", b["ape"]),  # (heads, S, head_dim)

@@ -98,13 +98,14 @@ class Trainer:
 
         starts = draw_starts(self.config, np.random.default_rng([self.config.seed, 3, self.step]), self.config.batch)
         copy = self.step < self.config.copy_steps
+        gated = self.step < self.config.gate_steps
         if copy:
             batch = self.data.copy_batch(self.step)
             tokens, targets = batch.tokens, batch.loss_rows
         else:
             batch = self.data.training_batch(self.step)
             tokens, targets = batch.tokens, batch.answers
-        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse, copy)(
+        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse, copy, gated)(
             self.params, self.opt_state, tokens, starts, targets
         )
         self.step += 1
@@ -144,7 +145,7 @@ class Trainer:
         for lo in range(0, len(batch.tokens), chunk):
             tokens = batch.tokens[lo : lo + chunk]  # (n, T)
             starts = draw_starts(self.config, rng, len(tokens))  # (n, layers, heads)
-            ok, lp = _jitted_eval(self.config)(self.params, tokens, starts, batch.answers[lo : lo + chunk])
+            ok, lp = _jitted_eval(self.config.stage(self.step))(self.params, tokens, starts, batch.answers[lo : lo + chunk])
             correct.append(np.asarray(ok))
             logprob.append(np.asarray(lp))
         return Evaluation(self.step, batch.key_positions.ravel(), np.concatenate(correct).ravel(), np.concatenate(logprob).ravel())
@@ -214,19 +215,21 @@ def optimizer(config: TrainConfig):
 
 
 def learning_rate(config: TrainConfig):
-    """A linear warm-up and cosine decay over the pairs steps. An induction warm-up (`copy_steps`)
-    runs before them at the peak rate after its own linear warm-up; the pairs then warm up from
-    zero again, as the measured recipe did (a fresh optimiser after the warm-up)."""
+    """A linear warm-up and cosine decay over the pairs steps. A first stage (the induction
+    warm-up, `copy_steps`, or meanpool's gated start, `gate_steps`) runs before them at the peak
+    rate after its own linear warm-up; the rest then warms up from zero again, as the measured
+    recipes did (a fresh optimiser after the first stage)."""
     import optax
 
     def warmup(steps: int) -> int:
         return max(1, min(100, steps // 10))
 
-    n_pairs = config.steps - config.copy_steps
+    first = config.first_stage_steps
+    n_pairs = config.steps - first
     pairs = optax.warmup_cosine_decay_schedule(0.0, config.lr, warmup(n_pairs), max(n_pairs, warmup(n_pairs) + 1), config.lr * 0.1)
-    if not config.copy_steps:
+    if not first:
         return pairs
-    return optax.join_schedules([optax.linear_schedule(0.0, config.lr, warmup(config.copy_steps)), pairs], [config.copy_steps])
+    return optax.join_schedules([optax.linear_schedule(0.0, config.lr, warmup(first)), pairs], [first])
 
 
 def _target_stats(params, tokens, starts, rows, targets, config: TrainConfig, sparse: bool = True):
@@ -257,19 +260,20 @@ def copy_stats(params, tokens, starts, loss_rows, config: TrainConfig, sparse: b
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted_step(config: TrainConfig, sparse: bool = True, copy: bool = False):
+def _jitted_step(config: TrainConfig, sparse: bool = True, copy: bool = False, gated: bool = False):
     """One optimisation step on the pairs (targets: the answers) or, with `copy`, on the induction
-    warm-up (targets: the scored rows)."""
+    warm-up (targets: the scored rows); with `gated`, meanpool's windows pool as gated's do."""
     import jax
     import optax
 
-    opt = optimizer(config)
+    opt = optimizer(config)  # the whole run's schedule, whatever this step's stage
+    forward_config = config.stage(0) if gated else config
 
     def loss_fn(params, tokens, starts, targets):
         if copy:
-            nll, accuracy, aux = copy_stats(params, tokens, starts, targets, config, sparse)
+            nll, accuracy, aux = copy_stats(params, tokens, starts, targets, forward_config, sparse)
         else:
-            answer_logp, correct, aux = _answer_stats(params, tokens, starts, targets, config, sparse)
+            answer_logp, correct, aux = _answer_stats(params, tokens, starts, targets, forward_config, sparse)
             nll, accuracy = -answer_logp.mean(), correct.mean()
         return nll + AUX_WEIGHT * aux, (nll, accuracy)
 

@@ -70,7 +70,7 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             "w_up": normal(d, f), "b_up": zeros(f),
             "w_down": normal(f, d, scale=proj), "b_down": zeros(d),
         }
-        if config.design in ("gated", "kpool", "rolling"):
+        if config.design in ("gated", "kpool", "rolling") or config.gate_steps:
             block["gate"] = normal(config.heads, hd, hd, scale=1.0 / math.sqrt(hd))  # (heads, hd, hd)
             block["ape"] = zeros(config.heads, config.stride, hd)  # (heads, S, hd) per-phase gate bias
         blocks.append(block)
