@@ -283,12 +283,13 @@ POSITIVE_CONTROL = Path(__file__).parent / "data" / "trained"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,effect", [("gated", True), ("dense", False), ("rolling", False)])
+@pytest.mark.parametrize("name,effect", [("gated", True), ("meanpool", True), ("dense", False), ("rolling", False)])
 def test_a_trained_positive_control_shows_its_phase_effect_and_its_dense_twin_none(tmp_path, name, effect):
     """Committed models of the study (scripts/train_study.sh, seed 0; 0.7 MB each): `kvphase sweep FILE`
-    on the gated model finds the phase effect at p < 0.001, on its dense twin and on its rolling twin
-    (the same pooling at every position) it does not, and the rolling twin retrieves (the plain dense
-    control sits at chance). 64 targets per residue keep the test short; the study's own sweeps use 256."""
+    on the gated model and on meanpool (started gated) finds the phase effect at p < 0.001; on the
+    dense control and on the rolling twin (gated's pooling at every position) it does not, and the
+    rolling twin retrieves (the plain dense control sits at chance). 64 targets per residue keep the
+    test short; the study's own sweeps use 256."""
     out = tmp_path / name
     result = runner.invoke(app, ["sweep", str(POSITIVE_CONTROL / f"{name}.gguf"), "--per-residue", "64",
                                  "--out", str(out), "--quiet"])
