@@ -619,7 +619,7 @@ class Campaign:
                 ("csa-disjoint", ["--offsets", "random"]), ("csa-dense", ["--d-model", "24", "--heads", "4"]),
                 ("csa", ["--local-window", "0"]), ("csa-nope", []), ("glm-kpool", ["--stagger", "layer"]),
                 ("glm-dense", ["--offsets", "jitter"]), ("glm-kpool", ["--local-window", "3"]),
-                ("glm-kpool", ["--dense-steps", "-5"]), ("glm-kpool", ["--dense-steps", "x"]), ("glm-kpool", ["--top-k", "0"]),
+                ("glm-kpool", ["--dense-steps", "-5"]), ("glm-kpool", ["--dense-steps", "x"]), ("glm-kpool", ["--top-k", "0"]), ("glm-msa", ["--stagger", "head"]), ("glm-msa", ["--local-window", "3"]),
                 ("cowa", ["--stride", "6"]), ("cowa", ["--stride", "16"]), ("cowa", ["--stride", "8", "--heads", "16"]),
                 ("cowa", ["--heads", "1"]), ("cowa", ["--top-k", "4"]), ("cowa", ["--kda", "off"]),
                 ("dense", ["--copy-steps", "1500"]), ("dense", ["--copy-steps", "-1"]), ("dense", ["--copy-steps", "x"]),

@@ -253,3 +253,37 @@ def test_switching_the_kda_layer_off_in_the_file_costs_the_retrieval(tmp_path, t
     overwrite_tensor(off, name, np.zeros_like(read_model_tensor(off, name)))
     without = _sweep(off, tmp_path / "off")
     assert without["mean_accuracy"] < twin_run["mean_accuracy"] / 2, (twin_run["mean_accuracy"], without["mean_accuracy"])
+
+
+def test_glm_msa_runs_in_the_reference_as_trained_and_its_selection_is_in_play(tmp_path):
+    """glm-msa (MSA's block max selection in the glm5-next layout): the numpy reference on the
+    exported file (designs/msa.py's MSA over the indexer) equals the JAX forward; the same weights
+    read through every block (glm-dense) give other logits, so the selection counts."""
+    from kvphase.reference import open_model
+    from kvphase.train.glm5 import logits
+
+    config = small_config("glm-msa")
+    path, params, tokens = exported(tmp_path, config)
+    model = open_model(path)
+    ours = np.asarray(logits(params, tokens[None], config))[0]
+    assert_agrees(model.forward(tokens.tolist(), model.new_cache()), ours, "glm-msa reference")
+    everything = np.asarray(logits(params, tokens[None], small_config("glm-dense")))[0]
+    assert np.abs(ours - everything)[4 * 5:].max() > 1e-2  # past the first 4 blocks (own block + top 3)
+
+
+def test_glm_msa_files_are_refused_by_llamacpp_paths(tmp_path):
+    """llama.cpp's glm5-next computes k-pool, not MSA: a sweep through it and `kvphase validate` refuse
+    the file in one line; the sweep's default backend is the reference."""
+    from typer.testing import CliRunner
+
+    from kvphase.cli import app
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.sweep.plan import SweepDefaults
+
+    path, _, _ = exported(tmp_path, small_config("glm-msa"))
+    assert SweepDefaults.for_model(read_model_info(path)).backend == "reference"
+    for args in (["sweep", str(path), "--backend", "llama.cpp", "--quiet", "--out", str(tmp_path / "s")],
+                 ["validate", str(path), "--threads", "1", "--tokens", "48"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 1 and "glm-msa" in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1

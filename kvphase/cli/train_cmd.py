@@ -20,7 +20,8 @@ def train(
                                  "pooling at every position: the control that retrieves) (gpt2 files "
                                  "the reference runs); "
                                  "csa, csa-disjoint or csa-dense (deepseek4 files llama.cpp runs); glm-kpool or glm-dense "
-                                 "(glm5-next files llama.cpp runs)."),
+                                 "(glm5-next files llama.cpp runs); glm-msa (MiniMax-M3's MSA block selection in "
+                                 "glm5-next's layout; the reference runs it)."),
     out: Optional[Path] = typer.Argument(None, callback=own_folder, help="Run folder; default reports/trained/<design>-S<stride>-seed<seed>."),
     stride: Optional[int] = typer.Option(None, help=f"S: tokens per pooled entry; default {TrainConfig.stride}. cowa: L, "
                                          f"tokens per head slice; default {DESIGN_DEFAULTS['cowa']['stride']}."),

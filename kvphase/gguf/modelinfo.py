@@ -14,7 +14,7 @@ from typing import Any
 
 from kvphase.gguf.header import Metadata, TensorInfo, read_gguf_header
 
-from kvphase.gguf.trained import TrainedSpec, read_trained_spec
+from kvphase.gguf.trained import GLM5_REFERENCE_DESIGNS, TRAINED_PREFIX, TrainedSpec, read_trained_spec
 
 @dataclass(frozen=True)
 class CompressionSpec:
@@ -88,6 +88,11 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
     """The compression an architecture declares; `none` for architectures without one."""
     if arch == "glm5-next":
         kpool = meta.integer(f"{arch}.attention.indexer.kpool", 0)
+        if meta.fields.get(TRAINED_PREFIX + "design") in GLM5_REFERENCE_DESIGNS:  # llama.cpp would run its k-pool keys
+            return CompressionSpec(
+                family="trained-glm-msa", stride=kpool, layers=_layers_with(tensor_names, "indexer_compressor_ape"),
+                params={"block_size": kpool, "top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0) // max(kpool, 1),
+                        "local_blocks": 1, "runs_in": "the reference only"})
         return CompressionSpec(
             family="kpool",
             stride=kpool,

@@ -9,10 +9,13 @@ from kvphase.gguf.header import Metadata
 TRAINED_PREFIX = "kvphase.trained."
 GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool", "cowa", "rolling")  # gpt2 blocks + kvphase's gate tensors: the reference runs them
 DEEPSEEK4_DESIGNS = ("csa", "csa-disjoint", "csa-dense")  # deepseek4's own layout: llama.cpp runs them
-GLM5_DESIGNS = ("glm-kpool", "glm-dense")  # glm5-next's own layout: llama.cpp runs them
-ENGINE_DESIGNS = DEEPSEEK4_DESIGNS + GLM5_DESIGNS
+GLM5_ENGINE_DESIGNS = ("glm-kpool", "glm-dense")  # glm5-next's own layout: llama.cpp runs them
+# glm5-next files whose selection llama.cpp does not compute (it would run k-pool): the reference runs them
+GLM5_REFERENCE_DESIGNS = ("glm-msa",)  # MiniMax-M3's MSA block selection in glm5-next's NoPE MLA layout
+GLM5_DESIGNS = GLM5_ENGINE_DESIGNS + GLM5_REFERENCE_DESIGNS
+ENGINE_DESIGNS = DEEPSEEK4_DESIGNS + GLM5_ENGINE_DESIGNS
 DENSE_DESIGNS = ("dense", "csa-dense", "glm-dense")  # the controls and twins: every token read exactly
-TRAINED_DESIGNS = GPT2_DESIGNS + ENGINE_DESIGNS
+TRAINED_DESIGNS = GPT2_DESIGNS + ENGINE_DESIGNS + GLM5_REFERENCE_DESIGNS
 
 
 @dataclass(frozen=True)

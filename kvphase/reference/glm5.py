@@ -4,7 +4,9 @@ It runs glm5-next files in the minimal configuration (../shared/notes/llama-cpp-
 hyper-connections that are exact identities (every `hc_*_fn` zero) and dense SwiGLU
 feed-forwards; anything else is refused, not approximated. The selection is
 `kvphase.designs.KPool` (the code `kvphase validate` proves equal to llama.cpp's) with an F32
-indexer cache; the attention follows `build_dsa_layer` in src/models/glm5-next.cpp: NoPE MLA
+indexer cache, or for `glm-msa` files (`kvphase.trained.design`) `kvphase.designs.MSA` over the
+first indexer head's queries and the indexer keys, the query's own block kept and `top_k /
+kpool` other blocks (llama.cpp does not run those files); the attention follows `build_dsa_layer` in src/models/glm5-next.cpp: NoPE MLA
 over one RMS-normed latent. KDA layers follow `build_kda_layer`, whose CPU op is a per-token
 gated delta rule from a zero state (no gate lower bound).
 
@@ -20,6 +22,8 @@ import numpy as np
 
 from kvphase.designs.dsv4 import rms_norm
 from kvphase.designs.kpool import KPool
+from kvphase.designs.msa import MSA
+from kvphase.gguf.trained import GLM5_REFERENCE_DESIGNS, TRAINED_PREFIX
 from kvphase.designs.windows import causal_mask, softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
@@ -43,6 +47,7 @@ class Glm5Config:
     norm_eps: float  # RMSNorm
     ln_eps: float  # the indexer key's LayerNorm
     n_ctx_train: int
+    msa: bool = False  # a glm-msa file: MSA's block selection instead of k-pool's
 
     @classmethod
     def from_meta(cls, meta: Metadata) -> Glm5Config:
@@ -66,6 +71,7 @@ class Glm5Config:
             norm_eps=meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon"),
             ln_eps=meta.number(f"{ARCH}.attention.layer_norm_epsilon"),
             n_ctx_train=meta.integer(f"{ARCH}.context_length", low=1),
+            msa=meta.get(TRAINED_PREFIX + "design", "") in GLM5_REFERENCE_DESIGNS,
         )
 
 
@@ -108,6 +114,9 @@ class Glm5Next(WholeSequence):
         keys = design.key_norm(a @ w[p + "indexer.attn_k.weight"].T, w[p + "indexer.k_norm.weight"],
                                w[p + "indexer.k_norm.bias"], c.ln_eps)  # (T, d_idx)
         queries = (qr @ w[p + "indexer.attn_q_b.weight"].T).reshape(t, c.n_idx_head, -1)  # (T, H_idx, d_idx)
+        if c.msa:
+            blocks = MSA(block_size=c.kpool, top_k=c.top_k // c.kpool + 1, local_blocks=1, cache_dtype="f32")
+            return blocks.forward(queries[:, :1], keys, np.arange(t)).visible[:, 0] & causal_mask(np.arange(t), t)
         weights = design.scale_weights(a @ w[p + "indexer.proj.weight"].T, queries.shape[-1])  # (T, H_idx)
         selection = design.forward(queries, weights, keys, a @ w[p + "indexer_compressor_gate.weight"].T,
                                    w[p + "indexer_compressor_ape.weight"], np.arange(t))

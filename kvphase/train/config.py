@@ -40,7 +40,7 @@ KDA_MODES = ("trained", "off")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool", "cowa", "rolling" (gated's pooling at every position: its twin without chunk boundaries); "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense"
+    design: str  # one of TRAINED_DESIGNS: "dense" (control), "gated", "meanpool", "kpool", "cowa", "rolling" (gated's pooling at every position: its twin without chunk boundaries); "csa", "csa-disjoint", "csa-dense"; "glm-kpool", "glm-dense", "glm-msa"
     stride: int = 4  # S: tokens per pooled entry (window W = S); cowa: L, tokens per head slice
     local_window: int = 8  # most recent tokens every query also sees exactly (compressed designs)
     top_k: int = 8  # kpool: pools each query selects

@@ -30,7 +30,12 @@ selection is computed as llama.cpp's CPU partial sort computes it, ties included
 (`designs.windows.partial_sort_sets`, host code under jit).
 
 Designs: "glm-kpool" and its twin "glm-dense", whose top-k keeps every pool (dense causal
-NoPE MLA; the indexer is dead weight). The export is `kvphase/train/export_glm5.py`;
+NoPE MLA; the indexer is dead weight); "glm-msa", MiniMax-M3's MSA selection in this layout
+(`designs/msa.py`): block b's score for query t is the max over its causally visible tokens
+of the first indexer head's q . k (unscaled; one head, as MLA has one KV group), the query's
+own block always kept (local_blocks 1), and the top `top_k` other blocks read exactly;
+distilled as k-pool's indexer is. llama.cpp's glm5-next computes k-pool, not this: the
+reference runs glm-msa files (`kvphase/reference/glm5.py`). The export is `kvphase/train/export_glm5.py`;
 tests/test_train_glm5.py checks this forward equals llama.cpp's on the exported file.
 """
 
@@ -42,7 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kvphase.designs.windows import partial_sort_sets
+from kvphase.designs.msa import LOCAL_BIAS
+from kvphase.designs.windows import partial_sort_sets, rows_to_mask, top_k_indices
 from kvphase.train.config import TrainConfig
 from kvphase.train.csa import feed_forward, rms
 from kvphase.train.model import layer_norm, masked_softmax
@@ -109,6 +115,38 @@ def pool_scores(a, qr, block, config: TrainConfig):
     return jnp.where(ends[None, None, :] <= jnp.arange(t)[None, :, None], score, -jnp.inf)  # (B, T, np)
 
 
+def msa_scores(a, qr, block, config: TrainConfig):
+    """MSA's block scores (B, T, nb): per block, the max over its causally visible tokens of the first
+    indexer head's q . k (unscaled); -inf for blocks wholly after the query."""
+    b, t, _ = a.shape
+    s = config.stride
+    n_block = -(-t // s)
+    iq = (qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, -1)[:, :, 0]  # (B, T, di)
+    ik = layer_norm(a @ block["idx_k"], block["idx_k_norm"], block["idx_k_bias"])  # (B, T, di)
+    token = jnp.einsum("btd,bud->btu", iq, ik)  # (B, T, T)
+    token = jnp.where(jnp.tril(jnp.ones((t, t), bool))[None], token, -jnp.inf)  # (B, T, T)
+    padded = jnp.pad(token, ((0, 0), (0, 0), (0, n_block * s - t)), constant_values=-jnp.inf)  # (B, T, nb S)
+    return padded.reshape(b, t, n_block, s).max(-1)  # (B, T, nb)
+
+
+def msa_selection(scores, config: TrainConfig):
+    """Token visibility (B, T, T): the query's own block and the `top_k` best other blocks, causally
+    (`MSA.forward` with local_blocks 1: the own block biased by 1e30, ties to the lower block)."""
+    t, s, n_block = scores.shape[1], config.stride, scores.shape[2]
+    pos = jnp.arange(t)  # (T,)
+    own = jnp.arange(n_block)[None, :] == (pos // s)[:, None]  # (T, nb)
+    biased = scores + jnp.where(own, LOCAL_BIAS, jnp.float32(0))[None]  # (B, T, nb)
+    chosen = jax.pure_callback(_msa_choice, jax.ShapeDtypeStruct(scores.shape, jnp.bool_),
+                               jax.lax.stop_gradient(biased), config.top_k + 1)  # (B, T, nb)
+    return chosen[..., pos // s] & (pos[None, :] <= pos[:, None])[None]  # (B, T, T)
+
+
+def _msa_choice(biased: np.ndarray, k: int) -> np.ndarray:
+    """The blocks `MSA.forward` keeps (top_k_indices, ties to the lower index), as a mask."""
+    biased = np.asarray(biased)
+    return rows_to_mask(top_k_indices(biased, int(k)), biased.shape[-1])
+
+
 def selection(scores, config: TrainConfig):
     """Token visibility (B, T, T) of the top `top_k` visible pools plus each query's incomplete tail."""
     t, kp, n_pool = scores.shape[1], config.stride, scores.shape[2]
@@ -138,7 +176,8 @@ def distillation(scores, dense_weights, config: TrainConfig):
     """KL(attention mass per visible pool || the indexer's softmax over visible pools), averaged over queries."""
     b, t, n_pool = scores.shape
     kp = config.stride
-    mass = dense_weights.sum(1)[..., : n_pool * kp].reshape(b, t, n_pool, kp).sum(-1)  # (B, T, np): heads summed
+    mass = jnp.pad(dense_weights.sum(1), ((0, 0), (0, 0), (0, max(0, n_pool * kp - t))))  # (B, T, >= np kp): heads summed
+    mass = mass[..., : n_pool * kp].reshape(b, t, n_pool, kp).sum(-1)  # (B, T, np): MSA's last block may be partial
     seen = jnp.isfinite(scores)  # (B, T, np)
     mass = jnp.where(seen, mass, 0.0)
     target = mass / jnp.maximum(mass.sum(-1, keepdims=True), 1e-9)  # (B, T, np)
@@ -159,9 +198,11 @@ def attention(a, block, config: TrainConfig, sparse: bool):
     logits = jnp.einsum("bhtl,bul->bhtu", q_absorbed, latent) / math.sqrt(hd)  # (B, H, T, T)
     causal = jnp.tril(jnp.ones((t, t), bool))  # (T, T)
     dense = masked_softmax(logits, causal[None, None])  # (B, H, T, T)
-    scores = pool_scores(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config)  # (B, T, np)
+    msa = config.design == "glm-msa"
+    scores = (msa_scores if msa else pool_scores)(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config)  # (B, T, np)
     aux = distillation(scores, jax.lax.stop_gradient(dense), config)
-    weights = masked_softmax(logits, (selection(scores, config) & causal)[:, None]) if sparse else dense  # (B, H, T, T)
+    visible = msa_selection(scores, config) if msa else selection(scores, config)  # (B, T, T)
+    weights = masked_softmax(logits, (visible & causal)[:, None]) if sparse else dense  # (B, H, T, T)
     read = jnp.einsum("bhtu,bul->bhtl", weights, latent)  # (B, H, T, L)
     out = jnp.einsum("bhtl,hvl->bthv", read, block["v_b"]).reshape(b, t, h * hd)  # (B, T, H hd)
     return out @ block["o"], aux  # (B, T, d)
