@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 timed steps per design (CI: the bench still runs)")
     args = parser.parse_args()
     rates = {}
-    for design in ("dense", "gated", "rolling", "meanpool", "kpool", "csa", "csa-disjoint", "csa-dense", "glm-kpool", "glm-dense"):
+    for design in ("dense", "gated", "rolling", "meanpool", "kpool", "csa", "csa-disjoint", "csa-dense", "glm-kpool", "glm-dense", "glm-msa"):
         rate, tokens = steps_per_second(design, 2 if args.quick else args.steps)
         rates[design] = rate
         print(f"train {design:9s} {rate:6.2f} steps/s  {rate * tokens:9.0f} tokens/s"

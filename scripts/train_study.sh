@@ -46,19 +46,18 @@ declare -A OPTIONS=(
   [dense-copy-L32]="dense --context 32 --stride 2 --copy-steps 2000"
   [dense-copy]="dense --copy-steps 2000"  # at the task's 64 tokens
   [glm-msa]="glm-msa"  # MiniMax-M3's MSA block selection in glm5-next's layout, run by the reference (issue 19 item 1)
-  [glm-msa-d1000]="glm-msa --dense-steps 1000"  # the same with 1000 dense steps first (2500 in all)
   [rolling]="rolling"  # gated's pooling at every position (no chunk boundaries): the dense twin that retrieves (issue 19 item 2)
 )
 declare -A NO_SWEEP=([dense-copy-L16]=1 [dense-L16]=1 [gated-S2-L16]=1 [dense-copy-L32]=1)
 declare -A STEPS_OF=(  # designs that need a longer schedule than STEPS (reports/README.md says why)
   [cowa]=6000 [cowa-stagger-head]=6000 [cowa-offsets-random]=6000 [dense-long]=20000 [gated-S8-L256-long]=3000 [gated-L256-long]=3000 [dense-L3]=10000
-  [dense-copy-L16]=8000 [dense-L16]=8000 [dense-copy-L32]=8000 [dense-copy]=8000 [meanpool-gated-start]=3000 [glm-msa]=2000 [glm-msa-d1000]=2500
+  [dense-copy-L16]=8000 [dense-L16]=8000 [dense-copy-L32]=8000 [dense-copy]=8000 [meanpool-gated-start]=3000 [glm-msa]=2000
 )
 CONFIGS=("$@")
 [ ${#CONFIGS[@]} -gt 0 ] || CONFIGS=(dense gated gated-stagger-layer gated-stagger-head gated-stagger-layer-head
                                      gated-offsets-random gated-offsets-jitter meanpool kpool
                                      gated-stagger-head-h2 gated-stagger-head-h8 gated-stagger-head-h8-d128 gated-L256 gated-L256-long gated-S8-L256 gated-S8-L256-long dense-L3 cowa cowa-stagger-head
-                                     cowa-offsets-random dense-copy-L16 dense-L16 gated-S2-L16 dense-copy-L32 dense-copy rolling meanpool-gated-start glm-msa glm-msa-d1000)
+                                     cowa-offsets-random dense-copy-L16 dense-L16 gated-S2-L16 dense-copy-L32 dense-copy rolling meanpool-gated-start glm-msa)
 one() {  # name seed: train, then sweep
   local out="reports/trained/$1-seed$2"
   # shellcheck disable=SC2086

@@ -200,7 +200,10 @@ def attention(a, block, config: TrainConfig, sparse: bool):
     dense = masked_softmax(logits, causal[None, None])  # (B, H, T, T)
     msa = config.design == "glm-msa"
     scores = (msa_scores if msa else pool_scores)(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config)  # (B, T, np)
-    aux = distillation(scores, jax.lax.stop_gradient(dense), config)
+    # MSA's scores are unscaled dot products: distilled as they are, the indexer's gradient crowded the
+    # model's out of the shared norm clip and no run learned (3 of 3); scaled, seed 0 did by step 750
+    # (measured, reports/README.md). A positive scale leaves MSA's top-k as it is.
+    aux = distillation(scores / math.sqrt(hd) if msa else scores, jax.lax.stop_gradient(dense), config)
     visible = msa_selection(scores, config) if msa else selection(scores, config)  # (B, T, T)
     weights = masked_softmax(logits, (visible & causal)[:, None]) if sparse else dense  # (B, H, T, T)
     read = jnp.einsum("bhtu,bul->bhtl", weights, latent)  # (B, H, T, L)
