@@ -15,6 +15,13 @@ GLM5_REFERENCE_DESIGNS = ("glm-msa",)  # MiniMax-M3's MSA block selection in glm
 GLM5_DESIGNS = GLM5_ENGINE_DESIGNS + GLM5_REFERENCE_DESIGNS
 ENGINE_DESIGNS = DEEPSEEK4_DESIGNS + GLM5_ENGINE_DESIGNS
 DENSE_DESIGNS = ("dense", "csa-dense", "glm-dense")  # the controls and twins: every token read exactly
+GATED_DESIGNS = ("gated", "kpool", "rolling")  # gpt2 designs whose files carry a gate and per-slot bias per head
+
+
+def window_step(design: str, stride: int) -> int:
+    """Tokens between consecutive pooled windows of S = `stride` tokens: S, or 1 for "rolling"
+    (a window ending at every position)."""
+    return 1 if design == "rolling" else stride
 TRAINED_DESIGNS = GPT2_DESIGNS + ENGINE_DESIGNS + GLM5_REFERENCE_DESIGNS
 
 

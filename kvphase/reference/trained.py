@@ -17,7 +17,7 @@ import numpy as np
 from kvphase.designs import CoWindow, GatedPool, GatedTopK, MeanPool
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
-from kvphase.gguf.trained import TrainedSpec, read_trained_spec
+from kvphase.gguf.trained import GATED_DESIGNS, TrainedSpec, read_trained_spec, window_step
 from kvphase.gguf.tensors import tensor_array
 from kvphase.reference.model import DenseAttention
 from kvphase.reference.policy import CompressedAttention
@@ -39,7 +39,7 @@ class TrainedCompression(CompressedAttention):
         key = (layer, kv_head)
         if key not in self._designs:
             s = self.spec
-            shape = dict(window=s.stride, stride=1 if s.design == "rolling" else s.stride, local_window=s.local_window,
+            shape = dict(window=s.stride, stride=window_step(s.design, s.stride), local_window=s.local_window,
                          start=self.window_start(layer, kv_head, n_head_kv))
             if s.design == "cowa":
                 self._designs[key] = self._cowa_head(layer, kv_head, n_head_kv)
@@ -70,7 +70,7 @@ def trained_policy(path: str | Path, seed: int = 0):
     if spec.design == "dense":
         return DenseAttention()
     gates = apes = None
-    if spec.design in ("gated", "kpool", "rolling"):
+    if spec.design in GATED_DESIGNS:
         tensors = {t.name: t for t in header.tensors}
         raw = np.memmap(path, dtype=np.uint8, mode="r")
         try:

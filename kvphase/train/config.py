@@ -10,6 +10,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvphase.errors import PlanError
 from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, DENSE_DESIGNS, GLM5_DESIGNS, TRAINED_DESIGNS
 
@@ -194,6 +196,11 @@ class TrainConfig:
     @property
     def compressed(self) -> bool:
         return self.design not in DENSE_DESIGNS
+
+    @property
+    def query_rows(self) -> np.ndarray:
+        """Rows whose next-token logits answer the questions (queries,): a key at context + 2i, its value after it."""
+        return self.context + 2 * np.arange(self.queries)
 
     @property
     def first_stage_steps(self) -> int:

@@ -88,7 +88,7 @@ class PairData:
         tokens[starts] = keys[: len(starts)]
         tokens[starts + 1] = values[: len(starts)]
         asked = rng.choice(len(starts), size=c.queries, replace=False)  # (queries,)
-        rows = c.context + 2 * np.arange(c.queries)  # (queries,)
+        rows = c.query_rows  # (queries,)
         tokens[rows] = keys[asked]
         tokens[rows + 1] = values[asked]
         return tokens, starts[asked], values[asked]
@@ -131,8 +131,3 @@ class PairData:
     def evaluation_batch(self) -> Batch:
         """Held-out sequences, the same at every evaluation."""
         return self.batch(np.random.default_rng([self.config.seed, 2]), self.config.eval_sequences)
-
-    @property
-    def query_rows(self) -> np.ndarray:
-        """Rows whose next-token logits answer the questions."""
-        return self.config.context + 2 * np.arange(self.config.queries)  # (queries,)

@@ -101,12 +101,18 @@ def init_kda(config: TrainConfig, normal) -> dict:
     }
 
 
+def indexer_qk(a, qr, block):
+    """The indexer's queries (B, T, Hi, di) and its LayerNormed keys (B, T, di)."""
+    b, t, _ = a.shape
+    iq = (qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, -1)  # (B, T, Hi, di)
+    return iq, layer_norm(a @ block["idx_k"], block["idx_k_norm"], block["idx_k_bias"])
+
+
 def pool_scores(a, qr, block, config: TrainConfig):
     """The indexer's score of every (query, complete pool) (B, T, n_pool), -inf where the pool ends after the query."""
     b, t, _ = a.shape
     kp, n_pool = config.stride, t // config.stride
-    iq = (qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, -1)  # (B, T, Hi, di)
-    ik = layer_norm(a @ block["idx_k"], block["idx_k_norm"], block["idx_k_bias"])  # (B, T, di)
+    iq, ik = indexer_qk(a, qr, block)  # (B, T, Hi, di), (B, T, di)
     gate = (a @ block["idx_gate"])[:, : n_pool * kp].reshape(b, n_pool, kp, -1) + block["idx_ape"]  # (B, np, kp, di)
     pooled = (jax.nn.softmax(gate, axis=2) * ik[:, : n_pool * kp].reshape(b, n_pool, kp, -1)).sum(2)  # (B, np, di)
     w = (a @ block["idx_proj"]) / math.sqrt(iq.shape[-1] * INDEXER_HEADS)  # (B, T, Hi)
@@ -121,9 +127,8 @@ def msa_scores(a, qr, block, config: TrainConfig):
     b, t, _ = a.shape
     s = config.stride
     n_block = -(-t // s)
-    iq = (qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, -1)[:, :, 0]  # (B, T, di)
-    ik = layer_norm(a @ block["idx_k"], block["idx_k_norm"], block["idx_k_bias"])  # (B, T, di)
-    token = jnp.einsum("btd,bud->btu", iq, ik)  # (B, T, T)
+    iq, ik = indexer_qk(a, qr, block)  # (B, T, Hi, di), (B, T, di)
+    token = jnp.einsum("btd,bud->btu", iq[:, :, 0], ik)  # (B, T, T)
     token = jnp.where(jnp.tril(jnp.ones((t, t), bool))[None], token, -jnp.inf)  # (B, T, T)
     padded = jnp.pad(token, ((0, 0), (0, 0), (0, n_block * s - t)), constant_values=-jnp.inf)  # (B, T, nb S)
     return padded.reshape(b, t, n_block, s).max(-1)  # (B, T, nb)

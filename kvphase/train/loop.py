@@ -98,16 +98,14 @@ class Trainer:
 
         starts = draw_starts(self.config, np.random.default_rng([self.config.seed, 3, self.step]), self.config.batch)
         copy = self.step < self.config.copy_steps
-        gated = self.step < self.config.gate_steps
         if copy:
             batch = self.data.copy_batch(self.step)
             tokens, targets = batch.tokens, batch.loss_rows
         else:
             batch = self.data.training_batch(self.step)
             tokens, targets = batch.tokens, batch.answers
-        self.params, self.opt_state, loss, accuracy = _jitted_step(self.config, self.sparse, copy, gated)(
-            self.params, self.opt_state, tokens, starts, targets
-        )
+        step = _jitted_step(self.config, self.sparse, copy, self.config.stage(self.step))
+        self.params, self.opt_state, loss, accuracy = step(self.params, self.opt_state, tokens, starts, targets)
         self.step += 1
         return float(loss), float(accuracy)
 
@@ -246,8 +244,7 @@ def _target_stats(params, tokens, starts, rows, targets, config: TrainConfig, sp
 
 
 def _answer_stats(params, tokens, starts, answers, config: TrainConfig, sparse: bool = True):
-    rows = config.context + 2 * np.arange(config.queries)
-    return _target_stats(params, tokens, starts, rows, answers, config, sparse)
+    return _target_stats(params, tokens, starts, config.query_rows, answers, config, sparse)
 
 
 def copy_stats(params, tokens, starts, loss_rows, config: TrainConfig, sparse: bool = True):
@@ -260,14 +257,15 @@ def copy_stats(params, tokens, starts, loss_rows, config: TrainConfig, sparse: b
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted_step(config: TrainConfig, sparse: bool = True, copy: bool = False, gated: bool = False):
+def _jitted_step(config: TrainConfig, sparse: bool = True, copy: bool = False, forward_config: TrainConfig | None = None):
     """One optimisation step on the pairs (targets: the answers) or, with `copy`, on the induction
-    warm-up (targets: the scored rows); with `gated`, meanpool's windows pool as gated's do."""
+    warm-up (targets: the scored rows); the model runs as `forward_config` (the step's stage,
+    `TrainConfig.stage`), the optimiser follows the whole run's `config`."""
     import jax
     import optax
 
-    opt = optimizer(config)  # the whole run's schedule, whatever this step's stage
-    forward_config = config.stage(0) if gated else config
+    opt = optimizer(config)
+    forward_config = forward_config or config
 
     def loss_fn(params, tokens, starts, targets):
         if copy:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kvphase.designs.cowindow import slice_boundaries, slice_owner
+from kvphase.gguf.trained import GATED_DESIGNS, window_step
 from kvphase.train.config import TrainConfig
 
 LN_EPS = 1e-5  # gpt2.attention.layer_norm_epsilon of the export
@@ -70,7 +71,7 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             "w_up": normal(d, f), "b_up": zeros(f),
             "w_down": normal(f, d, scale=proj), "b_down": zeros(d),
         }
-        if config.design in ("gated", "kpool", "rolling") or config.gate_steps:
+        if config.design in GATED_DESIGNS or config.gate_steps:
             block["gate"] = normal(config.heads, hd, hd, scale=1.0 / math.sqrt(hd))  # (heads, hd, hd)
             block["ape"] = zeros(config.heads, config.stride, hd)  # (heads, S, hd) per-phase gate bias
         blocks.append(block)
@@ -114,8 +115,8 @@ def pooled_windows(k, v, block, starts, config: TrainConfig):
     (B, H, nw, hd), each window's last position (B, H, nw) and whether it is complete.
     """
     s, t = config.stride, k.shape[2]
-    step = 1 if config.design == "rolling" else s  # rolling: a window ends at every position from S - 1 on
-    nw = t - s + 1 if config.design == "rolling" else t // s
+    step = window_step(config.design, s)
+    nw = (t - s) // step + 1
     first = starts[:, :, None] + step * jnp.arange(nw)[None, None, :]  # (B, H, nw)
     last = first + s - 1  # (B, H, nw)
     members = jnp.clip(first[..., None] + jnp.arange(s), 0, t - 1)  # (B, H, nw, S)
