@@ -34,7 +34,7 @@ def one(run: Path) -> tuple[str, str]:
     batch = trainer.data.evaluation_batch().tokens[:SEQUENCES]  # (n, T)
     jax_logits = model_of(config).logits
     ours = np.concatenate([np.asarray(jax_logits(trainer.params, tokens[None], config))[0] for tokens in batch])
-    engine = np.concatenate([llamacpp_logits(run / MODEL_FILE, tokens.tolist(), type_k=0, type_v=0, flash_attn=False)
+    engine = np.concatenate([llamacpp_logits(run / MODEL_FILE, tokens.tolist(), kv_f32=True, flash_attn=False)
                              for tokens in batch])
     model = open_model(run / MODEL_FILE)
     reference = np.concatenate([model.forward(tokens.tolist(), model.new_cache()) for tokens in batch])
@@ -57,12 +57,27 @@ def main(runs: list[Path]) -> None:
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     questions = ["", "Held-out accuracy (%) by question index, at the checkpoint:", "",
                  "| model | " + " | ".join(f"question {i + 1}" for i in range(4)) + " |", "| --- |" + " --- |" * 4]
+    rows = earlier_rows(ROOT / "agreement.md")
     for run in runs:
-        agreed, answered = one(run)
-        lines.append(agreed)
-        questions.append(answered)
-        print(agreed, answered, sep="\n", flush=True)
+        rows[run.name] = one(run)
+        print(*rows[run.name], sep="\n", flush=True)
+    for name in sorted(rows):
+        lines.append(rows[name][0])
+        questions.append(rows[name][1])
     (ROOT / "agreement.md").write_text("\n".join(lines + questions) + "\n")
+
+
+def earlier_rows(path: Path) -> dict[str, tuple[str, str]]:
+    """The rows of a previous agreement.md by model: checkpoints stay local (.gitignore), so a run
+    on another machine measures the models whose checkpoints it has and keeps the others' rows."""
+    if not path.is_file():
+        return {}
+    found: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        name = line.split("|")[1].strip() if line.startswith("| ") else ""
+        if "-seed" in name:
+            found.setdefault(name, []).append(line)
+    return {name: (lines[0], lines[1]) for name, lines in found.items() if len(lines) == 2}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@
 #
 # STEPS: default (or "-") the layout's own default of `kvphase train` (1000 steps of 32 sequences for the
 # csa designs, 2000 for the glm designs). reports/trained/engine/ holds:
-#     SEEDS=0 bash scripts/engine_study.sh - csa-dense
+#     SEEDS="0 1 2" bash scripts/engine_study.sh - csa-dense
 #     SEEDS="0 1 2 3 4" bash scripts/engine_study.sh - csa-disjoint csa
 #     SEEDS=0 bash scripts/engine_study.sh - glm-dense
 #     SEEDS="0 1 2" bash scripts/engine_study.sh - glm-kpool

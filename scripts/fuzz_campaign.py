@@ -625,7 +625,9 @@ class Campaign:
                 ("dense", ["--copy-steps", "1500"]), ("dense", ["--copy-steps", "-1"]), ("dense", ["--copy-steps", "x"]),
                 ("gated", ["--copy-steps", str(2**70)]), ("rolling", ["--stagger", "head"]),
                 ("rolling", ["--offsets", "jitter"]), ("gated", ["--gate-steps", "5"]), ("meanpool", ["--gate-steps", "-1"]),
-                ("meanpool", ["--gate-steps", "3000"]), ("meanpool", ["--gate-steps", "x"]), ("meanpool", ["--gate-steps", "5", "--copy-steps", "5"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]))),
+                ("meanpool", ["--gate-steps", "3000"]), ("meanpool", ["--gate-steps", "x"]), ("meanpool", ["--gate-steps", "5", "--copy-steps", "5"]),
+                ("csa", ["--hint-steps", "5"]), ("csa-dense", ["--hint-steps", "-1"]), ("csa-dense", ["--hint-steps", "2000"]),
+                ("csa-dense", ["--hint-steps", "x"]), ("csa-dense", ["--hint-steps", "5", "--copy-steps", "5"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]))),
             ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
             ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
             # kvphase theory (issue 20: the idealized gradient-flow model; no model file, seconds of numpy)

@@ -3,6 +3,8 @@ documented formats (fast); the real llama-server is in tests/test_server_real.py
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -245,3 +247,27 @@ def test_a_server_whose_tokenize_answers_the_wrong_shape_is_one_line(engine, mon
         monkeypatch.setattr(server, "post", lambda path, body: {"data": [{"id": "m"}]})
         with pytest.raises(BackendError, match=f"{server.url} does not look like a {engine} server \\(unexpected answer"):
             backend_for(server)
+
+
+def test_weight_repacking_is_off_on_a_cpu_with_amx(tmp_path, monkeypatch):
+    """llama.cpp 0.3.36's AMX kernels die with SIGSEGV on repacked Q4_0/Q4_1/Q8_0 weights (measured on
+    a Xeon with amx_int8: SmolLM2's Q4_1 file, quantized deepseek4 files): on such a CPU models load
+    with use_extra_bufts off and llama-server gets --no-repack; elsewhere both keep repacking."""
+    import llama_cpp
+
+    from kvphase.engines import llama_server
+    from kvphase.engines import llamacpp as engine
+
+    amx, plain = tmp_path / "amx", tmp_path / "plain"
+    amx.write_text("flags\t\t: fpu sse avx2 avx512f amx_bf16 avx512_fp16 amx_tile amx_int8\n")
+    plain.write_text("flags\t\t: fpu sse avx2 fma avx512f\n")
+    assert not engine.extra_buffers_safe(amx)
+    assert engine.extra_buffers_safe(plain) and engine.extra_buffers_safe(tmp_path / "missing")
+    loaded = []
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", lambda path, params: loaded.append(params.use_extra_bufts))
+    for safe in (False, True):
+        monkeypatch.setattr(engine, "extra_buffers_safe", lambda: safe)
+        monkeypatch.setattr(llama_server, "extra_buffers_safe", lambda: safe)
+        engine.load_model(Path(__file__).parent / "data" / "trained" / "dense.gguf", vocab_only=True)
+        assert ("--no-repack" in llama_server.server_command(Path("server"), Path("model.gguf"), 8080)) is not safe
+    assert loaded == [False, True]

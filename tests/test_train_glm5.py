@@ -10,7 +10,6 @@ name, transpose or half shows.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("jax")
 
 from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits  # noqa: E402
-from tests.test_train_csa import _sweep, perturbed_params  # noqa: E402
+from tests.test_train_csa import _sweep, perturbed_params, zeroed_copy  # noqa: E402
 from kvphase.train.config import TrainConfig  # noqa: E402
 
 TOLERANCE = 1e-4  # F32 weights and cache, no flash attention, one batch: rounding only
@@ -44,7 +43,7 @@ def exported(tmp_path, config: TrainConfig):
 
 
 def engine_logits(path, tokens) -> np.ndarray:
-    return llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
+    return llamacpp_logits(path, tokens.tolist(), kv_f32=True, flash_attn=False, n_batch=512)
 
 
 def assert_agrees(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
@@ -244,13 +243,7 @@ def test_the_committed_twin_sweeps_alike_through_llamacpp_and_the_reference(tmp_
 def test_switching_the_kda_layer_off_in_the_file_costs_the_retrieval(tmp_path, twin_run):
     """The KDA layer is the model's only source of token order (its MLA layers are NoPE): zero its
     output in the file and llama.cpp's answers fall to the NoPE plateau or below (measured 16.8%)."""
-    from kvphase.gguf.tensors import read_model_tensor
-    from kvphase.gguf.writer import overwrite_tensor
-
-    off = tmp_path / "kda-off.gguf"
-    shutil.copy(GLM_DENSE, off)
-    name = "blk.0.attn_output.weight"
-    overwrite_tensor(off, name, np.zeros_like(read_model_tensor(off, name)))
+    off = zeroed_copy(GLM_DENSE, tmp_path / "kda-off.gguf", ["blk.0.attn_output.weight"])
     without = _sweep(off, tmp_path / "off")
     assert without["mean_accuracy"] < twin_run["mean_accuracy"] / 2, (twin_run["mean_accuracy"], without["mean_accuracy"])
 

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvphase.cli import app
 from kvphase.cli.options import own_folder
-from kvphase.train.config import DESIGN_DEFAULTS, LAYOUT_DEFAULTS, TrainConfig
+from kvphase.train.config import DESIGN_DEFAULTS, HINT_SHARE, LAYOUT_DEFAULTS, TrainConfig
 
 
 @app.command()
@@ -55,6 +55,10 @@ def train(
     gate_steps: Optional[int] = typer.Option(None, "--gate-steps", help="meanpool: of --steps, the first ones pool with a "
                                              "trained gate (as gated), which is then dropped; default a third "
                                              "of --steps for meanpool, 0 (not allowed) for the others."),
+    hint_steps: Optional[int] = typer.Option(None, "--hint-steps", help="csa-dense: of --steps, the first ones also train "
+                                             "the induction hint (a layer-0 head on the previous token, the last layer at "
+                                             "each question on the asked record's value); default "
+                                             f"{HINT_SHARE:.0%} of --steps for csa-dense, 0 (not allowed) for the others."),
     batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
                                         f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa and glm designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
@@ -67,7 +71,7 @@ def train(
     config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
                          local_window=local_window, top_k=top_k, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda,
-                         copy_steps=copy_steps, gate_steps=gate_steps)
+                         copy_steps=copy_steps, gate_steps=gate_steps, hint_steps=hint_steps)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:
         run_training(config, out, on_start=progress.start, on_step=progress.step)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kvphase.defaults import default_threads
+from kvphase.engines.llamacpp import extra_buffers_safe
 from kvphase.errors import BackendError
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_server.sh"
@@ -49,7 +50,8 @@ def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ct
     """The command line: `slots` slots of `n_ctx_per_slot` tokens each."""
     return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(slots * n_ctx_per_slot), "-np", str(slots), "-t", str(threads), "-tb", str(threads),
-            "-b", "512", "-ub", "512", "-fa", "off", "--cache-ram", "0", "--no-webui", *extra]
+            "-b", "512", "-ub", "512", "-fa", "off", "--cache-ram", "0", "--no-webui",
+            *(() if extra_buffers_safe() else ("--no-repack",)), *extra]
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ silence llama.cpp's log from here, never through a backend.
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 from typing import Sequence
 
@@ -44,6 +45,21 @@ def silence_llama_logs() -> None:
     silence_llama_logs.keepalive = _drop  # the C side keeps the pointer
 
 
+@functools.lru_cache(maxsize=1)
+def extra_buffers_safe(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether llama.cpp may repack weights into its extra buffer types (use_extra_bufts; the
+    server's --repack). Not on a CPU with AMX: llama-cpp-python 0.3.36 compiled there
+    (GGML_NATIVE) repacks Q4_0, Q4_1 and Q8_0 weights for its AMX kernels, which die with
+    SIGSEGV at the first decode (measured on a Xeon with amx_int8: SmolLM2's Q4_1 file and the
+    trained deepseek4 Q8_0 files; with repacking off both run). Elsewhere it stays on: it speeds
+    up quantized matrices."""
+    try:
+        flags = set(cpuinfo.read_text(errors="replace").split())
+    except OSError:
+        return True
+    return not flags & {"amx_tile", "amx_int8", "amx_bf16"}
+
+
 def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bool = False):
     """Load a GGUF file into llama.cpp (logs silenced); None when llama.cpp refuses it.
     `vocab_only` reads the header and vocabulary and no weights.
@@ -60,6 +76,7 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     if n_gpu_layers is not None:
         params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
+    params.use_extra_bufts = extra_buffers_safe()
     return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
 
 

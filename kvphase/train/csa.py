@@ -19,9 +19,10 @@ Designs: "csa" (the overlapped compressor), "csa-disjoint" (the previous block's
 weight 0: a plain S = 4 gated pool) and "csa-dense", the twin: a window that covers every
 position, and compressed entries that are exactly zero (compressor norm weight 0), so every
 query reads every token exactly and the entries only add exp(0) per visible block to the
-denominator, the same for every target at a given query position. (Compress ratio 0 on
-every layer, the plain dense layout, kills llama.cpp 0.3.36 with SIGFPE: it needs at least
-one ratio-4 layer; measured.) The export is `kvphase/train/export_deepseek4.py`;
+denominator, the same for every target at a given query position; its first `hint_steps`
+also train the induction hint (`induction_hint`), without which it never learned the task.
+(Compress ratio 0 on every layer, the plain dense layout, kills llama.cpp 0.3.36 with
+SIGFPE: it needs at least one ratio-4 layer; measured.) The export is `kvphase/train/export_deepseek4.py`;
 tests/test_train_csa.py checks this forward equals llama.cpp's on the exported file.
 Arrays are (batch, ...) throughout; shape comments name the axes.
 """
@@ -128,7 +129,8 @@ def compressed_entries(a, block, config: TrainConfig):
 
 
 def attention(a, block, config: TrainConfig):
-    """One layer's attention output (B, T, d) from its normed input a (B, T, d)."""
+    """One layer's attention output (B, T, d) from its normed input a (B, T, d), and the log-weight
+    of every query on every token (B, H, T, T), which only the induction hint reads."""
     b, t, _ = a.shape
     h, hd, n_rot = config.heads, config.head_dim, rope_dims(config)
     pos = jnp.arange(t)  # (T,)
@@ -144,10 +146,27 @@ def attention(a, block, config: TrainConfig):
     entry_scores = jnp.einsum("bhtd,bnd->bhtn", q, entries) * scale  # (B, H, T, nb)
     scores.insert(1, jnp.where(entry_seen, entry_scores, -jnp.inf))
     values = [entries, kv]
-    weights = jax.nn.softmax(jnp.concatenate(scores, -1), axis=-1)[..., 1:]  # (B, H, T, n_keys): the sink reads nothing
+    scores = jnp.concatenate(scores, -1)  # (B, H, T, 1 + n_keys): sink, entries, tokens
+    weights = jax.nn.softmax(scores, axis=-1)[..., 1:]  # (B, H, T, n_keys): the sink reads nothing
     out = jnp.einsum("bhtk,bkd->bhtd", weights, jnp.concatenate(values, axis=1))  # (B, H, T, hd)
     out = rope(out, pos, n_rot, inverse=True).transpose(0, 2, 1, 3).reshape(b, t, h * hd)  # (B, T, H hd)
-    return out @ block["o_a"] @ block["o_b"]  # (B, T, d)
+    return out @ block["o_a"] @ block["o_b"], jax.nn.log_softmax(scores, axis=-1)[..., -t:]  # (B, T, d), (B, H, T, T)
+
+
+def induction_hint(first_log_weights, last_log_weights, tokens, config: TrainConfig):
+    """The hint the first `hint_steps` train beside the answers (TrainConfig.hint_steps): the
+    induction circuit a model with no pooled entries needs and, in this layout, did not find by
+    itself (csa-dense: more than a dozen recipes, up to 5000 steps; reports/README.md). Minus the mean
+    log-weight of layer 0's first head on the previous token, and of every last-layer head, at
+    each question row, on the token after the question's key in the context (the asked
+    record's value). Both targets follow from the tokens alone and are the same at every phase.
+    first_log_weights, last_log_weights: (B, H, T, T); tokens: (B, T)."""
+    previous = jnp.diagonal(first_log_weights[:, 0], offset=-1, axis1=1, axis2=2)  # (B, T - 1): row t + 1 on t
+    rows, c = config.query_rows, config.context
+    key_seen = tokens[:, None, : c - 1] == tokens[:, rows, None]  # (B, Q, c - 1): where the asked key sits
+    after_key = jnp.pad(key_seen, ((0, 0), (0, 0), (1, 0)))  # (B, Q, c): the token after it
+    on_value = jnp.where(after_key[:, None], last_log_weights[:, :, rows, :c], 0.0).sum(-1)  # (B, H, Q)
+    return -(previous.mean() + on_value.mean())
 
 
 def feed_forward(x, block):
@@ -157,12 +176,16 @@ def feed_forward(x, block):
 
 
 def forward(params, tokens, starts, config: TrainConfig):
-    """Hidden states after the output norm (B, T, d) and no auxiliary loss; `starts` is unused
-    (deepseek4's blocks are absolute: pos // 4)."""
+    """Hidden states after the output norm (B, T, d) and the auxiliary loss: the induction hint
+    while `hint_steps` is on, else 0; `starts` is unused (deepseek4's blocks are absolute: pos // 4)."""
     x = params["wte"][tokens]  # (B, T, d): no position embedding
+    log_weights = []
     for block in params["blocks"]:
-        x = feed_forward(x + attention(rms(x, block["attn_norm"]), block, config), block)  # (B, T, d)
-    return rms(x, params["out_norm"]), 0.0
+        out, layer_log_weights = attention(rms(x, block["attn_norm"]), block, config)  # (B, T, d), (B, H, T, T)
+        x = feed_forward(x + out, block)  # (B, T, d)
+        log_weights.append(layer_log_weights)
+    aux = induction_hint(log_weights[0], log_weights[-1], tokens, config) if config.hint_steps else 0.0
+    return rms(x, params["out_norm"]), aux
 
 
 def query_logits(params, tokens, starts, rows, config: TrainConfig):
