@@ -44,12 +44,11 @@ def main() -> None:
         args.tokens, args.repeats = 128, 1
     path = str(args.model or default_model_path())
 
-    import llama_cpp
-
+    from kvphase.engines.llamacpp import high_level_llama
     from kvphase.reference.model import Transformer
 
     threads = args.threads or os.cpu_count() or 1
-    llm = llama_cpp.Llama(path, n_ctx=args.tokens + 16, n_batch=512, n_threads=threads, verbose=False)
+    llm = high_level_llama(path, n_ctx=args.tokens + 16, n_batch=512, n_threads=threads, verbose=False)
     tokens = llm.tokenize((SENTENCE * (args.tokens // 20 + 1)).encode(), add_bos=False)[: args.tokens]
 
     def run_llamacpp():

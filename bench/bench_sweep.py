@@ -25,6 +25,7 @@ def main() -> None:
 
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
+    from kvphase.engines.llamacpp import high_level_llama
     from kvphase.sweep.placement import ProbeSettings, build_probes
     from kvphase.sweep.tasks import load_task
 
@@ -58,7 +59,7 @@ def main() -> None:
     kvphase_rate = len(targets) / kvphase_seconds
     kvphase_tokens_rate = len(contexts) * args.context / context_seconds
 
-    llm = llama_cpp.Llama(str(model), n_ctx=args.context + 1024, n_threads=args.threads,
+    llm = high_level_llama(model, n_ctx=args.context + 1024, n_threads=args.threads,
                           n_threads_batch=args.threads, n_batch=512, verbose=False)
     llm.eval(list(contexts[-1].tokens))  # warm-up
     picks = np.random.default_rng(0).choice(len(targets), size=min(args.naive_targets, len(targets)), replace=False)

@@ -13,9 +13,9 @@ from kvphase.sweep.tasks import load_task
 
 def _separate_prompt_scores(model_path, context, queries):
     """Each prompt on its own through llama-cpp-python's high-level API, all logits kept."""
-    import llama_cpp
+    from kvphase.engines.llamacpp import high_level_llama
 
-    llm = llama_cpp.Llama(str(model_path), n_ctx=2048, n_threads=default_threads(), logits_all=True, verbose=False)
+    llm = high_level_llama(model_path, n_ctx=2048, n_threads=default_threads(), logits_all=True, verbose=False)
     scores = []
     for query in queries:
         tokens = list(context) + list(query.prompt) + list(query.answer[:-1])

@@ -263,11 +263,18 @@ def test_weight_repacking_is_off_on_a_cpu_with_amx(tmp_path, monkeypatch):
     plain.write_text("flags\t\t: fpu sse avx2 fma avx512f\n")
     assert not engine.extra_buffers_safe(amx)
     assert engine.extra_buffers_safe(plain) and engine.extra_buffers_safe(tmp_path / "missing")
+    model = Path(__file__).parent / "data" / "trained" / "dense.gguf"
+    for safe in (False, True):
+        monkeypatch.setattr(engine, "extra_buffers_safe", lambda: safe)
+        monkeypatch.setattr(llama_server, "extra_buffers_safe", lambda: safe)
+        assert ("--no-repack" in llama_server.server_command(Path("server"), Path("model.gguf"), 8080)) is not safe
+        llm = engine.high_level_llama(model, vocab_only=True, verbose=False)  # llama_cpp.Llama, as tests and benches use it
+        assert llm.model_params.use_extra_bufts is safe
+        llm.close()
+    assert llama_cpp.llama_model_default_params().use_extra_bufts  # the library's own defaults are left as they were
     loaded = []
     monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", lambda path, params: loaded.append(params.use_extra_bufts))
     for safe in (False, True):
         monkeypatch.setattr(engine, "extra_buffers_safe", lambda: safe)
-        monkeypatch.setattr(llama_server, "extra_buffers_safe", lambda: safe)
-        engine.load_model(Path(__file__).parent / "data" / "trained" / "dense.gguf", vocab_only=True)
-        assert ("--no-repack" in llama_server.server_command(Path("server"), Path("model.gguf"), 8080)) is not safe
+        engine.load_model(model, vocab_only=True)
     assert loaded == [False, True]

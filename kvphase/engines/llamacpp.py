@@ -80,6 +80,27 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
 
 
+def high_level_llama(path: str | Path, **settings):
+    """`llama_cpp.Llama(path, **settings)` with weight repacking as `extra_buffers_safe` allows: Llama
+    (0.3.36) takes no use_extra_bufts and builds its model parameters from
+    llama_model_default_params, which is swapped for ours for the time of the load."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as low_level
+
+    defaults = low_level.llama_model_default_params
+
+    def ours():
+        params = defaults()
+        params.use_extra_bufts = extra_buffers_safe()
+        return params
+
+    low_level.llama_model_default_params = ours
+    try:
+        return llama_cpp.Llama(str(path), **settings)
+    finally:
+        low_level.llama_model_default_params = defaults
+
+
 def model_meta(model, key: str) -> str:
     """A metadata value of a loaded model as llama.cpp reads it (as text; "" when absent)."""
     import llama_cpp
