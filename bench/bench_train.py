@@ -19,8 +19,8 @@ def steps_per_second(design: str, steps: int, hinted: bool = False) -> tuple[flo
     # the steps after the first stage: glm's sparse ones, meanpool's uniform ones after its gated start,
     # csa-dense's after its induction hint (or, `hinted`, the first ones, which train the hint too)
     config = trainer.config
-    trainer.step = config.dense_steps if config.layout == "glm5-next" else max(config.first_stage_steps, config.hint_steps)
-    trainer.step = 0 if hinted else trainer.step
+    after_first_stage = config.dense_steps if config.layout == "glm5-next" else max(config.first_stage_steps, config.hint_steps)
+    trainer.step = 0 if hinted else after_first_stage
     trainer.train_step()  # compile
     start = time.perf_counter()
     for _ in range(steps):

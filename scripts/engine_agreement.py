@@ -34,7 +34,7 @@ def one(run: Path) -> tuple[str, str]:
     batch = trainer.data.evaluation_batch().tokens[:SEQUENCES]  # (n, T)
     jax_logits = model_of(config).logits
     ours = np.concatenate([np.asarray(jax_logits(trainer.params, tokens[None], config))[0] for tokens in batch])
-    engine = np.concatenate([llamacpp_logits(run / MODEL_FILE, tokens.tolist(), kv_f32=True, flash_attn=False)
+    engine = np.concatenate([llamacpp_logits(run / MODEL_FILE, tokens.tolist(), type_k=0, type_v=0, flash_attn=False)
                              for tokens in batch])
     model = open_model(run / MODEL_FILE)
     reference = np.concatenate([model.forward(tokens.tolist(), model.new_cache()) for tokens in batch])

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from kvphase.defaults import default_model_path
-from kvphase.reference.agreement import CLEAR_LEAD, agreement, lead, llamacpp_logits, natural_text
+from kvphase.reference.agreement import CLEAR_LEAD, GGML_TYPE_F32, agreement, lead, llamacpp_logits, natural_text
 from kvphase.gguf.writer import export_f32
 from kvphase.reference.model import Transformer
 from kvphase.reference.rounding import LlamaCppRounding
@@ -73,15 +73,15 @@ def main() -> None:
         f32 = Path(tmp) / "f32.gguf"
         export_f32(model, f32)
         row("reference vs llama.cpp on the F32 export (F32 KV cache)",
-            exact, llamacpp_logits(f32, tokens, kv_f32=True))
+            exact, llamacpp_logits(f32, tokens, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32))
     row("reference vs llama.cpp", exact, default)
     imitation = LlamaCppRounding(model)
     row("reference imitating llama.cpp's roundings vs llama.cpp",
         imitation.forward(tokens, imitation.new_cache()), default)
     variants = {
         "flash attention": {"flash_attn": True},
-        "F32 KV cache": {"kv_f32": True},
-        "ubatch 128": {"n_batch": 128},
+        "F32 KV cache": {"type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32},
+        "ubatch 128": {"n_batch": 128, "n_ubatch": 128},
         "one thread": {"n_threads": 1},
     }
     flash = None

@@ -20,7 +20,7 @@ from kvphase.backends.base import Query, score_from_logits
 from kvphase.designs import CompressedKV, attend
 from kvphase.errors import PlanError
 from kvphase.reference.agreement import (
-    CLEAR_LEAD, agreement, lead, llamacpp_logits, natural_text,
+    CLEAR_LEAD, GGML_TYPE_F32, agreement, lead, llamacpp_logits, natural_text,
 )
 from kvphase.gguf.writer import export_f32
 from kvphase.reference.model import Transformer
@@ -57,7 +57,7 @@ def reference_logits(backend, text_tokens):
 def test_matches_llamacpp_on_the_same_weights(default_model, text_tokens, reference_logits, tmp_path_factory):
     f32 = tmp_path_factory.mktemp("f32") / "model-f32.gguf"
     export_f32(default_model, f32)
-    expected = llamacpp_logits(f32, text_tokens, kv_f32=True)
+    expected = llamacpp_logits(f32, text_tokens, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
     f32.unlink()
     got = agreement(reference_logits, expected)
     print(f"reference vs llama.cpp on the F32 export, {len(text_tokens)} tokens: {got}")
@@ -69,7 +69,7 @@ def test_matches_llamacpp_on_the_same_weights(default_model, text_tokens, refere
 # with the default run (F16 KV cache, no flash attention) to measure llama.cpp's own spread
 LLAMACPP_VARIANTS = {
     "flash attention": {"flash_attn": True},
-    "F32 KV cache": {"kv_f32": True},
+    "F32 KV cache": {"type_k": GGML_TYPE_F32, "type_v": GGML_TYPE_F32},
 }
 
 
@@ -96,7 +96,7 @@ def test_each_layout_matches_llamacpp(arch, tmp_path):
     attention, norm weights that are not ones."""
     path = write_tiny_model(arch, tmp_path / f"{arch}.gguf")
     tokens = np.random.default_rng(0).integers(0, TINY_VOCAB, 100).tolist()
-    expected = llamacpp_logits(path, tokens, kv_f32=True)
+    expected = llamacpp_logits(path, tokens, type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32)
     model = Transformer.from_gguf(path)
     c = model.config
     features = (c.tied_output, model.w.rope_freqs is not None, c.qkv_bias, c.rope_scale != 1.0, c.qk_norm, c.rope_neox)

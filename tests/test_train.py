@@ -249,7 +249,7 @@ def test_the_dense_control_runs_in_llamacpp_as_in_the_reference(tmp_path):
     export_gguf(path, params, trainer.config, trainer.data.vocab, 0)
     tokens = trainer.data.batch(np.random.default_rng(9), 1).tokens[0]
     expected = numpy_logits(path, tokens[None])[0]  # (T, n_vocab)
-    got = llamacpp_logits(path, [int(t) for t in tokens], kv_f32=True)
+    got = llamacpp_logits(path, [int(t) for t in tokens], n_ctx=len(tokens), type_k=0, type_v=0)
     diff = np.abs(got - expected)
     print(f"llama.cpp vs reference: max {diff.max():.3g}, mean {diff.mean():.3g}, logits up to {np.abs(expected).max():.3g}")
     assert (got.argmax(1) == expected.argmax(1)).mean() == 1.0

@@ -62,7 +62,7 @@ def compare(config: TrainConfig, params, path, tokens) -> tuple:
     from kvphase.train.csa import logits
 
     ours = np.asarray(logits(params, tokens[None], config))[0]  # (T, V)
-    theirs = llamacpp_logits(path, tokens.tolist(), kv_f32=True, flash_attn=False, n_batch=512)
+    theirs = llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
     return ours, theirs
 
 
@@ -181,7 +181,7 @@ def test_the_numpy_reference_runs_the_exported_file_as_llamacpp_does(tmp_path):
     tokens = data.evaluation_batch().tokens[0]
     model = DeepSeek4.from_gguf(path)
     ours = model.forward(tokens.tolist(), model.new_cache())  # (T, V)
-    theirs = llamacpp_logits(path, tokens.tolist(), kv_f32=True, flash_attn=False, n_batch=512)
+    theirs = llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
     result = agreement(ours, theirs)
     assert result.max_diff < TOLERANCE * max(1.0, float(np.abs(theirs).max())), str(result)
 
@@ -361,8 +361,8 @@ def test_a_quantized_deepseek4_file_runs_in_llamacpp_near_its_f32_logits(tmp_pat
     assert types["blk.0.attn_q_b.weight"] == kind and types["blk.0.attn_compressor_ape.weight"] == "F32"
     assert types["blk.1.attn_kv_a_norm.weight"] == "F32"
     tokens = list(range(1, 70))
-    base = llamacpp_logits(CSA_CONTROL, tokens, kv_f32=True, flash_attn=False)
-    got = llamacpp_logits(out, tokens, kv_f32=True, flash_attn=False)
+    base = llamacpp_logits(CSA_CONTROL, tokens, type_k=0, type_v=0, flash_attn=False)
+    got = llamacpp_logits(out, tokens, type_k=0, type_v=0, flash_attn=False)
     result = agreement(got, base)
     assert 1e-4 < result.max_diff < tolerance, str(result)
 

@@ -43,7 +43,7 @@ def exported(tmp_path, config: TrainConfig):
 
 
 def engine_logits(path, tokens) -> np.ndarray:
-    return llamacpp_logits(path, tokens.tolist(), kv_f32=True, flash_attn=False, n_batch=512)
+    return llamacpp_logits(path, tokens.tolist(), type_k=0, type_v=0, flash_attn=False, n_batch=512, n_ubatch=512)
 
 
 def assert_agrees(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:

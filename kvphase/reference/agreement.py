@@ -15,9 +15,9 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from kvphase.defaults import default_threads, prompts_dir
-from kvphase.errors import BackendError
+from kvphase.engines.llamacpp import GGML_TYPE_F32, high_level_llama, silence_llama_logs
 
-__all__ = ["CLEAR_LEAD", "Agreement", "agreement", "lead", "llamacpp_logits", "natural_text"]
+__all__ = ["CLEAR_LEAD", "GGML_TYPE_F32", "Agreement", "agreement", "lead", "llamacpp_logits", "natural_text"]
 
 NATURAL_TEXT = prompts_dir() / "natural-text.txt"
 # a token is no near-tie when its best logit leads the second by more than this; on the
@@ -50,33 +50,16 @@ def natural_text() -> str:
     return NATURAL_TEXT.read_text(encoding="utf-8")
 
 
-def llamacpp_logits(path: str | Path, tokens: Sequence[int], *, kv_f32: bool = False, flash_attn: bool = False,
-                    n_batch: int = 512, n_threads: int | None = None) -> np.ndarray:
-    """Every row's logits from llama.cpp (one prompt from position 0, decoded n_batch tokens at
-    a time): (n_tokens, n_vocab). The cache is F16, or F32 with `kv_f32`."""
-    import llama_cpp
+def llamacpp_logits(path: str | Path, tokens: Sequence[int], **params) -> np.ndarray:
+    """Every row's logits from llama.cpp (one prompt from position 0): (n_tokens, n_vocab).
 
-    from kvphase.engines import llamacpp as engine
-
-    model = engine.load_model(path)
-    if not model:
-        raise BackendError(f"llama.cpp could not load {path}")
-    ctx = batch = None
+    `params` go to `llama_cpp.Llama` (through `high_level_llama`, which keeps weight repacking
+    off where it crashes), e.g. `flash_attn=True` or `type_k=0, type_v=0` for an F32 KV cache."""
+    silence_llama_logs()
+    settings = {"n_ctx": max(2048, len(tokens)), "n_threads": default_threads(), **params}
+    llm = high_level_llama(path, logits_all=True, verbose=False, **settings)
     try:
-        ctx = engine.new_context(model, n_ctx=max(2048, len(tokens)), n_batch=n_batch, n_threads=n_threads or default_threads(),
-                                 flash_attn=flash_attn, kv_f32=kv_f32, label=str(path))
-        batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
-        out = []
-        for lo in range(0, len(tokens), n_batch):
-            rows = [(token, lo + i, 0, True) for i, token in enumerate(tokens[lo : lo + n_batch])]
-            if engine.decode(ctx, batch, rows) != 0:
-                raise BackendError(f"llama.cpp could not decode tokens {lo}-{lo + len(rows) - 1} of {path}")
-            out.append(engine.logits(ctx, rows, n_vocab))  # (rows, n_vocab)
-        return np.concatenate(out)  # (n_tokens, n_vocab)
+        llm.eval(list(tokens))
+        return np.array(llm.scores[: len(tokens)], dtype=np.float32)  # (n_tokens, n_vocab)
     finally:
-        if batch is not None:
-            llama_cpp.llama_batch_free(batch)
-        if ctx:
-            llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
+        llm.close()
