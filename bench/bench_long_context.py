@@ -15,6 +15,13 @@ On the default model (SmolLM2-135M, 8192-token training context) one real sweep 
 The bench fails (exit 1) when sweep / raw is below `--min-ratio` (0.9, issue 21) unless
 `--quick` (a 512-token context, one repetition: CI checks that the bench runs, not the figures).
 
+Then what a CPU-minute buys at 1K, 4K, 8K and 16K tokens (`--lengths`; 16K is past SmolLM2's
+trained context, which changes its answers, not its speed): one context of the sweep's plan is
+timed with all its queries, at the task's 16 targets per context and at the default
+`--targets-per-context auto`, and each density's targets per CPU-minute give the one-residue
+dip a sweep of `--budget` CPU-minutes detects with 80% power at any accuracy (M = 8; the
+worst-case variance, so a real run at another accuracy detects a smaller one).
+
 Run: `make bench` (or `python bench/bench_long_context.py --threads 1`).
 """
 
@@ -25,7 +32,7 @@ import sys
 import time
 
 BACKEND_BATCH = 512  # LlamaCppBackend's n_batch (= n_ubatch), what `kvphase sweep` decodes with
-QUERY_ROOM = 64  # tokens kvphase keeps after the context (kvphase.cli.sweep_cmd.QUERY_ROOM)
+QUERY_ROOM = 64  # tokens kvphase keeps after the context (kvphase.sweep.plan.QUERY_ROOM)
 
 
 class RawPrompt:
@@ -68,6 +75,56 @@ def sweep_context(backend, tokens, queries) -> tuple[float, float]:
     return middle - started, time.perf_counter() - middle
 
 
+def density_rows(lengths: list[int], threads: int, budget: float) -> None:
+    """Per length: targets per CPU-minute and the dip `budget` CPU-minutes detect, at the task's
+    16 targets per context against the default density, from one context timed with its queries."""
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.defaults import default_model_path
+    from kvphase.sweep.placement import AUTO_DENSITY, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, build_probes
+    from kvphase.sweep.strides import planned_dip
+    from kvphase.sweep.tasks import load_task
+
+    print(f"\nwhat {budget:g} CPU-minutes buy ({threads} thread{'s' * (threads > 1)}; one context timed with its queries)")
+    print(f"{'context':>8}{'targets/context':>17}{'s/context':>11}{'targets/CPU-min':>17}{'dip, points':>13}"
+          f"{'dip ratio':>11}{'RSS MiB, context / +queries':>29}")
+    for length in lengths:
+        backend = LlamaCppBackend(default_model_path(), n_ctx=length + QUERY_ROOM, n_threads=threads)
+        task = load_task("records")
+        lanes = Layout.of(task, backend, ProbeSettings(length, 4, 8, 1, "prefix", 0, AUTO_DENSITY),
+                          RecordMaker(task, backend)).lanes
+        context = build_probes(task, backend, ProbeSettings(length, 4, 8, lanes, "prefix", 0, AUTO_DENSITY))[0]
+        task_lanes = len(build_probes(task, backend, ProbeSettings(length, 4, 8, 16, "prefix", 0, TASK_DENSITY))[0].targets)
+        backend.score(list(context.tokens[:BACKEND_BATCH]), [])  # warm-up
+        seconds_context, seconds_queries = sweep_context(backend, list(context.tokens),
+                                                         [t.query for t in context.targets])
+        rss_context, rss_queries = _resident_after(backend, list(context.tokens), [t.query for t in context.targets])
+        backend.close()
+        per_query = seconds_queries / len(context.targets)
+        dips = []
+        for label, per_context in ((TASK_DENSITY, task_lanes), (AUTO_DENSITY, len(context.targets))):
+            seconds = seconds_context + per_context * per_query
+            per_cpu_minute = per_context / (seconds * threads / 60)
+            dips.append(planned_dip(max(1, int(budget * per_cpu_minute / 8)), 8))
+            ratio = f"{dips[0] / dips[1]:.2f}x" if label == AUTO_DENSITY else ""
+            memory = f"{rss_context:.0f} / {100 * (rss_queries / rss_context - 1):+.1f}%" if label == AUTO_DENSITY else ""
+            print(f"{length:>8}{f'{per_context} ({label})':>17}{seconds:>11.1f}{per_cpu_minute:>17.1f}"
+                  f"{dips[-1]:>13.1f}{ratio:>11}{memory:>29}")
+
+
+def _resident_after(backend, tokens, queries) -> tuple[float, float]:
+    """This process's resident memory (MiB) with the context decoded, then after its queries: what
+    many targets a context add to one context's KV cache and the weights."""
+    def resident() -> float:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+    backend._context = ()
+    backend.score(tokens, [])
+    with_context = resident()
+    backend.score(tokens, queries)
+    return with_context, resident()
+
+
 def main() -> int:
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path, default_threads
@@ -80,11 +137,13 @@ def main() -> int:
     parser.add_argument("--batches", default="512,2048", help="n_batch values of the raw baseline, comma-separated")
     parser.add_argument("--threads", type=int, default=default_threads())
     parser.add_argument("--min-ratio", type=float, default=0.9, help="fail below this sweep / raw ratio")
+    parser.add_argument("--lengths", default="1024,4096,8128,16384", help="context lengths of the density rows")
+    parser.add_argument("--budget", type=float, default=10.0, help="CPU-minutes a sweep spends, for the dip column")
     parser.add_argument("--quick", action="store_true", help="a 512-token context, one repetition, n_batch 512 only, "
-                        "nothing judged (CI: the bench still runs)")
+                        "density rows at 512 and 1024 tokens, nothing judged (CI: the bench still runs)")
     args = parser.parse_args()
     if args.quick:
-        args.context, args.repeats, args.batches = 512, 1, str(BACKEND_BATCH)
+        args.context, args.repeats, args.batches, args.lengths = 512, 1, str(BACKEND_BATCH), "512,1024"
     batches = [int(b) for b in args.batches.split(",")]
 
     model_path = default_model_path()
@@ -127,6 +186,7 @@ def main() -> int:
     ratio = len(tokens) / best_sweep / raw_rate
     print(f"queries: {best_queries:.2f} s for {len(queries)} ({1000 * best_queries / len(queries):.0f} ms each); "
           f"ratio sweep / raw = {ratio:.3f}")
+    density_rows([int(n) for n in args.lengths.split(",")], args.threads, args.budget)
     if args.quick:
         return 0
     if ratio < args.min_ratio:

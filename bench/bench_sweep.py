@@ -1,14 +1,18 @@
 """Speed of a sweep on the default model, as ratios measured in one run.
 
-1. targets/s: kvphase (one context evaluation serves many teacher-forced queries) against a
-   naive loop that evaluates one full prompt per target and generates the answer greedily
-   (same targets, same model, same threads);
+1. targets/s: kvphase (one context evaluation serves many teacher-forced queries: as many as
+   the context holds, `--targets-per-context auto`) against a naive loop that evaluates one full
+   prompt per target and generates the answer greedily (same targets, same model, same
+   threads), at 1024 tokens (one round of contexts) and at 8128 (the first context only);
 2. context tokens/s: kvphase's context decoding against llama.cpp's raw decode
    (llama-cpp-python's `Llama.eval`) of the same tokens;
 3. targets/s through a local llama-server (`--backend server`) with 1, 2 and 4 slots
    against the naive loop on the same server (one full prompt per target).
 
 Run: `make bench` (or `python bench/bench_sweep.py --context 1024 --per-residue 8`).
+Queries are decoded one per llama_decode: batching several queries' sequences moved some
+log-probabilities by up to 0.19 (kvphase/backends/llamacpp.py), beyond the scoring-equality
+test's tolerance, so the queries' share is what `ceiling with free queries` shows.
 """
 
 from __future__ import annotations
@@ -21,17 +25,10 @@ import numpy as np
 
 
 def main() -> None:
-    import llama_cpp
-
-    from kvphase.backends.llamacpp import LlamaCppBackend
-    from kvphase.defaults import default_model_path
-    from kvphase.engines.llamacpp import high_level_llama
-    from kvphase.sweep.placement import ProbeSettings, build_probes
-    from kvphase.sweep.tasks import load_task
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--per-residue", type=int, default=16)
+    parser.add_argument("--context", type=int, default=None, help="one length only (default: 1024, then 8128)")
+    parser.add_argument("--per-residue", type=int, default=None, help="default: one round of M contexts")
+    parser.add_argument("--targets-per-context", default="auto", help="auto (the sweep's default), N, or task")
     parser.add_argument("--naive-targets", type=int, default=6, help="targets timed in the naive loop")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--no-server", action="store_true", help="skip the llama-server rows")
@@ -40,11 +37,31 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.context, args.per_residue, args.naive_targets, args.contexts = 384, 8, 2, 4
+    if args.context:
+        measure(args, args.context, args.contexts)
+        return
+    measure(args, 1024, args.contexts)
+    # at 8128 tokens one context and two naive targets (each a whole 8K prompt), no server rows
+    measure(argparse.Namespace(**{**vars(args), "naive_targets": 2, "no_server": True}), 8128, 1)
 
+
+def measure(args, length: int, first) -> None:
+    """Every row at one context length; `first`: time only the plan's first contexts."""
+    import llama_cpp
+
+    from kvphase.backends.llamacpp import LlamaCppBackend
+    from kvphase.defaults import default_model_path
+    from kvphase.engines.llamacpp import high_level_llama
+    from kvphase.sweep.placement import Layout, ProbeSettings, RecordMaker, build_probes
+    from kvphase.sweep.tasks import load_task
+
+    args.context = length
     model = default_model_path()
-    backend = LlamaCppBackend(model, n_ctx=args.context + 1024, n_threads=args.threads)
-    contexts = build_probes(load_task("records"), backend,
-                            ProbeSettings(args.context, 4, 8, args.per_residue, "prefix", seed=0))[:args.contexts]
+    backend = LlamaCppBackend(model, n_ctx=args.context + 64, n_threads=args.threads)
+    task, settings = load_task("records"), ProbeSettings(args.context, 4, 8, 1, "prefix", 0, args.targets_per_context)
+    lanes = Layout.of(task, backend, settings, RecordMaker(task, backend)).lanes
+    settings = ProbeSettings(args.context, 4, 8, args.per_residue or lanes, "prefix", 0, args.targets_per_context)
+    contexts = build_probes(task, backend, settings)[:first]
     targets = [(c, t) for c in contexts for t in c.targets]
     backend.score(contexts[-1].tokens, [])  # warm-up: page in the weights before anything is timed
 
@@ -59,7 +76,7 @@ def main() -> None:
     kvphase_rate = len(targets) / kvphase_seconds
     kvphase_tokens_rate = len(contexts) * args.context / context_seconds
 
-    llm = high_level_llama(model, n_ctx=args.context + 1024, n_threads=args.threads,
+    llm = high_level_llama(model, n_ctx=args.context + 64, n_threads=args.threads,
                           n_threads_batch=args.threads, n_batch=512, verbose=False)
     llm.eval(list(contexts[-1].tokens))  # warm-up
     picks = np.random.default_rng(0).choice(len(targets), size=min(args.naive_targets, len(targets)), replace=False)
@@ -113,7 +130,7 @@ def server_rates(model, contexts, targets, picks, args):
 
     jobs = [(c.tokens, [t.query for t in c.targets]) for c in contexts]
     rows = []
-    with llama_server(model, slots=4, n_ctx_per_slot=args.context + 1024, threads=args.threads) as server:
+    with llama_server(model, slots=4, n_ctx_per_slot=args.context + 64, threads=args.threads) as server:
         http = Http(server.url, Retry())
         start = time.perf_counter()
         for i in picks:

@@ -94,10 +94,13 @@ def test_a_walk_that_crosses_the_band_takes_the_step_nearest_it_that_the_budget_
     down = calibrate(PLAN, KnownDifficulty(lambda n: 0.1 if n > 600 else 0.95), BAND, ["context"], 4096)
     assert [s.context for s in down.steps] == [1024, 512] and down.stopped == "after crossing the band"
     assert down.choice.context == 512  # 95% is nearer 40-80 than 10%
-    up = calibrate(PLAN, KnownDifficulty(lambda n: 0.85 if n < 1500 else 0.02), BAND, ["context"], 4096)
+    small = SweepPlan(**{**asdict(PLAN), "per_residue": 16})  # 8 contexts
+    up = calibrate(small, KnownDifficulty(lambda n: 0.85 if n < 1500 else 0.02), BAND, ["context"], 4096)
     assert [s.context for s in up.steps] == [1024, 2048] and up.stopped == "after crossing the band"
-    # 85% is nearer, but after the step at 2048 the pilot has spent more than 15% of a sweep at 1024
+    # 85% is nearer, but after the step at 2048 the pilot has spent more than 30% of a sweep at 1024
     assert up.pilot_tokens > PILOT_BUDGET * up.steps[0].sweep_tokens and up.choice.context == 2048
+    roomy = calibrate(PLAN, KnownDifficulty(lambda n: 0.85 if n < 1500 else 0.02), BAND, ["context"], 4096)
+    assert up.pilot_tokens <= PILOT_BUDGET * roomy.steps[0].sweep_tokens and roomy.choice.context == 1024
 
 
 def test_the_pilot_scores_no_context_the_sweep_scores():
@@ -129,13 +132,15 @@ def test_a_model_outside_the_band_everywhere_ends_at_the_budget_or_the_settings_
 
 
 def test_the_budget_stops_a_walk_whose_next_step_would_cost_more_than_it_allows():
-    small = SweepPlan(**{**asdict(PLAN), "per_residue": 16})  # 8 contexts: a step at 2048 would cost 3/8 of them
+    # 4 contexts (a plan of the task's density: auto keeps 8 at least): a step at 2048 after one at 1024 would
+    # cost 3/8 of a sweep at 2048
+    small = SweepPlan(**{**asdict(PLAN), "modulus": 4, "per_residue": 8})
     result = calibrate(small, KnownDifficulty(lambda n: 1.0), BAND, ["context"], 8192)
     assert [s.context for s in result.steps] == [1024] and result.stopped == "at the budget"
 
 
 def test_a_sweep_too_small_for_any_pilot_step_is_refused_in_one_line():
-    tiny = SweepPlan(**{**asdict(PLAN), "modulus": 4, "per_residue": 1})  # 4 contexts: one is 25% of them
+    tiny = SweepPlan(**{**asdict(PLAN), "stride": 2, "modulus": 2, "per_residue": 1})  # 2 contexts: one is half
     with pytest.raises(PlanError, match="could not afford a pilot"):
         calibrate(tiny, KnownDifficulty(falling), BAND, ["context"], 4096)
 

@@ -98,12 +98,16 @@ def test_sample_size_options(default_model, options, fragment, tmp_path):
 
 def test_auto_sample_size_detects_the_wanted_dip():
     from kvphase.cli.sweep_cmd import sample_size
+    from kvphase.sweep.plan import SweepDefaults
 
     # a balanced design at the worst-case variance 1/4: n dip^2 (M - 1) / (M / 4) must reach the
     # non-centrality scipy gives 80% power at (14.35 for 7 degrees of freedom)
-    n = sample_size("auto", 20, 8, default=32)
+    n, _ = sample_size("auto", 20, 8, SweepDefaults())
     assert n == 104 and n * 0.2**2 * 7 / (8 * 0.25) >= 14.35 > (n - 8) * 0.2**2 * 7 / (8 * 0.25)
-    assert (sample_size("48", None, 8, 32), sample_size(None, None, 8, 32)) == (48, 32)
+    assert sample_size("48", None, 8, SweepDefaults()) == (48, 0)
+    assert sample_size(None, None, 8, SweepDefaults()) == (None, 0)  # the plan sizes itself at its density
+    assert sample_size(None, None, 4, SweepDefaults(per_residue=256)) == (256, 0)
+    assert sample_size(None, None, 8, SweepDefaults(), contexts=16) == (None, 16)
 
 
 def test_unknown_padding_is_a_usage_error(default_model):

@@ -42,7 +42,8 @@ def gate_activations(
 ) -> None:
     """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
+    from kvphase.cli.sweep_cmd import with_reference_design
+    from kvphase.sweep.plan import AUTO_DENSITY, make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.gguf.header import read_gguf_header
     from kvphase.gguf.limits import check_llama_limits
@@ -62,7 +63,7 @@ def gate_activations(
         check_llama_limits(info.path)
     defaults = _probe_defaults(info)
     plan = make_plan(info, stride, None, given(context, defaults.context), defaults.per_residue, defaults.padding,
-                     task or defaults.task, seed)
+                     task or defaults.task, seed, density=AUTO_DENSITY)
     if on_reference:
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
     n_threads = threads or default_threads()
@@ -92,7 +93,8 @@ def flip(
 ) -> None:
     """Flip probe: move single targets through the phases and track the right value against the strongest distractor."""
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import make_plan, parse_options, query_room, with_reference_design
+    from kvphase.cli.sweep_cmd import parse_options, with_reference_design
+    from kvphase.sweep.plan import make_plan, query_room
     from kvphase.defaults import default_model_path
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
@@ -154,7 +156,8 @@ def cycle(
     from dataclasses import replace
 
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import make_plan, query_room, with_reference_design
+    from kvphase.cli.sweep_cmd import with_reference_design
+    from kvphase.sweep.plan import AUTO_DENSITY, make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
     from kvphase.gguf.header import read_gguf_header
@@ -173,7 +176,7 @@ def cycle(
     if name not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; expected auto or one of {', '.join(BACKENDS)}")
     plan = replace(make_plan(info, stride, None, given(context, defaults.context), given(per_residue, defaults.per_residue),
-                             defaults.padding, task or defaults.task, seed), backend=name)
+                             defaults.padding, task or defaults.task, seed, density=AUTO_DENSITY), backend=name)
     if name == "reference":
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
     run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
@@ -209,7 +212,8 @@ def knockout(
     from dataclasses import replace
 
     from kvphase.backends import BACKENDS
-    from kvphase.cli.sweep_cmd import make_plan, query_room, refuse_trained_compressor, with_reference_design
+    from kvphase.cli.sweep_cmd import refuse_trained_compressor, with_reference_design
+    from kvphase.sweep.plan import AUTO_DENSITY, make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
     from kvphase.gguf.limits import check_llama_limits
@@ -229,7 +233,7 @@ def knockout(
         refuse_trained_compressor(info)
         check_llama_limits(info.path)
     plan = replace(make_plan(info, None, None, given(context, defaults.context), given(per_residue, 64 if trained else 8),
-                             defaults.padding, task or defaults.task, seed), backend=name)
+                             defaults.padding, task or defaults.task, seed, density=AUTO_DENSITY), backend=name)
     n_ctx = plan.context + query_room(info)
     if name == "reference":
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)

@@ -27,14 +27,14 @@ from kvphase.runfolder import REPORT_FILE, RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
-from kvphase.sweep.plan import SweepDefaults, SweepPlan, fit_padding
+from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
+from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
+                                stride_and_modulus)
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
 from kvphase.sweep.strides import (ALL, LARGE_STRIDE, comparison_dir, declared_strides, modulus_for, parse_stride,
                                    planned_dip)
 from kvphase.sweep.tasks import available_tasks, load_task
 
-CONTROL_STRIDE = 4
-QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
 REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
 
 
@@ -67,6 +67,8 @@ class PlanOptions:
     design: Optional[str]
     options: tuple[str, ...]  # --option KEY=VALUE pairs
     cache_type: Optional[str]
+    density: str = AUTO_DENSITY  # --targets-per-context
+    contexts: Optional[int] = None
 
 
 @app.command()
@@ -78,9 +80,16 @@ def sweep(
     modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens; every query starts here. "
                                           "Default 1024, or the context a `kvphase train` model learned."),
-    per_residue: Optional[str] = typer.Option(None, "--per-residue", help="Targets per residue group; default 32 "
-                                             "(what the context holds, for trained models); or 'auto': as many as "
-                                             "--detect needs."),
+    per_residue: Optional[str] = typer.Option(None, "--per-residue", help="Targets per residue group; default: "
+                                             "whole rounds of contexts that detect a 25-point dip at any accuracy "
+                                             "(256 for trained models); or 'auto': as many as --detect needs."),
+    contexts: Optional[int] = typer.Option(None, "--contexts", metavar="N", help="Size the run by its contexts "
+                                           "instead of --per-residue: N contexts (a multiple of M, at least 8) of "
+                                           "--targets-per-context targets each."),
+    targets_per_context: str = typer.Option(AUTO_DENSITY, "--targets-per-context", metavar="auto|N", help="Targets "
+                                            "one context holds: auto (as many as its records allow, one record "
+                                            "apart at least), at most N, or 'task' (the task file's own number, "
+                                            "as runs before this option planned)."),
     detect: Optional[float] = typer.Option(None, "--detect", metavar="GAP", help="With --per-residue auto: the "
                                            "one-residue dip (points) to detect with 80% power at any accuracy."),
     padding: Optional[Padding] = typer.Option(None, help="prefix: records shift together; in-sequence: random gaps. "
@@ -112,7 +121,7 @@ def sweep(
                                                    "quantized V cache)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Write nothing: build the plan, count its contexts, targets "
                                  "and tokens, score its first context, and estimate the sweep's wall time and memory."),
-    calibrate: bool = typer.Option(False, "--calibrate", help="First a short pilot (at most 15% of the sweep's tokens, "
+    calibrate: bool = typer.Option(False, "--calibrate", help="First a short pilot (at most 30% of the sweep's tokens, "
                                    "on other contexts) chooses the context and task for this model, so that mean "
                                    "accuracy lands in --target-accuracy; options given fix their knob."),
     target_accuracy: Optional[str] = typer.Option(None, "--target-accuracy", metavar="LOW-HIGH", help="With "
@@ -136,7 +145,7 @@ def sweep(
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
     asked = PlanOptions(modulus, context, per_residue, detect, padding.value if padding else None, task, seed,
                         backend.value if backend else None, design, tuple(option),
-                        cache_type.value if cache_type else None)
+                        cache_type.value if cache_type else None, targets_per_context.strip().lower(), contexts)
     chosen = parse_stride(stride)  # None (the file's own), S, or ALL
     every_stride = chosen == ALL
     strides = declared_strides(info) if every_stride else [chosen]
@@ -171,11 +180,12 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every
     from LARGE_STRIDE on (`strides.modulus_for`)."""
     defaults = SweepDefaults.for_model(info)
     modulus = modulus_for(stride, asked.modulus) if every_stride else asked.modulus
-    count = sample_size(asked.per_residue, asked.detect, stride_and_modulus(info, stride, modulus)[1],
-                        defaults.per_residue)
+    count, contexts = sample_size(asked.per_residue, asked.detect, stride_and_modulus(info, stride, modulus)[1],
+                                  defaults, asked.contexts)
     context = given(asked.context, default_context(info, defaults.context))
     plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
-                     defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None)
+                     defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None,
+                     density=asked.density, contexts=contexts)
     if context != defaults.context and asked.context is None:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, f"contexts of {context} tokens, because "
                        f"the model's context is {info.context_length} and the query needs {query_room(info)} more"])))
@@ -397,55 +407,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def make_plan(info: ModelInfo, stride, modulus, context, per_residue, padding, task, seed, fit=True) -> SweepPlan:
-    """The run's plan from the options and the model's metadata; PlanError when impossible. `fit`:
-    the padding was not the user's, so kvphase may change it to one the tokenizer can lay out."""
-    if info.tokenizer_model in ("none", "unknown"):
-        raise PlanError(f"{info.path.name} has no tokenizer (tokenizer.ggml.model = {info.tokenizer_model}), so no "
-                        "prompt can be built; random-weight models from make-tiny are for `kvphase validate`")
-    control = not info.compression.compressed
-    stride, modulus = stride_and_modulus(info, stride, modulus)
-    room = query_room(info)
-    if info.context_length and context + room > info.context_length:
-        raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
-                        f"context and the query needs {room} more")
-    # SweepPlan checks context, stride, modulus, sample size and padding before any model loads
-    plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
-                     per_residue=per_residue, padding=padding, seed=seed, control=control)
-    load_task(task)
-    return fit_padding(plan, lambda: Vocab.load(info.path)) if fit else plan
-
-
-def default_context(info: ModelInfo, default: int) -> int:
-    """The default context, or the longest the model holds beside the query when that is shorter."""
-    if info.context_length and default + query_room(info) > info.context_length > query_room(info):
-        return info.context_length - query_room(info)
-    return default
-
-
-def query_room(info: ModelInfo) -> int:
-    """Tokens kept free after the context: a trained model embeds exactly its questions' positions."""
-    if info.trained is not None:
-        return info.context_length - info.trained.context
-    return QUERY_ROOM
-
-
-def stride_and_modulus(info: ModelInfo, stride: Optional[int], modulus: Optional[int]) -> tuple[int, int]:
-    """--stride or the model's (CONTROL_STRIDE when it declares none); --modulus, or twice the
-    stride (the periodicity check), or for a `kvphase train` file the stride itself: its short
-    trained context leaves too few positions to match depths over 2S residues."""
-    stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
-    if modulus is None:
-        modulus = stride if info.trained is not None else 2 * stride
-    return stride, modulus
-
-
-def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: int, default: int) -> int:
-    """--per-residue as given (`default` when not given), or for 'auto' the smallest multiple
-    of M with which a balanced design detects a one-residue dip of --detect points with 80%
-    power at any accuracy."""
+def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: int, defaults: SweepDefaults,
+                contexts: Optional[int] = None) -> tuple[Optional[int], int]:
+    """(per residue, contexts) where the option that sizes the run is given (None and 0 for the other):
+    --per-residue N; --per-residue auto, the smallest multiple of M with which a balanced design
+    detects a one-residue dip of --detect points with 80% power at any accuracy; --contexts N.
+    With none of them, a trained model's own per-residue, else (None, 0): the plan sizes itself
+    (`plan.make_plan`)."""
+    if contexts is not None:
+        if per_residue is not None or detect is not None:
+            raise PlanError("--contexts sizes the run instead of --per-residue and --detect; give one of them")
+        if contexts < MIN_CONTEXTS or contexts % modulus:
+            raise PlanError(f"--contexts must be a multiple of the modulus {modulus} (a round of contexts holds "
+                            f"every residue once in every lane) and at least {MIN_CONTEXTS}, got {contexts}")
+        return None, contexts
     if per_residue is None and detect is None:
-        return default
+        return defaults.per_residue, 0
     if per_residue is not None and per_residue.strip().lower() == "auto":
         from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
 
@@ -453,11 +430,11 @@ def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: in
             raise PlanError(f"--per-residue auto needs --detect GAP, a dip in points between 0 and 100, got {detect}")
         if modulus < 2:
             raise PlanError(f"--modulus must be at least 2, got {modulus}")
-        return per_residue_for_dip(detect / 100, modulus)
+        return per_residue_for_dip(detect / 100, modulus), 0
     if detect is not None:
         raise PlanError("--detect applies to --per-residue auto only")
     try:
-        return int(per_residue or "")
+        return int(per_residue or ""), 0
     except ValueError:
         raise PlanError(f"--per-residue must be a whole number or 'auto', got {per_residue!r}") from None
 

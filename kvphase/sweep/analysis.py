@@ -1,7 +1,8 @@
 """Statistics over a run's results: per-residue accuracy with Wilson intervals, gap with a
 bootstrap interval over contexts, periodicity, context-stratified tests of "the outcome
-does not depend on the residue" on accuracy and on the answer log-probability, and the
-smallest dip the run could have detected. Prints nothing."""
+does not depend on the residue" on accuracy and on the answer log-probability, the
+smallest dip the run could have detected, and how alike a context's targets were (their
+intra-context correlation and design effect). Prints nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from kvphase.sweep.stratified import (ALPHA, POWER, Design, StratifiedTest, basic_interval, bootstrap_gaps,
-                                      bootstrap_residue_accuracy, detectable_dip, percentile_interval, stratified_test)
+                                      bootstrap_residue_accuracy, design_effect, detectable_dip,
+                                      intra_context_correlation, percentile_interval, stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -56,6 +58,14 @@ class Summary:
     logprob_test: StratifiedTest  # answer log-probability
     per_residue: list[dict]
     per_phase: list[dict]
+    # the fields below have defaults because summary.json files written before them lack them
+    targets_per_context: float | None = None  # mean over contexts; None only as a default, filled in below
+    icc: float | None = None  # intra-context correlation of correctness; None when it cannot be measured
+    design_effect: float | None = None  # 1 + (targets_per_context - 1) icc
+
+    def __post_init__(self) -> None:
+        if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
+            object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
 
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
@@ -102,6 +112,21 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, gap: float,
+                      seed: int = 0) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95% intervals of the mean accuracy over residues (percentile) and of the observed `gap`
+    (points; basic, bounded below by 0), both from one bootstrap over whole contexts (%)."""
+    resampled = bootstrap_residue_accuracy(correct, residues, contexts, seed)  # (n', G): bootstrap_gaps's resamples
+    if not len(resampled):
+        # no resample of contexts held every residue (one context per residue, as at M = 128 with 1 or 2
+        # targets per residue): the intervals are unknown, so they are the whole range
+        return (0.0, 100.0), (0.0, 100.0)
+    means = resampled.mean(axis=1)  # (n',)
+    gaps = resampled.max(axis=1) - resampled.min(axis=1)  # (n',)
+    return (tuple(round(v, 2) for v in percentile_interval(means)),
+            tuple(round(max(v, 0.0), 2) for v in basic_interval(gaps, gap)))
+
+
 def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False) -> Summary:
     """The run's statistics from its results frame (one row per scored target)."""
     by_residue = per_group(results, "residue")
@@ -113,32 +138,32 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
     design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
     dip = detectable_dip(correct, design)
-    resampled = bootstrap_residue_accuracy(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
-                                           seed)  # (n', G): the same resamples as bootstrap_gaps's
-    gaps = resampled.max(axis=1) - resampled.min(axis=1)  # (n',)
-    means = resampled.mean(axis=1)  # (n',)
+    mean_ci, gap_ci = context_intervals(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
+                                        float(acc.max() - acc.min()), seed)
+    per_context = len(results) / results["context"].nunique()
+    icc = intra_context_correlation(correct, results["context"].to_numpy())
     return Summary(
         n_targets=len(results),
         n_contexts=int(results["context"].nunique()),
         balanced=design.balanced,
         control=control,
         mean_accuracy=round(float(acc.mean()), 2),
-        mean_ci=tuple(round(v, 2) for v in percentile_interval(means)) if len(means) else (0.0, 100.0),
+        mean_ci=mean_ci,
         worst_accuracy=float(acc.min()),
         worst_residue=int(acc.idxmin()),
         best_accuracy=float(acc.max()),
         best_residue=int(acc.idxmax()),
         gap=round(float(acc.max() - acc.min()), 2),
-        # no resample of contexts held every residue (one context per residue, as at M = 128 with 1 or 2
-        # targets per residue): the interval is unknown, so it is the gap's whole range
-        gap_ci=tuple(round(max(v, 0.0), 2) for v in basic_interval(gaps, float(acc.max() - acc.min())))
-        if len(gaps) else (0.0, 100.0),
+        gap_ci=gap_ci,
         periodicity=periodicity,
         detectable_dip=None if dip is None else round(100 * dip, 2),
         test=stratified_test(correct, design, binary=True, seed=seed),
         logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), design, binary=False, seed=seed),
         per_residue=by_residue.to_dict("records"),
         per_phase=by_phase.to_dict("records"),
+        targets_per_context=round(per_context, 2),
+        icc=None if icc is None else round(icc, 4),
+        design_effect=None if icc is None else round(design_effect(icc, per_context), 3),
     )
 
 

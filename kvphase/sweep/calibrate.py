@@ -27,11 +27,14 @@ from kvphase.errors import PlanError
 from kvphase.runfolder import CONFIG_FILE
 from kvphase.sweep.estimate import evaluated_tokens
 from kvphase.sweep.placement import ProbeContext, build_probes
-from kvphase.sweep.plan import SweepPlan, fit_padding
+from kvphase.sweep.plan import SweepPlan, fit_padding, sized
 from kvphase.sweep.run import load_plan
 from kvphase.sweep.tasks import difficulty_chain, load_task
 
-PILOT_BUDGET = 0.15  # the pilot's tokens, at most this fraction of the sweep's
+# the pilot's tokens, at most this fraction of the sweep's: a step needs one whole context of its length, and
+# a dense sweep has as few as 8 contexts (MIN_CONTEXTS), so a walk doubling the context from 1K to 16K, which
+# costs about two contexts of the last length, is a quarter of the sweep it chooses
+PILOT_BUDGET = 0.3
 PILOT_FRACTION = 16  # a step scores this fraction of the sweep's targets: 2 steps and a half fit the budget
 SHORTEST_CONTEXT = 256  # tokens: the easiest context the pilot tries
 PILOT_SEED_OFFSET = 1 << 30  # pilot contexts come from seed + this, the sweep's from seed
@@ -241,12 +244,13 @@ def calibrated_plan(plan: SweepPlan, calibration: Calibration, requested: dict, 
 
 
 def _plan_at(plan: SweepPlan, level: Level, tokenizer, fit: str | None) -> SweepPlan:
-    """The plan at a level (PlanError when it cannot be one). With `fit`, each level starts from
-    that padding and takes the one this tokenizer can lay out (`fit_padding`)."""
+    """The plan at a level (PlanError when it cannot be one), its sample size re-sized for the
+    level's context where the run is sized by its contexts (`sized`). With `fit`, each level starts
+    from that padding and takes the one this tokenizer can lay out (`fit_padding`)."""
     if fit is None:
-        return replace(plan, task=level.task, context=level.context)
+        return sized(replace(plan, task=level.task, context=level.context), tokenizer)
     at = replace(plan, task=level.task, context=level.context, padding=fit, adjusted="")
-    return fit_padding(at, lambda: tokenizer)
+    return sized(fit_padding(at, lambda: tokenizer), tokenizer)
 
 
 def _pilot_contexts(plan: SweepPlan, tokenizer) -> list[ProbeContext]:

@@ -46,6 +46,9 @@ MAX_TARGETS = 1 << 16  # targets in one run: about a minute of planning, and mor
 MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
 EXACT_RUN_STEPS = 10_000  # records drawn (or taken back) for one exact run before giving up
 MAX_NUMBER_DRAWS = 1_000  # random numbers drawn for one value before deciding none tokenizes cleanly
+MIN_CONTEXTS = 8  # contexts a run needs at least (but for TASK_DENSITY's plans): the bootstrap resamples them
+TASK_DENSITY = "task"  # at most the task file's targets_per_context: how every run before --targets-per-context planned
+AUTO_DENSITY = "auto"  # as many targets as the context's records allow
 
 
 class Tokenizer(Protocol):
@@ -67,6 +70,7 @@ class ProbeSettings:
     per_residue: int  # targets in each residue group
     padding: str  # "prefix" or "in-sequence"
     seed: int
+    targets_per_context: str = TASK_DENSITY  # TASK_DENSITY, AUTO_DENSITY, or a whole number: the most one context holds
 
     def __post_init__(self) -> None:
         if self.context_length < 1:
@@ -88,6 +92,18 @@ class ProbeSettings:
             raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
         if self.seed < 0:
             raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
+        self.most_per_context  # a density that parses
+
+    @property
+    def most_per_context(self) -> int | None:
+        """The --targets-per-context a user asked for as a number; None for auto and task."""
+        density = self.targets_per_context
+        if density in (TASK_DENSITY, AUTO_DENSITY):
+            return None
+        if not isinstance(density, str) or not density.isascii() or not density.isdigit() or not 1 <= int(density) <= MAX_TARGETS:
+            raise PlanError(f"--targets-per-context must be 'auto' or a whole number from 1 to {MAX_TARGETS}, "
+                            f"got {str(density)[:40]!r}")
+        return int(density)
 
 
 class Record(NamedTuple):
@@ -123,8 +139,8 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> l
     deterministic in the seed."""
     records = RecordMaker(task, tokenizer)
     layout = Layout.of(task, tokenizer, settings, records)
-    planned = plan_contexts(layout.lowest_slot, layout.highest_slot, settings.modulus, settings.per_residue,
-                            layout.lanes)
+    lanes = checked_lanes(settings, layout)
+    planned = _planned_slots(layout, settings, lanes)
     contexts: list[ProbeContext] = []
     n_targets = 0
     for index, slots in enumerate(planned):
@@ -134,6 +150,53 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> l
         contexts.append(context)
     check_matched_moments([t for c in contexts for t in c.targets], settings.modulus)
     return contexts
+
+
+def _planned_slots(layout: "Layout", settings: ProbeSettings, lanes: int) -> list[np.ndarray]:
+    """`plan_contexts`'s slots; where they miss the matched moments at a density of its own (contexts
+    of two targets can), planned again with the spread refined (`residue_slots`). Plans that meet
+    them unrefined keep their slots, as every plan made before the refinement did."""
+    def planned(refine: bool) -> list[np.ndarray]:
+        return plan_contexts(layout.lowest_slot, layout.highest_slot, settings.modulus, settings.per_residue, lanes,
+                             refine)
+
+    first = planned(refine=False)
+    if layout.density == TASK_DENSITY:
+        return first
+    try:
+        check_matched_positions(np.concatenate(first), settings.modulus)
+        return first
+    except PlanError:
+        return planned(refine=True)
+
+
+def check_density(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> None:
+    """PlanError when the plan's targets per context do not fit its context or leave fewer than
+    MIN_CONTEXTS contexts: what `build_probes` would find, found before a run writes anything."""
+    checked_lanes(settings, Layout.of(task, tokenizer, settings, RecordMaker(task, tokenizer)))
+
+
+def checked_lanes(settings: ProbeSettings, layout: "Layout") -> int:
+    """The lanes a plan's rounds have (`lanes_for`), checked to fill MIN_CONTEXTS contexts at least
+    (but for TASK_DENSITY's plans, which every earlier run made)."""
+    lanes = lanes_for(layout.density, settings, layout.lanes)
+    if layout.density == TASK_DENSITY:
+        return lanes
+    contexts = len(_round_sizes(settings.per_residue, settings.modulus, lanes)) * settings.modulus
+    if contexts < MIN_CONTEXTS:
+        raise PlanError(f"--per-residue {settings.per_residue} at modulus {settings.modulus} fills only {contexts} "
+                        f"contexts; the intervals resample contexts and need at least {MIN_CONTEXTS}: use a larger "
+                        "--per-residue, fewer --targets-per-context, or auto")
+    return lanes
+
+
+def lanes_for(density: str, settings: ProbeSettings, most: int) -> int:
+    """Lanes per round: at auto density as many as a context holds (`most`), but never so many
+    that the run has fewer than MIN_CONTEXTS contexts (rounds of M contexts)."""
+    if density != AUTO_DENSITY:
+        return most
+    rounds = -(-MIN_CONTEXTS // settings.modulus)
+    return min(most, max(1, settings.per_residue // rounds))
 
 
 def plan_fingerprint(contexts: Sequence[ProbeContext]) -> str:
@@ -149,7 +212,8 @@ def plan_fingerprint(contexts: Sequence[ProbeContext]) -> str:
     return digest.hexdigest()
 
 
-def plan_contexts(lowest: int, highest: int, modulus: int, per_residue: int, lanes: int) -> list[np.ndarray]:
+def plan_contexts(lowest: int, highest: int, modulus: int, per_residue: int, lanes: int,
+                  refine: bool = False) -> list[np.ndarray]:
     """Target positions, grouped into contexts that serve every residue equally.
 
     Targets come in rounds of M contexts. A round has t lanes (depths spread over the
@@ -158,7 +222,8 @@ def plan_contexts(lowest: int, highest: int, modulus: int, per_residue: int, lan
     targets of every residue; with t < M (short contexts, one target per context, large
     moduli) each holds t different residues once each. Every residue thus sits at the same
     depths, and `residue_slots` moves some of its targets down by M so that the groups'
-    means and SDs agree.
+    means and SDs agree (`refine`: to the token, as `residue_slots` says; TASK_DENSITY's plans
+    keep the choice every earlier run made).
     """
     first, last = _slot_range(lowest, highest, modulus)
     sizes = _round_sizes(per_residue, modulus, lanes)
@@ -166,7 +231,7 @@ def plan_contexts(lowest: int, highest: int, modulus: int, per_residue: int, lan
     anchors = np.concatenate([
         first + modulus * np.floor((np.arange(t) + (i + 0.5) / len(sizes)) * blocks / t).astype(int)
         for i, t in enumerate(sizes)])  # (n,) the lanes of every round, round after round
-    slots = residue_slots(anchors, modulus)  # (M, n)
+    slots = residue_slots(anchors, modulus, refine)  # (M, n)
     contexts, done = [], 0
     for t in sizes:
         lane = np.arange(t)  # (t,)
@@ -202,7 +267,7 @@ def _round_sizes(per_residue: int, modulus: int, lanes: int) -> list[int]:
     return sizes
 
 
-def residue_slots(anchors: np.ndarray, modulus: int) -> np.ndarray:
+def residue_slots(anchors: np.ndarray, modulus: int, refine: bool = False) -> np.ndarray:
     """For each residue r, the positions anchors + r, some moved down by M: (M, n).
 
     Moving k = round(n r / M) anchors down by M takes about n r off the sum, which cancels
@@ -221,17 +286,19 @@ def residue_slots(anchors: np.ndarray, modulus: int) -> np.ndarray:
         if whole_groups:
             shifted[:] = r >= modulus / 2
         else:
-            shifted[_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus)] = 1
+            shifted[_spread_keeping_choice(anchors, int(round(n * r / modulus)), modulus, refine)] = 1
         slots[r] = anchors + r - modulus * shifted  # (n,)
     return slots
 
 
-def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int) -> list[int]:
+def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int, refine: bool = False) -> list[int]:
     """Indices of k anchors to move down by M so the variance stays that of the anchors.
 
     Var(B - M s) = Var(B) when the moved anchors' deviations from the mean sum to
     M k (n - k) / 2n. Small groups search every choice; large ones take the anchors just
-    above the middle, where the spread barely moves anyway.
+    above the middle, where the spread barely moves anyway, and with `refine` then swap moved
+    and unmoved anchors while that brings the sum nearer (few distinct depths, as in contexts
+    of two targets, leave the first choice several percent off).
     """
     n = len(anchors)
     deviations = anchors - anchors.mean()  # (n,)
@@ -241,7 +308,27 @@ def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int) -> list[in
     if math.comb(n, k) <= EXHAUSTIVE_CHOICES:
         best = min(itertools.combinations(range(n), k), key=lambda c: abs(deviations[list(c)].sum() - wanted))
         return list(best)
-    return list(np.argsort(np.abs(deviations - modulus / 2), kind="stable")[:k])
+    chosen = np.argsort(np.abs(deviations - modulus / 2), kind="stable")[:k]
+    return list(_swapped_nearer(deviations, chosen, wanted)) if refine else list(chosen)
+
+
+def _swapped_nearer(deviations: np.ndarray, chosen: np.ndarray, wanted: float) -> np.ndarray:
+    """`chosen` after the best single swaps of a chosen index for an unchosen one, one at a time,
+    while each brings the chosen deviations' sum nearer `wanted`."""
+    chosen = chosen.copy()
+    inside = np.zeros(len(deviations), dtype=bool)  # (n,)
+    inside[chosen] = True
+    for _ in range(len(deviations)):
+        error = deviations[inside].sum() - wanted
+        outs, ins = np.unique(deviations[inside]), np.unique(deviations[~inside])  # (a,), (b,)
+        change = ins[None, :] - outs[:, None]  # (a, b): the sum's change of swapping an out-value for an in-value
+        a, b = np.unravel_index(np.argmin(np.abs(error + change)), change.shape)
+        if abs(error + change[a, b]) >= abs(error) - 1e-9:
+            break
+        leaving = np.flatnonzero(inside & (deviations == outs[a]))[0]
+        joining = np.flatnonzero(~inside & (deviations == ins[b]))[0]
+        inside[leaving], inside[joining] = False, True
+    return np.flatnonzero(inside)
 
 
 def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
@@ -253,7 +340,12 @@ def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
     and M / 2 where only whole groups move (`residue_slots`): with n < M, or with every group
     at one depth (SD 0).
     """
-    positions = [np.array([t.position for t in targets if t.residue == r]) for r in range(modulus)]
+    check_matched_positions(np.array([t.position for t in targets]), modulus)
+
+
+def check_matched_positions(all_positions: np.ndarray, modulus: int) -> None:
+    """`check_matched_moments` on the target positions alone (their residue is position mod M)."""
+    positions = [all_positions[all_positions % modulus == r] for r in range(modulus)]
     means = np.array([p.mean() for p in positions])  # (M,)
     sds = np.array([p.std() for p in positions])  # (M,)
     n = min(len(p) for p in positions)
@@ -420,8 +512,15 @@ class Layout:
 
     @property
     def min_separation(self) -> int:
-        """Tokens between two targets of one context: room for a record and distractors
-        around it, and with prefix padding for a run of records of exactly that length."""
+        return self._separation(self.density)
+
+    def _separation(self, density: str) -> int:
+        """Tokens between two targets of one context: room for the first target and at least one
+        distractor record between them, so that a target's neighbours sit at random phases, never
+        at ones its residue decides. In-sequence: a record and its random gap of up to M - 1
+        tokens. Prefix: a run of back-to-back records whatever the target's length (every run
+        from `shortest` tokens on can be made exactly). TASK_DENSITY plans keep the in-sequence
+        room under prefix padding too (as every earlier run did)."""
         longest = max(self._fill.lengths)  # the records these word lists make; record_max only bounds them
         gap = 2 * longest + self.settings.modulus
         if not self.prefix:
@@ -429,19 +528,67 @@ class Layout:
         if self._fill.shortest is None:
             raise RecordLayoutError(f"task {self.task.name}: every record has the same length, so back-to-back records "
                             "cannot reach every residue; use --padding in-sequence")
-        return max(gap, longest + self._fill.shortest)
+        run = longest + max(1, self._fill.shortest)
+        return max(gap, run) if density == TASK_DENSITY else run
+
+    @property
+    def density(self) -> str:
+        """The settings' targets_per_context, but TASK_DENSITY where auto finds room for fewer than
+        M targets a context: a context holding a few residues compares them only with each other,
+        which costs the stratified test more than the shared context saves (measured on the
+        trained controls at 64 tokens, 2 targets a context against 1: detectable dip 33 against 18
+        points at 64 per residue), so such contexts keep the task's plan."""
+        density = self.settings.targets_per_context
+        if density == AUTO_DENSITY and self.most_lanes < self.settings.modulus:
+            return TASK_DENSITY
+        return density
 
     @property
     def lanes(self) -> int:
-        """Targets one context holds: the task's targets_per_context, fewer when that many,
-        spaced by `min_separation`, do not fit between the lowest and highest slot."""
+        """Targets one context holds. With TASK_DENSITY the task's targets_per_context, fewer when
+        that many, spaced by `min_separation`, do not fit between the lowest and highest slot (by
+        the rule every earlier run planned with, so their plans stay put); otherwise as many as fit
+        (`most_lanes`), at most --targets-per-context, PlanError when that many do not fit."""
         m = self.settings.modulus
-        first, last = _slot_range(self.lowest_slot, self.highest_slot, m)
-        blocks = (last - first) // m
-        # adjacent lanes' anchors lie at least m * (blocks // t) apart, their slots up to 2m - 1 closer
-        fitting = [t for t in range(2, self.task.targets_per_context + 1)
-                   if m * (blocks // t) - 2 * m + 1 >= self.min_separation]
-        return max(fitting, default=1)
+        blocks = self._blocks
+        if self.density == TASK_DENSITY:
+            # adjacent lanes' anchors lie at least m * (blocks // t) apart, their slots up to 2m - 1 closer
+            fitting = [t for t in range(2, self.task.targets_per_context + 1)
+                       if m * (blocks // t) - 2 * m + 1 >= self.min_separation]
+            return max(fitting, default=1)
+        most = self.most_lanes
+        asked = self.settings.most_per_context
+        if asked is None:
+            return most
+        if asked > most:
+            raise PlanError(f"--targets-per-context {asked} does not fit: a {self.settings.context_length}-token "
+                            f"context of task {self.task.name} holds at most {most} targets at modulus {m}; use "
+                            f"--targets-per-context {most} (or auto) or a longer --context")
+        if asked > m and asked % m:
+            raise PlanError(f"--targets-per-context {asked} must be a multiple of the modulus {m}, so that every "
+                            f"context holds each residue equally, or at most {m}; use {asked // m * m}")
+        return asked
+
+    @property
+    def most_lanes(self) -> int:
+        """The most targets a context holds: lanes whose closest slots, m - 1 closer than their
+        anchors (residue 0 never moves down, `residue_slots`), stay `min_separation` apart; a
+        multiple of M once that is at least M; at most the targets and distractors a sparse task's
+        context has, and one where records have no key (nothing says which)."""
+        m = self.settings.modulus
+        anchor_blocks = -(-(self._separation(AUTO_DENSITY) + m - 1) // m)  # blocks between adjacent anchors
+        most = max(1, self._blocks // anchor_blocks)
+        if not self.task.keys:
+            most = min(most, self.task.targets_per_context)
+        if self.task.distractors_per_context:
+            most = min(most, self.task.targets_per_context + self.task.distractors_per_context)
+        return most // m * m if most >= m else most
+
+    @property
+    def _blocks(self) -> int:
+        """Periods of M between the first and the last anchor."""
+        first, last = _slot_range(self.lowest_slot, self.highest_slot, self.settings.modulus)
+        return (last - first) // self.settings.modulus
 
     @property
     def prefix(self) -> bool:

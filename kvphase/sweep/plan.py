@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from functools import cache
+from typing import Callable, Optional
 
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep.offsets import OffsetPlan
-from kvphase.sweep.placement import ProbeSettings, Tokenizer, build_probes
+from kvphase.sweep.placement import (AUTO_DENSITY, MIN_CONTEXTS, TASK_DENSITY,  # noqa: F401 (AUTO_DENSITY: the CLI's)
+                                     Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
+                                     check_density)
 from kvphase.sweep.tasks import load_task
+
+CONTROL_STRIDE = 4  # the stride of a control run: a model that declares no compression
+QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
+DEFAULT_DETECT = 25.0  # points: a run whose size no option sets detects at least this one-residue dip at any accuracy
 
 _FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict}  # annotation -> the type a value must have
 
@@ -33,6 +40,13 @@ class SweepPlan:
     adjusted: str = ""  # what kvphase changed in the default plan to fit the model, and why ("" when nothing)
     calibration: dict = field(default_factory=dict)  # --calibrate's pilot and choice (sweep.calibrate); {} without
     offsets: dict = field(default_factory=dict)  # phase shifts at inference (sweep.offsets.OffsetPlan); {} without
+    # targets one context holds: "auto" (as many as fit), a number (at most that), or "task" (at most the task
+    # file's targets_per_context: what every run before the option planned, so their folders read as they did)
+    targets_per_context: str = TASK_DENSITY
+    # how per_residue was sized where it was not given (both 0 when it was): for `contexts` contexts, or as the
+    # fewest whole rounds of contexts holding `least_per_residue`; re-sized where calibration changes the context
+    contexts: int = 0
+    least_per_residue: int = 0
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
@@ -58,7 +72,8 @@ class SweepPlan:
 
     @property
     def probe_settings(self) -> ProbeSettings:
-        return ProbeSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed)
+        return ProbeSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed,
+                             self.targets_per_context)
 
     def comparable(self) -> dict:
         """The fields that must match for a folder to resume this plan."""
@@ -78,18 +93,102 @@ def fit_padding(plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> Swe
         return plan
     task, tokenizer = load_task(plan.task), open_tokenizer()
     try:
-        build_probes(task, tokenizer, plan.probe_settings)
+        build_probes(task, tokenizer, sized(plan, tokenizer).probe_settings)
         return plan
     except RecordLayoutError as prefix_failed:
         fitted = replace(plan, padding="in-sequence", adjusted="in-sequence padding, because prefix padding cannot "
                          f"lay out this tokenizer's records ({str(prefix_failed).split('; use ')[0]})")
         try:
-            build_probes(task, tokenizer, fitted.probe_settings)
+            build_probes(task, tokenizer, sized(fitted, tokenizer).probe_settings)
         except PlanError as failed:
             raise PlanError(f"no padding fits this tokenizer: prefix: {prefix_failed}; in-sequence: {failed}") from None
         return fitted
     except PlanError:  # not the padding's doing: the sweep reports it where it always has, after the other checks
         return plan
+
+
+def sized(plan: SweepPlan, tokenizer: Tokenizer) -> SweepPlan:
+    """The plan with `per_residue` sized at the density its context holds: contexts come in rounds
+    of M (every residue once in every lane), and a round of t lanes gives t targets per residue; so
+    `contexts` contexts, or the fewest rounds (MIN_CONTEXTS contexts at least) that hold
+    `least_per_residue`. Unchanged when the sample size was given as --per-residue."""
+    if not plan.contexts and not plan.least_per_residue:
+        return plan
+    lanes = targets_per_context(plan, tokenizer)
+    rounds = -(-(plan.contexts or MIN_CONTEXTS) // plan.modulus)
+    if not plan.contexts:
+        rounds = max(rounds, -(-plan.least_per_residue // lanes))
+    return replace(plan, per_residue=rounds * lanes)
+
+
+def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:
+    """How many targets one context of this plan holds (its lanes); PlanError when a
+    --targets-per-context does not fit."""
+    task = load_task(plan.task)
+    settings = replace(plan.probe_settings, per_residue=1)  # the count is what is being sized
+    return Layout.of(task, tokenizer, settings, RecordMaker(task, tokenizer)).lanes
+
+
+def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int, per_residue: Optional[int], padding: str,
+              task: str, seed: int, fit: bool = True, density: str = TASK_DENSITY, contexts: int = 0) -> SweepPlan:
+    """The run's plan from the options and the model's metadata; PlanError when impossible. `fit`:
+    the padding was not the user's, so kvphase may change it to one the tokenizer can lay out.
+    `density`: targets per context (AUTO_DENSITY, a number, TASK_DENSITY). `per_residue` None sizes the
+    run at that density (`sized`): for `contexts` contexts, else the fewest rounds of contexts that
+    detect a DEFAULT_DETECT-point dip at any accuracy."""
+    from kvphase.engines.llamacpp import Vocab  # llama_cpp: loaded when a plan is made, not at import
+
+    if info.tokenizer_model in ("none", "unknown"):
+        raise PlanError(f"{info.path.name} has no tokenizer (tokenizer.ggml.model = {info.tokenizer_model}), so no "
+                        "prompt can be built; random-weight models from make-tiny are for `kvphase validate`")
+    control = not info.compression.compressed
+    stride, modulus = stride_and_modulus(info, stride, modulus)
+    room = query_room(info)
+    if info.context_length and context + room > info.context_length:
+        raise PlanError(f"--context {context} does not fit: {info.path.name} has a {info.context_length}-token "
+                        f"context and the query needs {room} more")
+    if contexts < 0:
+        raise PlanError(f"--contexts must be a positive number, got {contexts}")
+    # SweepPlan checks context, stride, modulus, sample size, padding and density before any model loads
+    plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
+                     per_residue=1 if per_residue is None else per_residue, padding=padding, seed=seed,
+                     control=control, targets_per_context=density, contexts=contexts)
+    if per_residue is None and not contexts:  # after the plan's checks: a modulus to size for
+        from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
+
+        plan = replace(plan, least_per_residue=per_residue_for_dip(DEFAULT_DETECT / 100, modulus))
+    sized_later = per_residue is None
+    load_task(task)
+    open_tokenizer = cache(lambda: Vocab.load(info.path))
+    plan = fit_padding(plan, open_tokenizer) if fit else plan
+    plan = sized(plan, open_tokenizer()) if sized_later else plan
+    if plan.targets_per_context != TASK_DENSITY:  # a density that cannot be, refused before anything is written
+        check_density(load_task(task), open_tokenizer(), plan.probe_settings)
+    return plan
+
+
+def default_context(info, default: int) -> int:
+    """The default context, or the longest the model holds beside the query when that is shorter."""
+    if info.context_length and default + query_room(info) > info.context_length > query_room(info):
+        return info.context_length - query_room(info)
+    return default
+
+
+def query_room(info) -> int:
+    """Tokens kept free after the context: a trained model embeds exactly its questions' positions."""
+    if info.trained is not None:
+        return info.context_length - info.trained.context
+    return QUERY_ROOM
+
+
+def stride_and_modulus(info, stride: Optional[int], modulus: Optional[int]) -> tuple[int, int]:
+    """--stride or the model's (CONTROL_STRIDE when it declares none); --modulus, or twice the
+    stride (the periodicity check), or for a `kvphase train` file the stride itself: its short
+    trained context leaves too few positions to match depths over 2S residues."""
+    stride = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
+    if modulus is None:
+        modulus = stride if info.trained is not None else 2 * stride
+    return stride, modulus
 
 
 TRAINED_PER_RESIDUE = 256  # the study's sample size; short contexts through numpy make it cheap
@@ -100,7 +199,7 @@ class SweepDefaults:
     """What `kvphase sweep` uses where an option is not given: fitted to the model file."""
 
     context: int = 1024
-    per_residue: int = 32
+    per_residue: Optional[int] = None  # None: the fewest rounds of contexts that detect a DEFAULT_DETECT dip
     task: str = "records"
     padding: str = "prefix"
     backend: str = "llama.cpp"

@@ -19,6 +19,9 @@ whole contexts:
   context effects it saw are in it).
 - Gap intervals come from a bootstrap over contexts (basic intervals, which undo the
   upward bias of a best - worst difference).
+- How clustered the run was: the intra-context correlation of the outcome (one-way ANOVA
+  estimator) and the design effect it implies for anything that pools contexts, such as the
+  mean accuracy.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ MIN_EXPECTED = 5  # the chi-square law is used when every expected count reaches
 WORST_CASE_VARIANCE = 0.25  # p (1 - p) at p = 1/2: the largest a 0/1 outcome can have
 WHOLE_ROUNDS_BELOW = 32  # moduli whose auto sample sizes are rounded to a multiple of M (per_residue_for_dip)
 _CHUNK_VALUES = 1 << 22  # shuffled outcomes held at once (permutations x targets), to bound memory
+# eigenvalues of the CMH covariance below this share of the largest are rounding, not a direction the
+# outcome varies in: the pseudo-inverse drops them and the degrees of freedom do not count them
+RCOND = 1e-10
 
 
 @dataclass(frozen=True)
@@ -122,12 +128,30 @@ def cmh_parts(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndar
     return excess, covariance
 
 
+def pseudo_inverse(covariance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pseudo-inverse of each symmetric matrix in `covariance` (..., G, G) and its rank (...,),
+    both from one eigendecomposition with one tolerance (RCOND).
+
+    The CMH covariance always has the null direction "every group alike" (the differences sum
+    to zero), so its rank is at most G - 1. Summed over hundreds of strata, that direction's
+    eigenvalue comes out of rounding at about 1e-15 of the largest, which numpy's default rank
+    tolerance (G x machine epsilon, 9e-16 at G = 4) counted while the pseudo-inverse dropped
+    it: the test had G degrees of freedom for G - 1 dimensions."""
+    values, vectors = np.linalg.eigh(covariance)  # (..., G), (..., G, G)
+    size = np.abs(values)  # (..., G)
+    kept = size > RCOND * size.max(axis=-1, keepdims=True)  # (..., G) directions the outcome varies in
+    reciprocal = np.where(kept, 1 / np.where(kept, values, 1), 0.0)  # (..., G)
+    inverse = np.einsum("...gk,...k,...lk->...gl", vectors, reciprocal, vectors)  # (..., G, G)
+    return inverse, kept.sum(axis=-1)
+
+
 def cmh_statistic(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, int]:
-    """Generalized CMH statistic for each row of `outcomes` (B, N), and its degrees of freedom."""
+    """Generalized CMH statistic for each row of `outcomes` (B, N), and its degrees of freedom
+    (the rank of the first row's covariance)."""
     excess, covariance = cmh_parts(outcomes, design)  # (B, G), (B, G, G)
-    inverse = np.linalg.pinv(covariance, rcond=1e-10, hermitian=True)  # (B, G, G)
+    inverse, rank = pseudo_inverse(covariance)  # (B, G, G), (B,)
     statistic = np.einsum("bg,bgk,bk->b", excess, inverse, excess)  # (B,)
-    dof = int(np.linalg.matrix_rank(covariance[0], hermitian=True)) if len(covariance) else 0
+    dof = int(rank[0]) if len(rank) else 0
     return np.clip(statistic, 0, None), dof
 
 
@@ -162,7 +186,7 @@ def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: in
     sums and the covariance are the observed ones: only the group sums move."""
     excess, covariance = cmh_parts(outcome, design)  # (1, G), (1, G, G)
     expected = np.bincount(design.groups, weights=np.asarray(outcome, dtype=float), minlength=design.n_groups) - excess[0]  # (G,)
-    inverse = np.linalg.pinv(covariance[0], rcond=1e-10, hermitian=True)  # (G, G)
+    inverse, _ = pseudo_inverse(covariance[0])  # (G, G)
     chunk = max(1, min(permutations, _CHUNK_VALUES // len(outcome)))
     sizes = [min(chunk, permutations - start) for start in range(0, permutations, chunk)]
 
@@ -245,16 +269,15 @@ def detectable_dip(outcome: np.ndarray, design: Design, alpha: float = ALPHA, po
     being the test's own covariance at the observed outcomes. None when nothing varies
     within a context (accuracy 0% or 100% everywhere).
     """
-    excess, covariance = cmh_parts(outcome, design)
-    dof = int(np.linalg.matrix_rank(covariance[0], hermitian=True))
+    _, covariance = cmh_parts(outcome, design)  # (1, G, G)
+    inverse, dof = pseudo_inverse(covariance[0])  # (G, G), ()
     if dof == 0:
         return None
-    inverse = np.linalg.pinv(covariance[0], rcond=1e-10, hermitian=True)  # (G, G)
     table = design.counts  # (H, G)
     share = table / table.sum(axis=1, keepdims=True)  # (H, G) each group's share of its stratum
     shifts = share.T @ table - np.diag(table.sum(axis=0))  # (G, G) row g: u_g
     per_unit = np.einsum("gk,kl,gl->g", shifts, inverse, shifts)  # (G,) non-centrality of a unit drop
-    return math.sqrt(noncentrality_for_power(dof, alpha, power) / per_unit.min())
+    return math.sqrt(noncentrality_for_power(int(dof), alpha, power) / per_unit.min())
 
 
 def per_residue_for_dip(dip: float, modulus: int, variance: float = WORST_CASE_VARIANCE,
@@ -275,6 +298,38 @@ def per_residue_for_dip(dip: float, modulus: int, variance: float = WORST_CASE_V
     n = math.ceil(lam * variance * modulus / ((modulus - 1) * dip * dip))
     step = modulus if modulus < WHOLE_ROUNDS_BELOW else 1
     return -(-n // step) * step
+
+
+def intra_context_correlation(outcome: np.ndarray, contexts: np.ndarray) -> float | None:
+    """How alike targets of one context are: the intra-class correlation of the outcome with
+    contexts as classes, by the one-way ANOVA estimator for classes of unequal sizes (Donner,
+    International Statistical Review 54, 1986; the estimator Fleiss uses for a 0/1 outcome):
+
+        (MSB - MSW) / (MSB + (n0 - 1) MSW),  n0 = (N - sum n_c^2 / N) / (K - 1)
+
+    MSB and MSW are the mean squares between and within the K contexts, n_c their sizes.
+    Clipped at 0 from below: a negative estimate (contexts less alike than chance makes
+    them) is read as no clustering, not as contexts that add information. None when it
+    cannot be measured: fewer than two contexts, no context of two targets, or an outcome
+    that never varies.
+    """
+    y = np.asarray(outcome, dtype=float)  # (N,)
+    _, codes, sizes = np.unique(np.asarray(contexts), return_inverse=True, return_counts=True)  # (N,), (K,)
+    n, k = len(y), len(sizes)
+    if k < 2 or n == k or y.min() == y.max():
+        return None
+    means = np.bincount(codes, weights=y) / sizes  # (K,)
+    between = sizes @ (means - y.mean()) ** 2 / (k - 1)
+    within = ((y - means[codes]) ** 2).sum() / (n - k)
+    n0 = (n - (sizes**2).sum() / n) / (k - 1)  # the adjusted mean context size
+    return max(0.0, float((between - within) / (between + (n0 - 1) * within)))
+
+
+def design_effect(icc: float, targets_per_context: float) -> float:
+    """1 + (m - 1) ICC: how many times the variance of a mean over the run exceeds what as many
+    independent targets would give (Kish, Survey Sampling, 1965), m targets per context; N
+    targets carry the information of N / design effect independent ones."""
+    return 1 + (targets_per_context - 1) * icc
 
 
 def bootstrap_gaps(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
