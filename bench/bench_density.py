@@ -7,8 +7,8 @@ default: as many targets as a context holds, the fewest rounds of contexts that 
 fresh folder, alternated `--repeats` times (the machine's load moves both alike); the best wall
 time of each, the detectable dip each run's report states, and their ratios.
 
-Run: `make bench` (or `python bench/bench_density.py --threads 2`); `--quick`: 256-token
-contexts, once (CI: the bench still runs).
+Run: `make bench` (or `python bench/bench_density.py --threads 2`); `--quick`: one round of
+512-token contexts, once (CI: the bench still runs).
 """
 
 from __future__ import annotations
@@ -39,14 +39,17 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=default_threads())
-    parser.add_argument("--quick", action="store_true", help="256-token contexts, once (nothing judged)")
+    parser.add_argument("--quick", action="store_true", help="one round of 512-token contexts, once (nothing judged)")
     args = parser.parse_args()
-    if args.quick:
-        args.context, args.repeats = 256, 1
+    plans = dict(PLANS)
+    if args.quick:  # one round of 8 small contexts each
+        args.context, args.repeats = 512, 1
+        plans = {name: options + ["--contexts", "8"] if not options else options[:-1] + ["8"]
+                 for name, options in PLANS.items()}
     best, summaries = {name: float("inf") for name in PLANS}, {}
     with tempfile.TemporaryDirectory() as work:
         for repeat in range(args.repeats):
-            for index, (name, options) in enumerate(PLANS.items()):
+            for index, (name, options) in enumerate(plans.items()):
                 out = Path(work) / f"{index}-{repeat}"
                 seconds, summaries[name] = sweep(["--context", str(args.context), "--threads", str(args.threads),
                                                   *options], out)

@@ -153,16 +153,14 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> l
 
 
 def _planned_slots(layout: "Layout", settings: ProbeSettings, lanes: int) -> list[np.ndarray]:
-    """`plan_contexts`'s slots; where they miss the matched moments at a density of its own (contexts
-    of two targets can), planned again with the spread refined (`residue_slots`). Plans that meet
-    them unrefined keep their slots, as every plan made before the refinement did."""
+    """`plan_contexts`'s slots; where they miss the matched moments (contexts of one or two targets
+    can), planned again with the spread refined (`residue_slots`). Plans that meet them unrefined
+    keep their slots, as every plan made before the refinement did (the others were refused)."""
     def planned(refine: bool) -> list[np.ndarray]:
         return plan_contexts(layout.lowest_slot, layout.highest_slot, settings.modulus, settings.per_residue, lanes,
                              refine)
 
     first = planned(refine=False)
-    if layout.density == TASK_DENSITY:
-        return first
     try:
         check_matched_positions(np.concatenate(first), settings.modulus)
         return first
