@@ -43,7 +43,8 @@ def gate_activations(
     """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import with_reference_design
-    from kvphase.sweep.plan import AUTO_DENSITY, make_plan, query_room
+    from kvphase.sweep.placement import AUTO_DENSITY
+    from kvphase.sweep.plan import make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.gguf.header import read_gguf_header
     from kvphase.gguf.limits import check_llama_limits
@@ -157,7 +158,8 @@ def cycle(
 
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import with_reference_design
-    from kvphase.sweep.plan import AUTO_DENSITY, make_plan, query_room
+    from kvphase.sweep.placement import AUTO_DENSITY
+    from kvphase.sweep.plan import make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
     from kvphase.gguf.header import read_gguf_header
@@ -213,7 +215,8 @@ def knockout(
 
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import refuse_trained_compressor, with_reference_design
-    from kvphase.sweep.plan import AUTO_DENSITY, make_plan, query_room
+    from kvphase.sweep.placement import AUTO_DENSITY
+    from kvphase.sweep.plan import make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
     from kvphase.gguf.limits import check_llama_limits

@@ -10,8 +10,7 @@ from typing import Callable, Optional
 
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep.offsets import OffsetPlan
-from kvphase.sweep.placement import (AUTO_DENSITY, MIN_CONTEXTS, TASK_DENSITY,  # noqa: F401 (AUTO_DENSITY: the CLI's)
-                                     Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
+from kvphase.sweep.placement import (MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
                                      check_density)
 from kvphase.sweep.tasks import load_task
 
