@@ -5,7 +5,7 @@ A run folder is made from the committed example (its config, manifest and plan) 
 process, the best of `--repeats` for each:
 
 - the whole report (`build_report`: statistics, summary, figure, markdown) on the example's
-  256 rows and on `--rows` rows,
+  rows and on about `--rows` rows (whole copies of the example),
 - inside it, the two stratified tests (where the time went before the permutations were
   grouped by context size), the bootstrap and the power.
 
@@ -30,12 +30,12 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "reports" / "example-SmolLM2-135
 
 
 def large_run(folder: Path, rows: int, seed: int = 0) -> Path:
-    """A copy of the example run with `rows` results (a multiple of its 256) and ~70% correct."""
+    """A copy of the example run with about `rows` results (whole copies of its rows, one at least) and ~70% correct."""
     shutil.copytree(EXAMPLE, folder)
     example = pd.read_csv(EXAMPLE / "results.csv")
     n_contexts, rng = example["context"].nunique(), np.random.default_rng(seed)
     parts = []
-    for copy in range(rows // len(example)):
+    for copy in range(max(1, rows // len(example))):
         part = example.copy()
         part["context"] += copy * n_contexts
         part["target_id"] += copy * len(example)
@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     rows, repeats = (4_096, 1) if args.quick else (args.rows, args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
-        small, large = large_run(Path(tmp) / "small", 256), large_run(Path(tmp) / "large", rows)
+        small, large = large_run(Path(tmp) / "small", 0), large_run(Path(tmp) / "large", rows)
         table = []
         for folder in (small, large):
             results = load_results(folder)
