@@ -1,5 +1,9 @@
 """The library's error types. Only the CLI turns them into messages and exit codes."""
 
+import errno
+
+_NO_MAPPING = ("failed to map segment", "cannot allocate memory")  # the loader's words when a library finds no room
+
 
 class KvphaseError(Exception):
     """Base class: a problem the user can fix, described in one line."""
@@ -38,3 +42,14 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, message: str, signum: int):
         super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says memory ran out: a MemoryError, or an import or system call that found
+    no room (a shared library the dynamic loader could not map under `ulimit -v`). Here, with
+    nothing imported, so that the command line can ask it while its own imports fail."""
+    if isinstance(exc, MemoryError):
+        return True
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
+    return isinstance(exc, (ImportError, OSError)) and any(words in str(exc).lower() for words in _NO_MAPPING)

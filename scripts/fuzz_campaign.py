@@ -68,7 +68,21 @@ CATEGORIES = {
     "probes": "damaged probe folders (report, and the probe run again on its folder)",
     "signals": "SIGINT / SIGTERM during training and sweeps",
     "servers": "hostile servers under sweep --backend server",
+    "disk": "a full disk at every writing command (a tmpfs left 0 B to 64 KiB free)",
+    "memory": "too little memory (RLIMIT_AS) under sweep, training, probes and theory",
+    "readonly": "read-only and immutable folders under every writing command",
 }
+# a tmpfs of its own in a user namespace, inputs copied in, then filled to leave $FREE bytes
+FULL_DISK = """set -e
+mount -t tmpfs -o size=64m tmpfs "$MNT"
+for src in $COPY; do cp -r "$src" "$MNT/"; done
+if [ -n "$FREE" ]; then
+  dd if=/dev/zero of="$MNT/.filler" bs=4096 status=none 2>/dev/null || true
+  truncate -s "-$FREE" "$MNT/.filler"
+fi
+eval "$AFTER"
+exec "$@"
+"""
 TRAIN = ["--layers", "1", "--heads", "2", "--d-model", "16", "--context", "40", "--batch", "4", "--steps", "4",
          "--eval-every", "2", "-q"]
 
@@ -85,21 +99,28 @@ class Case:
     results: list[tuple[str, str, float]] = field(default_factory=list)  # (outcome, first line, wall s) per command
     signal_after: tuple[int, float] | None = None  # (signal, seconds): sent to each command after that long
     cpu: float | None = None  # CPU seconds before a hang, when the campaign's --timeout is too short (training)
+    prefix: list[str] = field(default_factory=list)  # runs each command through this (a namespace with a small disk)
+    address_space: int | None = None  # bytes: RLIMIT_AS of each command (too little memory)
+    release: Callable[[], object] | None = None  # before cleanup (an immutable folder made mutable again)
 
 
 def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
-            signal_after: tuple[int, float] | None = None) -> tuple[str, str]:
+            signal_after: tuple[int, float] | None = None, prefix: list[str] = (),
+            address_space: int | None = None) -> tuple[str, str]:
     """(outcome, the telling line of output) of one CLI process, run in `cwd` (default run
     folders land in cwd/reports), with `timeout` seconds of CPU and `wall` seconds in all;
     `signal_after` (signal, seconds) interrupts it: one "Interrupted" line and exit 128 +
-    the signal is a clean stop."""
+    the signal is a clean stop. `prefix` runs it through another command (`full_disk`);
+    `address_space` limits its memory (RLIMIT_AS, bytes)."""
 
     def limit_cpu() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (math.ceil(timeout), math.ceil(timeout) + 2))
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
 
     env = {**os.environ, "COLUMNS": "120", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "kvphase.cli", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "kvphase.cli", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=limit_cpu)
     try:
@@ -144,8 +165,11 @@ def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
     try:
         if case.prepare:
             case.prepare()
-        case.results = [timed(run_cli, argv, case.cpu or timeout, cwd, wall, case.signal_after) for argv in case.commands]
+        case.results = [timed(run_cli, argv, case.cpu or timeout, cwd, wall, case.signal_after, case.prefix,
+                              case.address_space) for argv in case.commands]
     finally:
+        if case.release:
+            case.release()
         for path in case.cleanup:
             remove(path)
     return case
@@ -435,15 +459,23 @@ class Campaign:
                               prepare=prepare, cleanup=[folder], cpu=120))
         return cases
 
+    def probe_model(self) -> str:
+        """A small gated model trained once for every category that runs the probes."""
+        trained = self.work / "probe-model"
+        if not (trained / "model.gguf").is_file():
+            outcome, detail = run_cli(["train", "gated", str(trained), *TRAIN, "--context", "64"], 300, self.work)
+            if outcome != "ok":
+                raise SystemExit(f"could not train the probes' model: {outcome}: {detail}")
+        return str(trained / "model.gguf")
+
+    def probe_commands(self) -> dict[str, list[str]]:
+        m = self.probe_model()
+        return {"knockout": ["knockout", m, "--per-residue", "16"], "flip": ["flip", m], "gates": ["gates", m],
+                "cycle": ["cycle", m, "--k", "1"], "gate-activations": ["gate-activations", m, "--contexts", "2"]}
+
     # -- damaged probe folders: each probe's own files, one sub-sweep's files, the rolled model
     def probes(self) -> list[Case]:
-        trained = self.work / "probe-model"
-        outcome, detail = run_cli(["train", "gated", str(trained), *TRAIN, "--context", "64"], 300, self.work)
-        if outcome != "ok":
-            raise SystemExit(f"could not train the probes' model: {outcome}: {detail}")
-        m = str(trained / "model.gguf")
-        probes = {"knockout": ["knockout", m, "--per-residue", "16"], "flip": ["flip", m], "gates": ["gates", m],
-                  "cycle": ["cycle", m, "--k", "1"], "gate-activations": ["gate-activations", m, "--contexts", "2"]}
+        probes = self.probe_commands()
         cases = []
         for name, argv in probes.items():
             good = self.work / f"good-{name}"
@@ -664,6 +696,107 @@ class Campaign:
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]
 
+    # -- real faults: a full disk, too little memory, folders that cannot be written (issue 42)
+    def writers(self) -> dict[str, Callable[[Path], list[str]]]:
+        """Every command that writes, as argv(out folder), on inputs made once (`finished`)."""
+        m, done = str(self.seed_model), self.finished()
+        probes = {name: (lambda out, a=argv: [*a, "--threads", "1", "--out", str(out)]) if name not in ("gates",
+                  "gate-activations") else (lambda out, a=argv: [*a, "--out", str(out)])
+                  for name, argv in self.probe_commands().items()}
+        return {
+            "sweep": lambda out: ["sweep", m, *SWEEP, "--out", str(out)],
+            "sweep, resumed": lambda out: ["sweep", m, *SWEEP, "--out", str(out.parent / done[0].name)],
+            "sweep reference": lambda out: ["sweep", m, "--backend", "reference", *SWEEP, "--out", str(out)],
+            "sweep --offsets 2": lambda out: ["sweep", m, *SWEEP, "--offsets", "2", "--out", str(out)],
+            "sweep --calibrate": lambda out: ["sweep", m, "--calibrate", "--quiet", "--threads", "1", "--out", str(out)],
+            "sweep --stride all": lambda out: ["sweep", self.tiny_deepseek4(), "--context", "960", "--per-residue", "1",
+                                               "--quiet", "--threads", "1", "--stride", "all", "--out", str(out)],
+            "train": lambda out: ["train", "dense", str(out), *TRAIN],
+            **probes,
+            "theory": lambda out: ["theory", "--steps", "50", "--components", "2", "-q", "--out", str(out)],
+            "report": lambda out: ["report", str(out.parent / done[0].name)],
+            "compare": lambda out: ["compare", *map(str, done), "--out", str(out)],
+            "make-tiny": lambda out: ["make-tiny", "deepseek4", str(out / "m.gguf")],
+        }
+
+    def tiny_deepseek4(self) -> str:
+        """A tiny deepseek4 with SmolLM2's vocabulary (ratios 4 and 128: --stride all sweeps both)."""
+        path = self.work / "tiny-ds4-smol.gguf"
+        if not path.is_file():
+            write_tiny_model("deepseek4", path, tokenizer_from=self.smol)
+        return str(path)
+
+    def finished(self) -> list[Path]:
+        """Two finished sweeps of the seed model (report and compare read them)."""
+        runs = [self.work / f"finished-{seed}" for seed in (0, 1)]
+        for seed, run in enumerate(runs):
+            if not (run / "report.md").is_file():
+                outcome, detail = run_cli(["sweep", str(self.seed_model), *SWEEP, "--seed", str(seed), "--out", str(run)],
+                                          300, self.work)
+                if outcome != "ok":
+                    raise SystemExit(f"could not make the finished sweeps: {outcome}: {detail}")
+        return runs
+
+    def namespace(self, mnt: Path, free: int | None, after: str = "") -> list[str]:
+        """The prefix that runs a command with a tmpfs of its own at `mnt` (the finished sweeps
+        copied in), `free` bytes left free (None: not filled), then `after` (a remount)."""
+        copy = " ".join(str(run) for run in self.finished())
+        return ["unshare", "--user", "--map-root-user", "--mount", "env", f"MNT={mnt}", f"COPY={copy}",
+                f"FREE={'' if free is None else free}", f"AFTER={after}", "bash", "-c", FULL_DISK, "_"]
+
+    def disk(self) -> list[Case]:
+        if not namespaces_mount():
+            print("disk: no user namespace may mount a tmpfs here; the category is left out", flush=True)
+            return []
+        cases = []
+        for name, argv in self.writers().items():
+            for free in (0, 4096, 16384, 65536):
+                mnt = self.path("mnt")
+                cases.append(Case("disk", f"{name}, {free} B free", [argv(mnt / "run")], cpu=120,
+                                  prefix=self.namespace(mnt, free), prepare=mnt.mkdir, cleanup=[mnt]))
+        return cases
+
+    def memory(self) -> list[Case]:
+        smol = ["sweep", str(self.smol), "--context", "1024", "--contexts", "8", "--quiet", "--threads", "1"]
+        writers = self.writers()
+        commands = {"sweep SmolLM2": lambda out: [*smol, "--out", str(out)],
+                    "sweep SmolLM2 reference": lambda out: [*smol, "--backend", "reference", "--out", str(out)],
+                    **{name: writers[name] for name in ("sweep", "train", "gates", "knockout", "theory")}}
+        cases = []
+        for name, argv in commands.items():
+            for mib in (200, 300, 450, 700, 1200):
+                out = self.path("run")
+                cases.append(Case("memory", f"{name}, {mib} MiB of address space", [argv(out)], cpu=120,
+                                  address_space=mib << 20, cleanup=[out]))
+        return cases
+
+    def readonly(self) -> list[Case]:
+        cases = []
+        if namespaces_mount():
+            for name, argv in self.writers().items():
+                mnt = self.path("mnt")
+                cases.append(Case("readonly", f"{name}, read-only file system", [argv(mnt / "run")], cpu=120,
+                                  prefix=self.namespace(mnt, None, 'mount -o remount,ro "$MNT"'), prepare=mnt.mkdir,
+                                  cleanup=[mnt]))
+        if not immutable_folders(self.work):
+            print("readonly: chattr +i is refused here; immutable folders are left out", flush=True)
+            return cases
+        for name, argv in self.writers().items():
+            folder = self.path("immutable")
+
+            def prepare(folder=folder):
+                folder.mkdir()
+                for run in self.finished():
+                    shutil.copytree(run, folder / run.name)
+                subprocess.run(["chattr", "-R", "+i", str(folder)], check=True)
+
+            def release(folder=folder):
+                subprocess.run(["chattr", "-R", "-i", str(folder)], check=False)
+
+            cases.append(Case("readonly", f"{name}, immutable folder", [argv(folder / "run")], cpu=120,
+                              prepare=prepare, release=release, cleanup=[folder]))
+        return cases
+
     def _own_folder(self, case: Case, shared: Path) -> Case:
         """The case with a run folder of its own in place of `shared`: under --jobs 2, one case's
         cleanup removed the folder another case's sweep was writing (a FileNotFoundError of the
@@ -743,6 +876,24 @@ class HostileServers:
             sock.sendall(answer("200 OK", b'{"data": 5, "default_generation_settings": [], "tokens": "x"}'))
         elif mode == "huge-json":
             sock.sendall(answer("200 OK", b"[" + b"1," * 10_000_000 + b"1]"))
+
+
+def namespaces_mount() -> bool:
+    """Whether an unprivileged user namespace may mount a tmpfs here (the disk faults need it)."""
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True).returncode == 0
+
+
+def immutable_folders(work: Path) -> bool:
+    """Whether `chattr +i` works in `work` (root on ext4, say)."""
+    probe = work / "chattr-probe"
+    probe.mkdir(exist_ok=True)
+    ok = subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode == 0
+    subprocess.run(["chattr", "-i", str(probe)], capture_output=True)
+    probe.rmdir()
+    return ok
 
 
 def short(text: str, limit: int = 50) -> str:

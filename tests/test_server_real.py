@@ -133,3 +133,14 @@ def test_a_server_killed_mid_run_stops_the_sweep_with_one_line_and_a_resume_comp
 def _rows(out) -> int:
     path = out / RESULTS_FILE
     return max(path.read_text().count("\n") - 1, 0) if path.exists() else 0
+
+
+def test_a_full_disk_mid_run_through_a_server_is_one_line_and_the_resume_completes(tmp_path, binary, tiny):
+    """The server backend's rows meet a full disk (tests/faults.py) like the in-process one's."""
+    from tests.faults import fill_the_disk_at_every_site, table_rows
+
+    with llama_server(tiny, binary=binary, threads=1, slots=1, n_ctx_per_slot=1024) as server:
+        argv = lambda out: ["sweep", tiny, *SWEEP, "--per-residue", "8", "--backend", "server",  # noqa: E731
+                            "--url", server.url, "--out", out]
+        kept = lambda out: table_rows(out / RESULTS_FILE, drop=("logprob",))  # noqa: E731
+        fill_the_disk_at_every_site(tmp_path, argv, kept, only={"results.csv"})

@@ -217,13 +217,13 @@ def test_bad_options_for_deepseek4_are_one_line_and_leave_no_folder(tmp_path, ar
 
 
 def test_an_unwritable_model_path_leaves_no_partial_file(tmp_path):
-    from kvphase.errors import PlanError
+    from kvphase.errors import RunFolderError
 
     config = small_config("csa")
     (tmp_path / "model.gguf").mkdir()  # a folder where the file should go: the rename fails
-    with pytest.raises(PlanError, match="cannot write the model"):
+    with pytest.raises(RunFolderError, match=f"cannot write {tmp_path / 'model.gguf'}"):
         _export_to(tmp_path / "model.gguf", config)
-    assert not (tmp_path / "model.gguf.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]  # the temporary file went with the failure
 
 
 def _export_to(path, config):

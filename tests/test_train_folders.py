@@ -94,8 +94,6 @@ DAMAGE = {
     "summary a folder": (_replace_with_folder("summary.json"), "{folder}/summary.json is not a file"),
     "report a folder": (_replace_with_folder("report.md"), "{folder}/report.md is not a file"),
     "curve a folder": (_replace_with_folder("training_curve.png"), "{folder}/training_curve.png is not a file"),
-    "a checkpoint being written is a folder": (lambda f: (f / "checkpoint.npz.tmp").mkdir(),
-                                               "{folder}/checkpoint.npz.tmp is not a file"),
 }
 
 

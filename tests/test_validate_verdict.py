@@ -106,3 +106,17 @@ def test_attention_tolerance_is_relative_to_the_largest_output(relative, fails):
 
 def test_a_layer_that_compared_nothing_fails():
     assert LayerCheck(layer=0).failures(Tolerances()) == ["nothing was compared"]
+
+
+def test_each_rows_verdict_follows_its_own_layers_numbers(monkeypatch, tmp_path):
+    """The table's last column, row by row (the final verdict and exit code are checked above):
+    layers 1 and 3 over a tolerance, 0 and 2 under."""
+    layers = [_layer(), _layer(score_error=3e-4), _layer(), _layer(key_error=2e-5)]
+    for i, layer in enumerate(layers):
+        layer.layer = i
+    monkeypatch.setattr("kvphase.cli.validate_cmd.validate_model", lambda *a, **k: _report(*layers))
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["validate", str(tmp_path / "m.gguf")])
+    cells = [[cell.strip() for cell in line.strip("│┃ ").split("│")] for line in result.output.splitlines()
+             if line.startswith("│")]
+    verdicts = {int(row[0]): row[-1] for row in cells if row[0].isdigit()}
+    assert verdicts == {0: "PASS", 1: "FAIL", 2: "PASS", 3: "FAIL"}, result.output

@@ -26,6 +26,7 @@ from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
 
 CONTEXT_SEQ, QUERY_SEQ = 0, 1
+UNLOADABLE = "unsupported architecture or corrupt file"
 
 
 class LlamaCppBackend:
@@ -50,7 +51,8 @@ class LlamaCppBackend:
         self.model_path = Path(model_path)
         self._model = engine.load_model(self.model_path)
         if not self._model:
-            raise BackendError(f"llama.cpp could not load {self.model_path} (unsupported architecture or corrupt file)")
+            raise BackendError(f"llama.cpp could not load {self.model_path} "
+                               f"({_out_of_memory(self.model_path, n_ctx, cache_type, 'weights') or UNLOADABLE})")
         self.vocab = engine.Vocab(self._model)
         self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
@@ -59,10 +61,18 @@ class LlamaCppBackend:
         self.cache_type = cache_type
         self.tap_point = self._tap_point() if head_tap else None
         self._context_tap = None  # the every-decode tap the cached context was decoded under
-        self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
-                                       n_seq_max=2, flash_attn=flash_attn, kv_unified=True, cache_type=cache_type,
-                                       label=str(self.model_path),
-                                       cb_eval=self.tap_point.c_callback if head_tap else None)
+        try:
+            self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
+                                           n_seq_max=2, flash_attn=flash_attn, kv_unified=True, cache_type=cache_type,
+                                           label=str(self.model_path),
+                                           cb_eval=self.tap_point.c_callback if head_tap else None)
+        except BackendError as exc:
+            memory = _out_of_memory(self.model_path, n_ctx, cache_type, "context")
+            self.close()
+            if memory is None:
+                raise
+            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path} "
+                               f"({memory})") from exc
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
@@ -211,3 +221,16 @@ class LlamaCppBackend:
             self.close()
         except Exception:
             pass
+
+
+def _out_of_memory(path: Path, n_ctx: int, cache_type: str, stage: str) -> str | None:
+    """Memory named as the likely cause of a failed load (`stage` "weights") or context
+    ("context", the weights loaded already), when the estimate exceeds what is available."""
+    from kvphase.engines.memory import available_memory, memory_need, shortfall
+
+    need = memory_need(path, n_ctx, cache_type=cache_type)
+    clause = shortfall(need.weights if stage == "weights" else need.kv_cache + need.compute, available_memory())
+    remedy = "a smaller or more quantized model" if stage == "weights" else "a shorter --context"
+    return clause and f"not enough memory, the likely cause: the {stage}: {clause}; use {remedy} or a machine with " \
+                      "more memory"
+

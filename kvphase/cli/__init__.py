@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 
 
 def _interrupted_while_starting(signum, frame) -> None:
@@ -62,11 +63,30 @@ def _on_signals(handler) -> None:
 
 _on_signals(_interrupted_while_starting)
 
-import typer  # noqa: E402
-from typer.core import TyperGroup  # noqa: E402
+from kvphase.errors import KvphaseError, out_of_memory  # noqa: E402
 
-from kvphase.cli.text import plain  # noqa: E402
-from kvphase.errors import KvphaseError  # noqa: E402
+OUT_OF_MEMORY = ("out of memory; use a shorter --context, a smaller model or a machine with more memory (finished "
+                 "results are kept: run the same command again to resume)")
+
+
+@contextmanager
+def _starting():
+    """An import that finds no memory while the command line starts (a library the loader cannot
+    map under `ulimit -v`): one line and exit 1, as any command's failure."""
+    try:
+        yield
+    except (ImportError, MemoryError) as exc:
+        if not out_of_memory(exc):
+            raise
+        sys.stderr.write(f"Error: {OUT_OF_MEMORY}\n")
+        sys.exit(1)
+
+
+with _starting():
+    import typer  # noqa: E402
+    from typer.core import TyperGroup  # noqa: E402
+
+    from kvphase.cli.text import plain  # noqa: E402
 
 
 class KvphaseGroup(TyperGroup):
@@ -84,6 +104,14 @@ class KvphaseGroup(TyperGroup):
         except KvphaseError as exc:
             typer.echo(f"Error: {plain(exc, limit=2000)}", err=True)
             raise typer.Exit(1) from None
+        except (MemoryError, ImportError, OSError) as exc:
+            if out_of_memory(exc):
+                typer.echo(f"Error: {OUT_OF_MEMORY}", err=True)
+            elif isinstance(exc, OSError):  # the library names the file of each write it makes; this is any other
+                typer.echo(f"Error: {plain(system_error(exc), limit=2000)}", err=True)
+            else:
+                raise
+            raise typer.Exit(1) from None
         except KeyboardInterrupt as exc:
             said = str(exc) or "finished results are kept; run the same command again to resume."
             typer.echo(f"Interrupted: {said}", err=True)
@@ -91,6 +119,16 @@ class KvphaseGroup(TyperGroup):
         finally:
             _command_over[0] = True
             sys.unraisablehook = previous_hook
+
+
+def system_error(exc: OSError) -> str:
+    """An operating-system error in one line: the file, when it names one, and the reason."""
+    from kvphase.runfolder.files import NO_ROOM
+
+    said = f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc.strerror or exc)
+    if exc.errno in NO_ROOM:
+        said += "; free some space and run the same command again (what was finished is kept)"
+    return said
 
 
 app = typer.Typer(
@@ -103,22 +141,24 @@ app = typer.Typer(
 )
 
 # Command modules: importing one registers its commands on `app`.
-from kvphase.cli import inspect_cmd  # noqa: E402,F401
-from kvphase.cli import sweep_cmd  # noqa: E402,F401
-from kvphase.cli import report_cmd  # noqa: E402,F401
-from kvphase.cli import compare_cmd  # noqa: E402,F401
-from kvphase.cli import tiny_cmd  # noqa: E402,F401
-from kvphase.cli import validate_cmd  # noqa: E402,F401
-from kvphase.cli import probes_cmd  # noqa: E402,F401
-from kvphase.cli import train_cmd  # noqa: E402,F401
-from kvphase.cli import theory_cmd  # noqa: E402,F401
+with _starting():
+    from kvphase.cli import inspect_cmd  # noqa: E402,F401
+    from kvphase.cli import sweep_cmd  # noqa: E402,F401
+    from kvphase.cli import report_cmd  # noqa: E402,F401
+    from kvphase.cli import compare_cmd  # noqa: E402,F401
+    from kvphase.cli import tiny_cmd  # noqa: E402,F401
+    from kvphase.cli import validate_cmd  # noqa: E402,F401
+    from kvphase.cli import probes_cmd  # noqa: E402,F401
+    from kvphase.cli import train_cmd  # noqa: E402,F401
+    from kvphase.cli import theory_cmd  # noqa: E402,F401
 
 
 
 def main() -> None:
     """Console-script entry point."""
     try:
-        app()
+        with _starting():  # typer parses the options with a library it imports then (pydantic)
+            app()
     finally:
         # Python's teardown (JAX's and llama.cpp's threads: about a second) would otherwise meet a
         # signal with a traceback or, once it has reset the handlers, as a kill (exit -2): a

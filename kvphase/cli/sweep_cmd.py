@@ -391,6 +391,17 @@ def dry_run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Opti
                "estimate from one context, the model's load not included).")
     whose = "this process; the servers' own is not counted" if plan.backend == "server" else "this process"
     typer.echo(f"Peak memory: {estimate.peak_rss_mib:,.0f} MiB ({whose}, ru_maxrss).")
+    if plan.backend == "llama.cpp":
+        typer.echo(f"Expected in llama.cpp: {expected_memory(info, plan)}.")
+
+
+def expected_memory(info: ModelInfo, plan: SweepPlan) -> str:
+    """The estimate of `engines.memory` for the plan's backend context, and what is available."""
+    from kvphase.engines.memory import available_memory, memory_need
+
+    need = memory_need(info.path, backend_context(info, plan), cache_type=plan.backend_options.get("cache_type", "f16"))
+    available = available_memory()
+    return need.describe() + (f"; {available.describe()}" if available else "")
 
 
 def compare_strides(run_dirs: list[Path], strides: list[int]) -> None:
@@ -492,10 +503,22 @@ def server_connection(backend: str, urls: list[str], slots: Optional[int], engin
 
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None):
-    """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs."""
-    return BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info) + shift_room(info, plan),
-                                  n_threads=threads or default_threads(),
+    """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs.
+    Before llama.cpp loads a model that will likely not fit in memory, a warning says so."""
+    n_ctx = backend_context(info, plan)
+    if plan.backend == "llama.cpp":
+        from kvphase.engines.memory import memory_warning
+
+        warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
+        if warning:
+            typer.echo(f"Warning: {warning}", err=True)
+    return BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
                                   options={**plan.backend_options, **(connect or {})})
+
+
+def backend_context(info: ModelInfo, plan: SweepPlan) -> int:
+    """The tokens a plan's backend holds: the context, its query and the shifts' filler."""
+    return plan.context + query_room(info) + shift_room(info, plan)
 
 
 class _RateColumn(ProgressColumn):

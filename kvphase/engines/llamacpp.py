@@ -128,7 +128,10 @@ class Vocab:
         """The vocabulary of a GGUF file alone (fast even for a model too big to run here)."""
         model = load_model(path, vocab_only=True)
         if not model:
-            raise BackendError(f"llama.cpp could not read the vocabulary of {path}")
+            from kvphase.engines.memory import too_little_for_a_vocabulary
+
+            memory = too_little_for_a_vocabulary()
+            raise BackendError(f"llama.cpp could not read the vocabulary of {path}" + (f" ({memory})" if memory else ""))
         return cls(model, owned=True)
 
     @property

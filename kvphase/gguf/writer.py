@@ -12,21 +12,34 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from kvphase.runfolder.files import save_atomic
+
 
 def write_gguf(path: str | Path, arch: str, keys: Mapping[str, object], tensors: Iterable[tuple[str, np.ndarray]]) -> None:
     """Write `keys` (bool, int as uint32, float as float32, str, or a list) and the named
     `tensors` (numpy order) to a GGUF file of architecture `arch`."""
     import gguf
 
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in keys.items():
-        _add_key(writer, key, value)
-    for name, array in tensors:
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    def write(tmp: Path) -> None:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        for key, value in keys.items():
+            _add_key(writer, key, value)
+        for name, array in tensors:
+            writer.add_tensor(name, array)
+        _write_out(writer)
+
+    save_atomic(Path(path), write)
+
+
+def _write_out(writer) -> None:
+    """A GGUFWriter's header, keys and tensors to its file; the file is closed however it ends
+    (a full disk fails a write: the temporary file is then removed, `save_atomic`)."""
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
 
 
 def _add_key(writer, key: str, value: object) -> None:
@@ -84,22 +97,23 @@ def _rewrite(src: str | Path, dst: str | Path, file_type, convert) -> None:
 
     reader = GGUFReader(src)
     arch = str(reader.fields["general.architecture"].contents())
-    writer = GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
-            continue
-        kind = field.types[0]
-        sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)
-    writer.add_file_type(file_type)
-    for tensor in reader.tensors:
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        data, raw_dtype = convert(tensor.name, values.reshape([int(d) for d in tensor.shape[::-1]]))
-        writer.add_tensor(tensor.name, data, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+
+    def write(tmp: Path) -> None:
+        writer = GGUFWriter(str(tmp), arch)
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
+                continue
+            kind = field.types[0]
+            sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), kind, sub_type=sub_type)
+        writer.add_file_type(file_type)
+        for tensor in reader.tensors:
+            values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+            data, raw_dtype = convert(tensor.name, values.reshape([int(d) for d in tensor.shape[::-1]]))
+            writer.add_tensor(tensor.name, data, raw_dtype=raw_dtype)
+        _write_out(writer)
+
+    save_atomic(Path(dst), write)
 
 
 def overwrite_tensor(path: str | Path, name: str, array: np.ndarray) -> None:

@@ -28,6 +28,7 @@ from kvphase.gguf.tensors import tensor_array
 from kvphase.gguf.writer import overwrite_tensor
 from kvphase.probes.gates import find_sources
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
+from kvphase.runfolder.files import cannot_write
 from kvphase.sweep.plan import SweepPlan
 
 BASE_RUN, PHASES_FILE, FIGURE_FILE = "k0", "phases.csv", "cycling.png"
@@ -51,7 +52,8 @@ def write_rolled_model(model: Path, out: Path, k: int) -> list[str]:
     try:
         shutil.copyfile(model, out)
     except OSError as exc:
-        raise ModelFileError(f"cannot write {out}: {exc.strerror or exc}") from None
+        out.unlink(missing_ok=True)  # a copy a full disk cut short is no model
+        raise ModelFileError(cannot_write(out, exc)) from None
     infos = {t.name: t for t in header.tensors}
     raw = np.memmap(model, dtype=np.uint8, mode="r")
     for source in sources:

@@ -9,6 +9,7 @@ nothing of kvphase but its errors: sweep, probes and train all stand on it.
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -16,8 +17,9 @@ import json
 import os
 import platform
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -65,8 +67,16 @@ class RunLock:
             raise RunFolderError(f"{self.run_dir} is in use by another sweep ({holder or 'holder unknown'}); "
                                  "wait for it to finish or choose another --out") from None
         self.stale = _lock_holder(fd) or None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        try:
+            with writing(path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {platform.node()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        except RunFolderError:
+            os.close(fd)  # releases the flock
+            if self._created:  # a refused start leaves nothing behind
+                path.unlink(missing_ok=True)
+                self.run_dir.rmdir()
+            raise
         self._fd = fd
         _HELD[key] = 1
         return self
@@ -103,17 +113,43 @@ def _lock_holder(fd: int) -> str:
     return os.pread(fd, 200, 0).decode("utf-8", errors="replace").strip()
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` beside `path`, then rename it over `path`: a reader, or a sweep killed
-    mid-write, sees the old file or the new one, never half of one."""
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk, a quota, a file size limit
+
+
+def cannot_write(path: Path, exc: OSError) -> str:
+    """The one line for a failed write: the file, the system's reason and, when the disk or a
+    quota is full, what to do (everything finished before stays valid and is resumed from)."""
+    said = f"cannot write {path}: {exc.strerror or exc}"
+    if exc.errno in NO_ROOM:
+        said += "; free some space and run the same command again (what was finished is kept)"
+    return said
+
+
+@contextmanager
+def writing(path: Path):
+    """RunFolderError naming `path` for an OSError raised inside (a full disk, a quota, a
+    read-only or vanished folder), instead of a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise RunFolderError(cannot_write(path, exc)) from None
+
+
+def save_atomic(path: Path, save: Callable[[Path], None]) -> None:
+    """`save(temporary path)` beside `path`, then a rename over `path`: a reader, or a command
+    killed or out of space mid-write, sees the old file or the new one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        save(tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        if tmp.is_file():
-            tmp.unlink()
-        raise RunFolderError(f"cannot write {path}: {exc.strerror or exc}") from None
+        tmp.unlink(missing_ok=True)
+        raise RunFolderError(cannot_write(path, exc)) from None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """`text` as the whole of `path` (`save_atomic`)."""
+    save_atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -218,10 +254,12 @@ def complete_lines(data: bytes) -> bytes:
 
 
 def drop_partial_last_line(path: Path) -> None:
-    """Cut a file that a kill left mid-line back to its last whole line, before appending to it."""
-    data = path.read_bytes()
-    if complete_lines(data) != data:
-        path.write_bytes(complete_lines(data))
+    """Cut a file that a kill or a full disk left mid-line back to its last whole line, before
+    appending to it (a truncation: it needs no free space)."""
+    with writing(path):
+        data = path.read_bytes()
+        if complete_lines(data) != data:
+            os.truncate(path, len(complete_lines(data)))
 
 
 def file_sha256(path: Path, chunk: int = 1 << 24) -> str:

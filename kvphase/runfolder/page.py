@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from kvphase.runfolder.files import save_atomic
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -64,4 +66,5 @@ def figure(path: Path, nrows: int = 1, ncols: int = 1, **options):
     FigureCanvasAgg(fig)
     yield fig, fig.subplots(nrows, ncols, squeeze=squeeze)
     fig.tight_layout()
-    fig.savefig(path)
+    path = Path(path)
+    save_atomic(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".") or None))

@@ -13,7 +13,7 @@ from typing import Sequence
 import pandas as pd
 
 from kvphase.errors import PlanError, RunFolderError
-from kvphase.runfolder import check_writable, make_folder, markdown_table
+from kvphase.runfolder import check_writable, make_folder, markdown_table, write_atomic, write_csv
 from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, summarize
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.report import plot_accuracy
@@ -156,9 +156,9 @@ def write_comparison(run_dirs: Sequence[Path], out_dir: Path = DEFAULT_OUT) -> C
     check_writable(out_dir, [MARKDOWN_FILE, FIGURE_FILE, CSV_FILE])
     table = comparison_table(runs)
     paths = out_dir / MARKDOWN_FILE, out_dir / FIGURE_FILE, out_dir / CSV_FILE
-    table.to_csv(paths[2], index=False)
+    write_csv(paths[2], table)
     plot_accuracy([(run.label, run.summary) for run in runs], stride, paths[1])
-    paths[0].write_text(render_markdown(runs, stride))
+    write_atomic(paths[0], render_markdown(runs, stride))
     return Comparison(runs, table, *paths)
 
 

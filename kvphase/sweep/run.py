@@ -16,6 +16,7 @@ import functools
 import math
 import platform
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -27,7 +28,8 @@ from kvphase.backends.base import Backend, engine_info, score_contexts
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
-                               flags_in, make_folder, numbers_in, read_json_object, read_table, write_json)
+                               flags_in, make_folder, numbers_in, read_json_object, read_table, write_csv, write_json,
+                               writing)
 from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
@@ -164,20 +166,28 @@ class ResultWriter:
     nothing finished is lost."""
 
     def __init__(self, path: Path, columns: list[str] = RESULT_COLUMNS):
-        new = not path.exists() or path.stat().st_size == 0
-        if not new:
+        self.path = path
+        if path.exists():  # a header a full disk cut short goes too, and is written again
             drop_partial_last_line(path)
-        self._file = path.open("a", newline="")
-        self._writer = csv.DictWriter(self._file, fieldnames=columns)
-        if new:
-            self._writer.writeheader()
+        new = not path.exists() or path.stat().st_size == 0
+        with writing(path):
+            self._file = path.open("a", newline="")
+            self._writer = csv.DictWriter(self._file, fieldnames=columns)
+            if new:
+                self._writer.writeheader()
 
     def write(self, rows: Iterable[dict]) -> None:
-        self._writer.writerows(rows)
-        self._file.flush()
+        with writing(self.path):
+            self._writer.writerows(rows)
+            self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        """Closes the file; rows a full disk kept in the buffer are dropped, not retried: the
+        failed write was reported, and the next session scores those targets again."""
+        try:
+            self._file.close()
+        except OSError:
+            pass
 
 
 @dataclass
@@ -210,16 +220,22 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     tokens_before = getattr(backend, "tokens_evaluated", 0)
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
+    def end_session() -> None:
+        writer.close()
+        _update_manifest(run_dir, info, plan, time.time() - started,
+                         getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend),
+                         getattr(backend, "n_threads", None), fingerprint)
+
     try:
         for index, scores in _scored_contexts(plan, backend, pending, run_dir):  # in the order contexts finish
             context, todo = pending[index]
             writer.write(_result_row(t, s, len(context.tokens), backend) for t, s in zip(todo, scores))
             progress.advance(len(todo))
-    finally:
-        writer.close()
-        _update_manifest(run_dir, info, plan, time.time() - started,
-                         getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend),
-                         getattr(backend, "n_threads", None), fingerprint)
+    except BaseException:
+        with suppress(RunFolderError):  # a full disk fails the manifest too: the first failure is the one to report
+            end_session()
+        raise
+    end_session()
     return load_results(run_dir)
 
 
@@ -235,6 +251,7 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
     filler = backend.tokenize(load_task(plan.task).filler_text)
     scorer = ShiftedScorer(backend, offsets, filler, plan.seed, plan.stride)
     jobs = [(c.index, c.tokens, [t.query for t in todo]) for c, todo in pending]
+    _drop_shifts_of(run_dir / OFFSETS_FILE, {t.target_id for _, todo in pending for t in todo})
     shift_writer = ResultWriter(run_dir / OFFSETS_FILE, OFFSET_COLUMNS)
     try:
         for index, combined, each in score_shifted(scorer, jobs):
@@ -243,6 +260,18 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
             yield index, combined
     finally:
         shift_writer.close()
+
+
+def _drop_shifts_of(path: Path, targets: set[int]) -> None:
+    """Shift rows of targets about to be scored again go first: a session that stopped between
+    a context's offsets.csv rows and its results.csv rows (a kill, a full disk) left them."""
+    if not path.is_file():
+        return
+    drop_partial_last_line(path)
+    rows = read_table(path, OFFSET_COLUMNS)
+    stale = numbers_in(path, rows, "target_id", whole=True).isin(targets)
+    if stale.any():
+        write_csv(path, rows[~stale.to_numpy()][OFFSET_COLUMNS])
 
 
 def _offset_row(target: Target, shifted: ShiftedScore, backend: Backend) -> dict:

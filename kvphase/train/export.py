@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kvphase.errors import PlanError
 from kvphase.gguf.trained import TRAINED_PREFIX
 from kvphase.gguf.writer import write_gguf
 from kvphase.train.config import TrainConfig
@@ -127,11 +126,5 @@ def export_gguf(path: str | Path, params: dict, config: TrainConfig, vocab: Word
     else:
         arch, keys, weights = "gpt2", metadata(config, vocab, step), tensors(params, config)
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write_gguf(tmp, arch, keys, weights)
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise PlanError(f"cannot write the model to {path}: {exc.strerror or exc}") from None
+    write_gguf(path, arch, keys, weights)
     return path

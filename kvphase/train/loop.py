@@ -16,7 +16,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from kvphase.errors import KvphaseError, PlanError, RunFolderError
+from kvphase.errors import KvphaseError, PlanError, RunFolderError, out_of_memory
+from kvphase.runfolder import save_atomic
 from kvphase.train.config import TrainConfig
 from kvphase.train.data import Batch, PairData
 
@@ -29,10 +30,16 @@ class TrainingExtraMissing(KvphaseError):
 
 def require_jax():
     """Import jax and optax, or say in one line how to get them; then keep XLA's compilations."""
+    from kvphase.engines.memory import training_address_space_error
+
+    if too_little := training_address_space_error():
+        raise KvphaseError(too_little)
     try:
         import jax
         import optax  # noqa: F401
     except ImportError as exc:
+        if out_of_memory(exc):
+            raise  # the command line names memory
         raise TrainingExtraMissing(
             f"training needs the optional extra: pip install 'kvphase[train]' ({exc.name} is missing)"
         ) from None
@@ -155,10 +162,12 @@ class Trainer:
         import jax
 
         leaves = jax.tree_util.tree_leaves((self.params, self.opt_state))
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, step=np.int64(self.step), **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
-        tmp.replace(path)
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                np.savez(f, step=np.int64(self.step), **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
+
+        save_atomic(path, write)
 
     def load(self, path: Path) -> None:
         """The state `save` wrote; RunFolderError naming the problem when the file is not one

@@ -30,13 +30,13 @@ import pandas as pd
 from kvphase import __version__
 from kvphase.errors import Interrupted, PlanError, RunFolderError
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, REPORT_FILE, SUMMARY_FILE, check_writable, make_folder,
-                               numbers_in, read_json_object, read_table, write_csv, write_json)
+                               numbers_in, read_json_object, read_table, write_csv, write_json, writing)
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
 
 RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE = "results.csv", "training.csv", "checkpoint.npz"
 MODEL_FILE, CURVE_FILE = "model.gguf", "training_curve.png"
-FOLDER_FILES = (CONFIG_FILE, RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE, CHECKPOINT_FILE + ".tmp", MODEL_FILE,
+FOLDER_FILES = (CONFIG_FILE, RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE, MODEL_FILE,
                 MANIFEST_FILE, SUMMARY_FILE, REPORT_FILE, CURVE_FILE)
 MANIFEST_NUMBERS = ("wall_time_s", "steps_trained", "sessions")
 RESULT_COLUMNS = ["step", "residue", "phase", "n", "correct", "logprob"]
@@ -141,7 +141,7 @@ def _keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
 
 def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
     new = not path.exists() or path.stat().st_size == 0
-    with path.open("a", newline="") as f:
+    with writing(path), path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         if new:
             writer.writeheader()
