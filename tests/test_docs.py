@@ -85,3 +85,10 @@ def test_runnable_blocks_run_as_written(page, tmp_path):
             done = subprocess.run([sys.executable, "-m", "kvphase.cli", *words[1:]], cwd=tmp_path, env=env,
                                   capture_output=True, text=True, timeout=600)
             assert done.returncode == 0, f"{page_id(page)}: `{line}` exited {done.returncode}: {done.stderr[-600:]}"
+
+
+def test_the_manual_index_links_every_page():
+    index = REPO / "docs" / "README.md"
+    linked = {(index.parent / target).resolve() for target in re.findall(r"\]\(([^)#]+)", index.read_text())}
+    pages = {page.resolve() for page in (REPO / "docs").rglob("*.md")} - {index.resolve()}
+    assert not pages - linked, f"docs/README.md does not link {sorted(p.name for p in pages - linked)}"

@@ -364,3 +364,20 @@ def test_two_sweeps_on_one_folder_one_runs_the_other_is_refused(tmp_path, tiny_l
     assert f"is in use by another sweep (pid {first.pid} on " in refusal
     assert (out / "results.csv").read_bytes() == (uninterrupted / "results.csv").read_bytes()
     assert build_report(out).n_targets == N_TARGETS
+
+
+def test_two_trained_models_get_default_run_folders_of_their_own(tmp_path):
+    """Every `kvphase train` folder holds a model.gguf: the default folder takes the training
+    folder's name, so sweeping two of them never mixes their rows (issue 41)."""
+    from kvphase.sweep.run import default_run_dir
+
+    gated = Path(__file__).parent / "data" / "trained" / "gated.gguf"
+    names = []
+    for run in ("gated-S4-seed0", "gated-S4-seed1"):
+        (tmp_path / run).mkdir()
+        shutil.copyfile(gated, tmp_path / run / "model.gguf")
+        info = read_model_info(tmp_path / run / "model.gguf")
+        plan = SweepPlan(str(info.path), "records", 4, 8, 64, 16, "prefix", 0, False)
+        names.append(default_run_dir(info, plan).name)
+    assert names == ["gated-S4-seed0-records-S4-L64", "gated-S4-seed1-records-S4-L64"]
+    assert read_model_info(gated).short_name == "gated"  # any other file keeps its own name

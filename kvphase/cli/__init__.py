@@ -104,6 +104,9 @@ class KvphaseGroup(TyperGroup):
         except KvphaseError as exc:
             typer.echo(f"Error: {plain(exc, limit=2000)}", err=True)
             raise typer.Exit(1) from None
+        except BrokenPipeError:  # the reader went away (`kvphase report RUN | head -1`): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's recipe: no second error at exit
+            raise typer.Exit(1) from None
         except (MemoryError, ImportError, OSError) as exc:
             if out_of_memory(exc):
                 typer.echo(f"Error: {OUT_OF_MEMORY}", err=True)
@@ -139,6 +142,20 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from kvphase import __version__
+
+        typer.echo(f"kvphase {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", help="Print kvphase's version and exit.", is_eager=True,
+                                          callback=_print_version)) -> None:
+    """Find the periodic weak spots that chunked KV-cache compression leaves in retrieval."""
+
 
 # Command modules: importing one registers its commands on `app`.
 with _starting():

@@ -102,7 +102,8 @@ def sweep(
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     backend: Optional[BackendName] = typer.Option(None, help="llama.cpp (default), or the numpy reference model "
-                                                  "(the default for trained compressed models)."),
+                                                  "(the default for files `kvphase train` wrote in its own gpt2 "
+                                                  "layout; its deepseek4 and glm5-next files go through llama.cpp)."),
     design: Optional[str] = typer.Option(None, help="Reference backend: dense, meanpool, blocktopk or kpool; "
                                          "'trained' (the default for trained models) is the file's own compressor."),
     option: list[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable "

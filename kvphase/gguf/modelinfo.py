@@ -55,8 +55,12 @@ class ModelInfo:
 
     @property
     def short_name(self) -> str:
-        """A file-system friendly name for run folders."""
+        """A file-system friendly name for run folders: the file's name, or for a file named
+        model.gguf (every `kvphase train` folder holds one) its folder's name, so that two
+        trained models' default run folders never collide."""
         stem = self.path.name.removesuffix(".gguf")
+        if stem == "model":
+            stem = self.path.resolve().parent.name or stem
         return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-") or "model"
 
 

@@ -67,14 +67,41 @@ class Summary:
         if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
             object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
 
+    @property
+    def verdict(self) -> str:
+        """The report's class: "effect" (the accuracy test rejects at alpha), "inconclusive" (it
+        does not, but the gap's interval excludes 0 or the log-probability test rejects: the two
+        disagree, and a larger sample would decide), or "no effect at this power" (nothing
+        larger than the detectable dip; "no effect detectable" when accuracy never varies)."""
+        if self.test.p_value < ALPHA:
+            return "effect"
+        if self._disagreements():
+            return "inconclusive"
+        return "no effect detectable" if self.detectable_dip is None else "no effect at this power"
+
+    def _disagreements(self) -> list[str]:
+        """What points to a phase effect the accuracy test did not reject."""
+        said = []
+        if self.gap_ci[0] > 0:
+            said.append(f"the gap's 95% interval excludes 0 ({self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f})")
+        if self.logprob_test.p_value < ALPHA:
+            said.append(f"the answer's log-probability depends on the phase (p = {_format_p(self.logprob_test.p_value)})")
+        return said
+
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
         p = _format_p(self.test.p_value)
         numbers = (f"gap {self.gap:.1f} points, 95% CI {self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f}; p = {p}, "
                    f"log-probability p = {_format_p(self.logprob_test.p_value)}")
+        claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
+                 f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
+        if self.verdict == "inconclusive":
+            decides = ("accuracy never varies within a context here: --calibrate finds a difficulty where it does"
+                       if self.detectable_dip is None else
+                       f"a larger sample decides (--per-residue auto --detect {max(self.gap, 1.0):.0f})")
+            return (f"Inconclusive: the accuracy test finds no phase effect (p = {p}), but "
+                    f"{' and '.join(self._disagreements())}; {claim}; {decides}.")
         if self.test.p_value < ALPHA:
-            claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
-                     f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
             if self.control:
                 return (f"Control run: the model declares no KV-cache compression, yet accuracy varies with the "
                         f"residue: {claim}. Chance alone gives a p this small in {100 * self.test.p_value:.1f}% "
@@ -88,7 +115,7 @@ class Summary:
 
     def to_json(self) -> dict:
         out = asdict(self)
-        out["headline"] = self.headline()
+        out["verdict"], out["headline"] = self.verdict, self.headline()
         return out
 
 

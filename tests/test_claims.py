@@ -1,0 +1,41 @@
+"""Published tables equal what their run folders say (issue 41, `scripts/claims.py`): a table
+between `<!-- claims:NAME -->` markers is rebuilt from the folders and compared."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("claims", ROOT / "scripts" / "claims.py")
+claims = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(claims)
+MARKED = [d for d in claims.DOCUMENTS if claims.blocks(d.read_text())]
+
+
+def test_the_readme_and_the_study_publish_generated_tables():
+    names = {m.group("name") for d in MARKED for m in claims.blocks(d.read_text())}
+    assert names == set(claims.TABLES), f"tables no document shows or blocks no table builds: {names ^ set(claims.TABLES)}"
+
+
+@pytest.mark.parametrize("document", MARKED, ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_generated_table_equals_its_run_folders(document):
+    for match in claims.blocks(document.read_text()):
+        want = claims.TABLES[match.group("name")]()
+        found = match.group("body")
+        differing = [(a, b) for a, b in zip(found.splitlines(), want.splitlines()) if a != b]
+        assert found == want, (f"{document.name}, block {match.group('name')}: run `python scripts/claims.py`; "
+                               f"first differing row: {differing[:1]}")
+
+
+def test_one_number_edited_in_a_table_is_caught():
+    text = (ROOT / "README.md").read_text()
+    block = claims.blocks(text)[0]
+    body = block.group("body")
+    number = re.search(r"\d+\.\d", body)
+    edited_body = body[:number.start()] + str(int(body[number.start()]) ^ 1) + body[number.start() + 1:]
+    edited = text[:block.start("body")] + edited_body + text[block.end("body"):]
+    assert claims.regenerate(edited) != edited and claims.regenerate(edited) == claims.regenerate(text)
