@@ -138,9 +138,13 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
     lines = [line for line in text.splitlines() if line.strip()]
     if proc.returncode == -signal.SIGXCPU:
         return "hang", f"more than {timeout:g} s of CPU"
-    if signal_after and proc.returncode == -signal_after[0] and lines and lines[-1].startswith(FINISHED):
-        # the work was done and its last line printed: the signal came while the interpreter was
-        # exiting, after the command's handler was gone, and ended it as it ends any process
+    killed_after = signal_after and proc.returncode == -signal_after[0] and lines and lines[-1].startswith(FINISHED)
+    reported_after = (signal_after and proc.returncode == 128 + signal_after[0] and len(lines) >= 2
+                      and lines[-2].startswith(FINISHED) and lines[-1].startswith("Interrupted"))
+    if killed_after or reported_after:
+        # the work was done and its last line printed: the signal came as the command returned
+        # (reported in one more line) or while the interpreter was exiting, after the command's
+        # handler was gone (ended as any process is)
         return "ok", f"finished, then ended by the signal on its way out: {lines[-1]}"
     if proc.returncode < 0:
         return "native crash", f"signal {-proc.returncode}: " + (lines[-1] if lines else "")
@@ -152,7 +156,8 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
         return "clean error", lines[0] if lines else "no output"
     if signal_after and proc.returncode == 128 + signal_after[0] and len(lines) == 1 and lines[0].startswith("Interrupted"):
         return "clean error", lines[0]
-    return "traceback", f"exit {proc.returncode}: " + (lines[-1] if lines else "")
+    said = f"{len(lines)} lines, first {lines[0]!r}, last {lines[-1]!r}" if len(lines) > 1 else (lines or [""])[0]
+    return "traceback", f"exit {proc.returncode}: {said}"
 
 
 def timed(run, *args) -> tuple[str, str, float]:
@@ -692,6 +697,7 @@ class Campaign:
             ["flip", m, "--stride", "0"], ["sweep", m, "--backend", "server", "--url", "http://[::1"],
             ["sweep", m, "--backend", "server", "--url", "http://h:99999"], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
             ["--no-such-option"], ["inspect", "--help"], ["inspect", "[/x]"], ["inspect", "\x1b[2J"],
+            ["--version"], ["--version", "inspect", m], ["inspect", m, "--version"], ["--version=1"],
         ]
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]

@@ -99,6 +99,7 @@ class KvphaseGroup(TyperGroup):
         _on_signals(_interrupted)  # from here a signal is an Interrupted the command or this method reports
         try:
             result = super().invoke(ctx)
+            _command_over[0] = True  # its results are written and reported: a signal from here on changes nothing
             raise_if_interrupted()
             return result
         except KvphaseError as exc:
