@@ -17,7 +17,7 @@ import json
 import os
 import platform
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -143,7 +143,8 @@ def save_atomic(path: Path, save: Callable[[Path], None]) -> None:
         save(tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with suppress(OSError):  # on a read-only or vanished folder the clean-up fails too: the first error counts
+            tmp.unlink(missing_ok=True)
         raise RunFolderError(cannot_write(path, exc)) from None
 
 
