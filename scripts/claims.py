@@ -98,24 +98,27 @@ def long_context_table() -> str:
                    "detectable dip, points", "run folder"], rows)
 
 
-def trained_table(runs: list[tuple[str, str]]) -> str:
+def trained_table(runs: list[tuple[str, str]], quantized: bool = False) -> str:
     """Trained models: held-out accuracy (the training folder's summary.json), then the sweep of
     each (its sweep/ folder): mean (CI), per residue with the worst in bold, gap (CI), p, verdict.
     A model below the training report's 80% bar is marked so: its training report does not read
-    its gap as a phase effect, whatever its sweep's verdict."""
+    its gap as a phase effect, whatever its sweep's verdict. `quantized`: the gaps of its Q8_0 and
+    Q4_0 copies' sweeps (sweep-Q8_0/, sweep-Q4_0/) beside."""
     rows = []
     for label, name in runs:
         folder = ROOT / "reports" / "trained" / name
         trained, s = _read(folder, "summary.json"), _read(folder / "sweep", "summary.json")
         accuracies = [row["accuracy"] for row in s["per_residue"]]
         worst = accuracies.index(min(accuracies))
+        worst = worst if min(accuracies) < max(accuracies) else None  # no residue is worst when all are equal
         residues = ", ".join(f"**{a:.1f}**" if i == worst else f"{a:.1f}" for i, a in enumerate(accuracies))
         held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
         rows.append([f"[{label}]({folder.relative_to(ROOT / 'reports')}/sweep/report.md)", held_out, _mean(s), residues,
                      f"{s['gap']:.1f} ({s['gap_ci'][0]:.1f}-{s['gap_ci'][1]:.1f})", _p(s["test"]["p_value"]),
-                     verdict(s)])
-    return _table(["model", "held-out %", "sweep mean % (95% CI)", "per residue %", "gap (95% CI)", "p", "verdict"],
-                  rows)
+                     verdict(s)] + ([f"{_read(folder / f'sweep-{q}', 'summary.json')['gap']:.1f}" for q in ("Q8_0", "Q4_0")]
+                                    if quantized else []))
+    return _table(["model", "held-out %", "sweep mean % (95% CI)", "per residue %", "gap (95% CI)", "p", "verdict"]
+                  + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
 
 
 GATED_CONTEXTS = [("S = 4, context 64, seed 0", "gated-seed0")] + [
@@ -131,7 +134,12 @@ def contents(document: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dense" else ""), f"engine/{design}-seed{seed}")
+                    for design, seeds in (("csa-disjoint", range(5)), ("csa", range(5)), ("csa-dense", range(3)))
+                    for seed in seeds]
+
 TABLES: dict[str, Callable[[], str]] = {
+    "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
     "reports-contents": lambda: contents(ROOT / "reports" / "README.md"),
     "gated-contexts": lambda: trained_table(GATED_CONTEXTS),
     "readme-fixes": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0")], FIX_NAMES),
