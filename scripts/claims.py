@@ -98,7 +98,26 @@ def long_context_table() -> str:
                    "detectable dip, points", "run folder"], rows)
 
 
-def trained_table(runs: list[tuple[str, str]], quantized: bool = False) -> str:
+def _quantized_gap(folder: Path, kind: str) -> str:
+    sweep = folder / f"sweep-{kind}"
+    return f"{_read(sweep, 'summary.json')['gap']:.1f}" if sweep.is_dir() else "-"
+
+
+def _reference_agreement(folder: Path) -> str:
+    """The reference sweep of the same weights against llama.cpp's: identical per-residue
+    accuracies, or its gap and how many targets' verdicts differ (results.csv, by target)."""
+    import pandas as pd
+
+    engine, reference = _read(folder / "sweep", "summary.json"), _read(folder / "sweep-reference", "summary.json")
+    if [r["accuracy"] for r in engine["per_residue"]] == [r["accuracy"] for r in reference["per_residue"]]:
+        return "identical"
+    flags = [pd.read_csv(folder / name / "results.csv").set_index("target_id")["correct"]
+             for name in ("sweep", "sweep-reference")]
+    apart = int((flags[0] != flags[1].reindex(flags[0].index)).sum())
+    return f"gap {reference['gap']:.1f}, {apart} target{'s' if apart != 1 else ''} apart"
+
+
+def trained_table(runs: list[tuple[str, str]], quantized: bool = False, reference: bool = False) -> str:
     """Trained models: held-out accuracy (the training folder's summary.json), then the sweep of
     each (its sweep/ folder): mean (CI), per residue with the worst in bold, gap (CI), p, verdict.
     A model below the training report's 80% bar is marked so: its training report does not read
@@ -115,10 +134,10 @@ def trained_table(runs: list[tuple[str, str]], quantized: bool = False) -> str:
         held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
         rows.append([f"[{label}]({folder.relative_to(ROOT / 'reports')}/sweep/report.md)", held_out, _mean(s), residues,
                      f"{s['gap']:.1f} ({s['gap_ci'][0]:.1f}-{s['gap_ci'][1]:.1f})", _p(s["test"]["p_value"]),
-                     verdict(s)] + ([f"{_read(folder / f'sweep-{q}', 'summary.json')['gap']:.1f}" for q in ("Q8_0", "Q4_0")]
-                                    if quantized else []))
+                     verdict(s)] + ([_reference_agreement(folder)] if reference else [])
+                    + ([_quantized_gap(folder, q) for q in ("Q8_0", "Q4_0")] if quantized else []))
     return _table(["model", "held-out %", "sweep mean % (95% CI)", "per residue %", "gap (95% CI)", "p", "verdict"]
-                  + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
+                  + (["reference sweep"] if reference else []) + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
 
 
 GATED_CONTEXTS = [("S = 4, context 64, seed 0", "gated-seed0")] + [
@@ -138,7 +157,11 @@ DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dens
                     for design, seeds in (("csa-disjoint", range(5)), ("csa", range(5)), ("csa-dense", range(3)))
                     for seed in seeds]
 
+GLM5_LAYOUT = [(f"glm-kpool seed {seed} (top-k 8)", f"engine/glm-kpool-seed{seed}") for seed in range(3)] + [
+    ("glm-kpool top-k 4, seed 0", "engine/glm-kpool-top4-seed0"), ("glm-dense seed 0 (twin)", "engine/glm-dense-seed0")]
+
 TABLES: dict[str, Callable[[], str]] = {
+    "glm5-layout": lambda: trained_table(GLM5_LAYOUT, quantized=True, reference=True),
     "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
     "reports-contents": lambda: contents(ROOT / "reports" / "README.md"),
     "gated-contexts": lambda: trained_table(GATED_CONTEXTS),
