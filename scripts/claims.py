@@ -160,7 +160,11 @@ DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dens
 GLM5_LAYOUT = [(f"glm-kpool seed {seed} (top-k 8)", f"engine/glm-kpool-seed{seed}") for seed in range(3)] + [
     ("glm-kpool top-k 4, seed 0", "engine/glm-kpool-top4-seed0"), ("glm-dense seed 0 (twin)", "engine/glm-dense-seed0")]
 
+SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
+
 TABLES: dict[str, Callable[[], str]] = {
+    "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
+                                       [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
     "glm5-layout": lambda: trained_table(GLM5_LAYOUT, quantized=True, reference=True),
     "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
     "reports-contents": lambda: contents(ROOT / "reports" / "README.md"),
