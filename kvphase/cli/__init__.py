@@ -127,12 +127,9 @@ class KvphaseGroup(TyperGroup):
 
 def system_error(exc: OSError) -> str:
     """An operating-system error in one line: the file, when it names one, and the reason."""
-    from kvphase.runfolder.files import NO_ROOM
+    from kvphase.runfolder.files import system_reason
 
-    said = f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc.strerror or exc)
-    if exc.errno in NO_ROOM:
-        said += "; free some space and run the same command again (what was finished is kept)"
-    return said
+    return f"{exc.filename}: {system_reason(exc)}" if exc.filename else system_reason(exc)
 
 
 app = typer.Typer(

@@ -26,7 +26,6 @@ from kvphase.gguf.header import Metadata, read_gguf_header
 
 MIB = 1 << 20
 RUNTIME = 48 * MIB  # llama.cpp's threads and small buffers (see above)
-BYTES_PER_VALUE = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # ggml's block sizes
 
 
 @dataclass(frozen=True)
@@ -69,11 +68,21 @@ def memory_need(path: str | Path, n_ctx: int, n_batch: int = 512, cache_type: st
     kv_heads = _per_layer(meta.integers(f"{arch}.attention.head_count_kv", [n_head]), n_layers)
     width = meta.integer(f"{arch}.attention.key_length", head_dim) + meta.integer(f"{arch}.attention.value_length",
                                                                                   head_dim)
-    kv = sum(kv_heads) * width * n_ctx * BYTES_PER_VALUE.get(str(cache_type), 2.0)  # an unknown type: refused later
+    kv = sum(kv_heads) * width * n_ctx * bytes_per_value(cache_type)
     vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
     batch = min(n_batch, n_ctx)
     compute = 4 * batch * (n_ctx * n_head + vocab) + RUNTIME
     return MemoryNeed(header.file_size, int(kv), int(compute))
+
+
+def bytes_per_value(cache_type: str) -> float:
+    """A cache type's bytes per value, from ggml's block sizes as the gguf package lists them
+    (f16 for a type llama.cpp does not know: the backend refuses it later in its own words)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    kind = GGMLQuantizationType.__members__.get(str(cache_type).upper(), GGMLQuantizationType.F16)
+    values, size = GGML_QUANT_SIZES[kind]
+    return size / values
 
 
 def _per_layer(values: list[int], n_layers: int) -> list[int]:
@@ -139,6 +148,8 @@ def memory_warning(path: str | Path, n_ctx: int, cache_type: str = "f16") -> str
 
 
 TRAINING_ADDRESS_SPACE = 2048 * MIB  # JAX and XLA at start (measured: the smallest model trains at 1.8 GiB, not 1.6)
+
+
 def training_address_space_error() -> str | None:
     """Why training cannot start under this process's address-space limit, or None: below it
     XLA aborts the process (std::bad_alloc), which no handler can turn into one line."""

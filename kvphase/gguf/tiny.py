@@ -23,6 +23,7 @@ import numpy as np
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.limits import INT32_MAX
 from kvphase.gguf.writer import write_gguf
+from kvphase.runfolder.files import cannot_write
 
 TINY_VOCAB = 64
 TINY_CONTEXT = 1024
@@ -472,5 +473,5 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
         path.parent.mkdir(parents=True, exist_ok=True)
         write_gguf(path, arch, spec.keys, ((name, init_tensor(rng, ne, kind)) for name, ne, kind in spec.tensors))
     except OSError as exc:
-        raise ModelFileError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise ModelFileError(cannot_write(path, exc)) from None
     return path

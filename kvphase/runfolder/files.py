@@ -116,13 +116,18 @@ def _lock_holder(fd: int) -> str:
 NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk, a quota, a file size limit
 
 
-def cannot_write(path: Path, exc: OSError) -> str:
-    """The one line for a failed write: the file, the system's reason and, when the disk or a
-    quota is full, what to do (everything finished before stays valid and is resumed from)."""
-    said = f"cannot write {path}: {exc.strerror or exc}"
+def system_reason(exc: OSError) -> str:
+    """The system's reason for a failed call and, when the disk or a quota is full, what to do
+    (everything finished before stays valid and is resumed from)."""
+    said = str(exc.strerror or exc)
     if exc.errno in NO_ROOM:
         said += "; free some space and run the same command again (what was finished is kept)"
     return said
+
+
+def cannot_write(path: Path, exc: OSError) -> str:
+    """The one line for a failed write: the file and `system_reason`."""
+    return f"cannot write {path}: {system_reason(exc)}"
 
 
 @contextmanager

@@ -220,6 +220,7 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     tokens_before = getattr(backend, "tokens_evaluated", 0)
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
+
     def end_session() -> None:
         writer.close()
         _update_manifest(run_dir, info, plan, time.time() - started,
@@ -267,8 +268,7 @@ def _drop_shifts_of(path: Path, targets: set[int]) -> None:
     a context's offsets.csv rows and its results.csv rows (a kill, a full disk) left them."""
     if not path.is_file():
         return
-    drop_partial_last_line(path)
-    rows = read_table(path, OFFSET_COLUMNS)
+    rows = read_table(path, OFFSET_COLUMNS)  # whole lines only: ResultWriter cuts a half one next
     stale = numbers_in(path, rows, "target_id", whole=True).isin(targets)
     if stale.any():
         write_csv(path, rows[~stale.to_numpy()][OFFSET_COLUMNS])
