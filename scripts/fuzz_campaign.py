@@ -216,13 +216,15 @@ class Campaign:
         return self.work / f"{self.counter:04d}-{name}"
 
     def model_case(self, category: str, label: str, make: Callable[[Path], object],
-                   commands=("inspect", "sweep")) -> Case:
-        """A model file made by `make(path)`, through inspect, sweep (llama.cpp) or the reference sweep."""
+                   commands=("inspect", "header", "sweep")) -> Case:
+        """A model file made by `make(path)`, through inspect, header, sweep (llama.cpp) or the reference sweep."""
         model, out = self.path("model.gguf"), self.path("run")
-        argvs = {"inspect": ["inspect", str(model)], "sweep": ["sweep", str(model), *SWEEP, "--out", str(out)],
+        argvs = {"inspect": ["inspect", str(model)], "header": ["header", str(model), str(out) + ".gguf"],
+                 "sweep": ["sweep", str(model), *SWEEP, "--out", str(out)],
                  "sweep-reference": ["sweep", str(model), "--backend", "reference", *SWEEP, "--out", str(out)],
                  "validate": ["validate", str(model), "--threads", "1"]}
-        return Case(category, label, [argvs[c] for c in commands], prepare=lambda: make(model), cleanup=[model, out])
+        return Case(category, label, [argvs[c] for c in commands], prepare=lambda: make(model),
+                    cleanup=[model, out, Path(str(out) + ".gguf")])
 
     def smol_case(self, label: str, edits, truncate=None, source: Path | None = None) -> Case:
         source = source or self.seed_model
@@ -698,6 +700,14 @@ class Campaign:
             ["sweep", m, "--backend", "server", "--url", "http://h:99999"], ["inspect"], ["inspect", m, "extra"], ["nonsense-command"],
             ["--no-such-option"], ["inspect", "--help"], ["inspect", "[/x]"], ["inspect", "\x1b[2J"],
             ["--version"], ["--version", "inspect", m], ["inspect", m, "--version"], ["--version=1"],
+            # kvphase header (issue 40): a model's header without its weights
+            ["header"], ["header", m], ["header", m, ""], ["header", m, m], ["header", m, str(self.work)],
+            ["header", m, str(self.fifo())], ["header", m, "/proc/x.gguf"], ["header", m, str(afile / "h.gguf")],
+            ["header", str(self.work / "nope.gguf"), str(self.work / "h.gguf")], ["header", "/proc", str(self.work / "h.gguf")],
+            ["header", self.header_only(), str(self.work / "h2.gguf")],
+            ["sweep", self.header_only(), *SWEEP, "--out", str(out)], ["validate", self.header_only()],
+            ["sweep", self.header_only(), "--backend", "reference", *SWEEP, "--out", str(out)],
+            ["gates", self.header_only(), "--out", str(out)], ["sweep", self.header_only(), *SWEEP, "--dry-run"],
         ]
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]
@@ -723,6 +733,7 @@ class Campaign:
             "report": lambda out: ["report", str(out.parent / done[0].name)],
             "compare": lambda out: ["compare", *map(str, done), "--out", str(out)],
             "make-tiny": lambda out: ["make-tiny", "deepseek4", str(out / "m.gguf")],
+            "header": lambda out: ["header", m, str(out / "h.gguf")],
         }
 
     def tiny_deepseek4(self) -> str:
@@ -731,6 +742,22 @@ class Campaign:
         if not path.is_file():
             write_tiny_model("deepseek4", path, tokenizer_from=self.smol)
         return str(path)
+
+    def header_only(self) -> str:
+        """The seed model's header without its weights (`kvphase header`)."""
+        from kvphase.gguf.header_only import write_header_only
+
+        path = self.work / "tiny-smol-header.gguf"
+        if not path.is_file():
+            write_header_only(self.seed_model, path)
+        return str(path)
+
+    def fifo(self) -> Path:
+        """A path that is not a regular file, in place of /dev/null (which a rename would replace)."""
+        path = self.work / "a-fifo"
+        if not path.exists():
+            os.mkfifo(path)
+        return path
 
     def finished(self) -> list[Path]:
         """Two finished sweeps of the seed model (report and compare read them)."""

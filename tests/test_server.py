@@ -3,11 +3,11 @@ documented formats (fast); the real llama-server is in tests/test_server_real.py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, score_from_logits
@@ -137,6 +137,22 @@ def test_a_server_that_dies_mid_run_stops_the_run_with_one_line():
     assert finished == [0, 1]  # 2 requests check the server, 5 score a context: two finished, the third did not
 
 
+def test_a_server_that_dies_mid_run_hands_its_contexts_to_the_others():
+    jobs = [(CONTEXT, QUERIES)] * 8
+    with FakeServer(slots=1, down_after=12) as dying, FakeServer(slots=1) as staying:
+        backend = backend_for(dying, staying)
+        told = []
+        backend.on_lost = told.append
+        results = dict(backend.score_many(jobs))
+    assert sorted(results) == list(range(8))  # every context scored once, the dying server's by the other
+    for scores in results.values():
+        assert_scores_match(scores, expected_scores(CONTEXT, QUERIES))
+    assert [entry["url"] for entry in backend.lost] == [dying.url] == [entry["url"] for entry in
+                                                                       backend.engine_info()["lost"]]
+    assert told == [f"{dying.url} does not answer (Remote end closed connection without response) after 3 tries; "
+                    "its contexts go to the other servers"]
+
+
 def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     result = CliRunner().invoke(app, ["sweep", str(default_model), "--backend", "server", "--url", url,
@@ -184,7 +200,9 @@ def test_a_server_that_stops_answering_hits_the_request_timeout(hostile):
     with FakeServer(slots=1, down_after=12, hostile=hostile) as server:
         finished, message, seconds = _run_until_error(server, Retry(attempts=2, first_wait_s=0.01, timeout_s=0.4))
     assert finished == [0, 1]
-    assert message == f"{server.url} does not answer (no answer within --request-timeout 0.4 s) after 2 tries"
+    assert re.fullmatch(r"every server has stopped answering \(since [\d\-T:+]+: " + re.escape(
+        f"{server.url} does not answer (no answer within --request-timeout 0.4 s) after 2 tries); finished contexts "
+        "are kept: run the same command again to resume"), message), message
     assert seconds < 5  # 2 tries of 0.4 s, not the 300 s default
 
 

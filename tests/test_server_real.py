@@ -3,6 +3,7 @@ llama.cpp that llama-cpp-python vendors (`make llama-server`; `make test` builds
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,21 @@ def test_server_sweep_flags_agree_with_the_in_process_backend(local_run, one_ser
     assert (local_run["predicted"] == one_server_run["predicted"]).mean() >= 0.99
 
 
+def test_a_header_only_file_sweeps_through_a_server_as_the_model_itself(tmp_path, one_server, one_server_run,
+                                                                        default_model):
+    """A model you do not hold: its header (kvphase header, MBs) plans the same prompts, row for row."""
+    from kvphase.gguf.header_only import write_header_only
+
+    header = write_header_only(default_model, tmp_path / "header.gguf").path
+    result = server_sweep(header, tmp_path / "run", one_server.url)
+    assert result.exit_code == 0, result.output
+    rows = sorted_results(tmp_path / "run")
+    assert rows.drop(columns="logprob").equals(one_server_run.drop(columns="logprob"))
+    differing, spread = flag_agreement(one_server_run, rows)
+    # one slot, each context evaluated alone from position 0: the server returns the same numbers
+    assert np.array_equal(rows["logprob"], one_server_run["logprob"]), spread
+
+
 def test_two_servers_give_the_results_of_one(tmp_path, binary, tiny, tiny_server_run):
     with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as a, \
          llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as b:
@@ -102,32 +118,61 @@ def test_two_servers_give_the_results_of_one(tmp_path, binary, tiny, tiny_server
     assert np.array_equal(tiny_server_run["logprob"], two["logprob"]), spread
 
 
+def sweep_killing_one(tiny, out, servers, victim) -> tuple[int, str]:
+    """A sweep through `servers` in its own process, `victim` killed once 16 rows are written:
+    (exit code, stderr)."""
+    urls = [part for server in servers for part in ("--url", server.url)]
+    sweep = subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(tiny), *SWEEP, *TINY_SWEEP,
+                              "--backend", "server", "--out", str(out), *urls],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    while _rows(out) < 16 and sweep.poll() is None:
+        time.sleep(0.05)
+    victim.kill()
+    _, stderr = sweep.communicate(timeout=120)
+    return sweep.returncode, stderr
+
+
+def assert_rows_of_a_clean_run(out, clean) -> None:
+    lines = (out / RESULTS_FILE).read_text().strip().splitlines()[1:]
+    assert len(lines) == len(clean)  # nothing scored twice, nothing missing
+    rows = sorted_results(out)
+    assert list(rows["target_id"]) == list(clean["target_id"])
+    assert (rows["correct"] == clean["correct"]).all()
+    assert np.allclose(rows["logprob"], clean["logprob"], atol=1e-4)
+
+
 def test_a_server_killed_mid_run_stops_the_sweep_with_one_line_and_a_resume_completes(
         tmp_path, binary, tiny, tiny_server_run):
     out = tmp_path / "run"
     with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as server:
-        sweep = subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(tiny), *SWEEP, *TINY_SWEEP,
-                                  "--backend", "server", "--url", server.url, "--out", str(out)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": os.getcwd()})
-        while _rows(out) < 16 and sweep.poll() is None:
-            time.sleep(0.05)
-        server.kill()
-        stdout, stderr = sweep.communicate(timeout=60)
-    assert sweep.returncode == 1, stderr
+        returncode, stderr = sweep_killing_one(tiny, out, [server], server)
+    assert returncode == 1, stderr
     assert stderr.strip().count("\n") == 0, stderr
-    assert stderr.startswith(f"Error: {server.url} does not answer"), stderr
+    assert stderr.startswith("Error: every server has stopped answering (since "), stderr
+    assert f"{server.url} does not answer" in stderr, stderr
     finished = load_results(out)
     assert 16 <= len(finished) < len(tiny_server_run)
 
     with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as again:
         result = server_sweep(tiny, out, again.url, extra=TINY_SWEEP)
     assert result.exit_code == 0, result.output
-    lines = (out / RESULTS_FILE).read_text().strip().splitlines()[1:]
-    assert len(lines) == len(tiny_server_run)  # nothing scored twice, nothing missing
-    resumed = sorted_results(out)
-    assert list(resumed["target_id"]) == list(tiny_server_run["target_id"])
-    assert np.allclose(resumed["logprob"], tiny_server_run["logprob"], atol=1e-4)
+    assert_rows_of_a_clean_run(out, tiny_server_run)
+
+
+def test_a_server_killed_mid_run_hands_its_contexts_to_the_others(tmp_path, binary, tiny, tiny_server_run):
+    """A fleet of three: one killed mid-run, the other two finish the sweep; the rows are a clean
+    run's, nothing lost or scored twice, and the manifest says which server left and when."""
+    out = tmp_path / "run"
+    servers = [llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) for _ in range(3)]
+    with servers[0] as a, servers[1] as b, servers[2] as c:
+        returncode, stderr = sweep_killing_one(tiny, out, [a, b, c], b)
+    assert returncode == 0, stderr
+    assert stderr.strip().splitlines() == [f"Warning: {b.url} does not answer (connection refused) after 6 tries; "
+                                           "its contexts go to the other servers"], stderr
+    assert_rows_of_a_clean_run(out, tiny_server_run)
+    lost = json.loads((out / "manifest.json").read_text())["engine"]["lost"]
+    assert [entry["url"] for entry in lost] == [b.url] and lost[0]["at"].startswith("20"), lost
 
 
 def _rows(out) -> int:

@@ -27,7 +27,8 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from datetime import datetime, timezone
+from typing import Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from kvphase.backends.base import Query, Score
@@ -73,6 +74,10 @@ class DeadlinePassed(BackendError):
 
     def __init__(self, what: str):
         super().__init__(f"{what}; finished contexts are kept: run the command again (a later --deadline) to resume")
+
+
+class ServerGone(BackendError):
+    """A server that stopped answering (every retry failed): its contexts can go to the others."""
 
 
 class ServerRefused(BackendError):
@@ -154,7 +159,7 @@ class Http:
                 return json.loads(data)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise BackendError(f"{self.url}{path} answered with something that is not JSON: {data[:80]!r}") from None
-        raise BackendError(f"{self.url} does not answer ({problem}) after {attempts} tries")
+        raise ServerGone(f"{self.url} does not answer ({problem}) after {attempts} tries")
 
     def _send(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
         """One request and its whole answer within `timeout` seconds (TimeoutError otherwise),
@@ -383,6 +388,8 @@ class ServerBackend:
     slots: int | None = None  # workers per server; default: every slot it has
     servers: list[ServerInfo] = field(init=False)
     tokens_evaluated: int = field(init=False, default=0)
+    lost: list[dict] = field(init=False, default_factory=list)  # servers that left mid-run: url, when, why
+    on_lost: Callable[[str], None] = field(init=False, default_factory=lambda: lambda line: None)  # once per server lost
 
     def __post_init__(self) -> None:
         if self.slots is not None and self.slots < 1:
@@ -450,33 +457,54 @@ class ServerBackend:
         return scores
 
     def score_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]) -> Iterator[tuple[int, list[Score]]]:
-        """(job index, scores) as contexts finish, each context on one worker; stops at the
-        first failure, which is raised here, and when the caller stops listening."""
+        """(job index, scores) as contexts finish, each context on one worker. A server that stops
+        answering leaves: its workers hand their contexts back to the others' queue, and only when
+        every server has left does the sweep stop. Any other failure stops it at once, raised here;
+        so does the caller's no longer listening."""
         todo, done, stop = queue.Queue(), queue.Queue(), threading.Event()
         for item in enumerate(jobs):
             todo.put(item)
+        workers = [worker for worker in self.workers if worker[0].http.url not in self._lost_urls()]
         threads = [threading.Thread(target=self._work, args=(worker, todo, done, stop), daemon=True)
-                   for worker in self.workers[:max(len(jobs), 1)]]
+                   for worker in workers[:max(len(jobs), 1)]]
         for thread in threads:
             thread.start()
+        alive = len(threads)
+        if not alive and jobs:
+            raise BackendError(f"every server has stopped answering ({self._lost_summary()}); finished contexts are "
+                               "kept: run the same command again to resume")
         try:
-            for _ in range(len(jobs)):
+            finished = 0
+            while finished < len(jobs):
                 result = _next(done)
+                if isinstance(result, ServerGone):
+                    alive -= 1
+                    if not alive:
+                        raise BackendError(f"every server has stopped answering ({self._lost_summary()}); finished "
+                                           "contexts are kept: run the same command again to resume") from None
+                    continue
                 if isinstance(result, BaseException):
                     raise result
+                finished += 1
                 yield result
         finally:
             stop.set()
 
     def _work(self, worker, todo: queue.Queue, done: queue.Queue, stop: threading.Event) -> None:
+        """Score contexts until told to stop (a context handed back by a lost server may come late)."""
         engine, slot = worker
         while not stop.is_set():
             try:
-                index, (context, queries) = todo.get_nowait()
+                index, job = todo.get(timeout=0.1)
             except queue.Empty:
-                return
+                continue
             try:
-                scores, evaluated = engine.score(slot, context, queries)
+                scores, evaluated = engine.score(slot, *job)
+            except ServerGone as exc:
+                todo.put((index, job))
+                done.put(exc)
+                self._leave(engine.http.url, exc)
+                return
             except BackendError as exc:
                 done.put(exc)
                 return
@@ -487,12 +515,28 @@ class ServerBackend:
                 self.tokens_evaluated += evaluated
             done.put((index, scores))
 
+    def _leave(self, url: str, reason: BackendError) -> None:
+        with self._lock:
+            if url in self._lost_urls():
+                return
+            self.lost.append({"url": url, "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                              "reason": str(reason)})
+            others = {engine.http.url for engine in self.engines} - self._lost_urls()
+        if others:  # with none left the sweep stops, and its one line says why
+            self.on_lost(f"{reason}; its contexts go to the other servers")
+
+    def _lost_urls(self) -> set[str]:
+        return {entry["url"] for entry in self.lost}
+
+    def _lost_summary(self) -> str:
+        return "; ".join(f"since {entry['at']}: {entry['reason']}" for entry in self.lost)
+
     def engine_info(self) -> dict:
         """What the manifest records about the engines: their own build, model and slots."""
         return {"engine": self.servers[0].engine if self.servers else "server",
                 "servers": [{"url": s.url, "model": s.model, "build_info": s.build_info, "slots": s.slots,
                              "n_ctx": s.n_ctx} for s in self.servers],
-                "workers": len(self.workers)}
+                "workers": len(self.workers), "lost": self.lost}
 
 
 def _next(done: queue.Queue):

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvphase.cli import app
-from kvphase.cli.text import markup
+from kvphase.cli.text import markup, plain
 from kvphase.gguf.modelinfo import read_model_info
 
 
@@ -25,6 +25,8 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
         ("name", info.name),
         ("architecture", info.architecture),
         ("file size", f"{info.file_size / 2**20:,.1f} MiB"),
+        *([("weights", f"not in this file (header-only, kvphase header); the model: {info.weights_size / 2**20:,.1f} MiB")]
+          if info.weights_size is not None else []),
         ("parameters", f"{info.n_params / 1e6:,.1f} M"),
         ("quantization", info.quantization),
         ("layers", str(info.n_layers)),
@@ -35,3 +37,18 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
     for name, value in rows:
         table.add_row(name, markup(value))
     Console().print(table)
+
+
+@app.command()
+def header(
+    model: Path = typer.Argument(..., help="A .gguf model file, or the first shard of a split model."),
+    out: Path = typer.Argument(..., help="Where to write the header-only .gguf file."),
+) -> None:
+    """Write a model's metadata and vocabulary without its weights: MBs that `sweep --backend server`,
+    `--dry-run` and `inspect` read in place of a model held elsewhere."""
+    from kvphase.gguf.header_only import write_header_only
+
+    written = write_header_only(model, out)
+    shards = f" in {written.n_shards} shards" if written.n_shards > 1 else ""
+    typer.echo(f"wrote {plain(written.path)}: {written.size / 2**20:,.1f} MiB, the header of a "
+               f"{written.source_size / 2**20:,.1f} MiB model ({written.n_tensors} tensors{shards} listed, no weights)")

@@ -372,9 +372,15 @@ def dry_run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Opti
 
     check_run_dir(run_dir, plan, info)  # before the model loads, as a sweep checks it
     say_plan(console, info, plan, detect)
-    backend = open_backend(info, plan, threads, connect)
+    timed = info.weights_size is None or plan.backend == "server"
+    if timed:
+        backend = open_backend(info, plan, threads, connect)
+    else:  # a header-only file: the prompts from its vocabulary, nothing to run here
+        from kvphase.engines.llamacpp import Vocab
+
+        backend = Vocab.load(info.path)
     try:
-        estimate = estimate_sweep(plan, backend, run_dir, info)
+        estimate = estimate_sweep(plan, backend, run_dir, info, timed)
     finally:
         getattr(backend, "close", lambda: None)()
     typer.echo(f"Dry run for {plain(run_dir)} (nothing written): {estimate.contexts} contexts, {estimate.targets} "
@@ -385,6 +391,15 @@ def dry_run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Opti
     if not estimate.pending_contexts:
         typer.echo("Nothing remains to score; the sweep would only rebuild the report.")
         return
+    if not timed:
+        typer.echo(f"Not timed: {plain(info.path)} is header-only (kvphase header), with no weights to run here.")
+    else:
+        say_timing(estimate, plan)
+    if plan.backend == "llama.cpp":
+        typer.echo(f"Expected in llama.cpp: {expected_memory(info, plan)}.")
+
+
+def say_timing(estimate, plan: SweepPlan) -> None:
     queries = "query" if estimate.timed_queries == 1 else "queries"
     typer.echo(f"One context ({estimate.timed_tokens:,} tokens with its {estimate.timed_queries} {queries}) took "
                f"{estimate.seconds_per_context:.2f} s through {plain(plan.describe_backend())}.")
@@ -392,8 +407,6 @@ def dry_run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Opti
                "estimate from one context, the model's load not included).")
     whose = "this process; the servers' own is not counted" if plan.backend == "server" else "this process"
     typer.echo(f"Peak memory: {estimate.peak_rss_mib:,.0f} MiB ({whose}, ru_maxrss).")
-    if plan.backend == "llama.cpp":
-        typer.echo(f"Expected in llama.cpp: {expected_memory(info, plan)}.")
 
 
 def expected_memory(info: ModelInfo, plan: SweepPlan) -> str:
@@ -513,8 +526,11 @@ def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], conne
         warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
         if warning:
             typer.echo(f"Warning: {warning}", err=True)
-    return BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
-                                  options={**plan.backend_options, **(connect or {})})
+    backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
+                                     options={**plan.backend_options, **(connect or {})})
+    if hasattr(backend, "on_lost"):  # a server that leaves mid-run: the others take its contexts
+        backend.on_lost = lambda line: typer.echo(f"Warning: {line}", err=True)
+    return backend
 
 
 def backend_context(info: ModelInfo, plan: SweepPlan) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from kvphase.errors import BackendError, PlanError
 from kvphase.gguf.limits import check_llama_limits
+from kvphase.gguf.header_only import require_weights
 from kvphase.gguf.tensors import GGML_TYPE_F32
 
 MAX_THREADS = 512  # GGML_MAX_N_THREADS (ggml/include/ggml.h); more threads crash llama.cpp
@@ -70,6 +71,8 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     import llama_cpp
 
     check_llama_limits(path)
+    if not vocab_only:
+        require_weights(path, "llama.cpp")
     silence_llama_logs()
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
@@ -87,6 +90,7 @@ def high_level_llama(path: str | Path, **settings):
     import llama_cpp
     import llama_cpp.llama_cpp as low_level
 
+    require_weights(path, "llama.cpp")
     defaults = low_level.llama_model_default_params
 
     def ours():

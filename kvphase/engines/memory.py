@@ -72,7 +72,7 @@ def memory_need(path: str | Path, n_ctx: int, n_batch: int = 512, cache_type: st
     vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
     batch = min(n_batch, n_ctx)
     compute = 4 * batch * (n_ctx * n_head + vocab) + RUNTIME
-    return MemoryNeed(header.file_size, int(kv), int(compute))
+    return MemoryNeed(header.source_size or header.file_size, int(kv), int(compute))
 
 
 def bytes_per_value(cache_type: str) -> float:

@@ -30,6 +30,10 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
 WINDOW = 1 << 20  # bytes read ahead at a time
+# what `kvphase header` writes in place of the tensors (kvphase.gguf.header_only): one record a tensor,
+# "TYPE D0,D1,... NAME", and the size of the file whose weights were left out
+LISTED_TENSORS = "kvphase.header_only.tensors"
+SOURCE_SIZE = "kvphase.header_only.source_size"
 _U64 = struct.Struct("<Q")
 
 # GGUFValueType ids -> struct format (strings and arrays handled apart)
@@ -45,7 +49,7 @@ class TensorInfo(NamedTuple):
     name: str
     shape: tuple[int, ...]  # GGUF order: fastest-varying dimension first
     type_id: int  # GGMLQuantizationType value
-    data_offset: int  # absolute offset in the file
+    data_offset: int  # absolute offset in the file; -1 in a header-only file (no data)
     n_bytes: int
 
     @property
@@ -63,6 +67,13 @@ class GGUFHeader(NamedTuple):
     fields: dict[str, Any]
     tensors: list[TensorInfo]
     types: dict[str, int] = {}  # key -> GGUF value type id (9 for arrays), for type checks
+    spans: dict[str, tuple[int, int]] = {}  # key -> the bytes [start, end) of its record in the file
+    source_size: int | None = None  # a header-only file: the size of the model it describes
+
+    @property
+    def header_only(self) -> bool:
+        """Written by `kvphase header`: metadata, vocabulary and tensor records, no weights."""
+        return self.source_size is not None
 
 
 class Metadata:
@@ -154,6 +165,7 @@ class _Parser:
         self.window, self.base = b"", 0  # file bytes [base, base + len(window)), read ahead in WINDOW steps
         self.fields: dict[str, Any] = {}
         self.types: dict[str, int] = {}
+        self.spans: dict[str, tuple[int, int]] = {}
 
     def fail(self, offset: int, message: str) -> GGUFError:
         return GGUFError(f"corrupt GGUF file: {self.path} (offset {offset}: {message})")
@@ -179,6 +191,9 @@ class _Parser:
         for _ in range(n_fields):
             self.field()
         alignment = self.alignment()
+        if n_tensors == 0 and LISTED_TENSORS in self.fields:
+            return GGUFHeader(self.path, self.size, version, self.fields, self.listed_tensors(), self.types,
+                              self.spans, self.integer_field(SOURCE_SIZE))
         raw = [self.tensor_record() for _ in range(n_tensors)]
         names = [name for name, *_ in raw]
         if len(set(names)) < len(names):
@@ -195,7 +210,29 @@ class _Parser:
                 raise GGUFError(f"truncated GGUF file: {self.path} (tensor {name!r} needs bytes up to "
                                 f"{tensor.data_offset + tensor.n_bytes}, file has {self.size})")
             tensors.append(tensor)
-        return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types)
+        return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types, self.spans)
+
+    def listed_tensors(self) -> list[TensorInfo]:
+        """A header-only file's tensor records, checked as the records themselves are."""
+        tensors = []
+        for record in self.fields[LISTED_TENSORS]:
+            try:
+                type_text, dims, name = record.split(" ", 2)
+                shape, type_id = tuple(int(d) for d in dims.split(",")), int(type_text)
+            except (AttributeError, ValueError):
+                raise GGUFError(f"corrupt header-only file: {self.path} ({LISTED_TENSORS} holds {str(record)[:60]!r}, "
+                                "expected 'TYPE D0,D1,... NAME'") from None
+            block = _block_size(type_id)
+            if block is None or len(shape) > MAX_DIMS or any(d < 0 for d in shape) or shape[0] % block[0]:
+                raise GGUFError(f"corrupt header-only file: {self.path} (tensor {name!r}: type {type_id}, shape {shape})")
+            tensors.append(TensorInfo(name, shape, type_id, -1, _tensor_bytes(shape, type_id)))
+        return tensors
+
+    def integer_field(self, key: str) -> int:
+        value = self.fields.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise GGUFError(f"corrupt header-only file: {self.path} ({key} must be a byte count, found {value!r})")
+        return value
 
     def read(self, n: int, expected: str) -> bytes:
         """The next n bytes; a vocabulary of small strings is read through one window, not
@@ -260,6 +297,7 @@ class _Parser:
             self.fields[key] = self.scalar(_SCALARS[value_type], f"the value of {key!r}")
         else:
             raise self.fail(type_at, f"expected a GGUF value type 0-12 for {key!r}, found {value_type}")
+        self.spans[key] = (at, self.pos)
 
     def array(self, key: str, depth: int) -> tuple[int, list | None]:
         """(count, values); values is None for an array longer than KEPT_ARRAY_LIMIT."""
@@ -271,7 +309,7 @@ class _Parser:
             raise self.fail(at, f"expected an array item type 0-12 for {key!r}, found {item_type}")
         item_bytes = struct.calcsize("<" + _SCALARS[item_type]) if item_type in _SCALARS else 8 if item_type == _STRING else 12
         count = self.count("Q", f"the length of array {key!r}", min_bytes=item_bytes)
-        keep = count <= KEPT_ARRAY_LIMIT
+        keep = count <= KEPT_ARRAY_LIMIT or key == LISTED_TENSORS
         what = f"an item of array {key!r}"
         if item_type in _SCALARS:
             fmt = _SCALARS[item_type]

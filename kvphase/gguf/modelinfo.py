@@ -52,6 +52,7 @@ class ModelInfo:
     vocab_size: int
     compression: CompressionSpec
     trained: TrainedSpec | None = None  # what `kvphase train` declared, for its models
+    weights_size: int | None = None  # a header-only file (kvphase header): the model's size; None: the weights are here
 
     @property
     def short_name(self) -> str:
@@ -85,6 +86,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         vocab_size=vocab,
         compression=compression_spec(arch, meta, [t.name for t in tensors], n_layers),
         trained=read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0)),
+        weights_size=header.source_size,
     )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from kvphase.errors import PlanError
 from kvphase.gguf.header import TensorInfo, read_gguf_header
+from kvphase.gguf.header_only import no_weights
 
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 = 0, 1, 30  # ggml_type (GGMLQuantizationType) ids
 
@@ -20,6 +21,8 @@ GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 = 0, 1, 30  # ggml_type (GGMLQuanti
 def tensor_array(data: np.ndarray, info: TensorInfo) -> np.ndarray:
     """The tensor `info` out of `data` (the whole file as uint8, e.g. an `np.memmap`) as a
     new float32 array in numpy order (ggml's ne reversed: slowest dimension first)."""
+    if info.data_offset < 0:
+        raise no_weights(info)
     raw = np.asarray(data[info.data_offset : info.data_offset + info.n_bytes])  # (n_bytes,)
     shape = tuple(reversed(info.shape))
     if info.type_id == GGML_TYPE_F32:

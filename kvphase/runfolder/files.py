@@ -142,7 +142,11 @@ def writing(path: Path):
 
 def save_atomic(path: Path, save: Callable[[Path], None]) -> None:
     """`save(temporary path)` beside `path`, then a rename over `path`: a reader, or a command
-    killed or out of space mid-write, sees the old file or the new one, never half of one."""
+    killed or out of space mid-write, sees the old file or the new one, never half of one. Only a
+    regular file is replaced: the rename would put a file in place of a device (/dev/null) or a link."""
+    if path.is_symlink() or (path.exists() and not path.is_file()) or not path.name:
+        what = "a folder" if path.is_dir() else "not a regular file"
+        raise RunFolderError(f"cannot write {path}: it is {what}; give the path of a file")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         save(tmp)

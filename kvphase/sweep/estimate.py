@@ -57,17 +57,17 @@ def evaluated_tokens(context: Sequence[int], targets: Sequence[Target]) -> int:
     return len(context) + sum(len(t.query.prompt) + len(t.query.answer) - 1 for t in targets)
 
 
-def estimate_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelInfo) -> SweepEstimate:
+def estimate_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelInfo, timed: bool = True) -> SweepEstimate:
     """Build the plan's contexts, check the folder's finished rows against them (as a resumed
     sweep does: a folder it would refuse is refused here too), and score the first context with
-    a target left, timing it. Reads `run_dir` only."""
+    a target left, timing it (`timed`; `backend` need only tokenize when not). Reads `run_dir` only."""
     check_run_dir(run_dir, plan, info)
     contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
     done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir, plan_fingerprint(contexts))
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
     seconds, timed_tokens, timed_queries = 0.0, 0, 0
-    if pending:
+    if pending and timed:
         context, todo = pending[0]
         started = time.perf_counter()
         for _ in score_contexts(backend, [(context.tokens, [t.query for t in todo])]):
