@@ -24,7 +24,8 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", ROOT / "reports" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-BLOCK = re.compile(r"(<!-- claims:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /claims:(?P=name) -->)", re.S)
+BLOCK = re.compile(r"(?P<open><!-- claims:(?P<name>[\w-]+) -->(?P<newline>\n?))(?P<body>.*?)"
+                   r"(?P<close>[ ]*<!-- /claims:(?P=name) -->)", re.S)
 FIXES = ROOT / "reports" / "trained" / "fixes"
 
 
@@ -54,6 +55,10 @@ def _p(value: float) -> str:
     return f"{value:.2g}"
 
 
+def _gap(summary: dict) -> str:
+    return f"{summary['gap']:.1f} ({summary['gap_ci'][0]:.1f}-{summary['gap_ci'][1]:.1f})"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
@@ -71,8 +76,7 @@ def fixes_table(models: list[tuple[str, str]], fixes: list[tuple[str, str]]) -> 
             s, tokens = _read(folder, "summary.json"), _read(folder, "manifest.json")["tokens_evaluated"]
             rows.append([label if i == 0 else "", fix_label,
                          f"{s['mean_accuracy']:.1f} ({s['mean_ci'][0]:.1f}-{s['mean_ci'][1]:.1f})",
-                         f"{s['gap']:.1f} ({s['gap_ci'][0]:.1f}-{s['gap_ci'][1]:.1f})", _p(s["test"]["p_value"]),
-                         verdict(s), f"{tokens / plain:.2f}"])
+                         _gap(s), _p(s["test"]["p_value"]), verdict(s), f"{tokens / plain:.2f}"])
     return _table(["model", "fix", "mean % (95% CI)", "gap, points (95% CI)", "p", "verdict", "tokens x plain"], rows)
 
 
@@ -80,12 +84,13 @@ FIX_NAMES = [("plain", "none"), ("offsets2-mean", "`--offsets 2`"), ("offsets4-m
              ("offsets4-max", "`--offsets 4 --combine max`"), ("random-offset", "`--random-offset`")]
 
 
-def long_context_table() -> str:
-    """README's sweeps at the defaults: the plan, its cost (the manifests) and what the report says."""
-    runs = [("SmolLM2-135M Q4_1", "reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "example"),
-            ("SmolLM2-135M Q4_1", "reports/long-context/SmolLM2-135M-Instruct.Q4_1-records-S4-L8128", "long-context"),
-            ("Gemma 3 270M Q4_K_M", "reports/calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated", "calibrated"),
-            ("Gemma 3 270M Q4_K_M", "reports/long-context/gemma-3-270m-q4_k_m-records-S4-L16384", "long-context")]
+LONG_CONTEXT = [("SmolLM2-135M Q4_1", "reports/long-context/SmolLM2-135M-Instruct.Q4_1-records-S4-L8128", "long-context"),
+                ("Gemma 3 270M Q4_K_M", "reports/long-context/gemma-3-270m-q4_k_m-records-S4-L16384", "long-context")]
+
+
+def long_context_table(runs: list[tuple[str, str, str]], base: Path = ROOT) -> str:
+    """Sweeps at the defaults: the plan, its cost (the manifests) and what the report says;
+    links relative to `base`, the folder of the document that shows the table."""
     rows = []
     for model, relative, label in runs:
         folder = ROOT / relative
@@ -93,7 +98,7 @@ def long_context_table() -> str:
         dip = "-" if s["detectable_dip"] is None else f"{s['detectable_dip']:.1f}"
         rows.append([model, str(config["context"]), f"{s['n_contexts']} x {s['n_targets'] // s['n_contexts']}",
                      f"{round(manifest['tokens_evaluated'] / 1000)}K", f"{manifest['wall_time_s'] / 60:.1f} min",
-                     f"{s['mean_accuracy']:.1f}%", verdict(s), dip, f"[{label}]({relative}/report.md)"])
+                     f"{s['mean_accuracy']:.1f}%", verdict(s), dip, f"[{label}]({folder.relative_to(base)}/report.md)"])
     return _table(["model", "context", "contexts x targets", "tokens", "wall time", "mean accuracy", "verdict",
                    "detectable dip, points", "run folder"], rows)
 
@@ -117,12 +122,13 @@ def _reference_agreement(folder: Path) -> str:
     return f"gap {reference['gap']:.1f}, {apart} target{'s' if apart != 1 else ''} apart"
 
 
-def trained_table(runs: list[tuple[str, str]], quantized: bool = False, reference: bool = False) -> str:
+def trained_table(runs: list[tuple[str, str]], quantized: bool = False, reference: bool = False,
+                  logprob: bool = False) -> str:
     """Trained models: held-out accuracy (the training folder's summary.json), then the sweep of
     each (its sweep/ folder): mean (CI), per residue with the worst in bold, gap (CI), p, verdict.
     A model below the training report's 80% bar is marked so: its training report does not read
     its gap as a phase effect, whatever its sweep's verdict. `quantized`: the gaps of its Q8_0 and
-    Q4_0 copies' sweeps (sweep-Q8_0/, sweep-Q4_0/) beside."""
+    Q4_0 copies' sweeps (sweep-Q8_0/, sweep-Q4_0/) beside; `logprob`: the log-probability test's p."""
     rows = []
     for label, name in runs:
         folder = ROOT / "reports" / "trained" / name
@@ -133,11 +139,125 @@ def trained_table(runs: list[tuple[str, str]], quantized: bool = False, referenc
         residues = ", ".join(f"**{a:.1f}**" if i == worst else f"{a:.1f}" for i, a in enumerate(accuracies))
         held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
         rows.append([f"[{label}]({folder.relative_to(ROOT / 'reports')}/sweep/report.md)", held_out, _mean(s), residues,
-                     f"{s['gap']:.1f} ({s['gap_ci'][0]:.1f}-{s['gap_ci'][1]:.1f})", _p(s["test"]["p_value"]),
-                     verdict(s)] + ([_reference_agreement(folder)] if reference else [])
+                     _gap(s), _p(s["test"]["p_value"]), verdict(s)]
+                    + ([_p(s["logprob_test"]["p_value"])] if logprob else []) + ([_reference_agreement(folder)] if reference else [])
                     + ([_quantized_gap(folder, q) for q in ("Q8_0", "Q4_0")] if quantized else []))
     return _table(["model", "held-out %", "sweep mean % (95% CI)", "per residue %", "gap (95% CI)", "p", "verdict"]
-                  + (["reference sweep"] if reference else []) + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
+                  + (["log-prob p"] if logprob else []) + (["reference sweep"] if reference else []) + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
+
+
+def _link(label: str, folder: Path, base: Path) -> str:
+    return f"[{label}]({folder.relative_to(base)}/report.md)"
+
+
+def sweep_table(runs: list[tuple[str, str]], periodicity: bool = False) -> str:
+    """Sweeps of models not trained here (folders under reports/): targets per residue, mean
+    (CI), worst residue, gap (CI), the one-residue dip the run detects, both tests' p, verdict."""
+    rows = []
+    for label, relative in runs:
+        folder = ROOT / "reports" / relative
+        s = _read(folder, "summary.json")
+        dip = "-" if s["detectable_dip"] is None else f"{s['detectable_dip']:.0f}"
+        rows.append([_link(label, folder, ROOT / "reports"), str(min(r["n"] for r in s["per_residue"])), _mean(s),
+                     f"{s['worst_accuracy']:.1f}", _gap(s)] + ([f"{s['periodicity']:.1f}"] if periodicity else [])
+                    + [dip, _p(s["test"]["p_value"]), _p(s["logprob_test"]["p_value"]), verdict(s)])
+    return _table(["run", "n per residue", "mean % (95% CI)", "worst residue %", "gap (95% CI)"]
+                  + (["periodicity"] if periodicity else [])
+                  + ["detectable dip", "p (CMH)", "p (log-prob)", "verdict"], rows)
+
+
+def calibrated_table(runs: list[tuple[str, str]]) -> str:
+    """`--calibrate` runs: each pilot step's accuracy (its config.json), the length chosen, the
+    pilot's tokens against the sweep's (manifest.json), then the sweep as its report reads."""
+    rows = []
+    for model, relative in runs:
+        folder = ROOT / "reports" / relative
+        config, s = _read(folder, "config.json"), _read(folder, "summary.json")
+        steps, manifest = config["calibration"]["steps"], _read(folder, "manifest.json")
+        pilot = ", ".join(f"{step['context']}: {100 * step['correct'] / step['targets']:.1f}% of {step['targets']}"
+                          for step in steps)
+        dip = "-" if s["detectable_dip"] is None else f"{s['detectable_dip']:.1f}"
+        rows.append([_link(model, folder, ROOT / "reports"), pilot, f"{config['task']} at {config['context']}",
+                     f"{100 * config['calibration']['pilot_tokens'] / manifest['tokens_evaluated']:.1f}%",
+                     f"{manifest['wall_time_s'] / 60:.1f} min",
+                     f"{s['n_targets']} in {s['n_contexts']}", f"{s['mean_accuracy']:.1f}%", _gap(s),
+                     _p(s["test"]["p_value"]), verdict(s), dip])
+    return _table(["model", "pilot: context, accuracy of targets", "chosen", "pilot tokens / sweep's", "sweep time", "sweep targets in contexts",
+                   "mean", "gap (95% CI)", "p", "verdict", "detectable dip"], rows)
+
+
+def pilot_phrase(relative: str) -> str:
+    """A calibrated run's pilot steps in a sentence (its config.json)."""
+    steps = _read(ROOT / "reports" / relative, "config.json")["calibration"]["steps"]
+    return (_and([f"{100 * s['correct'] / s['targets']:.1f}" for s in steps]) + "% at "
+            + _and([f"{s['context'] // 1024}K" if s["context"] >= 1024 else str(s["context"]) for s in steps])
+            + " tokens from " + _and([str(s["targets"]) for s in steps]) + " targets")
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def gaps_phrase(folders: list[str], mean: bool = False) -> str:
+    """A sentence's numbers for seeds of one model (folders under reports/trained/, each with a
+    sweep/): "[mean M, ...%,] gaps G (CI), ... points, p = P, ..."."""
+    summaries = [_read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json") for folder in folders]
+    means = "mean " + _and([f"{s['mean_accuracy']:.1f}" for s in summaries]) + "%, " if mean else ""
+    plural = "s" if len(summaries) > 1 else ""
+    return (f"{means}gap{plural} {_and([_gap(s) for s in summaries])} points, "
+            f"p = {_and([_p(s['test']['p_value']) for s in summaries])}")
+
+
+def residues_phrase(folder: str) -> str:
+    """One sweep's numbers in a sentence: each residue's accuracy, the gap, p and the verdict."""
+    s = _read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json")
+    accuracies = [f"{row['accuracy']:.1f}" for row in s["per_residue"]]
+    return (f"{_and(accuracies)}% at residues 0-{len(accuracies) - 1}, gap {_gap(s)} points, "
+            f"p = {_p(s['test']['p_value'])}: {verdict(s)}")
+
+
+def trained_files_table() -> str:
+    """README's table of the trained files in tests/data/trained/: each is seed 0 of a study
+    folder (the same bytes), shown with that folder's sweep."""
+    rows = []
+    for file, layout, what, relative in TRAINED_FILES:
+        folder = ROOT / "reports" / "trained" / relative
+        s = _read(folder, "summary.json")
+        rows.append([f"`{file}`", layout, what, f"{s['mean_accuracy']:.1f}%", f"{s['worst_residue']}: {s['worst_accuracy']:.1f}%",
+                     _gap(s), _p(s["test"]["p_value"]), f"[{verdict(s)}]({folder.relative_to(ROOT)}/report.md)"])
+    return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
+
+
+def example_sweep_time() -> str:
+    manifest = _read(ROOT / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "manifest.json")
+    return f"{manifest['wall_time_s'] / 60:.1f} minutes on {manifest['machine']['threads']} threads"
+
+
+def engine_sweep_times() -> str:
+    """The range of the engine study's sweeps through llama.cpp (their manifests)."""
+    times = [_read(folder, "manifest.json")["wall_time_s"]
+             for folder in sorted((ROOT / "reports" / "trained" / "engine").glob("*/sweep"))]
+    return f"{min(times):.0f}-{max(times):.0f} s on one thread ({len(times)} sweeps of the engine study)"
+
+
+def training_minutes(runs: list[str]) -> str:
+    """The range of training times over runs (folders under reports/trained/; their manifests)."""
+    minutes = [_read(ROOT / "reports" / "trained" / run, "manifest.json")["wall_time_s"] / 60 for run in runs]
+    return f"{min(minutes):.0f}-{max(minutes):.0f}"
+
+
+def training_times() -> str:
+    studies = [[f"gated-seed{k}" for k in range(3)], [f"engine/csa-disjoint-seed{k}" for k in range(5)],
+               [f"engine/glm-kpool-seed{k}" for k in range(3)]]
+    return " / ".join(training_minutes(runs) for runs in studies) + " minutes on one core each"
+
+
+TRAINED_FILES = [
+    ("csa-disjoint.gguf", "`deepseek4`", "DeepSeek-V4's compressor, each entry pooling its own 4 tokens", "engine/csa-disjoint-seed0/sweep"),
+    ("csa-dense.gguf", "`deepseek4`", "its dense twin: a window over every token, trained with the induction hint", "engine/csa-dense-seed0/sweep"),
+    ("glm-dense.gguf", "`glm5-next`", "GLM-5.3's layout, a top-k that keeps every pool: the dense twin", "engine/glm-dense-seed0/sweep"),
+    ("gated.gguf", "gpt2 + gate tensors", "kvphase's first trained model (numpy reference only)", "gated-seed0/sweep"),
+    ("dense.gguf", "gpt2", "its control, which never learned the retrieval", "dense-seed0/sweep")]
 
 
 GATED_CONTEXTS = [("S = 4, context 64, seed 0", "gated-seed0")] + [
@@ -160,11 +280,30 @@ DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dens
 GLM5_LAYOUT = [(f"glm-kpool seed {seed} (top-k 8)", f"engine/glm-kpool-seed{seed}") for seed in range(3)] + [
     ("glm-kpool top-k 4, seed 0", "engine/glm-kpool-top4-seed0"), ("glm-dense seed 0 (twin)", "engine/glm-dense-seed0")]
 
+POST_HOC_FIXES = [("blocktopk S=4", "reference/blocktopk-S4"),
+                  ("+ offsets staggered across layers", "reference/blocktopk-S4-stagger-layer"),
+                  ("+ offsets staggered across KV heads", "reference/blocktopk-S4-stagger-head"),
+                  ("+ offsets randomized per context", "reference/blocktopk-S4-randomize")]
+
+CAPACITY = [("2 heads (< S), offsets 0, 1", "gated-stagger-head-h2"), ("4 heads (= S), offsets 0-3", "gated-stagger-head"),
+            ("8 heads (> S), offsets 0-3 twice", "gated-stagger-head-h8"),
+            ("8 heads, d_model 128, offsets 0-3 twice", "gated-stagger-head-h8-d128"), ("4 heads, no stagger (`gated`)", "gated")]
+
+
+def _seeds(label: str, name: str) -> list[tuple[str, str]]:
+    return [(f"{label} seed {seed}", f"{name}-seed{seed}") for seed in range(3)]
+
+
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
 
 TABLES: dict[str, Callable[[], str]] = {
     "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
                                        [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+    "fixes-csa": lambda: fixes_table([("csa-seed0", "csa seed 0 (committed)"),
+                                      *[(f"csa-seed{k}-retrained", f"csa seed {k}, retrained") for k in (1, 2, 3)],
+                                      ("csa-disjoint-seed0-Q4_0", "csa-disjoint seed 0, Q4_0"),
+                                      ("csa-seed0-Q4_0", "csa seed 0, Q4_0")],
+                                     [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
     "glm5-layout": lambda: trained_table(GLM5_LAYOUT, quantized=True, reference=True),
     "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
     "reports-contents": lambda: contents(ROOT / "reports" / "README.md"),
@@ -175,7 +314,47 @@ TABLES: dict[str, Callable[[], str]] = {
                                   ("glm-dense-seed0", "glm-dense (glm5-next, llama.cpp; no weak spot)"),
                                   ("gated-offsets-random-seed0", "gated-offsets-random seed 0 (no weak spot)")],
                                  FIX_NAMES),
-    "long-context": long_context_table,
+    "long-context": lambda: long_context_table(
+        [("SmolLM2-135M Q4_1", "reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "example"), LONG_CONTEXT[0],
+         ("Gemma 3 270M Q4_K_M", "reports/calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated", "calibrated"),
+         LONG_CONTEXT[1]]),
+    "long-context-study": lambda: long_context_table(LONG_CONTEXT, ROOT / "reports"),
+    "calibrated": lambda: calibrated_table([
+        ("SmolLM2-135M", "calibrated/SmolLM2-135M-Instruct.Q4_1-records-S4-calibrated"),
+        ("Gemma 3 270M", "calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated")]),
+    "post-hoc": lambda: sweep_table([("dense (control)", "reference/dense")] + [
+        (f"{design} S={stride}", f"reference/{design}-S{stride}") for design in ("blocktopk", "kpool", "meanpool")
+        for stride in (4, 8)]),
+    "post-hoc-fixes": lambda: sweep_table(POST_HOC_FIXES),
+    "post-hoc-fixes-n64": lambda: sweep_table([(label, f"{folder}-n64") for label, folder in POST_HOC_FIXES], True),
+    "rolling": lambda: trained_table([(f"{design} seed {seed}", f"{design}-seed{seed}")
+                                      for design in ("rolling", "gated", "dense") for seed in range(3)], logprob=True),
+    "meanpool-gated-start": lambda: trained_table(_seeds("meanpool, gated start", "meanpool-gated-start"), logprob=True),
+    "glm-msa": lambda: trained_table(_seeds("glm-msa", "glm-msa"), logprob=True),
+    "cowa": lambda: trained_table(_seeds("cowa", "cowa") + [("cowa --stagger head, seed 0", "cowa-stagger-head-seed0"),
+                                                            ("cowa --offsets random, seed 0", "cowa-offsets-random-seed0")],
+                                  logprob=True),
+    "capacity": lambda: trained_table([(f"{heads}, seed {seed}", f"{name}-seed{seed}") for heads, name in CAPACITY
+                                       for seed in range(3)]),
+    "trained-files": trained_files_table,
+    "gaps-gated": lambda: gaps_phrase([f"gated-seed{k}" for k in range(3)]),
+    "gaps-dense": lambda: gaps_phrase([f"dense-seed{k}" for k in range(3)]),
+    "gaps-offsets-random": lambda: gaps_phrase([f"gated-offsets-random-seed{k}" for k in range(3)]),
+    "gaps-stagger-head": lambda: gaps_phrase([f"gated-stagger-head-seed{k}" for k in range(3)]),
+    "gaps-stagger-layer": lambda: gaps_phrase([f"gated-stagger-layer-seed{k}" for k in range(3)]),
+    "csa-disjoint-seed0": lambda: residues_phrase("engine/csa-disjoint-seed0"),
+    "csa-seed0": lambda: residues_phrase("engine/csa-seed0"),
+    "glm-kpool-seed0": lambda: residues_phrase("engine/glm-kpool-seed0"),
+    "glm-kpool-seed1": lambda: gaps_phrase(["engine/glm-kpool-seed1"]),
+    "csa-dense-seeds": lambda: gaps_phrase([f"engine/csa-dense-seed{k}" for k in range(3)], mean=True),
+    "glm-msa-seeds": lambda: gaps_phrase([f"glm-msa-seed{k}" for k in range(3)], mean=True),
+    "example-sweep-time": example_sweep_time,
+    "gemma-pilot": lambda: pilot_phrase("calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated"),
+    "engine-sweep-times": engine_sweep_times,
+    "training-times": training_times,
+    "glm-training-minutes": lambda: training_minutes([f"engine/glm-kpool-seed{k}" for k in range(3)]),
+    "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
+    "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
 }
 
 
@@ -184,8 +363,18 @@ def blocks(text: str) -> list[re.Match]:
 
 
 def regenerate(text: str) -> str:
-    """`text` with every block's body rebuilt; KeyError for a block no table builds."""
-    return BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text)
+    """`text` with every block's body rebuilt; KeyError for a block no table builds. A block
+    whose marker opens a line is a table, indented as its marker (a table inside a list item);
+    one inside a sentence is a phrase."""
+    def rebuild(m: re.Match) -> str:
+        body = TABLES[m.group("name")]()
+        if not m.group("newline"):
+            return m.group("open") + body + m.group("close")
+        indent = text[text.rfind("\n", 0, m.start()) + 1:m.start()]
+        indent = indent if not indent.strip() else ""
+        body = "".join(indent + line if line.strip() else line for line in body.splitlines(True))
+        return m.group("open") + body + indent + m.group("close").lstrip(" ")
+    return BLOCK.sub(rebuild, text)
 
 
 def main() -> int:

@@ -34,7 +34,18 @@ MODELS = {  # name -> (file, what it is)
     **{f"csa-disjoint-seed{k}-retrained": (f"reports/trained/fixes/models/csa-disjoint-seed{k}-retrained.gguf",
                                            f"deepseek4 layout, disjoint CSA, seed {k} retrained (llama.cpp; prefix "
                                            "shifts)") for k in (2, 5, 6)},
+    # DeepSeek-V4's own overlapped compressor: seed 0 as committed, seeds 1-3 (the others that learned in the
+    # study) retrained here as csa-disjoint's were
+    "csa-seed0": ("reports/trained/engine/csa-seed0/model.gguf", "deepseek4 layout, overlapped CSA (the shipped "
+                  "design), seed 0 (llama.cpp; prefix shifts)"),
+    **{f"csa-seed{k}-retrained": (f"reports/trained/fixes/models/csa-seed{k}-retrained.gguf", f"deepseek4 layout, "
+                                  f"overlapped CSA, seed {k} retrained (llama.cpp; prefix shifts)") for k in (1, 2, 3)},
+    # quantized copies (scripts/quantize_model.py, the gguf package's quantizer), kept beside the runs
+    **{f"{name}-Q4_0": (f"reports/trained/fixes/models/{name}-Q4_0.gguf", f"{name} quantized to Q4_0 (llama.cpp; "
+                        "prefix shifts)") for name in ("csa-disjoint-seed0", "csa-seed0")},
 }
+QUANTIZED_FROM = {"csa-disjoint-seed0-Q4_0": "tests/data/trained/csa-disjoint.gguf",
+                  "csa-seed0-Q4_0": "reports/trained/engine/csa-seed0/model.gguf"}
 FIXES = {  # name -> sweep options
     "plain": [],
     "offsets2-mean": ["--offsets", "2", "--combine", "mean"],
@@ -44,9 +55,18 @@ FIXES = {  # name -> sweep options
 }
 
 
+def quantized(model: str) -> None:
+    """Write a quantized model's file once, from the file it copies."""
+    file = ROOT / MODELS[model][0]
+    if model in QUANTIZED_FROM and not file.exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "quantize_model.py"), QUANTIZED_FROM[model],
+                        model.rsplit("-", 1)[1], str(file)], check=True, cwd=ROOT)
+
+
 def sweep(model: str, fix: str, per_residue: int) -> Path:
     out = OUT / f"{model}-{fix}"
     if not (out / "summary.json").exists():
+        quantized(model)
         # the model's path as config.json records it: relative to the repository, as in every other report
         subprocess.run([KV, "sweep", MODELS[model][0], "--per-residue", str(per_residue), "--threads", "1", "--quiet",
                         "--out", str(out), *FIXES[fix]], check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
@@ -83,6 +103,8 @@ def shift_rows(model: str, out: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-residue", type=int, default=256, help="for folders not made yet")
+    parser.add_argument("--fixes", nargs="+", choices=list(FIXES), default=list(FIXES),
+                        help="the fixes to sweep (plain always); fixes.md lists every folder made")
     parser.add_argument("models", nargs="*", default=list(MODELS))
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -93,7 +115,7 @@ def main() -> None:
     fixes, shifts = [], []
     for model in args.models:
         plain = sweep(model, "plain", args.per_residue)
-        for fix in FIXES:
+        for fix in [f for f in FIXES if f in args.fixes or f == "plain" or (OUT / f"{model}-{f}").is_dir()]:
             out = sweep(model, fix, args.per_residue)
             fixes.append(row(model, fix, out, plain))
             print(" | ".join(fixes[-1].values()), flush=True)
