@@ -648,6 +648,8 @@ class Campaign:
             sweep("--context", "256", "--contexts", "8", "--quiet", "--threads", "1", "--dry-run"),
             sweep("--context", "256", "--contexts", "8", "--targets-per-context", "2", "--calibrate"),
             sweep(*SWEEP, "--offsets", "2", "--backend", "server", "--url", "http://127.0.0.1:1"),
+            sweep(*SWEEP, "--gpu-layers", "-1"), sweep(*SWEEP, "--gpu-layers", str(2**40)), sweep(*SWEEP, "--gpu-layers", "x"),
+            sweep(*SWEEP, "--gpu-layers", "2"), ref("--gpu-layers", "1"),
             val("--tokens", "0"), val("--tokens", "-1"), val("--tokens", str(10**9)), val("--tokens", "1"),
             val("--split", "a,b"), val("--split", "0"), val("--split", "-5"), val("--split", "1000000"),
             val("--split", ",,,"), val("--split", ",".join(["1"] * 32)), val("--threads", "1000000"),

@@ -17,19 +17,22 @@ from kvphase.errors import PlanError
 
 def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
                      options: dict | None = None) -> Backend:
-    """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`). One option, `cache_type`
-    (q8_0 or q4_0: the K and V cache type; a plan records it only when it is not llama.cpp's
-    default f16)."""
+    """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`). Options, each recorded by a
+    plan only when it is not llama.cpp's default: `cache_type` (q8_0 or q4_0: the K and V cache
+    type) and `gpu_layers` (layers offloaded to a GPU, 0: none)."""
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.engines.llamacpp import CACHE_TYPES
 
     options = dict(options or {})
     cache_type = options.pop("cache_type", "f16")
+    gpu_layers = options.pop("gpu_layers", 0)
     if options:
-        raise PlanError(f"the llama.cpp backend takes no options but cache_type, got {', '.join(options)}")
+        raise PlanError(f"the llama.cpp backend takes no options but cache_type and gpu_layers, got {', '.join(options)}")
+    if not isinstance(gpu_layers, int) or isinstance(gpu_layers, bool) or gpu_layers < 0:
+        raise PlanError(f"gpu_layers must be a count of layers (0 or more), got {str(gpu_layers)[:40]!r}")
     if not isinstance(cache_type, str) or cache_type not in CACHE_TYPES:
         raise PlanError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {str(cache_type)[:40]!r}")
-    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type)
+    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type, n_gpu_layers=gpu_layers)
 
 
 def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,

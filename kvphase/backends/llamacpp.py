@@ -41,6 +41,7 @@ class LlamaCppBackend:
         flash_attn: bool = False,
         head_tap: bool = False,
         cache_type: str = "f16",
+        n_gpu_layers: int = 0,
     ):
         """`head_tap`: install a `TapPoint` (`self.tap_point`): its tap (`engines.taps`) sees, and
         may overwrite, the graph nodes it selects (knockouts). `cache_type`: the K and V cache
@@ -49,7 +50,7 @@ class LlamaCppBackend:
 
         self._lc = llama_cpp
         self.model_path = Path(model_path)
-        self._model = engine.load_model(self.model_path)
+        self._model = engine.load_model(self.model_path, n_gpu_layers=n_gpu_layers)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.model_path} "
                                f"({_out_of_memory(self.model_path, n_ctx, cache_type, 'weights') or UNLOADABLE})")

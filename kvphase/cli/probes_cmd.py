@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from kvphase.cli import app
-from kvphase.cli.options import given, own_folder
+from kvphase.cli.options import GPU_LAYERS, given, own_folder, with_gpu_layers
 from kvphase.cli.text import plain
 from kvphase.defaults import default_threads
 
@@ -39,6 +39,7 @@ def gate_activations(
     seed: int = typer.Option(0, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-gate-activations."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
+    gpu_layers: int = GPU_LAYERS,
 ) -> None:
     """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
     from kvphase.backends import BACKENDS
@@ -67,6 +68,7 @@ def gate_activations(
                      task or defaults.task, seed, density=AUTO_DENSITY)
     if on_reference:
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
+    plan = with_gpu_layers(plan, gpu_layers)
     n_threads = threads or default_threads()
     backend = BACKENDS[plan.backend](info.path, n_ctx=plan.context + query_room(info), n_threads=n_threads,
                                      options=plan.backend_options)
@@ -89,6 +91,7 @@ def flip(
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     backend: str = typer.Option("auto", help="llama.cpp, reference (the numpy model), or auto: reference with the "
                                 "file's own compressor for a compressed kvphase-trained model, else llama.cpp."),
+    gpu_layers: int = GPU_LAYERS,
     design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
     option: List[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable."),
 ) -> None:
@@ -132,6 +135,7 @@ def flip(
         plan = with_reference_design(plan, design, parse_options(option), info.n_layers)
     elif design != "dense" or option:
         raise PlanError("--design and --option apply to --backend reference only")
+    plan = with_gpu_layers(plan, gpu_layers)
     run_dir = out or Path("reports") / f"{info.short_name}-flip-S{plan.stride}-L{context}"
     engine = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
                                     options=plan.backend_options)
@@ -152,6 +156,7 @@ def cycle(
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-cycle-k<K>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     backend: str = typer.Option("auto", help="llama.cpp, reference, or auto: reference for kvphase-trained models."),
+    gpu_layers: int = GPU_LAYERS,
 ) -> None:
     """Gate cycling: sweep the model and a copy with its gate biases rolled by k; does the weak phase move by k?"""
     from dataclasses import replace
@@ -181,6 +186,7 @@ def cycle(
                              defaults.padding, task or defaults.task, seed, density=AUTO_DENSITY), backend=name)
     if name == "reference":
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
+    plan = with_gpu_layers(plan, gpu_layers)
     run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
 
     def open_backend(path: Path):
@@ -209,6 +215,7 @@ def knockout(
     backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (taps on llama.cpp's graph), "
                                 "or auto: reference for kvphase-trained models, else llama.cpp."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
+    gpu_layers: int = GPU_LAYERS,
 ) -> None:
     """Knockouts: mean-ablate each attention head (or gate phase slot) in turn and map the accuracy change per phase."""
     from dataclasses import replace
@@ -237,12 +244,13 @@ def knockout(
         check_llama_limits(info.path)
     plan = replace(make_plan(info, None, None, given(context, defaults.context), given(per_residue, 64 if trained else 8),
                              defaults.padding, task or defaults.task, seed, density=AUTO_DENSITY), backend=name)
+    plan = with_gpu_layers(plan, gpu_layers)
     n_ctx = plan.context + query_room(info)
     if name == "reference":
         plan = with_reference_design(plan, defaults.design, {}, info.n_layers)
         engine = BACKENDS["reference"](info.path, n_ctx=n_ctx, n_threads=1, options=plan.backend_options)
     else:
-        engine = open_tapped_backend(info.path, n_ctx, threads or default_threads())
+        engine = open_tapped_backend(info.path, n_ctx, threads or default_threads(), plan.backend_options.get("gpu_layers", 0))
     run_dir = out or Path("reports") / f"{info.short_name}-knockout{'-slots' if slots else ''}"
     def progress(name: str, number: int, runs: int) -> None:
         typer.echo(f"[{number}/{runs}] {name}", err=True)

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from kvphase.backends import BACKENDS
 from kvphase.cli import app, raise_if_interrupted
-from kvphase.cli.options import given, own_folder
+from kvphase.cli.options import GPU_LAYERS, given, own_folder, with_gpu_layers
 from kvphase.cli.text import markup, plain
 from kvphase.defaults import default_model_path, default_threads
 from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
@@ -120,6 +120,7 @@ def sweep(
                                                    "cache type. f16 (default, llama.cpp's own), or q8_0 / q4_0: both "
                                                    "quantized, with flash attention on (llama.cpp needs it for a "
                                                    "quantized V cache)."),
+    gpu_layers: int = GPU_LAYERS,
     dry_run: bool = typer.Option(False, "--dry-run", help="Write nothing: build the plan, count its contexts, targets "
                                  "and tokens, score its first context, and estimate the sweep's wall time and memory."),
     calibrate: bool = typer.Option(False, "--calibrate", help="First a short pilot (at most 30% of the sweep's tokens, "
@@ -153,7 +154,7 @@ def sweep(
     plans = [plan_sweep(info, s, asked, every_stride) for s in strides]
     connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, url, slots, engine.value,
                                 request_timeout, deadline)
-    plans = [with_backend(plan, connect, engine.value, asked.cache_type) for plan in plans]
+    plans = [with_gpu_layers(with_backend(plan, connect, engine.value, asked.cache_type), gpu_layers) for plan in plans]
     plans = [with_offsets(info, plan, offsets, combine, shift, random_offset) for plan in plans]
     aim = calibration_aim(info, plans[0], asked, calibrate, target_accuracy, dry_run)
     runs = [(plan, run_dir_for(info, plan, out, every_stride, aim)) for plan in plans]

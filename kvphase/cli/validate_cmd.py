@@ -12,6 +12,7 @@ from rich.table import Table
 from kvphase.engines.capture import EngineSettings
 from kvphase.engines.llamacpp import check_threads
 from kvphase.cli import app
+from kvphase.cli.options import GPU_LAYERS
 from kvphase.cli.text import markup
 from kvphase.defaults import default_threads
 from kvphase.errors import PlanError
@@ -28,7 +29,7 @@ def validate(
         None, help="A batch split such as 19,5,11,29 (repeatable); default: three splits incl. decode batches."
     ),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
-    gpu_layers: int = typer.Option(0, "--gpu-layers", help="Layers to offload to a GPU."),
+    gpu_layers: int = GPU_LAYERS,
     keys_tol: float = typer.Option(1e-5, "--keys-tol", help="Max absolute difference of compressed keys."),
     scores_tol: float = typer.Option(1e-4, "--scores-tol", help="Max score difference, relative to the largest score."),
     attention_tol: float = typer.Option(5e-3, "--attention-tol", help="Max attention output difference (deepseek4), "

@@ -83,6 +83,17 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
 
 
+def gpu_offload_note(n_gpu_layers: int) -> str | None:
+    """Why `n_gpu_layers` > 0 does nothing here, or None: a CPU build of llama.cpp (this wheel compiled
+    without CUDA, Metal or Vulkan) offloads nothing and runs every layer on the CPU."""
+    import llama_cpp
+
+    if n_gpu_layers > 0 and not llama_cpp.llama_supports_gpu_offload():
+        return (f"this llama.cpp build has no GPU backend (llama_supports_gpu_offload is false): --gpu-layers "
+                f"{n_gpu_layers} does nothing, every layer runs on the CPU")
+    return None
+
+
 def high_level_llama(path: str | Path, **settings):
     """`llama_cpp.Llama(path, **settings)` with weight repacking as `extra_buffers_safe` allows: Llama
     (0.3.36) takes no use_extra_bufts and builds its model parameters from
