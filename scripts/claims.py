@@ -194,6 +194,21 @@ def pilot_phrase(relative: str) -> str:
             + " tokens from " + _and([str(s["targets"]) for s in steps]) + " targets")
 
 
+def example_phrase() -> str:
+    """The default sweep's numbers in the sentences that describe it (its summary and manifest)."""
+    folder = ROOT / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024"
+    s, manifest = _read(folder, "summary.json"), _read(folder, "manifest.json")
+    return (f"Mean accuracy {s['mean_accuracy']:.1f}%; residues range from {s['worst_accuracy']:.1f}% (residue "
+            f"{s['worst_residue']}) to {s['best_accuracy']:.1f}% (residue {s['best_residue']}), a {s['gap']:.1f}-point raw "
+            f"gap whose bias-corrected 95% interval is {s['gap_ci'][0]:.1f} to {s['gap_ci'][1]:.1f} points. The "
+            f"Cochran-Mantel-Haenszel test stratified by context gives p = {s['test']['p_value']:.2f}, and the same test "
+            f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)}, no phase effect larger "
+            f"than {s['detectable_dip']:.1f} points (the dip this run detects with 80% power), in a model that has no "
+            f"compression to cause one. Targets of one context agree a little (intra-context correlation "
+            f"{s['icc']:.3f}, design effect {s['design_effect']:.1f}). It took {manifest['wall_time_s']:.0f} s on "
+            f"{manifest['machine']['threads']} threads")
+
+
 def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
@@ -349,6 +364,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "csa-dense-seeds": lambda: gaps_phrase([f"engine/csa-dense-seed{k}" for k in range(3)], mean=True),
     "glm-msa-seeds": lambda: gaps_phrase([f"glm-msa-seed{k}" for k in range(3)], mean=True),
     "example-sweep-time": example_sweep_time,
+    "example": example_phrase,
     "gemma-pilot": lambda: pilot_phrase("calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated"),
     "engine-sweep-times": engine_sweep_times,
     "training-times": training_times,
