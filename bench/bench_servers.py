@@ -1,14 +1,15 @@
-"""Throughput through servers (issue 40, part 6): targets per second scored in process and through
-1, 2 and 4 llama-server processes (one slot and one thread each), as ratios against in-process
-measured in one run. The same contexts go through every setup, the rounds interleaved so that load
+"""Throughput through servers (issue 40, part 6): targets per second scored in process, through
+1, 2 and 4 llama-server processes (one slot and one thread each) and through one llama-server
+whose layers are split over two rpc-servers (llama.cpp's RPC, one thread each), as ratios against
+in-process measured in one run. The same contexts go through every setup, the rounds interleaved so that load
 from other work on the machine falls on all; each ratio is of the best round of each.
 
     .venv/bin/python bench/bench_servers.py [--contexts 8] [--rounds 2] [--quick] [MODEL]
 
 Default model: SmolLM2-135M-Instruct (the bundled default) at 512-token contexts. On a machine
 with fewer cores than servers the servers share them: the ratio then says what the cores allow,
-not what the servers could do apart. llama.cpp's RPC split (part 2 of the issue) is not built
-here, so it has no row.
+not what the servers could do apart. The RPC split runs on localhost: what it costs is the
+layers' hand-over between processes, without a network's latency.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def main() -> None:
     from kvphase.backends.server import open_server_backend
     from kvphase.cli.sweep_cmd import open_backend
     from kvphase.defaults import default_model_path
-    from kvphase.engines.llama_server import find_llama_server, llama_server
+    from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.sweep.placement import build_probes
     from kvphase.sweep.plan import SweepPlan, query_room
@@ -52,10 +53,14 @@ def main() -> None:
     with ExitStack() as stack:
         running = [stack.enter_context(llama_server(info.path, binary=binary, threads=1, slots=1,
                                                     n_ctx_per_slot=n_ctx + 64)) for _ in range(max(servers))]
+        rpcs = [stack.enter_context(rpc_server()) for _ in range(2)]
+        split = stack.enter_context(llama_server(info.path, binary=binary, threads=1, slots=1, n_ctx_per_slot=n_ctx + 64,
+                                                 extra=rpc_options([rpc.url for rpc in rpcs])))
         setups = {"in process (1 thread)": local}
         for n in servers:
             setups[f"{n} llama-server{'s' if n > 1 else ''} (1 thread each)"] = open_server_backend(
                 info.path, n_ctx=n_ctx, urls=[server.url for server in running[:n]])
+        setups["1 llama-server over 2 rpc-servers"] = open_server_backend(info.path, n_ctx=n_ctx, urls=[split.url])
         best = {name: float("inf") for name in setups}
         for _ in range(args.rounds):
             for name, backend in setups.items():

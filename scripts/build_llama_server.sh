@@ -25,6 +25,8 @@ VERSION=${1:-$(sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 [ -n "$VERSION" ] || { echo "build_llama_server: no llama-cpp-python pin in pyproject.toml" >&2; exit 1; }
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 JOBS=${JOBS:-2}
+LIB=$("$PYTHON" -c "import importlib.util, pathlib
+print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')" 2>/dev/null || true)
 NICE=${NICE:-10}
 # A worktree's common git dir sits in the main checkout; a plain clone's is its own .git.
 COMMON=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null || echo "$ROOT/.git")
@@ -33,11 +35,14 @@ BIN=$CACHE/bin/llama-server
 
 # a cached binary that no longer starts (the libraries it links were removed) is built again
 runs() { [ -x "$BIN" ] && "$BIN" --version >/dev/null 2>&1; }
-if runs; then echo "$BIN"; exit 0; fi
+# llama.cpp's RPC pieces beside it: rpc-server, and the RPC backend as a module that ggml loads
+# from the binaries' folder (llama-cpp-python's libraries are built without it)
+rpc_built() { [ -x "$CACHE/bin/rpc-server" ] && [ -f "$CACHE/bin/libggml-rpc.so" ] || [ -z "$LIB" ]; }
+if runs && rpc_built; then echo "$BIN"; exit 0; fi
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9  # another checkout (a worktree) may be building the same version: wait for it
-if runs; then echo "$BIN"; exit 0; fi
+if runs && rpc_built; then echo "$BIN"; exit 0; fi
 SDIST=$CACHE/llama_cpp_python-$VERSION.tar.gz
 if [ ! -f "$SDIST" ]; then
     echo "build_llama_server: downloading the llama-cpp-python $VERSION sdist..." >&2
@@ -52,8 +57,6 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 OPTIONS=(-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF
          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
          -DLLAMA_BUILD_COMMIT="llama-cpp-python-$VERSION")
-LIB=$("$PYTHON" -c "import importlib.util, pathlib
-print(pathlib.Path(importlib.util.find_spec('llama_cpp').origin).parent / 'lib')" 2>/dev/null || true)
 
 fresh_sources() {
     rm -rf "$SRC" "$CACHE/build" && mkdir -p "$SRC"
@@ -91,10 +94,28 @@ whole() {
     nice -n "$NICE" cmake --build "$CACHE/build" --target llama-server -j "$JOBS" >&2
 }
 
+# rpc-server and libggml-rpc.so against llama-cpp-python's libraries: two files of ggml-rpc and one
+# of the tool, seconds to compile. A llama-server built whole has no RPC (FULL=1 builds no pieces).
+rpc_pieces() {
+    [ -n "$LIB" ] && [ -f "$LIB/libggml-base.so" ] || return 0
+    [ -d "$SRC/ggml/src/ggml-rpc" ] || fresh_sources
+    local cxx=${CXX:-c++} flags=(-O2 -std=c++17 -I"$SRC/ggml/include" -I"$SRC/ggml/src" -L"$LIB" -Wl,-rpath,"$LIB")
+    echo "build_llama_server: building rpc-server and the RPC backend module..." >&2
+    nice -n "$NICE" "$cxx" "${flags[@]}" -fPIC -shared -DGGML_BACKEND_DL -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED \
+        -DGGML_SHARED "$SRC/ggml/src/ggml-rpc/ggml-rpc.cpp" "$SRC/ggml/src/ggml-rpc/transport.cpp" -lggml-base \
+        -o "$CACHE/bin/libggml-rpc.so.tmp" >&2 &&
+    nice -n "$NICE" "$cxx" "${flags[@]}" "$SRC/tools/rpc/rpc-server.cpp" -lggml -lggml-base \
+        -o "$CACHE/bin/rpc-server.tmp" >&2 &&
+    mv "$CACHE/bin/libggml-rpc.so.tmp" "$CACHE/bin/libggml-rpc.so" && mv "$CACHE/bin/rpc-server.tmp" "$CACHE/bin/rpc-server"
+}
+
 START=$(date +%s)
-on_installed_libraries || whole
 mkdir -p "$CACHE/bin"
-cp "$CACHE/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+if ! runs; then
+    on_installed_libraries || whole
+    cp "$CACHE/build/bin/llama-server" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
+fi
+rpc_pieces
 rm -rf "$CACHE/build" "$SRC"
 echo "build_llama_server: built in $(( $(date +%s) - START ))s" >&2
 echo "$BIN"

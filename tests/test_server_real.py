@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.cli import app
-from kvphase.engines.llama_server import find_llama_server, llama_server
+from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
 from kvphase.sweep.run import RESULTS_FILE, load_results
 
 pytestmark = pytest.mark.slow
@@ -104,6 +105,28 @@ def test_a_header_only_file_sweeps_through_a_server_as_the_model_itself(tmp_path
     differing, spread = flag_agreement(one_server_run, rows)
     # one slot, each context evaluated alone from position 0: the server returns the same numbers
     assert np.array_equal(rows["logprob"], one_server_run["logprob"]), spread
+
+
+def resident_mib(process) -> float:
+    """A process's resident memory (VmRSS, /proc)."""
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+def test_a_model_split_over_two_rpc_servers_scores_as_in_process(tmp_path, binary, default_model, local_run):
+    """llama.cpp's RPC split (llama-server --rpc, every layer on two rpc-servers): the same targets
+    as the in-process backend, log-probabilities within the cross-build tolerance of docs/server.md."""
+    with rpc_server() as a, rpc_server() as b, llama_server(default_model, binary=binary, threads=1, slots=1,
+                                                           n_ctx_per_slot=1024, extra=rpc_options([a.url, b.url])) as server:
+        result = server_sweep(default_model, tmp_path / "run", server.url)
+        held = [resident_mib(rpc.process) for rpc in (a, b)]
+    assert result.exit_code == 0, result.output
+    assert min(held) > 20, f"each rpc-server should hold part of the 94 MiB of weights: {held} MiB"
+    rows = sorted_results(tmp_path / "run")
+    differing, spread = flag_agreement(local_run, rows)
+    print(f"\nRPC split: {differing} of {len(rows)} flags differ; {spread}; rpc-servers hold {held} MiB")
+    assert differing <= 0.01 * len(rows), spread
+    assert np.abs(rows["logprob"] - local_run["logprob"]).max() < 0.4, spread
 
 
 def test_two_servers_give_the_results_of_one(tmp_path, binary, tiny, tiny_server_run):

@@ -1,4 +1,5 @@
-"""Start a local llama-server on 127.0.0.1 and stop it again (tests, bench, studies).
+"""Start a local llama-server (and llama.cpp's rpc-server) on 127.0.0.1 and stop it again (tests,
+bench, studies).
 
 The binary comes from `scripts/build_llama_server.sh`, built from the llama.cpp that
 llama-cpp-python vendors; `find_llama_server` runs that script, which returns at once
@@ -54,6 +55,14 @@ def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ct
             *(() if extra_buffers_safe() else ("--no-repack",)), *extra]
 
 
+def rpc_options(endpoints: list[str]) -> tuple[str, ...]:
+    """llama-server's options that put every layer on the rpc-servers at `endpoints` (host:port),
+    split by their memory. The `-ot` with a pattern no tensor has comes first because it makes
+    ggml load its backend modules (libggml-rpc.so beside the binary): llama.cpp only looks for them
+    when no backend is registered yet, and llama-cpp-python's libraries register the CPU's."""
+    return ("-ot", "kvphase-no-such-tensor=CPU", "--rpc", ",".join(endpoints), "-ngl", "99")
+
+
 @contextlib.contextmanager
 def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, threads: int | None = None,
                  extra: tuple[str, ...] = (), binary: Path | None = None, ready_s: float = 120.0
@@ -61,11 +70,31 @@ def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, thr
     """A llama-server serving `model` on a free port; always stopped on exit."""
     binary = binary or find_llama_server()
     port = free_port()
+    command = server_command(binary, model, port, slots=slots, n_ctx_per_slot=n_ctx_per_slot,
+                             threads=threads or default_threads(), extra=extra)
+    with _running(command, f"http://127.0.0.1:{port}", ready_s) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def rpc_server(*, threads: int = 1, binary: Path | None = None, ready_s: float = 30.0) -> Iterator["RunningServer"]:
+    """llama.cpp's rpc-server (built beside llama-server) on a free port: it holds and computes the
+    layers a `llama-server --rpc` gives it. Its `url` is the host:port `--rpc` takes."""
+    binary = binary or find_llama_server().with_name("rpc-server")
+    if not binary.is_file():
+        raise BackendError(f"no rpc-server beside {binary.parent / 'llama-server'}: scripts/build_llama_server.sh "
+                           "builds it against llama-cpp-python's libraries (FULL=1 builds have none)")
+    port = free_port()
+    with _running([str(binary), "-H", "127.0.0.1", "-p", str(port), "-t", str(threads)], f"127.0.0.1:{port}",
+                  ready_s) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _running(command: list[str], url: str, ready_s: float) -> Iterator["RunningServer"]:
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen(server_command(binary, model, port, slots=slots, n_ctx_per_slot=n_ctx_per_slot,
-                                              threads=threads or default_threads(), extra=extra),
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    running = RunningServer(f"http://127.0.0.1:{port}", process, log)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    running = RunningServer(url, process, log)
     try:
         running.wait_ready(ready_s)
         yield running
@@ -81,18 +110,26 @@ class RunningServer:
         self.url, self.process, self._log = url, process, log
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        """Until llama-server's /health answers, or an rpc-server (a host:port URL) accepts a connection."""
+        deadline, name = time.monotonic() + timeout_s, Path(self.process.args[0]).name
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise BackendError(f"llama-server exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
+                raise BackendError(f"{name} exited with {self.process.returncode}: {self.log_tail()}")
+            if self._answers():
+                return
             time.sleep(0.2)
-        raise BackendError(f"llama-server at {self.url} was not ready after {timeout_s:.0f} s: {self.log_tail()}")
+        raise BackendError(f"{name} at {self.url} was not ready after {timeout_s:.0f} s: {self.log_tail()}")
+
+    def _answers(self) -> bool:
+        try:
+            if not self.url.startswith("http"):
+                host, port = self.url.rsplit(":", 1)
+                socket.create_connection((host, int(port)), timeout=2).close()
+                return True
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
 
     def log_tail(self, lines: int = 3) -> str:
         self._log.seek(0)
