@@ -120,10 +120,10 @@ def test_llama_cpp_holds_the_cache_in_the_type_asked_for(tiny_deepseek4):
     assert sizes["f16"] > sizes["q8_0"] > sizes["q4_0"], sizes
 
 
-@pytest.mark.parametrize("options, fragment", [({"design": "dense"}, "takes no options but cache_type, got design"),
+@pytest.mark.parametrize("options, fragment", [({"design": "dense"}, "takes no options but cache_type and gpu_layers, got design"),
                                                ({"cache_type": "q5_1"}, "cache_type must be one of f16, q8_0, q4_0"),
                                                ({"cache_type": 8}, "cache_type must be one of")])
-def test_the_llama_cpp_factory_takes_exactly_the_cache_type(tiny_llama, options, fragment):
+def test_the_llama_cpp_factory_takes_exactly_its_options(tiny_llama, options, fragment):
     """A config.json edited by hand reaches the factory: it refuses what it does not know."""
     from kvphase.backends import llamacpp_backend
 
