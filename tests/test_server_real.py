@@ -92,19 +92,19 @@ def test_server_sweep_flags_agree_with_the_in_process_backend(local_run, one_ser
     assert (local_run["predicted"] == one_server_run["predicted"]).mean() >= 0.99
 
 
-def test_a_header_only_file_sweeps_through_a_server_as_the_model_itself(tmp_path, one_server, one_server_run,
-                                                                        default_model):
-    """A model you do not hold: its header (kvphase header, MBs) plans the same prompts, row for row."""
+def test_a_header_only_file_sweeps_through_a_server_as_the_model_itself(tmp_path, binary, tiny, tiny_server_run):
+    """A model you do not hold: its header (kvphase header, no weights) plans the same prompts, row for row."""
     from kvphase.gguf.header_only import write_header_only
 
-    header = write_header_only(default_model, tmp_path / "header.gguf").path
-    result = server_sweep(header, tmp_path / "run", one_server.url)
+    header = write_header_only(tiny, tmp_path / "header.gguf").path
+    with llama_server(tiny, binary=binary, threads=1, slots=1, n_ctx_per_slot=1024) as server:
+        result = server_sweep(header, tmp_path / "run", server.url, extra=TINY_SWEEP)
     assert result.exit_code == 0, result.output
     rows = sorted_results(tmp_path / "run")
-    assert rows.drop(columns="logprob").equals(one_server_run.drop(columns="logprob"))
-    differing, spread = flag_agreement(one_server_run, rows)
+    assert rows.drop(columns="logprob").equals(tiny_server_run.drop(columns="logprob"))
+    _, spread = flag_agreement(tiny_server_run, rows)
     # one slot, each context evaluated alone from position 0: the server returns the same numbers
-    assert np.array_equal(rows["logprob"], one_server_run["logprob"]), spread
+    assert np.array_equal(rows["logprob"], tiny_server_run["logprob"]), spread
 
 
 def resident_mib(process) -> float:
