@@ -205,6 +205,7 @@ def test_the_reference_refuses_a_deepseek4_file_outside_the_minimal_configuratio
     (["csa-dense", "--hint-steps", "2000"], "--hint-steps must be a whole number from 0 to --steps (1000), got 2000"),
     (["csa-dense", "--hint-steps", "-1"], "--hint-steps must be a whole number"),
     (["csa-dense", "--hint-steps", "10", "--copy-steps", "10"], "give one of them"),
+    (["csa", "--top-k", "4"], "a trained top-k is not built yet: drop --top-k"),  # accepted and ignored before
 ])
 def test_bad_options_for_deepseek4_are_one_line_and_leave_no_folder(tmp_path, args, fragment):
     from typer.testing import CliRunner

@@ -165,6 +165,9 @@ class TrainConfig:
                             f"of 4, got {self.head_dim}")
         if self.design != "csa-dense" and self.local_window < 1:
             raise PlanError("deepseek4's sliding window holds the query itself: --local-window must be at least 1")
+        if self.top_k != TrainConfig.top_k:  # accepted and ignored before: an option that does nothing is refused
+            raise PlanError(f"{self.design}'s lightning indexer reads every compressed entry (its weights are zero and "
+                            "its top-k above any block count); a trained top-k is not built yet: drop --top-k")
 
     def _check_glm5(self) -> None:
         """What glm5-next's file cannot express: pools start at the sequence's first position,
