@@ -59,6 +59,15 @@ def _gap(summary: dict) -> str:
     return f"{summary['gap']:.1f} ({summary['gap_ci'][0]:.1f}-{summary['gap_ci'][1]:.1f})"
 
 
+def _link(label: str, folder: Path, base: Path) -> str:
+    return f"[{label}]({folder.relative_to(base)}/report.md)"
+
+
+def _dip(summary: dict, digits: int = 1) -> str:
+    """The one-residue dip the run detects with 80% power, "-" when none can be computed."""
+    return "-" if summary["detectable_dip"] is None else f"{summary['detectable_dip']:.{digits}f}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
@@ -95,10 +104,9 @@ def long_context_table(runs: list[tuple[str, str, str]], base: Path = ROOT) -> s
     for model, relative, label in runs:
         folder = ROOT / relative
         config, s, manifest = (_read(folder, n) for n in ("config.json", "summary.json", "manifest.json"))
-        dip = "-" if s["detectable_dip"] is None else f"{s['detectable_dip']:.1f}"
         rows.append([model, str(config["context"]), f"{s['n_contexts']} x {s['n_targets'] // s['n_contexts']}",
                      f"{round(manifest['tokens_evaluated'] / 1000)}K", f"{manifest['wall_time_s'] / 60:.1f} min",
-                     f"{s['mean_accuracy']:.1f}%", verdict(s), dip, f"[{label}]({folder.relative_to(base)}/report.md)"])
+                     f"{s['mean_accuracy']:.1f}%", verdict(s), _dip(s), _link(label, folder, base)])
     return _table(["model", "context", "contexts x targets", "tokens", "wall time", "mean accuracy", "verdict",
                    "detectable dip, points", "run folder"], rows)
 
@@ -138,16 +146,12 @@ def trained_table(runs: list[tuple[str, str]], quantized: bool = False, referenc
         worst = worst if min(accuracies) < max(accuracies) else None  # no residue is worst when all are equal
         residues = ", ".join(f"**{a:.1f}**" if i == worst else f"{a:.1f}" for i, a in enumerate(accuracies))
         held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
-        rows.append([f"[{label}]({folder.relative_to(ROOT / 'reports')}/sweep/report.md)", held_out, _mean(s), residues,
+        rows.append([_link(label, folder / "sweep", ROOT / "reports"), held_out, _mean(s), residues,
                      _gap(s), _p(s["test"]["p_value"]), verdict(s)]
                     + ([_p(s["logprob_test"]["p_value"])] if logprob else []) + ([_reference_agreement(folder)] if reference else [])
                     + ([_quantized_gap(folder, q) for q in ("Q8_0", "Q4_0")] if quantized else []))
     return _table(["model", "held-out %", "sweep mean % (95% CI)", "per residue %", "gap (95% CI)", "p", "verdict"]
                   + (["log-prob p"] if logprob else []) + (["reference sweep"] if reference else []) + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
-
-
-def _link(label: str, folder: Path, base: Path) -> str:
-    return f"[{label}]({folder.relative_to(base)}/report.md)"
 
 
 def sweep_table(runs: list[tuple[str, str]], periodicity: bool = False) -> str:
@@ -157,10 +161,9 @@ def sweep_table(runs: list[tuple[str, str]], periodicity: bool = False) -> str:
     for label, relative in runs:
         folder = ROOT / "reports" / relative
         s = _read(folder, "summary.json")
-        dip = "-" if s["detectable_dip"] is None else f"{s['detectable_dip']:.0f}"
         rows.append([_link(label, folder, ROOT / "reports"), str(min(r["n"] for r in s["per_residue"])), _mean(s),
                      f"{s['worst_accuracy']:.1f}", _gap(s)] + ([f"{s['periodicity']:.1f}"] if periodicity else [])
-                    + [dip, _p(s["test"]["p_value"]), _p(s["logprob_test"]["p_value"]), verdict(s)])
+                    + [_dip(s, 0), _p(s["test"]["p_value"]), _p(s["logprob_test"]["p_value"]), verdict(s)])
     return _table(["run", "n per residue", "mean % (95% CI)", "worst residue %", "gap (95% CI)"]
                   + (["periodicity"] if periodicity else [])
                   + ["detectable dip", "p (CMH)", "p (log-prob)", "verdict"], rows)
@@ -176,12 +179,11 @@ def calibrated_table(runs: list[tuple[str, str]]) -> str:
         steps, manifest = config["calibration"]["steps"], _read(folder, "manifest.json")
         pilot = ", ".join(f"{step['context']}: {100 * step['correct'] / step['targets']:.1f}% of {step['targets']}"
                           for step in steps)
-        dip = "-" if s["detectable_dip"] is None else f"{s['detectable_dip']:.1f}"
         rows.append([_link(model, folder, ROOT / "reports"), pilot, f"{config['task']} at {config['context']}",
                      f"{100 * config['calibration']['pilot_tokens'] / manifest['tokens_evaluated']:.1f}%",
                      f"{manifest['wall_time_s'] / 60:.1f} min",
                      f"{s['n_targets']} in {s['n_contexts']}", f"{s['mean_accuracy']:.1f}%", _gap(s),
-                     _p(s["test"]["p_value"]), verdict(s), dip])
+                     _p(s["test"]["p_value"]), verdict(s), _dip(s)])
     return _table(["model", "pilot: context, accuracy of targets", "chosen", "pilot tokens / sweep's", "sweep time", "sweep targets in contexts",
                    "mean", "gap (95% CI)", "p", "verdict", "detectable dip"], rows)
 
@@ -239,7 +241,7 @@ def trained_files_table() -> str:
         folder = ROOT / "reports" / "trained" / relative
         s = _read(folder, "summary.json")
         rows.append([f"`{file}`", layout, what, f"{s['mean_accuracy']:.1f}%", f"{s['worst_residue']}: {s['worst_accuracy']:.1f}%",
-                     _gap(s), _p(s["test"]["p_value"]), f"[{verdict(s)}]({folder.relative_to(ROOT)}/report.md)"])
+                     _gap(s), _p(s["test"]["p_value"]), _link(verdict(s), folder, ROOT)])
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
 

@@ -16,8 +16,9 @@ import numpy as np
 from kvphase.backends.base import Query, Score, log_softmax_rows, score_from_logits
 from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
-from kvphase.gguf.limits import check_llama_limits
+from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.header_only import require_weights
+from kvphase.gguf.limits import check_llama_limits
 from kvphase.reference import open_model
 from kvphase.reference.model import AttentionPolicy
 from kvphase.reference.policy import check_policy_layers, make_policy
@@ -33,8 +34,9 @@ class ReferenceBackend:
 
         silence_llama_logs()
         self.model_path = Path(model_path)
-        check_llama_limits(self.model_path)  # the vocabulary below is read by llama.cpp
-        require_weights(self.model_path, "the reference model")
+        header = read_gguf_header(self.model_path)  # once, for both checks
+        check_llama_limits(header)  # the vocabulary below is read by llama.cpp
+        require_weights(header, "the reference model")
         self.model = open_model(self.model_path, policy=policy)
         check_policy_layers(self.model.policy, self.model.config.n_layer)
         self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)

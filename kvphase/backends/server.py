@@ -471,8 +471,7 @@ class ServerBackend:
             thread.start()
         alive = len(threads)
         if not alive and jobs:
-            raise BackendError(f"every server has stopped answering ({self._lost_summary()}); finished contexts are "
-                               "kept: run the same command again to resume")
+            raise self._every_server_gone()
         try:
             finished = 0
             while finished < len(jobs):
@@ -480,8 +479,7 @@ class ServerBackend:
                 if isinstance(result, ServerGone):
                     alive -= 1
                     if not alive:
-                        raise BackendError(f"every server has stopped answering ({self._lost_summary()}); finished "
-                                           "contexts are kept: run the same command again to resume") from None
+                        raise self._every_server_gone() from None
                     continue
                 if isinstance(result, BaseException):
                     raise result
@@ -528,8 +526,10 @@ class ServerBackend:
     def _lost_urls(self) -> set[str]:
         return {entry["url"] for entry in self.lost}
 
-    def _lost_summary(self) -> str:
-        return "; ".join(f"since {entry['at']}: {entry['reason']}" for entry in self.lost)
+    def _every_server_gone(self) -> BackendError:
+        summary = "; ".join(f"since {entry['at']}: {entry['reason']}" for entry in self.lost)
+        return BackendError(f"every server has stopped answering ({summary}); finished contexts are kept: run the "
+                            "same command again to resume")
 
     def engine_info(self) -> dict:
         """What the manifest records about the engines: their own build, model and slots."""

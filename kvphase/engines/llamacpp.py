@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.header_only import require_weights
 from kvphase.gguf.tensors import GGML_TYPE_F32
@@ -70,9 +71,10 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     and raises its own error on None."""
     import llama_cpp
 
-    check_llama_limits(path)
+    header = read_gguf_header(path)  # once, for both checks
+    check_llama_limits(header)
     if not vocab_only:
-        require_weights(path, "llama.cpp")
+        require_weights(header, "llama.cpp")
     silence_llama_logs()
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()

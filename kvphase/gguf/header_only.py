@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvphase.errors import ModelFileError, PlanError
-from kvphase.gguf.header import GGUF_MAGIC, LISTED_TENSORS, SOURCE_SIZE, GGUFHeader, TensorInfo, read_gguf_header
+from kvphase.gguf.header import (DEFAULT_ALIGNMENT, GGUF_MAGIC, LISTED_TENSORS, SOURCE_SIZE, GGUFHeader, TensorInfo,
+                                 read_gguf_header)
 from kvphase.runfolder.files import save_atomic
 
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
@@ -57,7 +58,7 @@ def write_header_only(source: str | Path, out: str | Path) -> HeaderOnly:
     listed = [f"{t.type_id} {','.join(str(d) for d in t.shape)} {t.name}" for t in tensors]
     body = (GGUF_MAGIC + struct.pack("<IQQ", header.version, 0, len(kept) + 2) + b"".join(records)
             + _string_array(LISTED_TENSORS, listed) + _uint64(SOURCE_SIZE, source_size))
-    alignment = header.fields.get("general.alignment", 32)
+    alignment = header.fields.get("general.alignment", DEFAULT_ALIGNMENT)
     data = body + bytes(-len(body) % alignment)  # an empty data section, aligned as llama.cpp seeks to it
     save_atomic(out, lambda tmp: tmp.write_bytes(data))
     return HeaderOnly(out, len(data), source_size, len(tensors), len(shards))
@@ -82,10 +83,12 @@ def other_shards(header: GGUFHeader) -> list[Path]:
     return paths
 
 
-def require_weights(path: str | Path, what: str) -> None:
-    """ModelFileError when `path` is a header-only file: `what` needs the weights."""
-    if read_gguf_header(path).header_only:
-        raise ModelFileError(f"{path} is a header-only file (kvphase header): it holds no weights, and {what} "
+def require_weights(model: str | Path | GGUFHeader, what: str) -> None:
+    """ModelFileError when `model` (a path, or its header already read) is a header-only file: `what`
+    needs the weights."""
+    header = model if isinstance(model, GGUFHeader) else read_gguf_header(model)
+    if header.header_only:
+        raise ModelFileError(f"{header.path} is a header-only file (kvphase header): it holds no weights, and {what} "
                              f"needs them; give the model itself ({SERVES})")
 
 
