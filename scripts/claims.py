@@ -116,18 +116,31 @@ def _quantized_gap(folder: Path, kind: str) -> str:
     return f"{_read(sweep, 'summary.json')['gap']:.1f}" if sweep.is_dir() else "-"
 
 
+def _by_target(*folders: Path):
+    """Each folder's results.csv indexed by target, on the first folder's targets."""
+    import pandas as pd
+
+    tables = [pd.read_csv(folder / "results.csv").set_index("target_id") for folder in folders]
+    return [table.reindex(tables[0].index) for table in tables]
+
+
 def _reference_agreement(folder: Path) -> str:
     """The reference sweep of the same weights against llama.cpp's: identical per-residue
     accuracies, or its gap and how many targets' verdicts differ (results.csv, by target)."""
-    import pandas as pd
-
     engine, reference = _read(folder / "sweep", "summary.json"), _read(folder / "sweep-reference", "summary.json")
     if [r["accuracy"] for r in engine["per_residue"]] == [r["accuracy"] for r in reference["per_residue"]]:
         return "identical"
-    flags = [pd.read_csv(folder / name / "results.csv").set_index("target_id")["correct"]
-             for name in ("sweep", "sweep-reference")]
-    apart = int((flags[0] != flags[1].reindex(flags[0].index)).sum())
+    ours, theirs = _by_target(folder / "sweep", folder / "sweep-reference")
+    apart = int((ours["correct"] != theirs["correct"]).sum())
     return f"gap {reference['gap']:.1f}, {apart} target{'s' if apart != 1 else ''} apart"
+
+
+def agreement_phrase(first: str, second: str) -> str:
+    """Two sweeps of one plan, target by target: the flags that differ and the log-probability gap."""
+    ours, theirs = _by_target(ROOT / "reports" / first, ROOT / "reports" / second)
+    apart, diff = int((ours["correct"] != theirs["correct"]).sum()), (ours["logprob"] - theirs["logprob"]).abs()
+    return (f"{apart} of {len(ours)} flags differ, log-probabilities within {diff.max():.1e} nats "
+            f"(mean {diff.mean():.1e})")
 
 
 def trained_table(runs: list[tuple[str, str]], quantized: bool = False, reference: bool = False,
@@ -372,6 +385,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "training-times": training_times,
     "glm-training-minutes": lambda: training_minutes([f"engine/glm-kpool-seed{k}" for k in range(3)]),
     "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
+    "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
 }
 
