@@ -167,6 +167,44 @@ def trained_table(runs: list[tuple[str, str]], quantized: bool = False, referenc
                   + (["log-prob p"] if logprob else []) + (["reference sweep"] if reference else []) + (["Q8_0 gap", "Q4_0 gap"] if quantized else []), rows)
 
 
+# DeepSeek-V4-Flash-Base's published per-residue accuracy (S = 4, residues mod 8; issue 43): residues 3
+# and 7, the last token of a block, are the weak ones
+PUBLISHED_DEEPSEEK4 = (43.8, 69.5, 66.0, 29.7, 44.9, 69.9, 64.5, 32.8)
+
+
+def block_end_dip(accuracies: list[float], stride: int = 4) -> float:
+    """Mean accuracy at the residues that end a block (r % S == S - 1) minus the mean at the others."""
+    ends = [a for r, a in enumerate(accuracies) if r % stride == stride - 1]
+    others = [a for r, a in enumerate(accuracies) if r % stride != stride - 1]
+    return sum(ends) / len(ends) - sum(others) / len(others)
+
+
+def _pearson(a: list[float], b: tuple[float, ...]) -> str:
+    import numpy as np
+
+    return "-" if np.std(a) == 0 else f"{np.corrcoef(a, b)[0, 1]:.2f}"
+
+
+def profile_table(runs: list[tuple[str, str, str]]) -> str:
+    """Trained models' sweeps at residues mod 8 against the published DeepSeek-V4 profile: each run's
+    two worst residues, its block-end dip and the correlation of its profile with the published one,
+    the published profile itself in the first row."""
+    rows = [["DeepSeek-V4-Flash-Base (published)", "-", ", ".join(f"{a:.1f}" for a in PUBLISHED_DEEPSEEK4),
+             f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f}", "-", "-", "3, 7",
+             f"{block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}", "1.00"]]
+    for label, name, sweep in runs:
+        folder = ROOT / "reports" / "trained" / name
+        trained, s = _read(folder, "summary.json"), _read(folder / sweep, "summary.json")
+        accuracies = [row["accuracy"] for row in s["per_residue"]]
+        worst = sorted(range(len(accuracies)), key=lambda r: (accuracies[r], r))[:2]
+        held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
+        rows.append([_link(label, folder / sweep, ROOT / "reports"), held_out, ", ".join(f"{a:.1f}" for a in accuracies),
+                     _gap(s), _p(s["test"]["p_value"]), verdict(s), ", ".join(map(str, sorted(worst))),
+                     f"{block_end_dip(accuracies):.1f}", _pearson(accuracies, PUBLISHED_DEEPSEEK4)])
+    return _table(["model", "held-out %", "per residue % (mod 8)", "gap (95% CI)", "p", "verdict", "worst two residues",
+                   "block-end dip (points)", "r with published"], rows)
+
+
 def sweep_table(runs: list[tuple[str, str]], periodicity: bool = False) -> str:
     """Sweeps of models not trained here (folders under reports/): targets per residue, mean
     (CI), worst residue, gap (CI), the one-residue dip the run detects, both tests' p, verdict."""
@@ -273,7 +311,8 @@ def engine_sweep_times() -> str:
 def training_minutes(runs: list[str]) -> str:
     """The range of training times over runs (folders under reports/trained/; their manifests)."""
     minutes = [_read(ROOT / "reports" / "trained" / run, "manifest.json")["wall_time_s"] / 60 for run in runs]
-    return f"{min(minutes):.0f}-{max(minutes):.0f}"
+    low, high = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def training_times() -> str:
@@ -285,6 +324,8 @@ def training_times() -> str:
 TRAINED_FILES = [
     ("csa-disjoint.gguf", "`deepseek4`", "DeepSeek-V4's compressor, each entry pooling its own 4 tokens", "engine/csa-disjoint-seed0/sweep"),
     ("csa-dense.gguf", "`deepseek4`", "its dense twin: a window over every token, trained with the induction hint", "engine/csa-dense-seed0/sweep"),
+    ("csa-top4.gguf", "`deepseek4`", "DeepSeek-V4's overlapped compressor, its lightning indexer reading the top 4 entries, "
+     "128-token context (residues mod 8)", "ds4-ablation/ctx128-top4-seed0/sweep"),
     ("glm-dense.gguf", "`glm5-next`", "GLM-5.3's layout, a top-k that keeps every pool: the dense twin", "engine/glm-dense-seed0/sweep"),
     ("gated.gguf", "gpt2 + gate tensors", "kvphase's first trained model (numpy reference only)", "gated-seed0/sweep"),
     ("dense.gguf", "gpt2", "its control, which never learned the retrieval", "dense-seed0/sweep")]
@@ -324,11 +365,29 @@ def _seeds(label: str, name: str) -> list[tuple[str, str]]:
     return [(f"{label} seed {seed}", f"{name}-seed{seed}") for seed in range(3)]
 
 
+DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 2)),
+             ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3)), ("ctx256", "256 tokens", (0,)),
+             ("ctx256-long", "256 tokens, 3000 steps", (0,)), ("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,)),
+             ("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,)),
+             ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0,))]
+DS4_LEARNED = ["ctx128-seed0", "ctx128-seed2", "ctx128-top4-seed0", "ctx128-top4-seed2", "ctx256-long-seed0"]
+DS4_ABLATION = [(f"{label}, seed {k}", f"ds4-ablation/{cell}-seed{k}", "sweep") for cell, label, seeds in DS4_CELLS
+                for k in seeds] + [("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
+                                   ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
 
 TABLES: dict[str, Callable[[], str]] = {
     "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
                                        [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+    "ds4-ablation": lambda: profile_table(DS4_ABLATION),
+    "ds4-minutes-64": lambda: training_minutes([f"ds4-ablation/ctx64-seed{k}" for k in range(3)]),
+    "ds4-minutes-128": lambda: training_minutes([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]
+                                                + [f"ds4-ablation/ctx128-top4-seed{k}" for k in range(4)]),
+    "ds4-minutes-256": lambda: training_minutes(["ds4-ablation/ctx256-long-seed0", "ds4-ablation/ctx256-hca-long-seed0"]),
+    "ds4-gaps": lambda: gaps_phrase([f"ds4-ablation/{run}" for run in DS4_LEARNED]),
+    "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2)]
+                                     + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
+                                     [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
     "fixes-csa": lambda: fixes_table([("csa-seed0", "csa seed 0 (committed)"),
                                       *[(f"csa-seed{k}-retrained", f"csa seed {k}, retrained") for k in (1, 2, 3)],
                                       ("csa-disjoint-seed0-Q4_0", "csa-disjoint seed 0, Q4_0"),

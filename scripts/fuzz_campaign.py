@@ -670,7 +670,11 @@ class Campaign:
             *(["train", design, str(self.work / "train-run"), *a] for design, a in (
                 ("csa", ["--stride", "8", "--context", "64"]), ("csa", ["--stagger", "head"]),
                 ("csa-disjoint", ["--offsets", "random"]), ("csa-dense", ["--d-model", "24", "--heads", "4"]),
-                ("csa", ["--local-window", "0"]), ("csa", ["--top-k", "4"]), ("csa-nope", []), ("glm-kpool", ["--stagger", "layer"]),
+                ("csa", ["--local-window", "0"]), ("csa", ["--top-k", "-1"]), ("csa", ["--top-k", str(2**70)]),
+                ("csa", ["--top-k", "18"]), ("csa-dense", ["--top-k", "4"]), ("csa", ["--ratios", ""]),
+                ("csa", ["--ratios", "4,x"]), ("csa", ["--ratios", "128"]), ("csa", ["--ratios", "4,128"]),
+                ("csa", ["--ratios", str(2**70)]), ("csa", ["--ratios", "[red]"]), ("csa", ["--ratios", "4,-4"]),
+                ("gated", ["--ratios", "4,128"]), ("csa", ["--dense-steps", "5"]), ("csa-nope", []), ("glm-kpool", ["--stagger", "layer"]),
                 ("glm-dense", ["--offsets", "jitter"]), ("glm-kpool", ["--local-window", "3"]),
                 ("glm-kpool", ["--dense-steps", "-5"]), ("glm-kpool", ["--dense-steps", "x"]), ("glm-kpool", ["--top-k", "0"]), ("glm-msa", ["--stagger", "head"]), ("glm-msa", ["--local-window", "3"]),
                 ("cowa", ["--stride", "6"]), ("cowa", ["--stride", "16"]), ("cowa", ["--stride", "8", "--heads", "16"]),

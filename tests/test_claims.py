@@ -51,3 +51,22 @@ def test_a_phrase_inside_a_sentence_stays_on_its_line():
     text = "the seeds leave <!-- claims:gaps-dense --><!-- /claims:gaps-dense --> at 1500 steps\n"
     assert re.fullmatch(r"the seeds leave <!-- claims:gaps-dense -->gaps [^\n]+ points, p = [^\n]+"
                         r"<!-- /claims:gaps-dense --> at 1500 steps\n", claims.regenerate(text))
+
+
+def test_the_block_end_dip_and_worst_residues_of_the_published_deepseek4_profile():
+    """The study's comparison columns, pinned by hand from the published numbers: residues 3 and 7 (the
+    last token of a block) average 31.25%, the other six 59.77%: a dip of -28.5 points."""
+    profile = list(claims.PUBLISHED_DEEPSEEK4)
+    assert claims.block_end_dip(profile) == pytest.approx(31.25 - 358.6 / 6)
+    assert claims.block_end_dip([90.0, 90.0, 90.0, 90.0]) == 0.0
+    assert claims.block_end_dip([100.0, 100.0, 100.0, 70.0, 100.0, 100.0, 100.0, 80.0]) == pytest.approx(-25.0)
+    assert claims._pearson(profile, claims.PUBLISHED_DEEPSEEK4) == "1.00"
+    assert claims._pearson([50.0] * 8, claims.PUBLISHED_DEEPSEEK4) == "-"
+
+
+@pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])
+def test_each_file_in_tests_data_is_its_study_folders_model_byte_for_byte(row):
+    """README says the small trained files are seed 0 of their study folders, byte for byte."""
+    file, _, _, sweep = row
+    model = ROOT / "reports" / "trained" / sweep / ".." / "model.gguf"
+    assert (ROOT / "tests" / "data" / "trained" / file).read_bytes() == model.resolve().read_bytes(), file

@@ -151,7 +151,8 @@ def sweep(
     chosen = parse_stride(stride)  # None (the file's own), S, or ALL
     every_stride = chosen == ALL
     strides = declared_strides(info) if every_stride else [chosen]
-    plans = [plan_sweep(info, s, asked, every_stride) for s in strides]
+    plans, skipped = plans_that_fit(info, strides, asked, every_stride)
+    strides = [plan.stride for plan in plans]
     connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, url, slots, engine.value,
                                 request_timeout, deadline)
     plans = [with_gpu_layers(with_backend(plan, connect, engine.value, asked.cache_type), gpu_layers) for plan in plans]
@@ -159,6 +160,8 @@ def sweep(
     aim = calibration_aim(info, plans[0], asked, calibrate, target_accuracy, dry_run)
     runs = [(plan, run_dir_for(info, plan, out, every_stride, aim)) for plan in plans]
     console = Console(stderr=True, quiet=quiet)
+    for stride, reason in skipped:
+        console.print(f"[yellow]--stride all: stride {stride} is not swept: {markup(reason)}")
     if every_stride:
         say_stride_plans(console, plans, asked.per_residue is not None)
     if dry_run:
@@ -174,6 +177,24 @@ def sweep(
         run_sweep(info, plan, run_dir, threads, connect, console, detect, quiet, aim)
     if every_stride:
         compare_strides([run_dir for _, run_dir in runs], strides)
+
+
+def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOptions,
+                   every_stride: bool) -> tuple[list[SweepPlan], list[tuple[int, str]]]:
+    """Each stride's plan; under `--stride all` a stride the contexts leave no room for (a 128-token
+    stride in a short trained context) is skipped with its reason, and only when none fits is that an
+    error (the first stride's)."""
+    plans, skipped = [], []
+    for stride in strides:
+        try:
+            plans.append(plan_sweep(info, stride, asked, every_stride))
+        except PlanError as exc:
+            if not every_stride:
+                raise
+            skipped.append((stride, str(exc)))
+    if not plans:
+        raise PlanError(f"--stride all: no stride fits: {'; '.join(f'stride {s}: {r}' for s, r in skipped)}")
+    return plans, skipped
 
 
 def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every_stride: bool = False) -> SweepPlan:

@@ -45,9 +45,13 @@ def train(
     local_window: int = typer.Option(TrainConfig.local_window, "--local-window", help="Recent tokens every query sees exactly."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="kpool, glm-kpool: windows (pools) each query reads; default "
                                         f"{TrainConfig.top_k}, {LAYOUT_DEFAULTS['glm5-next'].get('top_k', TrainConfig.top_k)} "
-                                        "for glm-kpool."),
+                                        "for glm-kpool. csa, csa-disjoint: compressed entries DeepSeek-V4's lightning indexer "
+                                        "selects (trained by distillation after --dense-steps); default 0, every entry read."),
+    ratios: str = typer.Option(TrainConfig.ratios, "--ratios", help="csa designs: compress ratio per layer, a comma pattern "
+                               "repeated over --layers: 4 (CSA), 128 (HCA, needs --context 256 or more), 0 (window only)."),
     dense_steps: int = typer.Option(TrainConfig.dense_steps, "--dense-steps",
-                                    help="glm designs: steps of dense attention, the indexer distilled, before sparse training."),
+                                    help="glm designs and csa with --top-k: steps of dense attention, the indexer distilled, "
+                                    "before sparse training."),
     kda: str = typer.Option(TrainConfig.kda, "--kda", help="glm designs: the KDA layer trained (first: what gives the NoPE "
                             "model token order) or off (a no-op layer, the MLA layers alone)."),
     copy_steps: int = typer.Option(TrainConfig.copy_steps, "--copy-steps", help="Of --steps, the first ones spent on an "
@@ -70,7 +74,7 @@ def train(
 
     config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
-                         local_window=local_window, top_k=top_k, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda,
+                         local_window=local_window, top_k=top_k, ratios=ratios, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda,
                          copy_steps=copy_steps, gate_steps=gate_steps, hint_steps=hint_steps)
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:

@@ -344,7 +344,7 @@ class DSV4:
         if scores is None:
             raise ValueError("DSV4: expected indexer scores for a ratio-4 (CSA) layer, got None")
         check_shape("DSV4", "scores", scores, (len(positions), n_blocks))
-        top = top_k_indices(scores, self.top_k)  # (n_query, min(top_k, n_blocks))
+        top = top_k_indices(scores, self.top_k, ties="llama.cpp")  # (n_query, min(top_k, n_blocks)): its partial sort
         chosen = rows_to_mask(top, n_blocks) & complete  # (n_query, n_blocks)
         return DSV4Selection(scores, top, raw, chosen, ambiguous_top_k(scores, self.top_k))
 

@@ -2,8 +2,8 @@
 
 It runs deepseek4 files in the minimal configuration (../shared/notes/llama-cpp-minimal-configs.md):
 hyper-connections that are exact identities (every `hc_*_fn` zero), one routed expert beside
-the shared one, layers at compress ratio 0 or 4, an indexer top-k that keeps every block,
-one output group, no RoPE scaling. Anything else is refused, not approximated. The
+the shared one, layers at compress ratio 0, 4 (CSA, its lightning indexer selecting the top-k
+entries as llama.cpp's partial sort does, ties included) or 128 (HCA), one output group, no RoPE scaling. Anything else is refused, not approximated. The
 compressor and the window are `kvphase.designs.DSV4` (the code `kvphase validate` proves
 equal to llama.cpp's); the rest follows `build_attention_impl` in src/models/deepseek4.cpp.
 
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from kvphase.designs.dsv4 import CSA_RATIO, DSV4, rms_norm, rope
+from kvphase.designs.dsv4 import CSA_RATIO, DSV4, HCA_RATIO, rms_norm, rope
 from kvphase.designs.windows import softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import Metadata, read_gguf_header
@@ -37,19 +37,21 @@ class DSV4Config:
     head_dim: int
     n_rot: int  # last channels of a head that RoPE turns (NORM mode)
     n_swa: int  # sliding window, the query included
-    ratios: tuple[int, ...]  # per layer: 0 (window only) or 4 (CSA)
+    ratios: tuple[int, ...]  # per layer: 0 (window only), 4 (CSA) or 128 (HCA)
     rope_base: float  # rope.freq_base (ratio-0 layers)
-    compress_rope_base: float  # compress_rope_freq_base (ratio-4 layers)
+    compress_rope_base: float  # compress_rope_freq_base (compressed layers, the indexer's queries)
     norm_eps: float
     n_ctx_train: int
+    top_k: int  # attention.indexer.top_k: CSA entries each query reads
+    n_idx_head: int  # attention.indexer.head_count
 
     @classmethod
     def from_meta(cls, meta: Metadata) -> DSV4Config:
         n_layer = meta.integer(f"{ARCH}.block_count", low=1)
         ratios = meta.integers(f"{ARCH}.attention.compress_ratios", [])
         ratios = ratios * n_layer if len(ratios) == 1 else ratios[:n_layer]
-        if any(r not in (0, CSA_RATIO) for r in ratios):
-            raise ModelFileError(f"the reference runs deepseek4 layers at compress ratio 0 or 4, found {ratios}")
+        if any(r not in (0, CSA_RATIO, HCA_RATIO) for r in ratios):
+            raise ModelFileError(f"the reference runs deepseek4 layers at compress ratio 0, 4 or 128, found {ratios}")
         if meta.get(f"{ARCH}.rope.scaling.type", "none") not in ("none",):
             raise ModelFileError("the deepseek4 reference runs files without RoPE scaling")
         for key, want in (("expert_count", 1), ("attention.output_group_count", 1), ("attention.head_count_kv", 1),
@@ -66,6 +68,8 @@ class DSV4Config:
             compress_rope_base=meta.number(f"{ARCH}.attention.compress_rope_freq_base"),
             norm_eps=meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon"),
             n_ctx_train=meta.integer(f"{ARCH}.context_length", low=1),
+            top_k=meta.integer(f"{ARCH}.attention.indexer.top_k", low=1),
+            n_idx_head=meta.integer(f"{ARCH}.attention.indexer.head_count", low=1),
         )
 
 
@@ -93,11 +97,7 @@ def _load(path: str) -> tuple[DSV4Config, dict[str, np.ndarray]]:
         raise ModelFileError(f"{path} is not a {ARCH} file")
     config = DSV4Config.from_meta(meta)
     raw = np.memmap(path, dtype=np.uint8, mode="r")
-    weights = {t.name: tensor_array(raw, t) for t in header.tensors if "indexer" not in t.name}
-    top_k = meta.integer(f"{ARCH}.attention.indexer.top_k", 0)
-    if CSA_RATIO in config.ratios and top_k < config.n_ctx_train // CSA_RATIO:
-        raise ModelFileError(f"the deepseek4 reference reads every block: indexer top_k {top_k} is below the "
-                             f"{config.n_ctx_train // CSA_RATIO} blocks of the model's context")
+    weights = {t.name: tensor_array(raw, t) for t in header.tensors}
     check_identity_hyper_connections(weights, ARCH)
     return config, weights
 
@@ -199,14 +199,16 @@ class DeepSeek4(WholeSequence):
         q = rms_norm(q, np.float32(1.0), c.norm_eps)  # (T, H, hd): weightless per-head norm
         q = np.stack([turn(q[:, h], pos) for h in range(c.n_head)], axis=1)  # (T, H, hd)
         kv = turn(rms_norm(a @ w[p + "attn_kv.weight"].T, w[p + "attn_kv_a_norm.weight"], c.norm_eps), pos)  # (T, hd)
-        design = DSV4(ratio=CSA_RATIO, n_swa=c.n_swa, top_k=1 << 30, cache_dtype="f32")
+        design = DSV4(ratio=ratio or CSA_RATIO, n_swa=c.n_swa, top_k=c.top_k, cache_dtype="f32")
         keys, seen = kv, design.raw_window(pos, t)  # (T, hd), (T, T)
         if ratio:
             entries = design.finished(a @ w[p + "attn_compressor_kv.weight"].T, a @ w[p + "attn_compressor_gate.weight"].T,
                                       w[p + "attn_compressor_ape.weight"], w[p + "attn_compressor_norm.weight"], c.norm_eps,
                                       turn)  # (n_blocks, hd)
+            index = self.indexer_scores(il, a, qr, design, pos) if design.is_csa else None  # (T, n_blocks)
+            chosen = design.select(pos, t, len(entries), index).block_visible  # (T, n_blocks)
             keys = np.concatenate([entries, kv])  # (n_blocks + T, hd)
-            seen = np.concatenate([design.layout.window_visible(pos, len(entries)), seen], axis=1)  # (T, n_blocks + T)
+            seen = np.concatenate([chosen, seen], axis=1)  # (T, n_blocks + T)
         scores = np.einsum("thd,kd->htk", q, keys) / np.sqrt(hd)  # (H, T, n_keys)
         sinks = np.broadcast_to(w[p + "attn_sinks.weight"][:, None, None], (c.n_head, t, 1))  # (H, T, 1)
         weights = softmax(np.concatenate([sinks, np.where(seen, scores, -np.inf)], axis=2), axis=2)[:, :, 1:]  # (H, T, n_keys)
@@ -214,3 +216,20 @@ class DeepSeek4(WholeSequence):
         out = np.stack([rope(out[:, h], -pos, c.n_rot, base, offset=hd - c.n_rot) if c.n_rot else out[:, h]
                         for h in range(c.n_head)], axis=1)  # (T, H, hd): roped back by the query's position
         return out.reshape(t, c.n_head * hd) @ w[p + "attn_output_a.weight"].T @ w[p + "attn_output_b.weight"].T  # (T, n_embd)
+
+    def indexer_scores(self, il: int, a: np.ndarray, qr: np.ndarray, design: DSV4, pos: np.ndarray) -> np.ndarray:
+        """`lid_score_masked` of a CSA layer (T, n_blocks): its queries from qr, weights from a, keys from
+        its own overlapped compressor, roped as the attention's (the Hadamard rotations cancel in F32)."""
+        w, c, p = self.w, self.config, f"blk.{il}."
+        t, n_idx = len(a), w[p + "indexer_compressor_norm.weight"].shape[0]
+
+        def turn(x, positions):  # RoPE on the last n_rot channels of (n, n_idx) rows
+            return rope(x, positions, c.n_rot, c.compress_rope_base, offset=n_idx - c.n_rot) if c.n_rot else x
+
+        keys = design.finished(a @ w[p + "indexer_compressor_kv.weight"].T, a @ w[p + "indexer_compressor_gate.weight"].T,
+                               w[p + "indexer_compressor_ape.weight"], w[p + "indexer_compressor_norm.weight"], c.norm_eps,
+                               turn)  # (n_blocks, n_idx)
+        q = (qr @ w[p + "indexer.attn_q_b.weight"].T).reshape(t, c.n_idx_head, n_idx)  # (T, Hi, n_idx)
+        q = np.stack([turn(q[:, h], pos) for h in range(c.n_idx_head)], axis=1)  # (T, Hi, n_idx)
+        weights = (a @ w[p + "indexer.proj.weight"].T) / np.float32(np.sqrt(n_idx * c.n_idx_head))  # (T, Hi)
+        return design.indexer_scores(q, weights, keys, pos)  # (T, n_blocks)

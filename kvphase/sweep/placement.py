@@ -247,8 +247,8 @@ def _slot_range(lowest: int, highest: int, modulus: int) -> tuple[int, int]:
     last = (highest - modulus + 1) // modulus * modulus
     if last < first:
         raise PlanError(
-            f"the context leaves no room for targets (needs at least {3 * modulus} tokens "
-            f"between {lowest} and {highest}); use a longer --context"
+            f"the context leaves no room for targets at modulus {modulus} (they need at least {3 * modulus} tokens "
+            f"from position {lowest} on, and the last usable position is {highest}); use a longer --context"
         )
     return first, last
 

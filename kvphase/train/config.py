@@ -41,6 +41,7 @@ MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes o
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
 KDA_MODES = ("trained", "off")
+RATIOS = (0, 4, 128)  # llama.cpp's deepseek4: a window-only layer, CSA (overlapped, indexer), HCA
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class TrainConfig:
     copy_steps: int = 0  # of `steps`, the first ones spent on the induction warm-up (PairData.copy_batch), not on pairs
     gate_steps: int = 0  # meanpool: of `steps`, the first ones pool with gated's trained gate, which is then dropped
     hint_steps: int = 0  # csa-dense: of `steps`, the first ones also train the induction hint (csa.induction_hint)
+    indexer_top_k: int = 0  # csa designs: compressed entries DeepSeek-V4's lightning indexer selects per query (trained by
+    # distillation after `dense_steps` of dense reading); 0: every entry is read and the indexer's weights are zero
+    ratios: str = "4"  # csa designs: compress ratio per layer, a comma pattern repeated over the layers: 4 (CSA), 128 (HCA), 0 (window only)
 
     def __post_init__(self) -> None:
         if self.design not in TRAINED_DESIGNS:
@@ -86,8 +90,11 @@ class TrainConfig:
             self._check_deepseek4()
         if self.layout == "glm5-next":
             self._check_glm5()
-        elif self.kda != TrainConfig.kda or self.dense_steps != TrainConfig.dense_steps:
-            raise PlanError(f"--kda and --dense-steps belong to the glm designs; {self.design} has neither")
+        elif self.kda != TrainConfig.kda or (self.dense_steps != TrainConfig.dense_steps and not self.indexer_top_k):
+            raise PlanError(f"--kda and --dense-steps belong to the glm designs (--dense-steps also to csa with --top-k); "
+                            f"{self.design} has neither")
+        if self.layout != "deepseek4" and (self.indexer_top_k or self.ratios != TrainConfig.ratios):
+            raise PlanError(f"--ratios and the lightning indexer's top-k belong to the csa designs; {self.design} has neither")
         if self.design in ("dense", "rolling") and (self.stagger != "none" or self.offsets != "fixed"):
             what = "the dense control has no windows" if self.design == "dense" else "rolling has a window at every position"
             raise PlanError(f"{what} to offset; drop --stagger/--offsets")
@@ -165,9 +172,34 @@ class TrainConfig:
                             f"of 4, got {self.head_dim}")
         if self.design != "csa-dense" and self.local_window < 1:
             raise PlanError("deepseek4's sliding window holds the query itself: --local-window must be at least 1")
-        if self.top_k != TrainConfig.top_k:  # accepted and ignored before: an option that does nothing is refused
-            raise PlanError(f"{self.design}'s lightning indexer reads every compressed entry (its weights are zero and "
-                            "its top-k above any block count); a trained top-k is not built yet: drop --top-k")
+        if self.top_k != TrainConfig.top_k:  # the csa designs' --top-k is the indexer's (for_design moves it there)
+            raise PlanError(f"{self.design} selects entries with its lightning indexer: give indexer_top_k, not top_k")
+        self._check_ratios()
+        if not isinstance(self.indexer_top_k, int) or self.indexer_top_k < 0:
+            raise PlanError(f"--top-k must be a whole number of compressed entries, got {self.indexer_top_k!r}")
+        blocks = self.n_positions // 4
+        if self.indexer_top_k >= blocks:  # it would select every entry: an option that does nothing is refused
+            raise PlanError(f"--top-k {self.indexer_top_k} selects every one of the {blocks} compressed entries "
+                            f"--context {self.context} holds; give fewer, or drop --top-k to read them all")
+        if self.indexer_top_k and self.design == "csa-dense":
+            raise PlanError("csa-dense's compressed entries are exactly zero: its indexer has nothing to select; drop --top-k")
+        if self.indexer_top_k and 4 not in self.layer_ratios:
+            raise PlanError("the lightning indexer selects ratio-4 (CSA) entries; --ratios has no 4")
+
+    def _check_ratios(self) -> None:
+        """llama.cpp's deepseek4 has ratios 0, 4 and 128, and dies (SIGFPE) on a file without a ratio-4 layer."""
+        try:
+            pattern = [int(r) for r in self.ratios.split(",")]
+        except ValueError:
+            pattern = None
+        if not pattern or any(r not in RATIOS for r in pattern):
+            raise PlanError(f"--ratios must be a comma list of {', '.join(map(str, RATIOS))}, got {self.ratios!r}")
+        if 4 not in self.layer_ratios:
+            raise PlanError(f"--ratios {self.ratios} over {self.layers} layers has no ratio-4 layer, which llama.cpp's "
+                            "deepseek4 needs (measured: SIGFPE without one)")
+        if 128 in self.layer_ratios and self.n_positions < 2 * 128:
+            raise PlanError(f"a ratio-128 (HCA) layer pools 128 tokens per entry: --context {self.context} leaves it "
+                            "fewer than 2 entries; give --context 256 or more")
 
     def _check_glm5(self) -> None:
         """What glm5-next's file cannot express: pools start at the sequence's first position,
@@ -193,12 +225,20 @@ class TrainConfig:
         """The config of `kvphase train DESIGN`: the options given (None: not given) over the design's and
         the layout's defaults."""
         given = {k: v for k, v in options.items() if v is not None}
+        if layout_of(design) == "deepseek4" and "top_k" in given:  # csa's --top-k is its lightning indexer's
+            given["indexer_top_k"] = given.pop("top_k")
         merged = {**LAYOUT_DEFAULTS[layout_of(design)], **DESIGN_DEFAULTS.get(design, {}), **given}
         if design == "meanpool" and "gate_steps" not in given:
             merged["gate_steps"] = merged.get("steps", cls.steps) // GATED_START
         if design == "csa-dense" and "hint_steps" not in given and not merged.get("copy_steps"):
             merged["hint_steps"] = round(merged.get("steps", cls.steps) * HINT_SHARE)
         return cls(design=design, **merged)
+
+    @property
+    def layer_ratios(self) -> tuple[int, ...]:
+        """Each layer's compress ratio: the --ratios pattern repeated over the layers."""
+        pattern = [int(r) for r in self.ratios.split(",")]
+        return tuple(pattern[i % len(pattern)] for i in range(self.layers))
 
     @property
     def head_dim(self) -> int:

@@ -1,16 +1,25 @@
 """The JAX mirror of DeepSeek-V4's compressed attention as llama.cpp's `deepseek4` computes it.
 
-Every layer is one `build_attention_impl` of src/models/deepseek4.cpp at compress ratio 4
-(CSA) in the minimal configuration that makes the rest of the architecture exact
-identities (../shared/notes/llama-cpp-minimal-configs.md): hyper-connections with four
-identical streams, one routed expert beside the shared one, no hash routing, an indexer
-whose top-k keeps every block. What is left, and trained here:
+Every layer is one `build_attention_impl` of src/models/deepseek4.cpp at its compress ratio
+(`--ratios`: 4 is CSA, 128 HCA, 0 the window alone) in the minimal configuration that makes the
+rest of the architecture exact identities (../shared/notes/llama-cpp-minimal-configs.md):
+hyper-connections with four identical streams, one routed expert beside the shared one, no hash
+routing. What is left, and trained here:
 
 - low-rank q (q_a, RMSNorm, q_b) with a weightless per-head RMSNorm; one K = V head
   (RMSNorm'd); RoPE (NORM mode, adjacent pairs) on the last `n_rot` channels of both;
-- the overlapped compressor: per channel, softmax(W_gate a + ape[pos % 4]) over 8 rows (the
+- CSA's overlapped compressor: per channel, softmax(W_gate a + ape[pos % 4]) over 8 rows (the
   previous block's first half of W_kv a, the block's own second half), RMSNorm, RoPE at the
-  block's first position; block b is visible once 4b + 3 <= t;
+  block's first position; block b is visible once 4b + 3 <= t. HCA's is the same over the 128
+  rows of its own block alone;
+- CSA's lightning indexer (`build_lid_top_k`), with `indexer_top_k` set: its own overlapped
+  compressor gives each block an indexer key (`indexer_key_length` wide), a query's score of
+  a block is sum_h w_h relu(q_h . k), w = W_proj a / sqrt(di Hi), q = W_q qr (both roped as
+  the attention's; the Hadamard rotations cancel), and the attention reads only the top-k
+  blocks (ties as llama.cpp's CPU partial sort breaks them). Without it every block is read
+  and the file's indexer weights are zero. The top-k is not differentiable: the indexer is
+  distilled as glm5.py's is (KL from the heads' attention mass per block, its inputs
+  detached), under dense reading for `dense_steps` steps, then with the attention sparse;
 - attention over [sink, visible blocks, the sliding window of `local_window` tokens], the
   output roped back by the query's position, then the low-rank output projection;
 - a SwiGLU feed-forward (the routed and the shared expert: one SwiGLU split in two at export).
@@ -35,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kvphase.designs.windows import rows_to_mask, top_k_indices
 from kvphase.train.config import TrainConfig
 
 RATIO = 4  # deepseek4's CSA ratio: the only stride its overlapped compressor has
@@ -46,6 +56,7 @@ NORM_INIT = 4.0  # kv_norm and comp_norm at start: q is normed without a weight,
 PREV_ROWS_INIT = -4.0  # csa: the previous block's rows start at e^-4 of the gate weight; at 0 (each entry a blur of
 # 8 tokens) no retrieval appeared in 1000 steps, at -4 it did within 500 and the overlap opens as it trains (measured)
 MASKED = -1e30  # a gate logit of weight exactly 0 (llama.cpp's -inf would give NaN gradients)
+INDEXER_HEADS = 2  # deepseek4.attention.indexer.head_count of a model with a trained top-k
 
 
 def rope_dims(config: TrainConfig) -> int:
@@ -72,7 +83,7 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
 
     proj = 0.02 / math.sqrt(2 * config.layers)
     blocks = []
-    for _ in range(config.layers):
+    for ratio in config.layer_ratios:
         block = {
             "attn_norm": jnp.ones(d), "q_a": normal(d, d), "q_a_norm": jnp.ones(d), "q_b": normal(d, h * hd),
             "kv": normal(d, hd), "kv_norm": jnp.full(hd, NORM_INIT), "sinks": jnp.zeros(h),
@@ -80,13 +91,32 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             "ffn_norm": jnp.ones(d), "w_gate": normal(d, 2 * f), "w_up": normal(d, 2 * f),
             "w_down": normal(2 * f, d, scale=proj),
         }
-        if config.design != "csa-dense":
-            block["comp_kv"] = normal(d, 2 * hd)
-            block["comp_gate"] = normal(d, 2 * hd)
-            block["comp_ape"] = jnp.zeros((RATIO, 2 * hd)).at[:, :hd].set(PREV_ROWS_INIT)  # (4, 2 hd) per-phase gate bias
-            block["comp_norm"] = jnp.full(hd, NORM_INIT)
+        if config.design != "csa-dense" and ratio:
+            block.update(compressor_params(normal, ratio, d, hd, "comp_", NORM_INIT))
+        if config.indexer_top_k and ratio == RATIO:
+            di = indexer_key_length(hd)
+            block.update(compressor_params(normal, ratio, d, di, "idx_", 1.0))
+            block.update({"idx_q": normal(d, INDEXER_HEADS * di), "idx_proj": normal(d, INDEXER_HEADS, scale=1.0)})
         blocks.append(block)
     return {"wte": normal(n_vocab, d), "blocks": blocks, "out_norm": jnp.ones(d)}
+
+
+def compressor_params(normal, ratio: int, d: int, width: int, prefix: str, norm: float) -> dict:
+    """One compressor's weights (`comp_` the attention's, `idx_` the indexer's): ratio 4 overlaps, so its
+    kv and gate are two halves wide, the previous block's half starting at PREV_ROWS_INIT."""
+    halves = 2 if ratio == RATIO else 1
+    ape = jnp.zeros((ratio, halves * width))  # (ratio, halves width) per-phase gate bias
+    if halves == 2:
+        ape = ape.at[:, :width].set(PREV_ROWS_INIT)
+    return {prefix + "kv": normal(d, halves * width), prefix + "gate": normal(d, halves * width),
+            prefix + "ape": ape, prefix + "norm": jnp.full(width, norm)}
+
+
+def indexer_key_length(head_dim: int) -> int:
+    """A multiple of 64 (the indexer's Hadamard rotation) other than the head width: llama.cpp
+    0.3.36 dies with SIGFPE on a deepseek4 file without a ratio-128 layer whose head width
+    equals its indexer key length (measured with head widths 16, 64 and 128)."""
+    return 128 if head_dim == 64 else 64
 
 
 def rms(x, weight=None):
@@ -108,49 +138,113 @@ def rope(x, positions, n_rot: int, inverse: bool = False):
     return jnp.concatenate([nope, turned], axis=-1)  # (..., T, hd)
 
 
-def compressed_entries(a, block, config: TrainConfig):
-    """One entry per complete block of 4 tokens: a (B, T, d) -> (B, nb, hd) and its first position (nb,)."""
+def pooled(a, block, prefix: str, ratio: int, width: int, disjoint: bool = False):
+    """A compressor's pooled entries (B, nb, width), one per complete block of `ratio` tokens: per channel,
+    softmax(W_gate a + ape[pos % ratio]) over the block's rows; at ratio 4 over 8 rows, the previous
+    block's first half and the block's own second half (`disjoint`: the previous rows at weight 0)."""
+    b, t = a.shape[0], a.shape[1]
+    nb, halves = t // ratio, 2 if ratio == RATIO else 1
+    kv = (a @ block[prefix + "kv"])[:, : nb * ratio].reshape(b, nb, ratio, halves * width)  # (B, nb, ratio, halves w)
+    phase_bias = block[prefix + "ape"]  # (ratio, halves w)
+    if halves == 1:
+        gate = (a @ block[prefix + "gate"])[:, : nb * ratio].reshape(b, nb, ratio, width) + phase_bias
+        return (jax.nn.softmax(gate, axis=2) * kv).sum(2)  # (B, nb, w)
+    if disjoint:
+        phase_bias = phase_bias.at[:, :width].set(MASKED)
+    gate = (a @ block[prefix + "gate"])[:, : nb * ratio].reshape(b, nb, ratio, 2 * width) + phase_bias  # (B, nb, 4, 2w)
+    prev_kv = jnp.concatenate([jnp.zeros_like(kv[:, :1, :, :width]), kv[:, :-1, :, :width]], axis=1)  # (B, nb, 4, w)
+    prev_gate = jnp.concatenate([jnp.full_like(gate[:, :1, :, :width], MASKED), gate[:, :-1, :, :width]], axis=1)
+    rows_kv = jnp.concatenate([prev_kv, kv[..., width:]], axis=2)  # (B, nb, 8, w)
+    rows_gate = jnp.concatenate([prev_gate, gate[..., width:]], axis=2)  # (B, nb, 8, w)
+    return (jax.nn.softmax(rows_gate, axis=2) * rows_kv).sum(2)  # (B, nb, w)
+
+
+def compressed_entries(a, block, config: TrainConfig, ratio: int):
+    """The attention's compressed entries (B, nb, hd), normed and roped at each block's first position,
+    and those positions (nb,); csa-dense's are exactly zero, a window-only layer has none."""
     b, t, hd = a.shape[0], a.shape[1], config.head_dim
-    nb = t // RATIO
-    first = RATIO * jnp.arange(nb)  # (nb,)
-    if config.design == "csa-dense":
+    nb = t // ratio if ratio else 0
+    first = ratio * jnp.arange(nb)  # (nb,)
+    if config.design == "csa-dense" or not ratio:
         return jnp.zeros((b, nb, hd)), first
-    kv = (a @ block["comp_kv"])[:, : nb * RATIO].reshape(b, nb, RATIO, 2 * hd)  # (B, nb, 4, 2hd)
-    phase_bias = block["comp_ape"]  # (4, 2hd)
-    if config.design == "csa-disjoint":
-        phase_bias = phase_bias.at[:, :hd].set(MASKED)
-    gate = ((a @ block["comp_gate"])[:, : nb * RATIO].reshape(b, nb, RATIO, 2 * hd) + phase_bias)  # (B, nb, 4, 2hd)
-    prev_kv = jnp.concatenate([jnp.zeros_like(kv[:, :1, :, :hd]), kv[:, :-1, :, :hd]], axis=1)  # (B, nb, 4, hd)
-    prev_gate = jnp.concatenate([jnp.full_like(gate[:, :1, :, :hd], MASKED), gate[:, :-1, :, :hd]], axis=1)
-    rows_kv = jnp.concatenate([prev_kv, kv[..., hd:]], axis=2)  # (B, nb, 8, hd)
-    rows_gate = jnp.concatenate([prev_gate, gate[..., hd:]], axis=2)  # (B, nb, 8, hd)
-    pooled = (jax.nn.softmax(rows_gate, axis=2) * rows_kv).sum(2)  # (B, nb, hd)
-    return rope(rms(pooled, block["comp_norm"]), first, rope_dims(config)), first
+    entries = pooled(a, block, "comp_", ratio, hd, disjoint=config.design == "csa-disjoint")  # (B, nb, hd)
+    return rope(rms(entries, block["comp_norm"]), first, rope_dims(config)), first
 
 
-def attention(a, block, config: TrainConfig):
-    """One layer's attention output (B, T, d) from its normed input a (B, T, d), and the log-weight
-    of every query on every token (B, H, T, T), which only the induction hint reads."""
+def indexer_scores(a, qr, block, config: TrainConfig):
+    """The lightning indexer's score of every (query, ratio-4 entry) (B, T, nb), -inf before the block
+    completes (`build_lid_top_k`): sum over its heads of w_h relu(q_h . k_b), w = W_proj a / sqrt(di Hi),
+    q = W_q qr and k the indexer's own overlapped compressor's entry, both roped as the attention's are."""
+    b, t, _ = a.shape
+    di, n_rot, pos = block["idx_norm"].shape[0], rope_dims(config), jnp.arange(t)
+    keys = pooled(a, block, "idx_", RATIO, di)  # (B, nb, di)
+    first = RATIO * jnp.arange(keys.shape[1])  # (nb,)
+    keys = rope(rms(keys, block["idx_norm"]), first, n_rot)  # (B, nb, di)
+    iq = rope((qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, di).transpose(0, 2, 1, 3), pos, n_rot)  # (B, Hi, T, di)
+    w = (a @ block["idx_proj"]) / math.sqrt(di * INDEXER_HEADS)  # (B, T, Hi)
+    score = jnp.einsum("bht,bhtn->btn", w.transpose(0, 2, 1), jax.nn.relu(jnp.einsum("bhtd,bnd->bhtn", iq, keys)))
+    return jnp.where(first[None, None, :] + RATIO - 1 <= pos[None, :, None], score, -jnp.inf)  # (B, T, nb)
+
+
+def top_k_choice(scores, k: int):
+    """The entries llama.cpp's ggml_top_k keeps (B, T, nb), ties as its CPU partial sort breaks them;
+    -inf (not yet complete) never. Host code under jit: the choice is not differentiable."""
+    return jax.pure_callback(_llamacpp_top_k, jax.ShapeDtypeStruct(scores.shape, jnp.bool_),
+                             jax.lax.stop_gradient(scores), k)
+
+
+def _llamacpp_top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    scores = np.asarray(scores)
+    return rows_to_mask(top_k_indices(scores, int(k), ties="llama.cpp"), scores.shape[-1])
+
+
+def indexer_kl(scores, mass):
+    """KL(mass || softmax of the indexer's scores), both over the entries a query sees, averaged over the
+    queries that see any; scores (B, T, n) with -inf where unseen, mass (B, T, n) >= 0, not normalised."""
+    seen = jnp.isfinite(scores)  # (B, T, n)
+    mass = jnp.where(seen, mass, 0.0)
+    target = mass / jnp.maximum(mass.sum(-1, keepdims=True), 1e-9)  # (B, T, n)
+    logp = jax.nn.log_softmax(jnp.where(seen, scores, -1e9), axis=-1)  # (B, T, n)
+    kl = (target * (jnp.log(jnp.maximum(target, 1e-9)) - logp)).sum(-1)  # (B, T)
+    has = seen.any(-1)  # (B, T)
+    return jnp.where(has, kl, 0.0).sum() / jnp.maximum(has.sum(), 1)
+
+
+def attention(a, block, config: TrainConfig, ratio: int = RATIO, sparse: bool = True):
+    """One layer's attention output (B, T, d) from its normed input a (B, T, d), the log-weight of every
+    query on every token (B, H, T, T), which only the induction hint reads, and the indexer's
+    distillation loss (0 without an indexer). `sparse`: read only the entries the indexer selects."""
     b, t, _ = a.shape
     h, hd, n_rot = config.heads, config.head_dim, rope_dims(config)
     pos = jnp.arange(t)  # (T,)
-    q = rms((rms(a @ block["q_a"], block["q_a_norm"]) @ block["q_b"]).reshape(b, t, h, hd))  # (B, T, H, hd)
+    qr = rms(a @ block["q_a"], block["q_a_norm"])  # (B, T, d)
+    q = rms((qr @ block["q_b"]).reshape(b, t, h, hd))  # (B, T, H, hd)
     q = rope(q.transpose(0, 2, 1, 3), pos, n_rot)  # (B, H, T, hd)
     kv = rope(rms(a @ block["kv"], block["kv_norm"]), pos, n_rot)  # (B, T, hd): K = V
     scale = 1.0 / math.sqrt(hd)
     raw_scores = jnp.einsum("bhtd,bud->bhtu", q, kv) * scale  # (B, H, T, T)
     raw_seen = (pos[None, :] <= pos[:, None]) & (pos[:, None] - pos[None, :] < window(config))  # (T, T)
-    scores = [jnp.broadcast_to(block["sinks"][None, :, None, None], (b, h, t, 1)), jnp.where(raw_seen, raw_scores, -jnp.inf)]
-    entries, first = compressed_entries(a, block, config)  # (B, nb, hd), (nb,)
-    entry_seen = first[None, :] + RATIO - 1 <= pos[:, None]  # (T, nb)
+    entries, first = compressed_entries(a, block, config, ratio)  # (B, nb, hd), (nb,)
+    entry_seen = jnp.broadcast_to(first[None, :] + ratio - 1 <= pos[:, None], (b, t, len(first)))  # (B, T, nb)
     entry_scores = jnp.einsum("bhtd,bnd->bhtn", q, entries) * scale  # (B, H, T, nb)
-    scores.insert(1, jnp.where(entry_seen, entry_scores, -jnp.inf))
-    values = [entries, kv]
-    scores = jnp.concatenate(scores, -1)  # (B, H, T, 1 + n_keys): sink, entries, tokens
+    sinks = jnp.broadcast_to(block["sinks"][None, :, None, None], (b, h, t, 1))  # (B, H, T, 1)
+
+    def scores_reading(seen):  # (B, H, T, 1 + nb + T): sink, entries, tokens
+        return jnp.concatenate([sinks, jnp.where(seen[:, None], entry_scores, -jnp.inf),
+                                jnp.where(raw_seen, raw_scores, -jnp.inf)], -1)
+
+    aux = 0.0
+    if "idx_q" in block:
+        index = indexer_scores(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config)  # (B, T, nb)
+        dense_mass = jax.nn.softmax(scores_reading(entry_seen), axis=-1)[..., 1 : 1 + len(first)].sum(1)  # (B, T, nb)
+        aux = indexer_kl(index, jax.lax.stop_gradient(dense_mass))
+        if sparse:
+            entry_seen = entry_seen & top_k_choice(index, config.indexer_top_k)  # (B, T, nb)
+    scores = scores_reading(entry_seen)  # (B, H, T, 1 + n_keys)
     weights = jax.nn.softmax(scores, axis=-1)[..., 1:]  # (B, H, T, n_keys): the sink reads nothing
-    out = jnp.einsum("bhtk,bkd->bhtd", weights, jnp.concatenate(values, axis=1))  # (B, H, T, hd)
+    out = jnp.einsum("bhtk,bkd->bhtd", weights, jnp.concatenate([entries, kv], axis=1))  # (B, H, T, hd)
     out = rope(out, pos, n_rot, inverse=True).transpose(0, 2, 1, 3).reshape(b, t, h * hd)  # (B, T, H hd)
-    return out @ block["o_a"] @ block["o_b"], jax.nn.log_softmax(scores, axis=-1)[..., -t:]  # (B, T, d), (B, H, T, T)
+    return out @ block["o_a"] @ block["o_b"], jax.nn.log_softmax(scores, axis=-1)[..., -t:], aux  # (B, T, d), (B, H, T, T)
 
 
 def induction_hint(first_log_weights, last_log_weights, tokens, config: TrainConfig):
@@ -175,22 +269,25 @@ def feed_forward(x, block):
     return x + (jax.nn.silu(m @ block["w_gate"]) * (m @ block["w_up"])) @ block["w_down"]  # (B, T, d)
 
 
-def forward(params, tokens, starts, config: TrainConfig):
-    """Hidden states after the output norm (B, T, d) and the auxiliary loss: the induction hint
-    while `hint_steps` is on, else 0; `starts` is unused (deepseek4's blocks are absolute: pos // 4)."""
+def forward(params, tokens, starts, config: TrainConfig, sparse: bool = True):
+    """Hidden states after the output norm (B, T, d) and the auxiliary loss: the indexers' distillation,
+    plus the induction hint while `hint_steps` is on; `starts` is unused (deepseek4's blocks are
+    absolute: pos // ratio)."""
     x = params["wte"][tokens]  # (B, T, d): no position embedding
-    log_weights = []
-    for block in params["blocks"]:
-        out, layer_log_weights = attention(rms(x, block["attn_norm"]), block, config)  # (B, T, d), (B, H, T, T)
+    log_weights, aux = [], 0.0
+    for block, ratio in zip(params["blocks"], config.layer_ratios):
+        out, layer_log_weights, layer_aux = attention(rms(x, block["attn_norm"]), block, config, ratio, sparse)
         x = feed_forward(x + out, block)  # (B, T, d)
         log_weights.append(layer_log_weights)
-    aux = induction_hint(log_weights[0], log_weights[-1], tokens, config) if config.hint_steps else 0.0
+        aux = aux + layer_aux
+    if config.hint_steps:
+        aux = aux + induction_hint(log_weights[0], log_weights[-1], tokens, config)
     return rms(x, params["out_norm"]), aux
 
 
-def query_logits(params, tokens, starts, rows, config: TrainConfig):
-    """Logits at the question rows (B, queries, n_vocab) and the auxiliary loss (0)."""
-    hidden, aux = forward(params, tokens, starts, config)  # (B, T, d)
+def query_logits(params, tokens, starts, rows, config: TrainConfig, sparse: bool = True):
+    """Logits at the question rows (B, queries, n_vocab) and the auxiliary loss."""
+    hidden, aux = forward(params, tokens, starts, config, sparse)  # (B, T, d)
     return hidden[:, rows] @ params["wte"].T, aux  # (B, queries, n_vocab)
 
 

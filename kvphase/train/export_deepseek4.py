@@ -9,10 +9,11 @@ identities (../shared/notes/llama-cpp-minimal-configs.md):
   2 sigmoid(0) = 1, comb = softmax(0) = 1/4 (doubly stochastic already); epsilon 0;
 - one routed expert (its weight p / max(p, 6e-5) is exactly 1) plus the shared expert: the
   trained SwiGLU's hidden units split in two; no SwiGLU clamp, no hash routing;
-- the lightning indexer's weights zero and its top-k above any block count, so every
-  visible block is read (as in training);
+- the lightning indexer as trained (`--top-k`: its top-k, heads and weights), or, without one,
+  its weights zero and its top-k above any block count, so every visible block is read;
 - one output group, so the output projection is o_b o_a;
-- `csa-disjoint`: the previous block's gate rows at -1e30 (weight exactly 0);
+- each layer's compress ratio (`--ratios`), HCA's compressor one block wide;
+- `csa-disjoint`: the previous block's gate rows at -1e30 (weight exactly 0) in its CSA layers;
 - `csa-dense`: a window over every position and compressed entries exactly zero (the
   compressor's weights and its norm weight zero); llama.cpp dies on a file with no ratio-4
   layer, so the twin keeps the layers at ratio 4 (kvphase/train/csa.py).
@@ -25,29 +26,23 @@ import numpy as np
 from kvphase.gguf.tiny import DSV4Layout, deepseek4_spec
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
-from kvphase.train.csa import MASKED, RATIO, RMS_EPS, ROPE_BASE, rope_dims, window
-from kvphase.train.export import fill_spec, shared_metadata
+from kvphase.train.csa import INDEXER_HEADS, MASKED, RATIO, RMS_EPS, ROPE_BASE, indexer_key_length, rope_dims, window
+from kvphase.train.export_common import fill_spec, shared_metadata
 from kvphase.train.vocab import WordVocab
 
-INDEXER_TOP_K = 1 << 20  # above any block count a context can hold: the top-k keeps every block
+EVERY_BLOCK = 1 << 20  # an indexer top-k above any block count a context can hold: every block is read
 
 
 def layout(config: TrainConfig) -> DSV4Layout:
     hd, d = config.head_dim, config.d_model
     return DSV4Layout(
         n_embd=d, n_head=config.heads, head_dim=hd, n_rot=rope_dims(config), q_lora=d, o_groups=1, o_lora=d,
-        n_idx_head=1, n_idx=indexer_key_length(hd), idx_top_k=INDEXER_TOP_K, n_expert=1, n_used=1, n_ff_exp=2 * d,
-        ratios=(RATIO,) * config.layers, sliding_window=window(config),
+        n_idx_head=INDEXER_HEADS if config.indexer_top_k else 1, n_idx=indexer_key_length(hd),
+        idx_top_k=config.indexer_top_k or EVERY_BLOCK, n_expert=1, n_used=1, n_ff_exp=2 * d,
+        ratios=config.layer_ratios, sliding_window=window(config),
         rope_base=ROPE_BASE, compress_rope_base=ROPE_BASE, expert_weights_scale=1.0, swiglu_clamp=0.0,
         hc_iterations=1, hc_eps=0.0,
     )
-
-
-def indexer_key_length(head_dim: int) -> int:
-    """A multiple of 64 (the indexer's Hadamard rotation) other than the head width: llama.cpp
-    0.3.36 dies with SIGFPE on a deepseek4 file without a ratio-128 layer whose head width
-    equals its indexer key length (measured with head widths 16, 64 and 128)."""
-    return 128 if head_dim == 64 else 64
 
 
 def _block_weights(i: int, block: dict, config: TrainConfig) -> dict[str, np.ndarray]:
@@ -67,11 +62,15 @@ def _block_weights(i: int, block: dict, config: TrainConfig) -> dict[str, np.nda
         p + "ffn_down_shexp.weight": b["w_down"][f:].T,
     }
     if "comp_kv" in b:
-        kv, gate, ape = b["comp_kv"].T.copy(), b["comp_gate"].T.copy(), b["comp_ape"].copy()  # (2hd, d) x2, (4, 2hd)
-        if config.design == "csa-disjoint":
+        kv, gate, ape = b["comp_kv"].T.copy(), b["comp_gate"].T.copy(), b["comp_ape"].copy()  # (halves hd, d) x2, (ratio, halves hd)
+        if config.design == "csa-disjoint" and len(ape) == RATIO:
             kv[:hd], gate[:hd], ape[:, :hd] = 0.0, 0.0, MASKED
         out.update({p + "attn_compressor_kv.weight": kv, p + "attn_compressor_gate.weight": gate,
                     p + "attn_compressor_ape.weight": ape, p + "attn_compressor_norm.weight": b["comp_norm"]})
+    if "idx_q" in b:
+        out.update({p + "indexer.proj.weight": b["idx_proj"].T, p + "indexer.attn_q_b.weight": b["idx_q"].T,
+                    p + "indexer_compressor_kv.weight": b["idx_kv"].T, p + "indexer_compressor_gate.weight": b["idx_gate"].T,
+                    p + "indexer_compressor_ape.weight": b["idx_ape"], p + "indexer_compressor_norm.weight": b["idx_norm"]})
     return out
 
 

@@ -23,7 +23,7 @@ from kvphase.gguf.trained import TRAINED_PREFIX
 from kvphase.gguf.tiny import Glm5Layout, glm5_next_spec, init_tensor
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
-from kvphase.train.export import fill_spec, shared_metadata
+from kvphase.train.export_common import fill_spec, shared_metadata
 from kvphase.train.csa import RMS_EPS  # the RMSNorm epsilon of both engine layouts' exports
 from kvphase.train.glm5 import INDEXER_HEADS, KDA_CONV
 from kvphase.train.model import LN_EPS  # the LayerNorm epsilon (glm5-next: the indexer key's)

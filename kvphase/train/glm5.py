@@ -50,7 +50,7 @@ import numpy as np
 from kvphase.designs.msa import LOCAL_BIAS
 from kvphase.designs.windows import partial_sort_sets, rows_to_mask, top_k_indices
 from kvphase.train.config import TrainConfig
-from kvphase.train.csa import feed_forward, rms
+from kvphase.train.csa import feed_forward, indexer_kl, rms
 from kvphase.train.model import layer_norm, masked_softmax
 INDEXER_HEADS = 2  # glm5-next.attention.indexer.head_count
 KDA_CONV = 4  # glm5-next.ssm.conv_kernel: taps of KDA's causal convolution, the current token's last
@@ -183,13 +183,7 @@ def distillation(scores, dense_weights, config: TrainConfig):
     kp = config.stride
     mass = jnp.pad(dense_weights.sum(1), ((0, 0), (0, 0), (0, max(0, n_pool * kp - t))))  # (B, T, >= np kp): heads summed
     mass = mass[..., : n_pool * kp].reshape(b, t, n_pool, kp).sum(-1)  # (B, T, np): MSA's last block may be partial
-    seen = jnp.isfinite(scores)  # (B, T, np)
-    mass = jnp.where(seen, mass, 0.0)
-    target = mass / jnp.maximum(mass.sum(-1, keepdims=True), 1e-9)  # (B, T, np)
-    logp = jax.nn.log_softmax(jnp.where(seen, scores, -1e9), axis=-1)  # (B, T, np)
-    kl = (target * (jnp.log(jnp.maximum(target, 1e-9)) - logp)).sum(-1)  # (B, T)
-    has = seen.any(-1)  # (B, T)
-    return jnp.where(has, kl, 0.0).sum() / jnp.maximum(has.sum(), 1)
+    return indexer_kl(scores, mass)
 
 
 def attention(a, block, config: TrainConfig, sparse: bool):

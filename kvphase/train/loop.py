@@ -135,8 +135,10 @@ class Trainer:
 
     @property
     def sparse(self) -> bool:
-        """Whether this step's attention reads only what the indexer selects (glm designs warm up dense)."""
-        return self.config.layout != "glm5-next" or self.step >= self.config.dense_steps
+        """Whether this step's attention reads only what the indexer selects (glm designs and csa with a
+        trained top-k warm up dense)."""
+        warms_up = self.config.layout == "glm5-next" or self.config.indexer_top_k > 0
+        return not warms_up or self.step >= self.config.dense_steps
 
     # -- evaluation -------------------------------------------------------------------
 
@@ -245,7 +247,7 @@ def _target_stats(params, tokens, starts, rows, targets, config: TrainConfig, sp
     import jax
     import jax.numpy as jnp
 
-    extra = {"sparse": sparse} if config.layout == "glm5-next" else {}
+    extra = {"sparse": sparse} if config.layout != "gpt2" else {}
     logits, aux = model_of(config).query_logits(params, tokens, jnp.asarray(starts), rows, config, **extra)  # (B, R, V)
     logp = jax.nn.log_softmax(logits, axis=-1)  # (B, R, V)
     target_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]  # (B, R)

@@ -78,7 +78,8 @@ def validate_model(
 
     `perturb` != 0 makes the reference deliberately wrong (its per-phase gate bias, or its
     block grid, shifted by that many positions) to show that the check can fail. `n_tokens`
-    defaults to the family's need (64; deepseek4: two ratio-128 blocks and a tail).
+    defaults to the family's need (64; deepseek4: two ratio-128 blocks and a tail), or the file's
+    whole context where that is shorter.
     `on_split(index, count, split)` is called before each batch split runs.
     """
     info = read_model_info(model)
@@ -95,7 +96,9 @@ def validate_model(
         checker = FAMILIES[family](info, perturb, cache_dtype=cache)
     except ValueError as exc:  # a design refuses the file's compression settings
         raise ModelFileError(f"{info.path.name}: {exc}") from None
-    n_tokens = checker.default_tokens if n_tokens is None else int(n_tokens)
+    if n_tokens is None:  # the family's need, within what the file holds (a trained model's context is short)
+        n_tokens = min(checker.default_tokens, info.context_length or checker.default_tokens)
+    n_tokens = int(n_tokens)
     if n_tokens < 1 or seed < 0:
         raise PlanError(f"--tokens must be at least 1 and --seed at least 0, got {n_tokens} and {seed}")
     if info.context_length and n_tokens > info.context_length:
