@@ -305,7 +305,7 @@ def test_the_reference_refuses_a_deepseek4_file_outside_the_minimal_configuratio
     (["csa", "--ratios", "0"], "has no ratio-4 layer"),
     (["csa", "--ratios", "4,128"], "give --context 256 or more"),
     (["gated", "--ratios", "4,128"], "belong to the csa designs"),
-    (["csa", "--dense-steps", "5"], "--dense-steps belong to the glm designs"),
+    (["csa", "--dense-steps", "5"], "--dense-steps warms up csa's lightning indexer: give --top-k too"),
 ])
 def test_bad_options_for_deepseek4_are_one_line_and_leave_no_folder(tmp_path, args, fragment):
     from typer.testing import CliRunner

@@ -91,8 +91,9 @@ class TrainConfig:
         if self.layout == "glm5-next":
             self._check_glm5()
         elif self.kda != TrainConfig.kda or (self.dense_steps != TrainConfig.dense_steps and not self.indexer_top_k):
-            raise PlanError(f"--kda and --dense-steps belong to the glm designs (--dense-steps also to csa with --top-k); "
-                            f"{self.design} has neither")
+            if self.layout == "deepseek4" and self.kda == TrainConfig.kda:
+                raise PlanError(f"--dense-steps warms up {self.design}'s lightning indexer: give --top-k too")
+            raise PlanError(f"--kda and --dense-steps belong to the glm designs; {self.design} has neither")
         if self.layout != "deepseek4" and (self.indexer_top_k or self.ratios != TrainConfig.ratios):
             raise PlanError(f"--ratios and the lightning indexer's top-k belong to the csa designs; {self.design} has neither")
         if self.design in ("dense", "rolling") and (self.stagger != "none" or self.offsets != "fixed"):
