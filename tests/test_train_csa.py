@@ -137,11 +137,11 @@ def test_the_indexer_is_distilled_from_the_attention_and_trains_nothing_else():
     assert float(indexer_kl(seen_scores, mass)) < 1e-6
     assert float(indexer_kl(seen_scores[..., ::-1].at[..., 0].set(-jnp.inf), mass)) > 0.1  # another ranking
 
-    config = small_config("csa", **INDEXER)
+    config = small_config("csa", layers=1, context=32, **INDEXER)  # one layer: the gradient compiles in seconds
     data = PairData.of(config)
     params = init_params(config, len(data.vocab), 0)
     tokens = jnp.asarray(data.evaluation_batch().tokens[:2])
-    grads = jax.grad(lambda p: forward(p, tokens, None, config, sparse=False)[1])(params)
+    grads = jax.jit(jax.grad(lambda p: forward(p, tokens, None, config, sparse=False)[1]))(params)
     for block in grads["blocks"]:
         for name, g in block.items():
             moved = float(jnp.abs(g).max())
