@@ -366,12 +366,12 @@ def _seeds(label: str, name: str) -> list[tuple[str, str]]:
 
 
 DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 2)),
-             ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4)), ("ctx256", "256 tokens", (0,)),
+             ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5)), ("ctx256", "256 tokens", (0,)),
              ("ctx256-long", "256 tokens, 3000 steps", (0,)), ("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,)),
              ("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,)),
              ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0,))]
 DS4_LEARNED = ["ctx128-seed0", "ctx128-seed2", "ctx128-top4-seed0", "ctx128-top4-seed2", "ctx128-top4-seed4",
-               "ctx256-long-seed0"]
+               "ctx128-top4-seed5", "ctx256-long-seed0"]
 DS4_ABLATION = [(f"{label}, seed {k}", f"ds4-ablation/{cell}-seed{k}", "sweep") for cell, label, seeds in DS4_CELLS
                 for k in seeds] + [("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
                                    ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
@@ -383,10 +383,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-ablation": lambda: profile_table(DS4_ABLATION),
     "ds4-minutes-64": lambda: training_minutes([f"ds4-ablation/ctx64-seed{k}" for k in range(3)]),
     "ds4-minutes-128": lambda: training_minutes([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]
-                                                + [f"ds4-ablation/ctx128-top4-seed{k}" for k in range(5)]),
+                                                + [f"ds4-ablation/ctx128-top4-seed{k}" for k in range(6)]),
     "ds4-minutes-256": lambda: training_minutes(["ds4-ablation/ctx256-long-seed0", "ds4-ablation/ctx256-hca-long-seed0"]),
     "ds4-gaps": lambda: gaps_phrase([f"ds4-ablation/{run}" for run in DS4_LEARNED]),
-    "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4)]
+    "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
                                      + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
                                      [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
     "fixes-csa": lambda: fixes_table([("csa-seed0", "csa seed 0 (committed)"),

@@ -43,7 +43,7 @@ MODELS = {  # name -> (file, what it is)
     # DeepSeek-V4 closer to as it ships (issue 43): the lightning indexer's top-4 at a 128-token context
     **{f"ds4-ctx128-top4-seed{k}": (f"reports/trained/ds4-ablation/ctx128-top4-seed{k}/model.gguf", "deepseek4 "
                                     f"layout, overlapped CSA, indexer top-4, 128-token context, seed {k} (llama.cpp; "
-                                    "prefix shifts)") for k in (0, 2, 4)},
+                                    "prefix shifts)") for k in (0, 2, 4, 5)},
     # quantized copies (scripts/quantize_model.py, the gguf package's quantizer), kept beside the runs
     **{f"{name}-Q4_0": (f"reports/trained/fixes/models/{name}-Q4_0.gguf", f"{name} quantized to Q4_0 (llama.cpp; "
                         "prefix shifts)") for name in ("csa-disjoint-seed0", "csa-seed0", "ds4-ctx128-top4-seed0")},
