@@ -31,8 +31,7 @@ def steps_per_second(design: str, steps: int, hinted: bool = False, **options) -
     # the steps after the first stage: glm's sparse ones, meanpool's uniform ones after its gated start,
     # csa-dense's after its induction hint (or, `hinted`, the first ones, which train the hint too)
     config = trainer.config
-    warms_up = config.layout == "glm5-next" or config.indexer_top_k > 0  # dense steps first, then sparse
-    after_first_stage = config.dense_steps if warms_up else max(config.first_stage_steps, config.hint_steps)
+    after_first_stage = config.dense_steps if config.dense_first else max(config.first_stage_steps, config.hint_steps)
     trainer.step = 0 if hinted else after_first_stage
     trainer.train_step()  # compile
     start = time.perf_counter()

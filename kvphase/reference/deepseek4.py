@@ -3,9 +3,10 @@
 It runs deepseek4 files in the minimal configuration (../shared/notes/llama-cpp-minimal-configs.md):
 hyper-connections that are exact identities (every `hc_*_fn` zero), one routed expert beside
 the shared one, layers at compress ratio 0, 4 (CSA, its lightning indexer selecting the top-k
-entries as llama.cpp's partial sort does, ties included) or 128 (HCA), one output group, no RoPE scaling. Anything else is refused, not approximated. The
-compressor and the window are `kvphase.designs.DSV4` (the code `kvphase validate` proves
-equal to llama.cpp's); the rest follows `build_attention_impl` in src/models/deepseek4.cpp.
+entries as llama.cpp's partial sort does, ties included) or 128 (HCA), one output group, no
+RoPE scaling. Anything else is refused, not approximated. The compressor and the window are
+`kvphase.designs.DSV4` (the code `kvphase validate` proves equal to llama.cpp's); the rest
+follows `build_attention_impl` in src/models/deepseek4.cpp.
 
 Each call runs the whole sequence again (the cache is the token list): the models it is
 for are a few hundred kilobytes and their contexts under a few hundred tokens.
@@ -110,6 +111,12 @@ def check_identity_hyper_connections(weights: dict[str, np.ndarray], arch: str) 
                              "-ln 3 for the four streams' pre weights and 0 after)")
 
 
+def last_channels_roped(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+    """RoPE (NORM mode) on the last n_rot channels of rows x (n, width) at positions (n,), as deepseek4's
+    rope_ext with its nope offset; x itself when n_rot is 0. Negative positions rope back (rope_ext_back)."""
+    return rope(x, positions, n_rot, base, offset=x.shape[-1] - n_rot) if n_rot else x
+
+
 def swiglu(m: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
     """llama.cpp's build_ffn (LLM_FFN_SILU, LLM_FFN_PAR) on normed rows m (T, n_embd); weights (out, in)."""
     return (silu(m @ gate.T) * (m @ up.T)) @ down.T  # (T, n_embd)
@@ -191,7 +198,7 @@ class DeepSeek4(WholeSequence):
         base = c.compress_rope_base if ratio else c.rope_base
 
         def turn(x, positions):  # RoPE on the last n_rot channels of (n, hd) rows
-            return rope(x, positions, c.n_rot, base, offset=hd - c.n_rot) if c.n_rot else x
+            return last_channels_roped(x, positions, c.n_rot, base)
 
         pos = np.arange(t)  # (T,)
         qr = rms_norm(a @ w[p + "attn_q_a.weight"].T, w[p + "attn_q_a_norm.weight"], c.norm_eps)  # (T, q_lora)
@@ -213,8 +220,7 @@ class DeepSeek4(WholeSequence):
         sinks = np.broadcast_to(w[p + "attn_sinks.weight"][:, None, None], (c.n_head, t, 1))  # (H, T, 1)
         weights = softmax(np.concatenate([sinks, np.where(seen, scores, -np.inf)], axis=2), axis=2)[:, :, 1:]  # (H, T, n_keys)
         out = np.einsum("htk,kd->thd", weights, keys)  # (T, H, hd): V = K
-        out = np.stack([rope(out[:, h], -pos, c.n_rot, base, offset=hd - c.n_rot) if c.n_rot else out[:, h]
-                        for h in range(c.n_head)], axis=1)  # (T, H, hd): roped back by the query's position
+        out = np.stack([turn(out[:, h], -pos) for h in range(c.n_head)], axis=1)  # (T, H, hd): roped back by the query's position
         return out.reshape(t, c.n_head * hd) @ w[p + "attn_output_a.weight"].T @ w[p + "attn_output_b.weight"].T  # (T, n_embd)
 
     def indexer_scores(self, il: int, a: np.ndarray, qr: np.ndarray, design: DSV4, pos: np.ndarray) -> np.ndarray:
@@ -224,7 +230,7 @@ class DeepSeek4(WholeSequence):
         t, n_idx = len(a), w[p + "indexer_compressor_norm.weight"].shape[0]
 
         def turn(x, positions):  # RoPE on the last n_rot channels of (n, n_idx) rows
-            return rope(x, positions, c.n_rot, c.compress_rope_base, offset=n_idx - c.n_rot) if c.n_rot else x
+            return last_channels_roped(x, positions, c.n_rot, c.compress_rope_base)
 
         keys = design.finished(a @ w[p + "indexer_compressor_kv.weight"].T, a @ w[p + "indexer_compressor_gate.weight"].T,
                                w[p + "indexer_compressor_ape.weight"], w[p + "indexer_compressor_norm.weight"], c.norm_eps,

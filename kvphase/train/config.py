@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvphase.designs.dsv4 import CSA_RATIO, HCA_RATIO
 from kvphase.errors import PlanError
 from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, DENSE_DESIGNS, GLM5_DESIGNS, TRAINED_DESIGNS
 
@@ -41,7 +42,7 @@ MAX_STEPS = 1_000_000  # about 20 hours at the 14 steps/s of the default sizes o
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 OFFSET_MODES = ("fixed", "random", "jitter")
 KDA_MODES = ("trained", "off")
-RATIOS = (0, 4, 128)  # llama.cpp's deepseek4: a window-only layer, CSA (overlapped, indexer), HCA
+RATIOS = (0, CSA_RATIO, HCA_RATIO)  # llama.cpp's deepseek4: a window-only layer, CSA (overlapped, indexer), HCA
 
 
 @dataclass(frozen=True)
@@ -178,27 +179,27 @@ class TrainConfig:
         self._check_ratios()
         if not isinstance(self.indexer_top_k, int) or self.indexer_top_k < 0:
             raise PlanError(f"--top-k must be a whole number of compressed entries, got {self.indexer_top_k!r}")
-        blocks = self.n_positions // 4
+        blocks = self.n_positions // CSA_RATIO
         if self.indexer_top_k >= blocks:  # it would select every entry: an option that does nothing is refused
             raise PlanError(f"--top-k {self.indexer_top_k} selects every one of the {blocks} compressed entries "
                             f"--context {self.context} holds; give fewer, or drop --top-k to read them all")
         if self.indexer_top_k and self.design == "csa-dense":
             raise PlanError("csa-dense's compressed entries are exactly zero: its indexer has nothing to select; drop --top-k")
-        if self.indexer_top_k and 4 not in self.layer_ratios:
+        if self.indexer_top_k and CSA_RATIO not in self.layer_ratios:
             raise PlanError("the lightning indexer selects ratio-4 (CSA) entries; --ratios has no 4")
 
     def _check_ratios(self) -> None:
         """llama.cpp's deepseek4 has ratios 0, 4 and 128, and dies (SIGFPE) on a file without a ratio-4 layer."""
         try:
-            pattern = [int(r) for r in self.ratios.split(",")]
+            pattern = self._ratio_pattern()
         except ValueError:
             pattern = None
         if not pattern or any(r not in RATIOS for r in pattern):
             raise PlanError(f"--ratios must be a comma list of {', '.join(map(str, RATIOS))}, got {self.ratios!r}")
-        if 4 not in self.layer_ratios:
+        if CSA_RATIO not in self.layer_ratios:
             raise PlanError(f"--ratios {self.ratios} over {self.layers} layers has no ratio-4 layer, which llama.cpp's "
                             "deepseek4 needs (measured: SIGFPE without one)")
-        if 128 in self.layer_ratios and self.n_positions < 2 * 128:
+        if HCA_RATIO in self.layer_ratios and self.n_positions < 2 * HCA_RATIO:
             raise PlanError(f"a ratio-128 (HCA) layer pools 128 tokens per entry: --context {self.context} leaves it "
                             "fewer than 2 entries; give --context 256 or more")
 
@@ -235,11 +236,20 @@ class TrainConfig:
             merged["hint_steps"] = round(merged.get("steps", cls.steps) * HINT_SHARE)
         return cls(design=design, **merged)
 
+    def _ratio_pattern(self) -> list[int]:
+        return [int(r) for r in self.ratios.split(",")]
+
     @property
     def layer_ratios(self) -> tuple[int, ...]:
         """Each layer's compress ratio: the --ratios pattern repeated over the layers."""
-        pattern = [int(r) for r in self.ratios.split(",")]
+        pattern = self._ratio_pattern()
         return tuple(pattern[i % len(pattern)] for i in range(self.layers))
+
+    @property
+    def dense_first(self) -> bool:
+        """Whether the first `dense_steps` read densely while an indexer is distilled (the glm designs,
+        csa with a trained top-k), the attention reading only what it selects after them."""
+        return self.layout == "glm5-next" or self.indexer_top_k > 0
 
     @property
     def head_dim(self) -> int:

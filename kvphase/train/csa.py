@@ -146,12 +146,11 @@ def pooled(a, block, prefix: str, ratio: int, width: int, disjoint: bool = False
     nb, halves = t // ratio, 2 if ratio == RATIO else 1
     kv = (a @ block[prefix + "kv"])[:, : nb * ratio].reshape(b, nb, ratio, halves * width)  # (B, nb, ratio, halves w)
     phase_bias = block[prefix + "ape"]  # (ratio, halves w)
-    if halves == 1:
-        gate = (a @ block[prefix + "gate"])[:, : nb * ratio].reshape(b, nb, ratio, width) + phase_bias
-        return (jax.nn.softmax(gate, axis=2) * kv).sum(2)  # (B, nb, w)
-    if disjoint:
+    if disjoint and halves == 2:
         phase_bias = phase_bias.at[:, :width].set(MASKED)
-    gate = (a @ block[prefix + "gate"])[:, : nb * ratio].reshape(b, nb, ratio, 2 * width) + phase_bias  # (B, nb, 4, 2w)
+    gate = (a @ block[prefix + "gate"])[:, : nb * ratio].reshape(b, nb, ratio, halves * width) + phase_bias  # as kv
+    if halves == 1:
+        return (jax.nn.softmax(gate, axis=2) * kv).sum(2)  # (B, nb, w)
     prev_kv = jnp.concatenate([jnp.zeros_like(kv[:, :1, :, :width]), kv[:, :-1, :, :width]], axis=1)  # (B, nb, 4, w)
     prev_gate = jnp.concatenate([jnp.full_like(gate[:, :1, :, :width], MASKED), gate[:, :-1, :, :width]], axis=1)
     rows_kv = jnp.concatenate([prev_kv, kv[..., width:]], axis=2)  # (B, nb, 8, w)
@@ -171,19 +170,19 @@ def compressed_entries(a, block, config: TrainConfig, ratio: int):
     return rope(rms(entries, block["comp_norm"]), first, rope_dims(config)), first
 
 
-def indexer_scores(a, qr, block, config: TrainConfig):
-    """The lightning indexer's score of every (query, ratio-4 entry) (B, T, nb), -inf before the block
-    completes (`build_lid_top_k`): sum over its heads of w_h relu(q_h . k_b), w = W_proj a / sqrt(di Hi),
-    q = W_q qr and k the indexer's own overlapped compressor's entry, both roped as the attention's are."""
+def indexer_scores(a, qr, block, config: TrainConfig, first, seen):
+    """The lightning indexer's score of every (query, ratio-4 entry) (B, T, nb), -inf where the query does
+    not see the block (`build_lid_top_k`): sum over its heads of w_h relu(q_h . k_b), w = W_proj a /
+    sqrt(di Hi), q = W_q qr and k the indexer's own overlapped compressor's entry, both roped as the
+    attention's are. first (nb,): the blocks' first positions; seen (B, T, nb): the blocks each query sees."""
     b, t, _ = a.shape
-    di, n_rot, pos = block["idx_norm"].shape[0], rope_dims(config), jnp.arange(t)
-    keys = pooled(a, block, "idx_", RATIO, di)  # (B, nb, di)
-    first = RATIO * jnp.arange(keys.shape[1])  # (nb,)
-    keys = rope(rms(keys, block["idx_norm"]), first, n_rot)  # (B, nb, di)
-    iq = rope((qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, di).transpose(0, 2, 1, 3), pos, n_rot)  # (B, Hi, T, di)
+    di, n_rot = block["idx_norm"].shape[0], rope_dims(config)
+    keys = rope(rms(pooled(a, block, "idx_", RATIO, di), block["idx_norm"]), first, n_rot)  # (B, nb, di)
+    iq = (qr @ block["idx_q"]).reshape(b, t, INDEXER_HEADS, di).transpose(0, 2, 1, 3)  # (B, Hi, T, di)
+    iq = rope(iq, jnp.arange(t), n_rot)  # (B, Hi, T, di)
     w = (a @ block["idx_proj"]) / math.sqrt(di * INDEXER_HEADS)  # (B, T, Hi)
     score = jnp.einsum("bht,bhtn->btn", w.transpose(0, 2, 1), jax.nn.relu(jnp.einsum("bhtd,bnd->bhtn", iq, keys)))
-    return jnp.where(first[None, None, :] + RATIO - 1 <= pos[None, :, None], score, -jnp.inf)  # (B, T, nb)
+    return jnp.where(seen, score, -jnp.inf)  # (B, T, nb)
 
 
 def top_k_choice(scores, k: int):
@@ -233,14 +232,15 @@ def attention(a, block, config: TrainConfig, ratio: int = RATIO, sparse: bool = 
         return jnp.concatenate([sinks, jnp.where(seen[:, None], entry_scores, -jnp.inf),
                                 jnp.where(raw_seen, raw_scores, -jnp.inf)], -1)
 
+    scores = scores_reading(entry_seen)  # (B, H, T, 1 + n_keys): every visible entry
     aux = 0.0
     if "idx_q" in block:
-        index = indexer_scores(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config)  # (B, T, nb)
-        dense_mass = jax.nn.softmax(scores_reading(entry_seen), axis=-1)[..., 1 : 1 + len(first)].sum(1)  # (B, T, nb)
+        index = indexer_scores(jax.lax.stop_gradient(a), jax.lax.stop_gradient(qr), block, config, first,
+                               entry_seen)  # (B, T, nb)
+        dense_mass = jax.nn.softmax(scores, axis=-1)[..., 1 : 1 + len(first)].sum(1)  # (B, T, nb): heads summed
         aux = indexer_kl(index, jax.lax.stop_gradient(dense_mass))
         if sparse:
-            entry_seen = entry_seen & top_k_choice(index, config.indexer_top_k)  # (B, T, nb)
-    scores = scores_reading(entry_seen)  # (B, H, T, 1 + n_keys)
+            scores = scores_reading(entry_seen & top_k_choice(index, config.indexer_top_k))  # (B, H, T, 1 + n_keys)
     weights = jax.nn.softmax(scores, axis=-1)[..., 1:]  # (B, H, T, n_keys): the sink reads nothing
     out = jnp.einsum("bhtk,bkd->bhtd", weights, jnp.concatenate([entries, kv], axis=1))  # (B, H, T, hd)
     out = rope(out, pos, n_rot, inverse=True).transpose(0, 2, 1, 3).reshape(b, t, h * hd)  # (B, T, H hd)

@@ -135,10 +135,8 @@ class Trainer:
 
     @property
     def sparse(self) -> bool:
-        """Whether this step's attention reads only what the indexer selects (glm designs and csa with a
-        trained top-k warm up dense)."""
-        warms_up = self.config.layout == "glm5-next" or self.config.indexer_top_k > 0
-        return not warms_up or self.step >= self.config.dense_steps
+        """Whether this step's attention reads only what the indexer selects (`TrainConfig.dense_first`)."""
+        return not self.config.dense_first or self.step >= self.config.dense_steps
 
     # -- evaluation -------------------------------------------------------------------
 
