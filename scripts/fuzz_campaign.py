@@ -684,7 +684,9 @@ class Campaign:
                 ("rolling", ["--offsets", "jitter"]), ("gated", ["--gate-steps", "5"]), ("meanpool", ["--gate-steps", "-1"]),
                 ("meanpool", ["--gate-steps", "3000"]), ("meanpool", ["--gate-steps", "x"]), ("meanpool", ["--gate-steps", "5", "--copy-steps", "5"]),
                 ("csa", ["--hint-steps", "5"]), ("csa-dense", ["--hint-steps", "-1"]), ("csa-dense", ["--hint-steps", "2000"]),
-                ("csa-dense", ["--hint-steps", "x"]), ("csa-dense", ["--hint-steps", "5", "--copy-steps", "5"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]))),
+                ("csa-dense", ["--hint-steps", "x"]), ("csa-dense", ["--hint-steps", "5", "--copy-steps", "5"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]),
+                ("csa", ["--init", str(self.work / "nope")]), ("csa", ["--init", str(afile)]), ("csa", ["--init", "/proc"]),
+                ("csa", ["--init", ""]), ("csa", ["--init", str(self.damaged_run())]))),
             ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
             ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
             # kvphase theory (issue 20: the idealized gradient-flow model; no model file, seconds of numpy)
@@ -757,6 +759,16 @@ class Campaign:
         if not path.is_file():
             write_header_only(self.seed_model, path)
         return str(path)
+
+    def damaged_run(self) -> Path:
+        """A csa run folder whose config is sound and whose checkpoint is random bytes (for --init)."""
+        from kvphase.train.config import TrainConfig
+
+        folder = self.work / "damaged-run"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({"kind": "train", **TrainConfig.for_design("csa").to_json()}))
+        (folder / "checkpoint.npz").write_bytes(self.rng.randbytes(4000))
+        return folder
 
     def fifo(self) -> Path:
         """A path that is not a regular file, in place of /dev/null (which a rename would replace)."""

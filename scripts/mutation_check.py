@@ -124,7 +124,7 @@ MUTATIONS = [
              "return bool(all(len(set(row[row > 0])) == 1 for row in table))",
              "return bool(all(len(set(row)) == 1 for row in table))", (T_STRAT,)),
     Mutation("power-50-percent", STRAT, "POWER = 0.80", "POWER = 0.50", (T_STRAT, T_ANALYSIS)),
-    Mutation("sample-size-not-balanced", STRAT, "return -(-n // modulus) * modulus", "return n", (T_STRAT,)),
+    Mutation("sample-size-not-balanced", STRAT, "return -(-n // step) * step", "return n", (T_STRAT,)),
     Mutation("interval-90-percent", STRAT, "def percentile_interval(samples: np.ndarray, level: float = 0.95)",
              "def percentile_interval(samples: np.ndarray, level: float = 0.90)", (T_STRAT, T_ANALYSIS)),
     Mutation("bootstrap-unseeded", STRAT, "draws = np.random.default_rng(seed)", "draws = np.random.default_rng()",

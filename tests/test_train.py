@@ -119,6 +119,36 @@ def test_resume_from_a_checkpoint_gives_the_weights_of_an_uninterrupted_run(tmp_
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     rows = (tmp_path / "split" / "results.csv").read_text().splitlines()
     assert rows == (tmp_path / "whole" / "results.csv").read_text().splitlines()
+    kept = {name: (tmp_path / "whole" / name).read_bytes() for name in ("results.csv", "training.csv", "manifest.json")}
+    train(config, tmp_path / "whole")  # a finished run run again (a study script's resume) changes no file
+    assert {name: (tmp_path / "whole" / name).read_bytes() for name in kept} == kept
+
+
+@pytest.mark.slow
+def test_init_starts_a_longer_context_from_another_runs_weights_and_refuses_what_does_not_fit(tmp_path):
+    from kvphase.train.run import _resume, train
+
+    short = dict(design="csa", layers=2, heads=2, d_model=16, context=40, queries=2, batch=4, eval_sequences=8,
+                 steps=2, eval_every=2)
+    source = train(TrainConfig(**short), tmp_path / "short")
+    longer = TrainConfig(**{**short, "context": 80, "seed": 1, "init": str(tmp_path / "short")})
+    started = _resume(longer, tmp_path / "long")
+    assert started.step == 0
+    for a, b in zip(jax.tree_util.tree_leaves(source.params), jax.tree_util.tree_leaves(started.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert json.loads((tmp_path / "long" / "config.json").read_text())["init"] == str(tmp_path / "short")
+
+    base = ["train", "csa", "--layers", "2", "--heads", "2", "--context", "80", "--steps", "2", "--quiet"]
+    for i, (extra, fragment) in enumerate(((["--init", str(tmp_path / "nowhere")], "no checkpoint.npz there"),
+                            (["--d-model", "32", "--init", str(tmp_path / "short")], "cannot start this run (array"),
+                            (["--d-model", "16", "--init", str(tmp_path / "long")], "no checkpoint.npz there"))):
+        out = tmp_path / f"refused-{i}"
+        result = runner.invoke(app, [*base, str(out), *extra])
+        assert result.exit_code == 1 and fragment in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+    other = TrainConfig(**{**short, "design": "csa-disjoint", "init": str(tmp_path / "short")})
+    with pytest.raises(PlanError, match="trained csa; this run trains csa-disjoint"):
+        _resume(other, tmp_path / "disjoint")
 
 
 @pytest.mark.slow

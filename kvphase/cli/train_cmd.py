@@ -66,6 +66,9 @@ def train(
     batch: Optional[int] = typer.Option(None, help=f"Sequences per step; default {TrainConfig.batch}, "
                                         f"{LAYOUT_DEFAULTS['deepseek4']['batch']} for the csa and glm designs."),
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Start from the weights of a finished or stopped run folder of "
+                                        "the same design and sizes (its checkpoint; e.g. at a longer --context), with a fresh "
+                                        "optimiser and schedule."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Train a model with a chunked compressor from scratch; Ctrl-C keeps a checkpoint, the same command resumes."""
@@ -75,7 +78,8 @@ def train(
     config = TrainConfig.for_design(design, stride=stride, layers=layers, heads=heads, d_model=d_model, context=context,
                          records=records, queries=queries, steps=steps, seed=seed, eval_every=eval_every, stagger=stagger, offsets=offsets,
                          local_window=local_window, top_k=top_k, ratios=ratios, batch=batch, lr=lr, dense_steps=dense_steps, kda=kda,
-                         copy_steps=copy_steps, gate_steps=gate_steps, hint_steps=hint_steps)
+                         copy_steps=copy_steps, gate_steps=gate_steps, hint_steps=hint_steps,
+                         init=None if init is None else str(init))
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:
         run_training(config, out, on_start=progress.start, on_step=progress.step)

@@ -74,6 +74,8 @@ class TrainConfig:
     indexer_top_k: int = 0  # csa designs: compressed entries DeepSeek-V4's lightning indexer selects per query (trained by
     # distillation after `dense_steps` of dense reading); 0: every entry is read and the indexer's weights are zero
     ratios: str = "4"  # csa designs: compress ratio per layer, a comma pattern repeated over the layers: 4 (CSA), 128 (HCA), 0 (window only)
+    init: str = ""  # a run folder of the same design and sizes whose last checkpoint's weights this run starts from (a
+    # context extension: every layout but gpt2's has no learned positions); the optimiser and schedule start afresh
 
     def __post_init__(self) -> None:
         if self.design not in TRAINED_DESIGNS:

@@ -172,6 +172,29 @@ class Trainer:
     def load(self, path: Path) -> None:
         """The state `save` wrote; RunFolderError naming the problem when the file is not one
         this configuration saved (damaged, another model's shapes, a step outside the run)."""
+        import jax
+
+        step, leaves = self._saved_state(path, "is damaged", "delete it to start over")
+        if not 0 <= step <= self.config.steps:
+            raise RunFolderError(f"checkpoint {path} is damaged (step {step}, expected a whole number from 0 to "
+                                 f"{self.config.steps}); delete it to start over")
+        treedef = jax.tree_util.tree_structure((self.params, self.opt_state))
+        self.params, self.opt_state = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
+        self.step = int(step)
+
+    def start_from(self, path: Path) -> None:
+        """The weights of another run's checkpoint (`--init`), with this run's fresh optimiser and
+        schedule; PlanError when that run's model is not this one's shape."""
+        import jax
+
+        _, leaves = self._saved_state(path, "cannot start this run", "--init takes a run of the same design and sizes",
+                                      PlanError)
+        treedef = jax.tree_util.tree_structure(self.params)
+        self.params = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves[: treedef.num_leaves]])
+
+    def _saved_state(self, path: Path, problem: str, remedy: str,
+                     error: type[KvphaseError] = RunFolderError) -> tuple[int, list]:
+        """(step, leaves) of a checkpoint `save` wrote, each leaf checked against this configuration's."""
         import zipfile
 
         import jax
@@ -184,19 +207,15 @@ class Trainer:
                     raise ValueError(f"it holds {len(saved.files)} arrays, this configuration saves {len(names)}")
                 step, leaves = saved["step"], [saved[name] for name in names[1:]]
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-            raise RunFolderError(f"checkpoint {path} is damaged ({str(exc).splitlines()[0][:120]}); "
-                                 "delete it to start over") from None
-        if step.shape != () or step.dtype.kind not in "iu" or not 0 <= int(step) <= self.config.steps:
-            raise RunFolderError(f"checkpoint {path} is damaged (step {step.tolist()!r}, expected a whole number from 0 to "
-                                 f"{self.config.steps}); delete it to start over")
+            raise error(f"checkpoint {path} {problem} ({str(exc).splitlines()[0][:120]}); {remedy}") from None
+        if step.shape != () or step.dtype.kind not in "iu":
+            raise error(f"checkpoint {path} {problem} (step {step.tolist()!r}, expected a whole number); {remedy}")
         for i, (leaf, want) in enumerate(zip(leaves, expected)):
             if leaf.shape != want.shape or leaf.dtype != want.dtype or not np.isfinite(leaf).all():
                 found = "non-finite values" if leaf.shape == want.shape and leaf.dtype == want.dtype else (
                     f"{leaf.dtype}{list(leaf.shape)}, expected {want.dtype}{list(want.shape)}")
-                raise RunFolderError(f"checkpoint {path} is damaged (array {i}: {found}); delete it to start over")
-        treedef = jax.tree_util.tree_structure((self.params, self.opt_state))
-        self.params, self.opt_state = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
-        self.step = int(step)
+                raise error(f"checkpoint {path} {problem} (array {i}: {found}); {remedy}")
+        return int(step), leaves
 
 
 def model_of(config: TrainConfig):

@@ -136,7 +136,8 @@ def _keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
         return
     frame = load_csv(path, columns)
     kept = frame[frame["step"] <= step][columns]
-    write_csv(path, kept)
+    if len(kept) < len(frame):  # a finished run run again keeps its files byte for byte
+        write_csv(path, kept)
 
 
 def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -177,13 +178,28 @@ def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] =
 def _resume(config: TrainConfig, out: Path) -> Trainer:
     """A trainer at the folder's checkpoint (step 0 without one), its tables cut back to that step."""
     trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
+    resuming = (out / CHECKPOINT_FILE).is_file()
+    if config.init and not resuming:
+        trainer.start_from(_init_checkpoint(config))
     make_folder(out)
     write_json(out / CONFIG_FILE, {"kind": "train", **config.to_json()})
-    if (out / CHECKPOINT_FILE).is_file():
+    if resuming:
         trainer.load(out / CHECKPOINT_FILE)
     for name, columns in ((RESULTS_FILE, RESULT_COLUMNS), (TRAINING_FILE, TRAINING_COLUMNS)):
         _keep_rows_up_to(out / name, columns, trainer.step)
     return trainer
+
+
+def _init_checkpoint(config: TrainConfig) -> Path:
+    """The checkpoint `--init` names, from a run folder of the same design; PlanError otherwise."""
+    source = Path(config.init)
+    if not (source / CHECKPOINT_FILE).is_file():
+        raise PlanError(f"--init {source}: no {CHECKPOINT_FILE} there; give a run folder kvphase train wrote (its "
+                        "checkpoint is kept after the run)")
+    design = load_train_config(source).design
+    if design != config.design:
+        raise PlanError(f"--init {source} trained {design}; this run trains {config.design}")
+    return source / CHECKPOINT_FILE
 
 
 def _recorders(trainer: Trainer, out: Path, on_step: Callable[[StepMetrics], None]):
@@ -240,6 +256,8 @@ def _update_manifest(out: Path, wall_s: float, steps: int) -> None:
 
     path = out / MANIFEST_FILE
     old = load_train_manifest(out)
+    if old and not steps:  # a finished run run again: no session to record
+        return
     manifest = {
         "model": {"file": MODEL_FILE, "size": (out / MODEL_FILE).stat().st_size},
         "versions": {"kvphase": __version__, "jax": jax.__version__, "optax": optax.__version__,
