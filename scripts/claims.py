@@ -189,7 +189,7 @@ def profile_table(runs: list[tuple[str, str, str]]) -> str:
     """Trained models' sweeps at residues mod 8 against the published DeepSeek-V4 profile: each run's
     two worst residues, its block-end dip and the correlation of its profile with the published one,
     the published profile itself in the first row."""
-    rows = [["DeepSeek-V4-Flash-Base (published)", "-", ", ".join(f"{a:.1f}" for a in PUBLISHED_DEEPSEEK4),
+    rows = [["DeepSeek-V4-Flash-Base (published)", "-", "-", ", ".join(f"{a:.1f}" for a in PUBLISHED_DEEPSEEK4),
              f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f}", "-", "-", "3, 7",
              f"{block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}", "1.00"]]
     for label, name, sweep in runs:
@@ -198,10 +198,11 @@ def profile_table(runs: list[tuple[str, str, str]]) -> str:
         accuracies = [row["accuracy"] for row in s["per_residue"]]
         worst = sorted(range(len(accuracies)), key=lambda r: (accuracies[r], r))[:2]
         held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
-        rows.append([_link(label, folder / sweep, ROOT / "reports"), held_out, ", ".join(f"{a:.1f}" for a in accuracies),
+        rows.append([_link(label, folder / sweep, ROOT / "reports"), held_out, str(min(r["n"] for r in s["per_residue"])),
+                     ", ".join(f"{a:.1f}" for a in accuracies),
                      _gap(s), _p(s["test"]["p_value"]), verdict(s), ", ".join(map(str, sorted(worst))),
                      f"{block_end_dip(accuracies):.1f}", _pearson(accuracies, PUBLISHED_DEEPSEEK4)])
-    return _table(["model", "held-out %", "per residue % (mod 8)", "gap (95% CI)", "p", "verdict", "worst two residues",
+    return _table(["model", "held-out %", "targets per residue", "per residue % (mod 8)", "gap (95% CI)", "p", "verdict", "worst two residues",
                    "block-end dip (points)", "r with published"], rows)
 
 
@@ -367,11 +368,36 @@ def _seeds(label: str, name: str) -> list[tuple[str, str]]:
 
 DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 2)),
              ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5)), ("ctx256", "256 tokens", (0,)),
-             ("ctx256-long", "256 tokens, 3000 steps", (0,)), ("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,)),
+             ("ctx256-long", "256 tokens, 3000 steps", (0, 2)),
+             ("ctx256-from128", "256 tokens, extended from 128", (0, 1, 2)),
+             ("ctx512-from256", "512 tokens, extended from 256", (0, 1, 2)),
+             ("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,)),
              ("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,)),
-             ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0,))]
-DS4_LEARNED = ["ctx128-seed0", "ctx128-seed2", "ctx128-top4-seed0", "ctx128-top4-seed2", "ctx128-top4-seed4",
-               "ctx128-top4-seed5", "ctx256-long-seed0"]
+             ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0,)),
+             ("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,))]
+DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if not cell.startswith("glm") for k in seeds]
+
+
+def learned_gaps_by_context(runs: list[str]) -> str:
+    """The runs whose training reached the 80% bar, grouped by trained context: "at 128 tokens
+    gaps G (CI), ... points, p <= P (n of m seeds); at 256 tokens ..."."""
+    by_context: dict[int, list[str]] = {}
+    counts: dict[int, int] = {}
+    for run in runs:
+        folder = ROOT / "reports" / "trained" / run
+        context = _read(folder, "config.json")["context"]
+        counts[context] = counts.get(context, 0) + 1
+        if _read(folder, "summary.json")["readable"]:
+            by_context.setdefault(context, []).append(run)
+    parts = []
+    for context, learned in sorted(by_context.items()):
+        summaries = [_read(ROOT / "reports" / "trained" / run / "sweep", "summary.json") for run in learned]
+        worst_p = max(s["test"]["p_value"] for s in summaries)
+        parts.append(f"at {context} tokens ({len(learned)} of {counts[context]} runs learned) gap{'s' if len(learned) > 1 else ''} "
+                     f"{_and([_gap(s) for s in summaries])} points, p <= {_p(worst_p)}")
+    return "; ".join(parts)
+
+
 DS4_ABLATION = [(f"{label}, seed {k}", f"ds4-ablation/{cell}-seed{k}", "sweep") for cell, label, seeds in DS4_CELLS
                 for k in seeds] + [("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
                                    ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
@@ -384,8 +410,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-minutes-64": lambda: training_minutes([f"ds4-ablation/ctx64-seed{k}" for k in range(3)]),
     "ds4-minutes-128": lambda: training_minutes([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]
                                                 + [f"ds4-ablation/ctx128-top4-seed{k}" for k in range(6)]),
-    "ds4-minutes-256": lambda: training_minutes(["ds4-ablation/ctx256-long-seed0", "ds4-ablation/ctx256-hca-long-seed0"]),
-    "ds4-gaps": lambda: gaps_phrase([f"ds4-ablation/{run}" for run in DS4_LEARNED]),
+    "ds4-minutes-256": lambda: training_minutes(["ds4-ablation/ctx256-long-seed0", "ds4-ablation/ctx256-long-seed2",
+                                                 "ds4-ablation/ctx256-hca-long-seed0"]),
+    "ds4-minutes-from128": lambda: training_minutes([f"ds4-ablation/ctx256-from128-seed{k}" for k in range(3)]),
+    "ds4-minutes-from256": lambda: training_minutes([f"ds4-ablation/ctx512-from256-seed{k}" for k in range(3)]),
+    "glm-minutes-128": lambda: training_minutes(["ds4-ablation/glm-ctx128-top4-seed0"]),
+    "ds4-gaps": lambda: learned_gaps_by_context(DS4_CSA_RUNS),
     "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
                                      + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
                                      [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 43's ablation of DeepSeek-V4's compressed attention, trained by kvphase and swept through
 # llama.cpp: each cell is `kvphase train csa` with one set of ingredients, 3 seeds, every model swept
-# at residues mod 8 (the published profile's modulus). Resumable: a finished training or sweep is kept.
+# at residues mod 8 (the published profile's modulus), 1024 targets per residue: enough expected
+# failures for the chi-square law's p (at 128, most sweeps fell back on 4000 permutations, whose p
+# cannot go below 2.5e-4). Resumable: a finished training or sweep is kept.
 #
 #   scripts/deepseek4_ablation.sh CELL [SEED...]     (seeds default to 0 1 2; one core per call)
 #
@@ -14,7 +16,17 @@
 #   ctx256-top4-hca  + HCA: layers at ratios 4, 128 (one CSA layer, one HCA), 256-token context
 #   ctx256-top4-hca3 layers at ratios 4, 128, 4: HCA between two CSA layers
 #   ctx256-hca-long  layers at ratios 4, 128, every entry read, 3000 steps
-# The study ran seeds 0-2 of ctx64 and ctx128, 0-3 of ctx128-top4, seed 0 of the 256-token cells.
+#   ctx256-hca-first layers at ratios 128, 4: the HCA layer first, the CSA layer (which reads the
+#                    records) last, every entry read, 3000 steps
+#   glm-ctx128-top4  GLM-5.3's k-pool (`kvphase train glm-kpool`, glm5-next's layout) at 128 tokens,
+#                    the indexer keeping 4 pools of 32 (item 5's lever: top-k small against the pools)
+#   ctx256-from128   context extension (long-context models are pretrained short, then extended): each
+#                    seed starts from ctx128's same seed (`--init`), then 1000 steps at 256 tokens
+#   ctx512-from256   the same from ctx256-from128 to 512 tokens, 400 steps (99% of its training batches
+#                    by step 200; a step costs 3-4 of ctx256-from128's)
+# The study ran seeds 0-2 of ctx64, ctx128 and the two extensions, 0-5 of ctx128-top4, 0 and 2 of
+# ctx256-long, seed 0 of the others; ctx256-hca-first was stopped at step 1500 of 3000, still at
+# chance, and not kept. The extensions read their source cell's checkpoints, which stay local.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVPHASE=${KVPHASE:-.venv/bin/kvphase}
@@ -28,6 +40,10 @@ case "$cell" in
   ctx256) design=csa; opts=(--context 256 --steps 1200) ;;
   ctx256-long) design=csa; opts=(--context 256 --steps 3000) ;;
   ctx256-hca-long) design=csa; opts=(--context 256 --steps 3000 --ratios 4,128) ;;
+  ctx256-hca-first) design=csa; opts=(--context 256 --steps 3000 --ratios 128,4) ;;
+  glm-ctx128-top4) design=glm-kpool; opts=(--context 128 --top-k 4 --steps 3000) ;;
+  ctx256-from128) design=csa; opts=(--context 256 --steps 1000); init=ctx128 ;;
+  ctx512-from256) design=csa; opts=(--context 512 --steps 400); init=ctx256-from128 ;;
   ctx128-top4) design=csa; opts=(--context 128 --steps 2000 --top-k 4) ;;
   ctx256-top4-hca) design=csa; opts=(--context 256 --steps 1000 --top-k 4 --ratios 4,128) ;;
   ctx256-top4-hca3) design=csa; opts=(--context 256 --steps 1200 --top-k 4 --layers 3 --ratios 4,128,4) ;;
@@ -36,7 +52,8 @@ esac
 for seed in "${@:-0 1 2}"; do
   for s in $seed; do
     run="$OUT/$cell-seed$s"
-    "$KVPHASE" train "$design" "$run" "${opts[@]}" --seed "$s" --quiet
-    "$KVPHASE" sweep "$run/model.gguf" --modulus 8 --per-residue 128 --out "$run/sweep" --quiet
+    start=(); [ -z "${init:-}" ] || start=(--init "$OUT/$init-seed$s")
+    "$KVPHASE" train "$design" "$run" "${opts[@]}" "${start[@]}" --seed "$s" --quiet
+    "$KVPHASE" sweep "$run/model.gguf" --modulus 8 --per-residue 1024 --out "$run/sweep" --quiet
   done
 done

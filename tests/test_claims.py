@@ -64,6 +64,25 @@ def test_the_block_end_dip_and_worst_residues_of_the_published_deepseek4_profile
     assert claims._pearson([50.0] * 8, claims.PUBLISHED_DEEPSEEK4) == "-"
 
 
+def test_learned_gaps_are_grouped_by_trained_context_and_runs_below_the_bar_only_counted(tmp_path, monkeypatch):
+    import json
+
+    def run(name, context, readable, gap, ci, p):
+        folder = tmp_path / "reports" / "trained" / name
+        (folder / "sweep").mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"context": context}))
+        (folder / "summary.json").write_text(json.dumps({"readable": readable}))
+        (folder / "sweep" / "summary.json").write_text(json.dumps({"gap": gap, "gap_ci": ci, "test": {"p_value": p}}))
+        return name
+
+    runs = [run("a", 256, True, 16.1, [12.9, 18.0], 5.6e-53), run("b", 128, True, 16.5, [13.6, 17.8], 1e-38),
+            run("c", 128, False, 6.2, [0.0, 6.1], 0.76), run("d", 128, True, 6.8, [4.4, 8.3], 4.5e-7)]
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    assert claims.learned_gaps_by_context(runs) == (
+        "at 128 tokens (2 of 3 runs learned) gaps 16.5 (13.6-17.8) and 6.8 (4.4-8.3) points, p <= 4.5e-07; "
+        "at 256 tokens (1 of 1 runs learned) gap 16.1 (12.9-18.0) points, p <= 5.6e-53")
+
+
 @pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])
 def test_each_file_in_tests_data_is_its_study_folders_model_byte_for_byte(row):
     """README says the small trained files are seed 0 of their study folders, byte for byte."""
