@@ -136,7 +136,9 @@ def _keep_rows_up_to(path: Path, columns: list[str], step: int) -> None:
         return
     frame = load_csv(path, columns)
     kept = frame[frame["step"] <= step][columns]
-    if len(kept) < len(frame):  # a finished run run again keeps its files byte for byte
+    raw = path.read_bytes()
+    whole = raw.endswith(b"\n") and raw.count(b"\n") == len(frame) + 1  # no half row a kill or a full disk left
+    if len(kept) < len(frame) or not whole:  # else as it is: a finished run run again keeps its files byte for byte
         write_csv(path, kept)
 
 
