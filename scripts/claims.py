@@ -380,20 +380,18 @@ DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS i
 
 def learned_gaps_by_context(runs: list[str]) -> str:
     """The runs whose training reached the 80% bar, grouped by trained context: "at 128 tokens
-    gaps G (CI), ... points, p <= P (n of m seeds); at 256 tokens ..."."""
+    (n of m runs learned) gaps G (CI), ... points, p <= P; at 256 tokens ..."."""
     by_context: dict[int, list[str]] = {}
-    counts: dict[int, int] = {}
     for run in runs:
-        folder = ROOT / "reports" / "trained" / run
-        context = _read(folder, "config.json")["context"]
-        counts[context] = counts.get(context, 0) + 1
-        if _read(folder, "summary.json")["readable"]:
-            by_context.setdefault(context, []).append(run)
+        by_context.setdefault(_read(ROOT / "reports" / "trained" / run, "config.json")["context"], []).append(run)
     parts = []
-    for context, learned in sorted(by_context.items()):
+    for context, group in sorted(by_context.items()):
+        learned = [run for run in group if _read(ROOT / "reports" / "trained" / run, "summary.json")["readable"]]
+        if not learned:
+            continue
         summaries = [_read(ROOT / "reports" / "trained" / run / "sweep", "summary.json") for run in learned]
         worst_p = max(s["test"]["p_value"] for s in summaries)
-        parts.append(f"at {context} tokens ({len(learned)} of {counts[context]} runs learned) gap{'s' if len(learned) > 1 else ''} "
+        parts.append(f"at {context} tokens ({len(learned)} of {len(group)} runs learned) gap{'s' if len(learned) > 1 else ''} "
                      f"{_and([_gap(s) for s in summaries])} points, p <= {_p(worst_p)}")
     return "; ".join(parts)
 
