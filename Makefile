@@ -32,13 +32,16 @@ demo: $(BASE)
 
 # llama-server built from the llama.cpp that llama-cpp-python vendors, cached in .cache/ (the
 # integration tests of `--backend server` run it); the first build takes about 6 CPU-minutes.
-llama-server: $(STAMP)
+# It needs only llama-cpp-python's libraries, so it can build while the extras install.
+llama-server: $(BASE)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
 
-# one pytest worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on
-# one worker, so its module-scoped fixtures (a real model's sweep, a server) are made once; the
-# longest modules first, as conftest.py orders them (xdist would order by number of tests)
-test: $(STAMP) llama-server
+# the extras install (one core, mostly unpacking) beside the server's build; then one pytest
+# worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on one worker,
+# so its module-scoped fixtures (a real model's sweep, a server) are made once; the longest
+# modules first, as conftest.py orders them (xdist would order by number of tests)
+test: $(BASE)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers
