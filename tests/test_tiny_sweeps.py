@@ -53,3 +53,26 @@ def test_probes_run_through_llama_cpps_compressed_attention(arch, default_model,
     for run in ("k0", "k1"):
         config = json.loads((tmp_path / "cycle" / run / "config.json").read_text())
         assert config["stride"] == SPEC_STRIDES[arch] and config["backend"] == "llama.cpp", config
+
+
+@pytest.mark.slow
+def test_the_report_says_when_depth_confounds_residue(tiny_llama, tmp_path):
+    """Residues mod 16 at one target each in 256 tokens leave room for one depth per residue, so the
+    groups' mean positions differ (residues from M / 2 on sit M lower); the report must not claim
+    they agree. At mod 8, the default plan, they do."""
+    import pandas as pd
+
+    def sweep(name, *options):
+        result = runner.invoke(app, ["sweep", str(tiny_llama), "--context", "256", *options, "--threads", "1",
+                                     "--out", str(tmp_path / name), "--quiet"])
+        assert result.exit_code == 0, result.output
+        means = pd.read_csv(tmp_path / name / "results.csv").groupby("residue")["target_pos"].mean()  # (M,)
+        return (tmp_path / name / "report.md").read_text(), means
+
+    report, means = sweep("confounded", "--modulus", "16", "--per-residue", "1")
+    assert means.max() - means.min() > 1
+    assert (f"do not have the same mean in every residue group (from {means.min():.0f} to {means.max():.0f}"
+            in report), report
+    assert "depth does not confound residue" not in report
+    report, means = sweep("balanced", "--modulus", "8")
+    assert means.max() - means.min() <= 1 and "depth does not confound residue" in report

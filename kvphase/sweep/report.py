@@ -93,6 +93,19 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
             ax.legend(fontsize=8, loc="best")
 
 
+def _depth_sentence(summary: Summary) -> str:
+    """Whether depth confounds residue: the plan gives every residue group the same mean position
+    and spread, except where the context has room for a single depth per residue (a large modulus
+    in a short context: `placement.residue_slots` then moves whole groups, means up to M apart)."""
+    means = [row["position_mean"] for row in summary.per_residue]
+    if max(means) - min(means) <= 1:
+        return ("Target positions have the same mean and standard deviation in every residue group, so depth does "
+                "not confound residue.")
+    return (f"Target positions do not have the same mean in every residue group (from {min(means):.0f} to "
+            f"{max(means):.0f}: the context has room for few depths at this modulus), so depth and residue are "
+            "confounded within that range; a trend with depth can read as a phase effect.")
+
+
 def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = ()) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
@@ -105,8 +118,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
              figure_link(FIGURE_FILE, "accuracy by residue")),
             ("Per residue",
              "Accuracy in percent with a two-sided 95% Wilson interval (each target counted as independent, so "
-             "the intervals are somewhat narrow when contexts differ). Target positions have the same mean "
-             "and standard deviation in every residue group, so depth does not confound residue.",
+             f"the intervals are somewhat narrow when contexts differ). {_depth_sentence(summary)}",
              markdown_table(pd.DataFrame(summary.per_residue))),
             (f"Per phase (position mod {plan.stride})", markdown_table(pd.DataFrame(summary.per_phase))),
             *([shifts] if shifts else []),
