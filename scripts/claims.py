@@ -316,6 +316,44 @@ def training_minutes(runs: list[str]) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+def study_hours(study: str) -> str:
+    """The wall time of every run folder under reports/trained/<study> (trainings, and the sweeps and
+    probes inside them), from their manifests: "T hours, trainings R of them"."""
+    hours = {"all": 0.0, "trainings": 0.0}
+    for manifest in (ROOT / "reports" / "trained" / study).rglob("manifest.json"):
+        seconds = json.loads(manifest.read_text())["wall_time_s"]
+        hours["all"] += seconds / 3600
+        hours["trainings"] += seconds / 3600 if (manifest.parent / "training.csv").is_file() else 0.0
+    return f"{hours['all']:.1f} hours, trainings {hours['trainings']:.1f} of them"
+
+
+def _homogeneity(groups: list[tuple[int, int]]) -> tuple[float, int]:
+    """Pearson's chi-square of a groups x (correct, wrong) table from (correct, n) pairs, and its df."""
+    correct, total = sum(c for c, _ in groups), sum(n for _, n in groups)
+    statistic = sum((c - n * correct / total) ** 2 / (n * correct / total)
+                    + ((n - c) - n * (total - correct) / total) ** 2 / (n * (total - correct) / total) for c, n in groups)
+    return statistic, len(groups) - 1
+
+
+def nested_phase_phrase(relative: str, inner: int) -> str:
+    """A large-modulus sweep read against a smaller stride that divides it: its residues pooled by
+    position mod `inner` (accuracies and the chi-square between them), then the chi-square among the
+    residues within each class, summed. Pearson's test treats targets as independent: for sweeps of
+    one target per context."""
+    from scipy.stats import chi2
+
+    rows = _read(ROOT / "reports" / relative, "summary.json")["per_residue"]
+    classes = [[(r["correct"], r["n"]) for r in rows if r["residue"] % inner == k] for k in range(inner)]
+    pooled = [(sum(c for c, _ in g), sum(n for _, n in g)) for g in classes]
+    between, between_df = _homogeneity(pooled)
+    within = [_homogeneity(g) for g in classes]
+    within_stat, within_df = sum(w for w, _ in within), sum(d for _, d in within)
+    return (f"pooled by position mod {inner} its residues read {_and([f'{100 * c / n:.1f}' for c, n in pooled])}% "
+            f"(chi-square {between:.1f}, df {between_df}, p = {_p(chi2.sf(between, between_df))}); within each phase "
+            f"mod {inner} they differ {'no more than chance' if chi2.sf(within_stat, within_df) >= 0.05 else 'beyond chance'} "
+            f"(chi-square {within_stat:.1f}, df {within_df}, p = {_p(chi2.sf(within_stat, within_df))})")
+
+
 def training_times() -> str:
     studies = [[f"gated-seed{k}" for k in range(3)], [f"engine/csa-disjoint-seed{k}" for k in range(5)],
                [f"engine/glm-kpool-seed{k}" for k in range(3)]]
@@ -373,9 +411,16 @@ DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 
              ("ctx512-from256", "512 tokens, extended from 256", (0, 1, 2)),
              ("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,)),
              ("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,)),
-             ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0,)),
-             ("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,))]
-DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if not cell.startswith("glm") for k in seeds]
+             ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0, 1, 2)),
+             ("ctx256-hca-cont", "256 tokens, ratios 4,128, 3000 steps more", (0, 1)),
+             ("ctx512-hca-from256", "512 tokens, ratios 4,128, extended from 256", (0,)),
+             ("ctx768-hca-from512", "768 tokens, ratios 4,128, extended from 512", (0,)),
+             ("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,)),
+             ("glm-ctx64-top4", "GLM-5.3 k-pool, 64 tokens, top-4 of 16 pools", (0,)),
+             ("glm-ctx128-top4-from64", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools, extended from 64", (0,))]
+DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if not cell.startswith("glm")
+                and "hca" not in cell for k in seeds]
+DS4_HCA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell for k in seeds]
 
 
 def learned_gaps_by_context(runs: list[str]) -> str:
@@ -413,7 +458,18 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-minutes-from128": lambda: training_minutes([f"ds4-ablation/ctx256-from128-seed{k}" for k in range(3)]),
     "ds4-minutes-from256": lambda: training_minutes([f"ds4-ablation/ctx512-from256-seed{k}" for k in range(3)]),
     "glm-minutes-128": lambda: training_minutes(["ds4-ablation/glm-ctx128-top4-seed0"]),
+    "ds4-minutes-hca-cont": lambda: training_minutes([f"ds4-ablation/ctx256-hca-cont-seed{k}" for k in range(2)]),
+    "ds4-minutes-hca-ext": lambda: training_minutes(["ds4-ablation/ctx512-hca-from256-seed0",
+                                                     "ds4-ablation/ctx768-hca-from512-seed0"]),
+    "glm-minutes-from64": lambda: training_minutes(["ds4-ablation/glm-ctx64-top4-seed0",
+                                                    "ds4-ablation/glm-ctx128-top4-from64-seed0"]),
     "ds4-gaps": lambda: learned_gaps_by_context(DS4_CSA_RUNS),
+    "ds4-hours": lambda: study_hours("ds4-ablation"),
+    "ds4-stride128-nested": lambda: nested_phase_phrase("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
+                                                        "ctx768-hca-from512-seed0-pairs-S128-L768", 4),
+    "ds4-hca-gaps": lambda: learned_gaps_by_context(DS4_HCA_RUNS),
+    "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
+                                         f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
     "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
                                      + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
                                      [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),

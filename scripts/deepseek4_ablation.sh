@@ -24,9 +24,18 @@
 #                    seed starts from ctx128's same seed (`--init`), then 1000 steps at 256 tokens
 #   ctx512-from256   the same from ctx256-from128 to 512 tokens, 400 steps (99% of its training batches
 #                    by step 200; a step costs 3-4 of ctx256-from128's)
-# The study ran seeds 0-2 of ctx64, ctx128 and the two extensions, 0-5 of ctx128-top4, 0 and 2 of
-# ctx256-long, seed 0 of the others; ctx256-hca-first was stopped at step 1500 of 3000, still at
-# chance, and not kept. The extensions read their source cell's checkpoints, which stay local.
+#   ctx256-hca-cont  ctx256-hca-long trained 3000 steps more (`--init`: it was still rising at its end)
+#   ctx512-hca-from256  ctx256-hca-cont extended to 512 tokens (4 HCA entries), 400 steps
+#   ctx768-hca-from512  and again to 768 tokens, 300 steps: the shortest context whose targets have
+#                    room at residues mod 128 (`--stride all` sweeps stride 128 there)
+#   glm-ctx64-top4   glm-kpool --top-k 4 at 64 tokens (the engine study's glm-kpool-top4, whose
+#                    checkpoint is not kept), the start of the next cell
+#   glm-ctx128-top4-from64  glm-ctx64-top4 extended to 128 tokens, keeping 4 of 32 pools
+# The study ran seeds 0-2 of ctx64, ctx128, the two extensions and ctx256-hca-long, 0-5 of
+# ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont, seed 0 of the others;
+# ctx256-hca-first was stopped at step 1500 of 3000, still at chance, and not kept, and seed 2 of
+# ctx256-hca-cont was stopped early for time. The extensions read their source cell's
+# checkpoints, which stay local.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVPHASE=${KVPHASE:-.venv/bin/kvphase}
@@ -44,6 +53,11 @@ case "$cell" in
   glm-ctx128-top4) design=glm-kpool; opts=(--context 128 --top-k 4 --steps 3000) ;;
   ctx256-from128) design=csa; opts=(--context 256 --steps 1000); init=ctx128 ;;
   ctx512-from256) design=csa; opts=(--context 512 --steps 400); init=ctx256-from128 ;;
+  ctx256-hca-cont) design=csa; opts=(--context 256 --steps 3000 --ratios 4,128); init=ctx256-hca-long ;;
+  ctx512-hca-from256) design=csa; opts=(--context 512 --steps 400 --ratios 4,128); init=ctx256-hca-cont ;;
+  ctx768-hca-from512) design=csa; opts=(--context 768 --steps 300 --ratios 4,128); init=ctx512-hca-from256 ;;
+  glm-ctx64-top4) design=glm-kpool; opts=(--top-k 4 --steps 2000) ;;
+  glm-ctx128-top4-from64) design=glm-kpool; opts=(--context 128 --top-k 4 --steps 1500); init=glm-ctx64-top4 ;;
   ctx128-top4) design=csa; opts=(--context 128 --steps 2000 --top-k 4) ;;
   ctx256-top4-hca) design=csa; opts=(--context 256 --steps 1000 --top-k 4 --ratios 4,128) ;;
   ctx256-top4-hca3) design=csa; opts=(--context 256 --steps 1200 --top-k 4 --layers 3 --ratios 4,128,4) ;;
@@ -55,5 +69,8 @@ for seed in "${@:-0 1 2}"; do
     start=(); [ -z "${init:-}" ] || start=(--init "$OUT/$init-seed$s")
     "$KVPHASE" train "$design" "$run" "${opts[@]}" "${start[@]}" --seed "$s" --quiet
     "$KVPHASE" sweep "$run/model.gguf" --modulus 8 --per-residue 1024 --out "$run/sweep" --quiet
+    # both strides the file declares (item 3): residues mod 8 for stride 4, mod 128 for stride 128
+    [ "$cell" != ctx768-hca-from512 ] ||
+      "$KVPHASE" sweep "$run/model.gguf" --stride all --per-residue 64 --out "$run/strides" --quiet
   done
 done

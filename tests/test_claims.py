@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from scipy.stats import chi2_contingency
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("claims", ROOT / "scripts" / "claims.py")
@@ -81,6 +82,41 @@ def test_learned_gaps_are_grouped_by_trained_context_and_runs_below_the_bar_only
     assert claims.learned_gaps_by_context(runs) == (
         "at 128 tokens (2 of 3 runs learned) gaps 16.5 (13.6-17.8) and 6.8 (4.4-8.3) points, p <= 4.5e-07; "
         "at 256 tokens (1 of 1 runs learned) gap 16.1 (12.9-18.0) points, p <= 5.6e-53")
+
+
+def test_a_studys_hours_add_every_manifest_inside_it_and_count_trainings_apart(tmp_path, monkeypatch):
+    import json
+
+    def manifest(relative, seconds, training=False):
+        folder = tmp_path / "reports" / "trained" / "study" / relative
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"wall_time_s": seconds}))
+        if training:
+            (folder / "training.csv").write_text("step,loss,accuracy,steps_per_s\n")
+
+    manifest("run-seed0", 5400, training=True)  # a training, with its sweep and a probe inside it
+    manifest("run-seed0/sweep", 1800)
+    manifest("run-seed0/probes/knockout", 360)
+    manifest("other-seed1", 1440, training=True)
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    assert claims.study_hours("study") == "2.5 hours, trainings 1.9 of them"
+
+
+def test_a_large_modulus_is_read_against_the_stride_that_divides_it(tmp_path, monkeypatch):
+    """Residues mod 8 whose accuracy depends only on the position mod 4 (residue 3 and 7 weak): the
+    pooled classes differ, the residues within each class do not (chi-square exactly 0)."""
+    import json
+
+    rows = [{"residue": r, "n": 100, "correct": 60 if r % 4 == 3 else 90} for r in range(8)]
+    folder = tmp_path / "reports" / "run"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"per_residue": rows}))
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    between = chi2_contingency([[180, 20], [180, 20], [180, 20], [120, 80]], correction=False)  # scipy, independently
+    assert claims.nested_phase_phrase("run", 4) == (
+        f"pooled by position mod 4 its residues read 90.0, 90.0, 90.0 and 60.0% (chi-square {between[0]:.1f}, df 3, "
+        f"p = {claims._p(between[1])}); within each phase mod 4 they differ no more than chance (chi-square 0.0, df 4, "
+        "p = 1)")
 
 
 @pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])
