@@ -473,6 +473,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
                                      + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
                                      [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+    "fixes-ds4-hca": lambda: fixes_table([("ds4-ctx256-hca-long-seed1", "256 tokens, ratios 4,128, seed 1"),
+                                          ("ds4-ctx256-hca-long-seed2", "256 tokens, ratios 4,128, seed 2"),
+                                          ("ds4-ctx256-hca-cont-seed0", "256 tokens, ratios 4,128, 6000 steps, seed 0"),
+                                          ("ds4-ctx256-hca-long-seed1-Q4_0", "256 tokens, ratios 4,128, seed 1, Q4_0")],
+                                         [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
     "fixes-csa": lambda: fixes_table([("csa-seed0", "csa seed 0 (committed)"),
                                       *[(f"csa-seed{k}-retrained", f"csa seed {k}, retrained") for k in (1, 2, 3)],
                                       ("csa-disjoint-seed0-Q4_0", "csa-disjoint seed 0, Q4_0"),
