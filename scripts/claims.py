@@ -329,10 +329,10 @@ def study_hours(study: str) -> str:
 
 def _homogeneity(groups: list[tuple[int, int]]) -> tuple[float, int]:
     """Pearson's chi-square of a groups x (correct, wrong) table from (correct, n) pairs, and its df."""
-    correct, total = sum(c for c, _ in groups), sum(n for _, n in groups)
-    statistic = sum((c - n * correct / total) ** 2 / (n * correct / total)
-                    + ((n - c) - n * (total - correct) / total) ** 2 / (n * (total - correct) / total) for c, n in groups)
-    return statistic, len(groups) - 1
+    from scipy.stats import chi2_contingency
+
+    statistic, _, dof, _ = chi2_contingency([[c, n - c] for c, n in groups], correction=False)
+    return float(statistic), int(dof)
 
 
 def nested_phase_phrase(relative: str, inner: int) -> str:
