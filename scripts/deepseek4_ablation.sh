@@ -55,7 +55,7 @@ case "$cell" in
   ctx512-from256) design=csa; opts=(--context 512 --steps 400); init=ctx256-from128 ;;
   ctx256-hca-cont) design=csa; opts=(--context 256 --steps 3000 --ratios 4,128); init=ctx256-hca-long ;;
   ctx512-hca-from256) design=csa; opts=(--context 512 --steps 400 --ratios 4,128); init=ctx256-hca-cont ;;
-  ctx768-hca-from512) design=csa; opts=(--context 768 --steps 300 --ratios 4,128); init=ctx512-hca-from256 ;;
+  ctx768-hca-from512) design=csa; opts=(--context 768 --steps 300 --ratios 4,128); init=ctx512-hca-from256; strides=all ;;
   glm-ctx64-top4) design=glm-kpool; opts=(--top-k 4 --steps 2000) ;;
   glm-ctx128-top4-from64) design=glm-kpool; opts=(--context 128 --top-k 4 --steps 1500); init=glm-ctx64-top4 ;;
   ctx128-top4) design=csa; opts=(--context 128 --steps 2000 --top-k 4) ;;
@@ -69,8 +69,8 @@ for seed in "${@:-0 1 2}"; do
     start=(); [ -z "${init:-}" ] || start=(--init "$OUT/$init-seed$s")
     "$KVPHASE" train "$design" "$run" "${opts[@]}" "${start[@]}" --seed "$s" --quiet
     "$KVPHASE" sweep "$run/model.gguf" --modulus 8 --per-residue 1024 --out "$run/sweep" --quiet
-    # both strides the file declares (item 3): residues mod 8 for stride 4, mod 128 for stride 128
-    [ "$cell" != ctx768-hca-from512 ] ||
-      "$KVPHASE" sweep "$run/model.gguf" --stride all --per-residue 64 --out "$run/strides" --quiet
+    # a cell with room for every stride its file declares (item 3): mod 8 for stride 4, mod 128 for 128
+    [ -z "${strides:-}" ] ||
+      "$KVPHASE" sweep "$run/model.gguf" --stride all --per-residue 64 --threads 1 --out "$run/strides" --quiet
   done
 done

@@ -12,6 +12,7 @@ from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writ
                                markdown_table, write_atomic, write_json)
 from kvphase.sweep.analysis import Summary, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
+from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import load_manifest, load_offsets, load_plan, load_results
 from kvphase.sweep.tasks import load_task
@@ -95,10 +96,11 @@ def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> N
 
 def _depth_sentence(summary: Summary) -> str:
     """Whether depth confounds residue: the plan gives every residue group the same mean position
-    and spread, except where the context has room for a single depth per residue (a large modulus
-    in a short context: `placement.residue_slots` then moves whole groups, means up to M apart)."""
+    (within MEAN_TOLERANCE of the common mean, as `check_matched_positions` reads it) and spread,
+    except where the context has room for a single depth per residue (a large modulus in a short
+    context: `placement.residue_slots` then moves whole groups, means up to M apart)."""
     means = [row["position_mean"] for row in summary.per_residue]
-    if max(means) - min(means) <= 1:
+    if max(abs(mean - sum(means) / len(means)) for mean in means) <= MEAN_TOLERANCE:
         return ("Target positions have the same mean and standard deviation in every residue group, so depth does "
                 "not confound residue.")
     return (f"Target positions do not have the same mean in every residue group (from {min(means):.0f} to "
