@@ -327,31 +327,26 @@ def study_hours(study: str) -> str:
     return f"{hours['all']:.1f} hours, trainings {hours['trainings']:.1f} of them"
 
 
-def _homogeneity(groups: list[tuple[int, int]]) -> tuple[float, int]:
-    """Pearson's chi-square of a groups x (correct, wrong) table from (correct, n) pairs, and its df."""
-    from scipy.stats import chi2_contingency
-
-    statistic, _, dof, _ = chi2_contingency([[c, n - c] for c, n in groups], correction=False)
-    return float(statistic), int(dof)
-
-
 def nested_phase_phrase(relative: str, inner: int) -> str:
-    """A large-modulus sweep read against a smaller stride that divides it: its residues pooled by
-    position mod `inner` (accuracies and the chi-square between them), then the chi-square among the
-    residues within each class, summed. Pearson's test treats targets as independent: for sweeps of
-    one target per context."""
-    from scipy.stats import chi2
+    """A large-modulus sweep read against a smaller stride that divides it, by the tool's own reading
+    (`kvphase.sweep.nested`, what `kvphase compare` prints): its residues pooled by position mod `inner`,
+    and the residues within each phase class, each test stratified by context, statistics spelled out."""
+    import pandas as pd
 
-    rows = _read(ROOT / "reports" / relative, "summary.json")["per_residue"]
-    classes = [[(r["correct"], r["n"]) for r in rows if r["residue"] % inner == k] for k in range(inner)]
-    pooled = [(sum(c for c, _ in g), sum(n for _, n in g)) for g in classes]
-    between, between_df = _homogeneity(pooled)
-    within = [_homogeneity(g) for g in classes]
-    within_stat, within_df = sum(w for w, _ in within), sum(d for _, d in within)
-    return (f"pooled by position mod {inner} its residues read {_and([f'{100 * c / n:.1f}' for c, n in pooled])}% "
-            f"(chi-square {between:.1f}, df {between_df}, p = {_p(chi2.sf(between, between_df))}); within each phase "
-            f"mod {inner} they differ {'no more than chance' if chi2.sf(within_stat, within_df) >= 0.05 else 'beyond chance'} "
-            f"(chi-square {within_stat:.1f}, df {within_df}, p = {_p(chi2.sf(within_stat, within_df))})")
+    from kvphase.sweep.nested import read_nested
+    from kvphase.sweep.stratified import PERMUTATIONS
+
+    folder = ROOT / "reports" / relative
+    config = _read(folder, "config.json")
+    reading = read_nested(pd.read_csv(folder / "results.csv"), config["stride"], config["modulus"], inner,
+                          config["seed"])
+    between, within = reading.between, reading.within
+    how = f" from {PERMUTATIONS} permutations" if "permutations" in within.note else ""
+    return (f"pooled by position mod {inner} its residues read {_and([f'{a:.1f}' for a in reading.phase_accuracy])}% "
+            f"(chi-square {between.statistic:.1f}, df {between.dof}, p = {_p(between.p_value)}); within each phase "
+            f"mod {inner} they differ {'no more than chance' if within.p_value >= 0.05 else 'beyond chance'} "
+            f"(chi-square {within.statistic:.1f}, df {within.dof}, p = {_p(within.p_value)}{how}; a one-residue dip "
+            f"of {reading.within_dip:.1f} points within a phase is what it detects 80% of the time)")
 
 
 def training_times() -> str:

@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2, chi2_contingency
+
+from kvphase.sweep.stratified import noncentrality_for_power
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("claims", ROOT / "scripts" / "claims.py")
@@ -103,20 +105,30 @@ def test_a_studys_hours_add_every_manifest_inside_it_and_count_trainings_apart(t
 
 
 def test_a_large_modulus_is_read_against_the_stride_that_divides_it(tmp_path, monkeypatch):
-    """Residues mod 8 whose accuracy depends only on the position mod 4 (residue 3 and 7 weak): the
-    pooled classes differ, the residues within each class do not (chi-square exactly 0)."""
+    """Residues mod 8 whose accuracy depends only on the position mod 4 (residue 3 and 7 weak), one
+    target per context: the pooled classes differ ((N - 1) / N x Pearson's chi-square, N = 800), the
+    residues within each class do not (chi-square exactly 0)."""
     import json
 
-    rows = [{"residue": r, "n": 100, "correct": 60 if r % 4 == 3 else 90} for r in range(8)]
+    import pandas as pd
+
+    rows = [(r, int(i < (60 if r % 4 == 3 else 90))) for r in range(8) for i in range(100)]
     folder = tmp_path / "reports" / "run"
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps({"per_residue": rows}))
+    (folder / "config.json").write_text(json.dumps({"stride": 8, "modulus": 8, "seed": 0}))
+    pd.DataFrame({"residue": [r for r, _ in rows], "correct": [c for _, c in rows],
+                  "context": range(len(rows))}).to_csv(folder / "results.csv", index=False)
     monkeypatch.setattr(claims, "ROOT", tmp_path)
-    between = chi2_contingency([[180, 20], [180, 20], [180, 20], [120, 80]], correction=False)  # scipy, independently
+    between = chi2_contingency([[180, 20], [180, 20], [180, 20], [120, 80]], correction=False)[0] * 799 / 800
+    # a class is one stratum of two residues, 100 independent targets each at rate p: a drop d of one residue
+    # moves its CMH difference by 50 d, whose variance is 50 v (v: the stratum's sample variance, p (1 - p)
+    # 200 / 199), so the non-centrality is 50 d^2 / v; the hardest class is p = 0.6 (df 4 in all)
+    dip = 100 * (noncentrality_for_power(4) * 0.6 * 0.4 * 200 / 199 / 50) ** 0.5
     assert claims.nested_phase_phrase("run", 4) == (
-        f"pooled by position mod 4 its residues read 90.0, 90.0, 90.0 and 60.0% (chi-square {between[0]:.1f}, df 3, "
-        f"p = {claims._p(between[1])}); within each phase mod 4 they differ no more than chance (chi-square 0.0, df 4, "
-        "p = 1)")
+        f"pooled by position mod 4 its residues read 90.0, 90.0, 90.0 and 60.0% (chi-square {between:.1f}, df 3, "
+        f"p = {claims._p(chi2.sf(between, 3))}); within each phase mod 4 they differ no more than chance "
+        f"(chi-square 0.0, df 4, p = 1; a one-residue dip of {dip:.1f} points within a phase is what it detects "
+        "80% of the time)")
 
 
 @pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])

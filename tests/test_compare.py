@@ -27,10 +27,11 @@ WIDE = {"COLUMNS": "250"}  # so rich does not fold the numbers the tests look fo
 
 
 def write_run(folder: Path, hits: list[int], per_residue: int = 16, stride: int = 4, modulus: int = 8,
-              backend: str = "llama.cpp", options: dict | None = None) -> Path:
+              backend: str = "llama.cpp", options: dict | None = None,
+              model: str = "/models/SmolLM2-135M-Instruct.Q4_1.gguf") -> Path:
     """A run folder whose residue r has hits[r] correct targets out of per_residue."""
     folder.mkdir(parents=True)
-    config = {"model": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "task": "records", "stride": stride,
+    config = {"model": model, "task": "records", "stride": stride,
               "modulus": modulus, "context": 512, "per_residue": per_residue, "padding": "prefix", "seed": 0,
               "control": True, "backend": backend, "backend_options": options or {}}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -178,6 +179,27 @@ def test_different_strides_share_a_figure(tmp_path):
     result = invoke([a, b, "--out", tmp_path / "cmp"])
     assert result.exit_code == 0, result.output
     assert "strides differ (2, 4)" in (tmp_path / "cmp" / MARKDOWN_FILE).read_text()
+
+
+def test_a_large_modulus_is_read_against_a_smaller_stride_of_the_same_model(tmp_path):
+    """Stride 4 (mod 8) beside stride 2 of the same file: the mod-8 residues, weak at every odd
+    position alike, are split by phase mod 2: a difference between the phases, none within them.
+    A run of another model at stride 2 reads nothing."""
+    small = write_run(tmp_path / "s2", [12] * 4, per_residue=32, stride=2, modulus=4)
+    large = write_run(tmp_path / "s4", [30, 14, 30, 14, 30, 14, 30, 14], per_residue=32)
+    result = invoke([small, large, "--out", tmp_path / "cmp"])
+    assert result.exit_code == 0, result.output
+    said = ("s4: Read against stride 2, which divides the modulus 8: pooled by position mod 2 the residues read "
+            "93.8 and 43.8%")
+    assert said in result.output and "the stride-2 phase seen through residues mod 8" in result.output
+    markdown = (tmp_path / "cmp" / MARKDOWN_FILE).read_text()
+    assert "## Large moduli read against a smaller stride" in markdown and said in markdown.replace("**", "")
+    table = pd.read_csv(tmp_path / "cmp" / CSV_FILE)
+    assert table["inner_stride"].isna().tolist() == [True, False] and table["inner_stride"].iloc[1] == 2
+    assert table["within_phases_p_value"].iloc[1] == pytest.approx(1.0)  # residues of a phase are alike
+    assert table["between_phases_p_value"].iloc[1] < 1e-6
+    other = write_run(tmp_path / "other", [12] * 4, per_residue=32, stride=2, modulus=4, model="/models/other.gguf")
+    assert [run.nested for run in load_runs([other, large])] == [None, None]
 
 
 def test_same_folder_names_get_distinct_labels(tmp_path):

@@ -60,6 +60,10 @@ def test_the_strides_are_compared_beside_their_folders(every_stride):
     assert (reports / COMPARISON / "comparison.png").is_file()
     assert "The runs' strides differ (4, 128)" in (reports / COMPARISON / "comparison.md").read_text()
     assert f"Strides compared: reports/{COMPARISON}/comparison.md" in result.output
+    # the 128 row, read against stride 4: its residues carry the phase mod 4
+    assert table["inner_stride"].isna().tolist() == [True, False] and table["inner_stride"].iloc[1] == 4
+    said = f"{NAMES[128]}: Read against stride 4, which divides the modulus 128: pooled by position mod 4"
+    assert said in result.output and said in (reports / COMPARISON / "comparison.md").read_text().replace("**", "")
 
 
 @pytest.mark.slow

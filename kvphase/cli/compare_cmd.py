@@ -33,6 +33,13 @@ def compare(
     for row in frame.itertuples(index=False):
         table.add_row(*(markup(v) for v in row))
     Console().print(table)
+    echo_readings(comparison)
     typer.echo(f"Table: {plain(comparison.markdown)}")
     typer.echo(f"Figure: {plain(comparison.figure)}")
     typer.echo(f"CSV: {plain(comparison.csv)}")
+
+
+def echo_readings(comparison) -> None:
+    """Each run read against a smaller stride, one line each (`Comparison.readings`)."""
+    for label, reading in comparison.readings:
+        typer.echo(f"{plain(label)}: {reading.sentence()}")

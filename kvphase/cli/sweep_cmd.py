@@ -442,9 +442,11 @@ def expected_memory(info: ModelInfo, plan: SweepPlan) -> str:
 
 def compare_strides(run_dirs: list[Path], strides: list[int]) -> None:
     """`--stride all`'s runs side by side, in a folder beside them (`kvphase compare`'s files)."""
+    from kvphase.cli.compare_cmd import echo_readings
     from kvphase.sweep.compare import write_comparison  # scipy: imported when used
 
     comparison = write_comparison(run_dirs, comparison_dir(run_dirs, strides))
+    echo_readings(comparison)
     typer.echo(f"Strides compared: {plain(comparison.markdown)}")
 
 

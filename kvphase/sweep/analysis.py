@@ -85,14 +85,14 @@ class Summary:
         if self.gap_ci[0] > 0:
             said.append(f"the gap's 95% interval excludes 0 ({self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f})")
         if self.logprob_test.p_value < ALPHA:
-            said.append(f"the answer's log-probability depends on the phase (p = {_format_p(self.logprob_test.p_value)})")
+            said.append(f"the answer's log-probability depends on the phase (p = {format_p(self.logprob_test.p_value)})")
         return said
 
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
-        p = _format_p(self.test.p_value)
+        p = format_p(self.test.p_value)
         numbers = (f"gap {self.gap:.1f} points, 95% CI {self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f}; p = {p}, "
-                   f"log-probability p = {_format_p(self.logprob_test.p_value)}")
+                   f"log-probability p = {format_p(self.logprob_test.p_value)}")
         claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
                  f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
         if self.verdict == "inconclusive":
@@ -209,7 +209,7 @@ def summarize_shifts(results: pd.DataFrame, offsets: pd.DataFrame, stride: int, 
             for d, frame in shifted.groupby("shift", sort=True)}
 
 
-def _format_p(p: float) -> str:
+def format_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import check_writable, make_folder, markdown_table, write_atomic, write_csv
 from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, summarize
+from kvphase.sweep.nested import NestedReading, inner_stride, read_nested
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.report import plot_accuracy
 from kvphase.sweep.run import load_plan, load_results
@@ -26,7 +27,8 @@ MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "compa
 CSV_COLUMNS = ["label", "run_dir", "model", "backend", "backend_options", "task", "stride", "modulus", "context",
                "n", "mean_accuracy", "worst_accuracy", "worst_residue", "best_accuracy", "best_residue", "gap",
                "gap_ci_low", "gap_ci_high", "periodicity", "detectable_dip", "p_value", "test", "logprob_p_value",
-               "gap_minus_first", "gap_minus_first_ci_low", "gap_minus_first_ci_high"]
+               "gap_minus_first", "gap_minus_first_ci_low", "gap_minus_first_ci_high", "inner_stride",
+               "between_phases_p_value", "within_phases_p_value"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class ComparedRun:
     summary: Summary
     results: pd.DataFrame  # one row per scored target
     versus_first: GapDifference | None = None  # this run's gap minus the first run's (None for the first)
+    nested: NestedReading | None = None  # read against a smaller stride of the same model that divides its modulus
 
     @property
     def design(self) -> str:
@@ -55,6 +58,11 @@ class Comparison:
     markdown: Path
     figure: Path
     csv: Path
+
+    @property
+    def readings(self) -> list[tuple[str, NestedReading]]:
+        """(label, reading) of each run read against a smaller stride (`nested`)."""
+        return [(run.label, run.nested) for run in self.runs if run.nested]
 
 
 def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
@@ -80,8 +88,18 @@ def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
         summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
         runs.append(ComparedRun(label, path, plan, summary, results))
     # the first run is the baseline: did a fix change the gap?
-    return runs[:1] + [replace(run, versus_first=gap_difference(runs[0].results, run.results, run.plan.seed))
+    runs = runs[:1] + [replace(run, versus_first=gap_difference(runs[0].results, run.results, run.plan.seed))
                        for run in runs[1:]]
+    return [replace(run, nested=nested_reading(run, runs)) for run in runs]
+
+
+def nested_reading(run: ComparedRun, runs: Sequence[ComparedRun]) -> NestedReading | None:
+    """`run` read against the largest smaller stride that another run of the same model file sweeps
+    and that divides its modulus (`nested`); None when there is none."""
+    model = Path(run.plan.model).name
+    strides = [other.plan.stride for other in runs if Path(other.plan.model).name == model]
+    inner = inner_stride(run.plan.modulus, run.plan.stride, strides)
+    return None if inner is None else read_nested(run.results, run.plan.stride, run.plan.modulus, inner, run.plan.seed)
 
 
 def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
@@ -116,6 +134,9 @@ def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
             "gap_minus_first": None if versus is None else versus.difference,
             "gap_minus_first_ci_low": None if versus is None else versus.ci_low,
             "gap_minus_first_ci_high": None if versus is None else versus.ci_high,
+            "inner_stride": None if run.nested is None else run.nested.inner,
+            "between_phases_p_value": None if run.nested is None else run.nested.between.p_value,
+            "within_phases_p_value": None if run.nested is None else run.nested.within.p_value,
         })
     return pd.DataFrame(rows, columns=CSV_COLUMNS)
 
@@ -181,6 +202,14 @@ def render_markdown(runs: Sequence[ComparedRun], stride: int) -> str:
     if len(strides) > 1:
         lines += [f"The runs' strides differ ({', '.join(map(str, strides))}): dotted lines in the figure fall "
                   f"every {stride} positions, a step that divides every stride.", ""]
+    if any(run.nested for run in runs):
+        lines += ["## Large moduli read against a smaller stride", "",
+                  "Residues mod M carry the phase mod any stride that divides M, so a weak spot of the smaller "
+                  "stride shows in the larger one's row. Each such run is split by that phase: a test between "
+                  "the phases (residues pooled) and one among the residues within each phase, both stratified "
+                  "by context.", ""]
+        lines += [f"- **{run.label}**: {run.nested.sentence()}" for run in runs if run.nested]
+        lines += [""]
     if len(runs) > 1:
         lines += [f"## Gaps against the first run ({runs[0].label})", "",
                   "Each run's gap minus the first run's, with a 95% interval from resampling each run's contexts; "

@@ -65,11 +65,16 @@ class Design:
                              f"{self.groups.shape} and {self.strata.shape}")
 
     @classmethod
-    def of(cls, residues, contexts) -> "Design":
+    def of(cls, residues, contexts, blocks=None) -> "Design":
+        """With `blocks` (one code per target), strata never mix blocks: a stratum is one context's
+        targets within one block, and the singletons of a block share a stratum of their own."""
         labels, groups = np.unique(np.asarray(residues), return_inverse=True)
-        _, context_codes, sizes = np.unique(np.asarray(contexts), return_inverse=True, return_counts=True)
-        pooled = np.where(sizes[context_codes] == 1, -1, context_codes)  # (N,) singletons share -1
-        _, strata = np.unique(pooled, return_inverse=True)
+        _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
+        block = np.zeros_like(groups) if blocks is None else np.unique(np.asarray(blocks), return_inverse=True)[1]
+        cells = np.stack([block.ravel(), context_codes.ravel()])  # (2, N) block, context
+        _, cell_codes, sizes = np.unique(cells, axis=1, return_inverse=True, return_counts=True)
+        pooled = np.where(sizes[cell_codes.ravel()] == 1, -1, cells[1])  # (N,) a block's singletons share -1
+        _, strata = np.unique(np.stack([cells[0], pooled]), axis=1, return_inverse=True)
         return cls(groups.ravel(), strata.ravel(), labels)
 
     @property
