@@ -61,6 +61,8 @@ case "$cell" in
   ctx128-top4) design=csa; opts=(--context 128 --steps 2000 --top-k 4) ;;
   ctx256-top4-hca) design=csa; opts=(--context 256 --steps 1000 --top-k 4 --ratios 4,128) ;;
   ctx256-top4-hca3) design=csa; opts=(--context 256 --steps 1200 --top-k 4 --layers 3 --ratios 4,128,4) ;;
+  ctx256-top4-hca-long) design=csa; opts=(--context 256 --steps 3000 --top-k 4 --ratios 4,128) ;;
+  ctx256-top4-from-hca) design=csa; opts=(--context 256 --steps 1500 --top-k 4 --ratios 4,128); init=ctx256-hca-long ;;
   *) echo "deepseek4_ablation: unknown cell $cell" >&2; exit 2 ;;
 esac
 for seed in "${@:-0 1 2}"; do

@@ -152,6 +152,34 @@ def test_init_starts_a_longer_context_from_another_runs_weights_and_refuses_what
 
 
 @pytest.mark.slow
+def test_init_adds_the_lightning_indexer_to_a_run_that_read_every_entry(tmp_path):
+    """--init from a csa run without the indexer into one with --top-k: every weight the source has is
+    the source's, the indexer's are those of a fresh run of the new configuration; a source with an
+    indexer cannot start a run without one."""
+    from kvphase.train.loop import Trainer
+    from kvphase.train.run import _resume, train
+
+    short = dict(design="csa", layers=2, heads=2, d_model=16, context=40, queries=2, batch=4, eval_sequences=8,
+                 steps=2, eval_every=2)
+    source = train(TrainConfig(**short), tmp_path / "dense")
+    sparse = TrainConfig(**{**short, "indexer_top_k": 2, "seed": 1, "init": str(tmp_path / "dense")})
+    started = _resume(sparse, tmp_path / "sparse")
+
+    def named(params):
+        return {jax.tree_util.keystr(key): np.asarray(leaf) for key, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+    carried, fresh = named(source.params), named(Trainer.new(sparse).params)
+    added = sorted(set(fresh) - set(carried))
+    assert added and all("idx_" in name for name in added), added
+    for name, leaf in named(started.params).items():
+        np.testing.assert_array_equal(leaf, carried[name] if name in carried else fresh[name], err_msg=name)
+
+    train(sparse, tmp_path / "sparse")
+    with pytest.raises(PlanError, match="this model has no weight .*idx_"):
+        _resume(TrainConfig(**{**short, "init": str(tmp_path / "sparse")}), tmp_path / "dropped")
+
+
+@pytest.mark.slow
 def test_a_folder_with_another_run_is_refused(tmp_path):
     from kvphase.errors import RunFolderError
     from kvphase.train.run import train

@@ -68,7 +68,8 @@ def train(
     lr: float = typer.Option(TrainConfig.lr, help="Peak learning rate."),
     init: Optional[Path] = typer.Option(None, "--init", help="Start from the weights of a finished or stopped run folder of "
                                         "the same design and sizes (its checkpoint; e.g. at a longer --context), with a fresh "
-                                        "optimiser and schedule."),
+                                        "optimiser and schedule; a csa run that read every entry may start one with --top-k "
+                                        "(the indexer's weights start fresh)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Train a model with a chunked compressor from scratch; Ctrl-C keeps a checkpoint, the same command resumes."""

@@ -57,6 +57,7 @@ PREV_ROWS_INIT = -4.0  # csa: the previous block's rows start at e^-4 of the gat
 # 8 tokens) no retrieval appeared in 1000 steps, at -4 it did within 500 and the overlap opens as it trains (measured)
 MASKED = -1e30  # a gate logit of weight exactly 0 (llama.cpp's -inf would give NaN gradients)
 INDEXER_HEADS = 2  # deepseek4.attention.indexer.head_count of a model with a trained top-k
+INDEXER_PREFIX = "idx_"  # the lightning indexer's weights: the only ones --init may add to a source that read every entry
 
 
 def rope_dims(config: TrainConfig) -> int:
@@ -95,8 +96,9 @@ def init_params(config: TrainConfig, n_vocab: int, seed: int) -> dict:
             block.update(compressor_params(normal, ratio, d, hd, "comp_", NORM_INIT))
         if config.indexer_top_k and ratio == RATIO:
             di = indexer_key_length(hd)
-            block.update(compressor_params(normal, ratio, d, di, "idx_", 1.0))
-            block.update({"idx_q": normal(d, INDEXER_HEADS * di), "idx_proj": normal(d, INDEXER_HEADS, scale=1.0)})
+            block.update(compressor_params(normal, ratio, d, di, INDEXER_PREFIX, 1.0))
+            block.update({INDEXER_PREFIX + "q": normal(d, INDEXER_HEADS * di),
+                          INDEXER_PREFIX + "proj": normal(d, INDEXER_HEADS, scale=1.0)})
         blocks.append(block)
     return {"wte": normal(n_vocab, d), "blocks": blocks, "out_norm": jnp.ones(d)}
 

@@ -182,24 +182,50 @@ class Trainer:
         self.params, self.opt_state = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
         self.step = int(step)
 
-    def start_from(self, path: Path) -> None:
-        """The weights of another run's checkpoint (`--init`), with this run's fresh optimiser and
-        schedule; PlanError when that run's model is not this one's shape."""
+    def start_from(self, path: Path, source: TrainConfig) -> None:
+        """The weights of `source`'s checkpoint (`--init`), with this run's fresh optimiser and schedule.
+        A source trained with every entry read may start a run with the lightning indexer (`--top-k`):
+        the indexer's weights then start as this run's own, and its `dense_steps` distil them from the
+        attention before it reads sparsely. That is how DeepSeek-V3.2-Exp added its indexer to a dense
+        model (its technical report, section 2.1: a dense warm-up, then sparse training; its warm-up
+        froze the rest of the model, which here keeps training). PlanError for any other weight that
+        does not fit."""
         import jax
 
-        _, leaves = self._saved_state(path, "cannot start this run", "--init takes a run of the same design and sizes",
-                                      PlanError)
-        treedef = jax.tree_util.tree_structure(self.params)
-        self.params = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves[: treedef.num_leaves]])
+        from kvphase.train.csa import INDEXER_PREFIX
 
-    def _saved_state(self, path: Path, problem: str, remedy: str,
-                     error: type[KvphaseError] = RunFolderError) -> tuple[int, list]:
-        """(step, leaves) of a checkpoint `save` wrote, each leaf checked against this configuration's."""
+        remedy = "--init takes a run of the same design and sizes"
+        shapes = source_state(source, len(self.data.vocab))  # (params, opt_state) as the source saved them
+        _, leaves = self._saved_state(path, "cannot start this run", remedy, PlanError,
+                                      jax.tree_util.tree_leaves(shapes))
+        names = [jax.tree_util.keystr(key) for key, _ in jax.tree_util.tree_flatten_with_path(shapes[0])[0]]
+        saved = dict(zip(names, leaves))  # the params lead the saved leaves
+        flat, treedef = jax.tree_util.tree_flatten_with_path(self.params)
+        started = []
+        for key, own in flat:
+            name = jax.tree_util.keystr(key)
+            if name not in saved and not (fresh_indexer(self.config, source) and INDEXER_PREFIX in name):
+                raise PlanError(f"checkpoint {path} cannot start this run (it has no weight {name}); {remedy}")
+            leaf = saved.pop(name, None)
+            if leaf is not None and leaf.shape != own.shape:
+                raise PlanError(f"checkpoint {path} cannot start this run (array {name}: {leaf.dtype}{list(leaf.shape)}, "
+                                f"expected {own.dtype}{list(own.shape)}); {remedy}")
+            started.append(own if leaf is None else jax.numpy.asarray(leaf))
+        if saved:
+            raise PlanError(f"checkpoint {path} cannot start this run (this model has no weight {next(iter(saved))}); "
+                            f"{remedy}")
+        self.params = jax.tree_util.tree_unflatten(treedef, started)
+
+    def _saved_state(self, path: Path, problem: str, remedy: str, error: type[KvphaseError] = RunFolderError,
+                     expected: list | None = None) -> tuple[int, list]:
+        """(step, leaves) of a checkpoint `save` wrote, each leaf checked against `expected` (this
+        configuration's own leaves when not given)."""
         import zipfile
 
         import jax
 
-        expected = jax.tree_util.tree_leaves((self.params, self.opt_state))
+        if expected is None:
+            expected = jax.tree_util.tree_leaves((self.params, self.opt_state))
         names = ["step", *(f"leaf{i}" for i in range(len(expected)))]
         try:
             with np.load(path, allow_pickle=False) as saved:
@@ -216,6 +242,18 @@ class Trainer:
                     f"{leaf.dtype}{list(leaf.shape)}, expected {want.dtype}{list(want.shape)}")
                 raise error(f"checkpoint {path} {problem} (array {i}: {found}); {remedy}")
         return int(step), leaves
+
+
+def source_state(config: TrainConfig, n_vocab: int) -> tuple:
+    """(params, opt_state) of a fresh model of `config`: the shapes its checkpoint holds."""
+    params = model_of(config).init_params(config, n_vocab, config.seed)
+    return params, optimizer(config).init(params)
+
+
+def fresh_indexer(config: TrainConfig, source: TrainConfig) -> bool:
+    """Whether `--init` from `source` adds the lightning indexer: this run selects the top-k, the
+    source read every entry."""
+    return config.indexer_top_k > 0 and source.indexer_top_k == 0
 
 
 def model_of(config: TrainConfig):

@@ -182,7 +182,7 @@ def _resume(config: TrainConfig, out: Path) -> Trainer:
     trainer = Trainer.new(config)  # the task and the extra are checked before the folder is written
     resuming = (out / CHECKPOINT_FILE).is_file()
     if config.init and not resuming:
-        trainer.start_from(_init_checkpoint(config))
+        trainer.start_from(_init_checkpoint(config), load_train_config(Path(config.init)))
     make_folder(out)
     write_json(out / CONFIG_FILE, {"kind": "train", **config.to_json()})
     if resuming:
