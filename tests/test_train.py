@@ -151,6 +151,17 @@ def test_init_starts_a_longer_context_from_another_runs_weights_and_refuses_what
         _resume(other, tmp_path / "disjoint")
 
 
+def test_training_runs_jax_computations_inline():
+    """require_jax turns JAX's asynchronous CPU dispatch off: with it on, a step whose indexer is a
+    pure_callback hung for good at times (kvphase/train/loop.py, require_jax)."""
+    from jax._src import xla_bridge
+
+    from kvphase.train.loop import require_jax
+
+    require_jax()
+    assert xla_bridge._CPU_ENABLE_ASYNC_DISPATCH.value is False
+
+
 @pytest.mark.slow
 def test_init_adds_the_lightning_indexer_to_a_run_that_read_every_entry(tmp_path):
     """--init from a csa run without the indexer into one with --top-k: every weight the source has is

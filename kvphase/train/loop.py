@@ -44,6 +44,11 @@ def require_jax():
             f"training needs the optional extra: pip install 'kvphase[train]' ({exc.name} is missing)"
         ) from None
     _keep_compilations(jax)
+    # Run each computation inline: with asynchronous dispatch on CPU, a step whose lightning indexer
+    # is a pure_callback hung for good at times (the main thread waiting on the step's result, every
+    # XLA worker idle; seen 3 times in 3 attempts on one 512-token run; jax issues 24255 and 25861).
+    # Read when the CPU client is made, so before anything runs.
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
 def compile_cache_dir() -> Path:
@@ -212,8 +217,9 @@ class Trainer:
                                 f"expected {own.dtype}{list(own.shape)}); {remedy}")
             started.append(own if leaf is None else jax.numpy.asarray(leaf))
         if saved:
-            raise PlanError(f"checkpoint {path} cannot start this run (this model has no weight {next(iter(saved))}); "
-                            f"{remedy}")
+            extra = next(iter(saved))
+            hint = ", the source's lightning indexer: give --top-k to keep one" if INDEXER_PREFIX in extra else ""
+            raise PlanError(f"checkpoint {path} cannot start this run (this model has no weight {extra}{hint}); {remedy}")
         self.params = jax.tree_util.tree_unflatten(treedef, started)
 
     def _saved_state(self, path: Path, problem: str, remedy: str, error: type[KvphaseError] = RunFolderError,
