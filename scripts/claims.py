@@ -410,12 +410,18 @@ DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 
              ("ctx256-hca-cont", "256 tokens, ratios 4,128, 3000 steps more", (0, 1)),
              ("ctx512-hca-from256", "512 tokens, ratios 4,128, extended from 256", (0,)),
              ("ctx768-hca-from512", "768 tokens, ratios 4,128, extended from 512", (0,)),
+             ("ctx256-top4-hca-long", "256 tokens, top-4, ratios 4,128, 3000 steps", (0, 1, 2)),
+             ("ctx256-top4-from-hca", "256 tokens, top-4 added to ratios 4,128 after 3000 steps", (0, 1, 2)),
+             ("ctx512-top4-hca-from256", "512 tokens, top-4, ratios 4,128, extended from 256", (0, 1, 2)),
              ("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,)),
              ("glm-ctx64-top4", "GLM-5.3 k-pool, 64 tokens, top-4 of 16 pools", (0,)),
              ("glm-ctx128-top4-from64", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools, extended from 64", (0,))]
 DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if not cell.startswith("glm")
                 and "hca" not in cell for k in seeds]
-DS4_HCA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell for k in seeds]
+DS4_HCA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell and "top4" not in cell
+                for k in seeds]
+DS4_FAITHFUL_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell and "top4" in cell
+                     for k in seeds]
 
 
 def learned_gaps_by_context(runs: list[str]) -> str:
@@ -463,11 +469,16 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-stride128-nested": lambda: nested_phase_phrase("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
                                                         "ctx768-hca-from512-seed0-pairs-S128-L768", 4),
     "ds4-hca-gaps": lambda: learned_gaps_by_context(DS4_HCA_RUNS),
+    "ds4-faithful-gaps": lambda: learned_gaps_by_context(DS4_FAITHFUL_RUNS),
     "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
                                          f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
     "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
                                      + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
                                      [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+    "fixes-ds4-faithful": lambda: fixes_table(
+        [(f"ds4-ctx256-top4-from-hca-seed{k}", f"256 tokens, ratios 4,128, top-4, seed {k}") for k in (0, 1, 2)]
+        + [("ds4-ctx256-top4-from-hca-seed1-Q4_0", "256 tokens, ratios 4,128, top-4, seed 1, Q4_0")],
+        [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
     "fixes-ds4-hca": lambda: fixes_table([("ds4-ctx256-hca-long-seed1", "256 tokens, ratios 4,128, seed 1"),
                                           ("ds4-ctx256-hca-long-seed2", "256 tokens, ratios 4,128, seed 2"),
                                           ("ds4-ctx256-hca-cont-seed0", "256 tokens, ratios 4,128, 6000 steps, seed 0"),

@@ -31,8 +31,14 @@
 #   glm-ctx64-top4   glm-kpool --top-k 4 at 64 tokens (the engine study's glm-kpool-top4, whose
 #                    checkpoint is not kept), the start of the next cell
 #   glm-ctx128-top4-from64  glm-ctx64-top4 extended to 128 tokens, keeping 4 of 32 pools
-# The study ran seeds 0-2 of ctx64, ctx128, the two extensions and ctx256-hca-long, 0-5 of
-# ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont, seed 0 of the others;
+#   ctx256-top4-hca-long  every ingredient together from scratch: ratios 4,128 and the indexer's top-4, 3000 steps
+#   ctx256-top4-from-hca  the same configuration reached as DeepSeek-V3.2-Exp got its indexer: ctx256-hca-long
+#                    (every entry read) given --top-k 4 by `--init`, 1500 steps, the first 200 (--dense-steps)
+#                    a dense warm-up in which the fresh indexer is distilled from the attention
+#   ctx512-top4-hca-from256  ctx256-top4-from-hca extended to 512 tokens (4 HCA entries), 400 steps, sparse from
+#                    the start (its indexer is trained)
+# The study ran seeds 0-2 of ctx64, ctx128, the two extensions, ctx256-hca-long, ctx256-top4-hca-long
+# and ctx256-top4-from-hca, 0-5 of ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont, seed 0 of the others;
 # ctx256-hca-first was stopped at step 1500 of 3000, still at chance, and not kept, and seed 2 of
 # ctx256-hca-cont was stopped early for time. The extensions read their source cell's
 # checkpoints, which stay local.
@@ -63,6 +69,8 @@ case "$cell" in
   ctx256-top4-hca3) design=csa; opts=(--context 256 --steps 1200 --top-k 4 --layers 3 --ratios 4,128,4) ;;
   ctx256-top4-hca-long) design=csa; opts=(--context 256 --steps 3000 --top-k 4 --ratios 4,128) ;;
   ctx256-top4-from-hca) design=csa; opts=(--context 256 --steps 1500 --top-k 4 --ratios 4,128); init=ctx256-hca-long ;;
+  ctx512-top4-hca-from256) design=csa; opts=(--context 512 --steps 400 --top-k 4 --ratios 4,128 --dense-steps 0)
+    init=ctx256-top4-from-hca ;;
   *) echo "deepseek4_ablation: unknown cell $cell" >&2; exit 2 ;;
 esac
 for seed in "${@:-0 1 2}"; do

@@ -22,6 +22,7 @@ OUT = ROOT / "reports" / "trained" / "fixes"
 KV = str(ROOT / ".venv" / "bin" / "kvphase")
 
 HCA_RUNS = ("ctx256-hca-long-seed1", "ctx256-hca-long-seed2", "ctx256-hca-cont-seed0")
+FAITHFUL_RUNS = tuple(f"ctx256-top4-from-hca-seed{k}" for k in (0, 1, 2))
 MODELS = {  # name -> (file, what it is)
     "gated-seed0": ("reports/trained/gated-seed0/model.gguf", "gpt2 layout + gated compressor, fixed offsets "
                     "(numpy reference; window shifts)"),
@@ -49,15 +50,20 @@ MODELS = {  # name -> (file, what it is)
     **{f"ds4-{run}": (f"reports/trained/ds4-ablation/{run}/model.gguf", "deepseek4 layout, overlapped CSA then HCA "
                       f"(ratios 4,128), 256-token context, {run.split('-')[-1].replace('seed', 'seed ')} (llama.cpp; "
                       "prefix shifts)") for run in HCA_RUNS},
+    # and every ingredient together: CSA then HCA, the indexer's top-4, 256 tokens (HCA models given the indexer)
+    **{f"ds4-{run}": (f"reports/trained/ds4-ablation/{run}/model.gguf", "deepseek4 layout, overlapped CSA then HCA "
+                      f"(ratios 4,128), indexer top-4, 256-token context, {run.split('-')[-1].replace('seed', 'seed ')} "
+                      "(llama.cpp; prefix shifts)") for run in FAITHFUL_RUNS},
     # quantized copies (scripts/quantize_model.py, the gguf package's quantizer), kept beside the runs
     **{f"{name}-Q4_0": (f"reports/trained/fixes/models/{name}-Q4_0.gguf", f"{name} quantized to Q4_0 (llama.cpp; "
                         "prefix shifts)") for name in ("csa-disjoint-seed0", "csa-seed0", "ds4-ctx128-top4-seed0",
-                                                       f"ds4-{HCA_RUNS[0]}")},
+                                                       f"ds4-{HCA_RUNS[0]}", f"ds4-{FAITHFUL_RUNS[1]}")},
 }
 QUANTIZED_FROM = {"csa-disjoint-seed0-Q4_0": "tests/data/trained/csa-disjoint.gguf",
                   "csa-seed0-Q4_0": "reports/trained/engine/csa-seed0/model.gguf",
                   "ds4-ctx128-top4-seed0-Q4_0": "reports/trained/ds4-ablation/ctx128-top4-seed0/model.gguf",
-                  f"ds4-{HCA_RUNS[0]}-Q4_0": f"reports/trained/ds4-ablation/{HCA_RUNS[0]}/model.gguf"}
+                  f"ds4-{HCA_RUNS[0]}-Q4_0": f"reports/trained/ds4-ablation/{HCA_RUNS[0]}/model.gguf",
+                  f"ds4-{FAITHFUL_RUNS[1]}-Q4_0": f"reports/trained/ds4-ablation/{FAITHFUL_RUNS[1]}/model.gguf"}
 FIXES = {  # name -> sweep options
     "plain": [],
     "offsets2-mean": ["--offsets", "2", "--combine", "mean"],
@@ -117,22 +123,27 @@ def main() -> None:
     parser.add_argument("--per-residue", type=int, default=256, help="for folders not made yet")
     parser.add_argument("--fixes", nargs="+", choices=list(FIXES), default=list(FIXES),
                         help="the fixes to sweep (plain always); fixes.md lists every folder made")
-    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("models", nargs="*", default=list(MODELS),
+                        help="the models to sweep; fixes.md lists every model swept before too")
     args = parser.parse_args()
+    if set(args.models) - set(MODELS):
+        parser.error(f"unknown models: {', '.join(sorted(set(args.models) - set(MODELS)))}")
     sys.path.insert(0, str(ROOT))
     import pandas as pd
 
     from kvphase.runfolder import markdown_table
 
     fixes, shifts = [], []
-    for model in args.models:
+    listed = [m for m in MODELS if m in args.models or (OUT / f"{m}-plain" / "summary.json").exists()]
+    for model in listed:
         plain = sweep(model, "plain", args.per_residue)
-        for fix in [f for f in FIXES if f in args.fixes or f == "plain" or (OUT / f"{model}-{f}").is_dir()]:
+        chosen = args.fixes if model in args.models else []
+        for fix in [f for f in FIXES if f in chosen or f == "plain" or (OUT / f"{model}-{f}").is_dir()]:
             out = sweep(model, fix, args.per_residue)
             fixes.append(row(model, fix, out, plain))
             print(" | ".join(fixes[-1].values()), flush=True)
         shifts += shift_rows(model, OUT / f"{model}-offsets4-mean")
-    models = "\n".join(f"- `{name}`: {MODELS[name][1]}" for name in args.models)
+    models = "\n".join(f"- `{name}`: {MODELS[name][1]}" for name in listed)
     page = (f"# Fixes at inference time\n\nEach model swept plain and under each fix (`kvphase sweep --offsets K "
             f"--combine RULE`, `--random-offset`), one sweep after the other by `scripts/fixes_study.py` (one "
             f"thread). Tokens are the manifests' counts; wall times are the sweeps' own, on a machine shared with "

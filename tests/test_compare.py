@@ -200,6 +200,9 @@ def test_a_large_modulus_is_read_against_a_smaller_stride_of_the_same_model(tmp_
     assert table["between_phases_p_value"].iloc[1] < 1e-6
     other = write_run(tmp_path / "other", [12] * 4, per_residue=32, stride=2, modulus=4, model="/models/other.gguf")
     assert [run.nested for run in load_runs([other, large])] == [None, None]
+    results = pd.read_csv(large / "results.csv")  # interrupted before residue 7 was scored: nothing to split
+    results[results["residue"] < 7].to_csv(large / "results.csv", index=False)
+    assert [run.nested for run in load_runs([small, large])] == [None, None]
 
 
 def test_same_folder_names_get_distinct_labels(tmp_path):

@@ -95,11 +95,14 @@ def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
 
 def nested_reading(run: ComparedRun, runs: Sequence[ComparedRun]) -> NestedReading | None:
     """`run` read against the largest smaller stride that another run of the same model file sweeps
-    and that divides its modulus (`nested`); None when there is none."""
+    and that divides its modulus (`nested`); None when there is none, or when a residue has no scored
+    target yet (an interrupted run)."""
     model = Path(run.plan.model).name
     strides = [other.plan.stride for other in runs if Path(other.plan.model).name == model]
     inner = inner_stride(run.plan.modulus, run.plan.stride, strides)
-    return None if inner is None else read_nested(run.results, run.plan.stride, run.plan.modulus, inner, run.plan.seed)
+    if inner is None or run.results["residue"].nunique() < run.plan.modulus:
+        return None
+    return read_nested(run.results, run.plan.stride, run.plan.modulus, inner, run.plan.seed)
 
 
 def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
