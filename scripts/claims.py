@@ -447,9 +447,11 @@ DS4_ABLATION = [(f"{label}, seed {k}", f"ds4-ablation/{cell}-seed{k}", "sweep") 
                                    ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
 
+OFFSETS4 = [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]  # (fix folder, as the tables name it)
+
 TABLES: dict[str, Callable[[], str]] = {
     "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
-                                       [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+                                       OFFSETS4),
     "ds4-ablation": lambda: profile_table(DS4_ABLATION),
     "ds4-minutes-64": lambda: training_minutes([f"ds4-ablation/ctx64-seed{k}" for k in range(3)]),
     "ds4-minutes-128": lambda: training_minutes([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]
@@ -474,21 +476,21 @@ TABLES: dict[str, Callable[[], str]] = {
                                          f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
     "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
                                      + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
-                                     [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+                                     OFFSETS4),
     "fixes-ds4-faithful": lambda: fixes_table(
         [(f"ds4-ctx256-top4-from-hca-seed{k}", f"256 tokens, ratios 4,128, top-4, seed {k}") for k in (0, 1, 2)]
         + [("ds4-ctx256-top4-from-hca-seed1-Q4_0", "256 tokens, ratios 4,128, top-4, seed 1, Q4_0")],
-        [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+        OFFSETS4),
     "fixes-ds4-hca": lambda: fixes_table([("ds4-ctx256-hca-long-seed1", "256 tokens, ratios 4,128, seed 1"),
                                           ("ds4-ctx256-hca-long-seed2", "256 tokens, ratios 4,128, seed 2"),
                                           ("ds4-ctx256-hca-cont-seed0", "256 tokens, ratios 4,128, 6000 steps, seed 0"),
                                           ("ds4-ctx256-hca-long-seed1-Q4_0", "256 tokens, ratios 4,128, seed 1, Q4_0")],
-                                         [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+                                         OFFSETS4),
     "fixes-csa": lambda: fixes_table([("csa-seed0", "csa seed 0 (committed)"),
                                       *[(f"csa-seed{k}-retrained", f"csa seed {k}, retrained") for k in (1, 2, 3)],
                                       ("csa-disjoint-seed0-Q4_0", "csa-disjoint seed 0, Q4_0"),
                                       ("csa-seed0-Q4_0", "csa seed 0, Q4_0")],
-                                     [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]),
+                                     OFFSETS4),
     "glm5-layout": lambda: trained_table(GLM5_LAYOUT, quantized=True, reference=True),
     "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
     "reports-contents": lambda: contents(ROOT / "reports" / "README.md"),

@@ -46,24 +46,18 @@ MODELS = {  # name -> (file, what it is)
     **{f"ds4-ctx128-top4-seed{k}": (f"reports/trained/ds4-ablation/ctx128-top4-seed{k}/model.gguf", "deepseek4 "
                                     f"layout, overlapped CSA, indexer top-4, 128-token context, seed {k} (llama.cpp; "
                                     "prefix shifts)") for k in (0, 2, 4, 5)},
-    # and with an HCA layer (ratios 4,128) at 256 tokens: the three runs that learned
+    # and with an HCA layer (ratios 4,128) at 256 tokens: the three runs that learned; then every ingredient
+    # together (those HCA models given the indexer's top-4)
     **{f"ds4-{run}": (f"reports/trained/ds4-ablation/{run}/model.gguf", "deepseek4 layout, overlapped CSA then HCA "
-                      f"(ratios 4,128), 256-token context, {run.split('-')[-1].replace('seed', 'seed ')} (llama.cpp; "
-                      "prefix shifts)") for run in HCA_RUNS},
-    # and every ingredient together: CSA then HCA, the indexer's top-4, 256 tokens (HCA models given the indexer)
-    **{f"ds4-{run}": (f"reports/trained/ds4-ablation/{run}/model.gguf", "deepseek4 layout, overlapped CSA then HCA "
-                      f"(ratios 4,128), indexer top-4, 256-token context, {run.split('-')[-1].replace('seed', 'seed ')} "
-                      "(llama.cpp; prefix shifts)") for run in FAITHFUL_RUNS},
-    # quantized copies (scripts/quantize_model.py, the gguf package's quantizer), kept beside the runs
-    **{f"{name}-Q4_0": (f"reports/trained/fixes/models/{name}-Q4_0.gguf", f"{name} quantized to Q4_0 (llama.cpp; "
-                        "prefix shifts)") for name in ("csa-disjoint-seed0", "csa-seed0", "ds4-ctx128-top4-seed0",
-                                                       f"ds4-{HCA_RUNS[0]}", f"ds4-{FAITHFUL_RUNS[1]}")},
+                      f"(ratios 4,128){indexer}, 256-token context, {run.split('-')[-1].replace('seed', 'seed ')} "
+                      "(llama.cpp; prefix shifts)")
+       for runs, indexer in ((HCA_RUNS, ""), (FAITHFUL_RUNS, ", indexer top-4")) for run in runs},
 }
-QUANTIZED_FROM = {"csa-disjoint-seed0-Q4_0": "tests/data/trained/csa-disjoint.gguf",
-                  "csa-seed0-Q4_0": "reports/trained/engine/csa-seed0/model.gguf",
-                  "ds4-ctx128-top4-seed0-Q4_0": "reports/trained/ds4-ablation/ctx128-top4-seed0/model.gguf",
-                  f"ds4-{HCA_RUNS[0]}-Q4_0": f"reports/trained/ds4-ablation/{HCA_RUNS[0]}/model.gguf",
-                  f"ds4-{FAITHFUL_RUNS[1]}-Q4_0": f"reports/trained/ds4-ablation/{FAITHFUL_RUNS[1]}/model.gguf"}
+QUANTIZED = ("csa-disjoint-seed0", "csa-seed0", "ds4-ctx128-top4-seed0", f"ds4-{HCA_RUNS[0]}", f"ds4-{FAITHFUL_RUNS[1]}")
+QUANTIZED_FROM = {f"{name}-Q4_0": MODELS[name][0] for name in QUANTIZED}  # each copy's source file
+# quantized copies (scripts/quantize_model.py, the gguf package's quantizer), kept beside the runs
+MODELS.update({f"{name}-Q4_0": (f"reports/trained/fixes/models/{name}-Q4_0.gguf", f"{name} quantized to Q4_0 "
+                                "(llama.cpp; prefix shifts)") for name in QUANTIZED})
 FIXES = {  # name -> sweep options
     "plain": [],
     "offsets2-mean": ["--offsets", "2", "--combine", "mean"],
