@@ -20,8 +20,11 @@ $(BASE): $(BIN)/python pyproject.toml
 	@touch $(BASE)
 
 # and what the tests and benches need besides: the training extra (JAX) and the dev extra (pytest, Gemma)
+# kvphase's own modules byte-compiled as a regular install would be: under PYTHONDONTWRITEBYTECODE every
+# command the tests start (each its own process) would compile them again
 $(STAMP): $(BASE)
 	$(BIN)/pip install --quiet -e ".[dev,train]"
+	$(BIN)/python -m compileall -q kvphase
 	@touch $(STAMP)
 
 install: $(STAMP)

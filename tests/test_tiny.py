@@ -81,3 +81,36 @@ def test_make_tiny_help():
     result = CliRunner().invoke(app, ["make-tiny", "--help"])
     assert result.exit_code == 0
     assert "glm5-next" in result.output
+
+
+def test_a_donors_tokenizer_is_copied_whole(tmp_path):
+    """Every `tokenizer.*` key as gguf's own reader reads it from the donor: arrays longer than the
+    header reader's summary limit and a chat template longer than its string limit included."""
+    import gguf
+
+    from kvphase.gguf.header import KEPT_ARRAY_LIMIT, KEPT_STRING_LIMIT
+
+    n_vocab = KEPT_ARRAY_LIMIT + 904
+    rng = np.random.default_rng(0)
+    donor_keys = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": [f"tök{i}" if i % 7 else f"Ġ{i}€" for i in range(n_vocab)],
+        "tokenizer.ggml.token_type": [int(t) for t in rng.integers(1, 4, n_vocab)],
+        "tokenizer.ggml.scores": [float(np.float32(s)) for s in rng.standard_normal(n_vocab)],
+        "tokenizer.ggml.merges": [f"t ö{i}" for i in range(KEPT_ARRAY_LIMIT + 1)],
+        "tokenizer.chat_template": "{{ messages }}" * (KEPT_STRING_LIMIT // 10),
+        "tokenizer.ggml.bos_token_id": 3,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    writer = gguf.GGUFWriter(str(tmp_path / "donor.gguf"), "llama")
+    for key, value in donor_keys.items():
+        {str: writer.add_string, list: writer.add_array, int: writer.add_uint32, bool: writer.add_bool}[type(value)](key, value)
+    writer.write_header_to_file(), writer.write_kv_data_to_file(), writer.close()
+
+    tiny = write_tiny_model("llama", tmp_path / "tiny.gguf", tokenizer_from=tmp_path / "donor.gguf")
+    donor, copy = (gguf.GGUFReader(path).fields for path in (tmp_path / "donor.gguf", tiny))
+    assert len(donor_keys["tokenizer.chat_template"]) > KEPT_STRING_LIMIT
+    for key, value in donor_keys.items():
+        assert donor[key].contents() == value, key  # the donor holds what was written
+        assert copy[key].contents() == value and copy[key].types == donor[key].types, key
+    assert read_model_info(tiny).vocab_size == n_vocab

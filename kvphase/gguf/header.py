@@ -131,9 +131,11 @@ class Metadata:
         return value
 
 
-def read_gguf_header(path: str | Path) -> GGUFHeader:
+def read_gguf_header(path: str | Path, in_full: tuple[str, ...] = ()) -> GGUFHeader:
     """Parse the header; ModelFileError for a missing or unreadable file, GGUFError for a
-    non-GGUF, corrupt or truncated one (with the offset and what was expected there)."""
+    non-GGUF, corrupt or truncated one (with the offset and what was expected there).
+    Keys that start with a prefix in `in_full` keep every item and whole strings (a tokenizer
+    to copy: gguf's GGUFReader takes seconds over a vocabulary, this a tenth of one)."""
     path = Path(path)
     try:
         if not path.exists():
@@ -145,7 +147,7 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
             magic = f.read(4)
             if magic != GGUF_MAGIC:
                 raise GGUFError(f"not a GGUF file: {path} (expected magic {GGUF_MAGIC!r} at offset 0, found {magic!r})")
-            return _Parser(f, path, size).header()
+            return _Parser(f, path, size, in_full).header()
     except OSError as exc:
         raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
 
@@ -159,8 +161,8 @@ def _file_size(f: BinaryIO) -> int:
 class _Parser:
     """One pass over the header; every read is bounds-checked against the file size."""
 
-    def __init__(self, f: BinaryIO, path: Path, size: int):
-        self.f, self.path, self.size = f, path, size
+    def __init__(self, f: BinaryIO, path: Path, size: int, in_full: tuple[str, ...] = ()):
+        self.f, self.path, self.size, self.in_full = f, path, size, in_full
         self.pos = 4  # after the magic
         self.window, self.base = b"", 0  # file bytes [base, base + len(window)), read ahead in WINDOW steps
         self.fields: dict[str, Any] = {}
@@ -292,7 +294,8 @@ class _Parser:
             if values is not None:
                 self.fields[key] = values
         elif value_type == _STRING:
-            self.fields[key] = self.string(f"the value of {key!r}", limit=KEPT_STRING_LIMIT)
+            limit = None if key.startswith(self.in_full) else KEPT_STRING_LIMIT
+            self.fields[key] = self.string(f"the value of {key!r}", limit=limit)
         elif value_type in _SCALARS:
             self.fields[key] = self.scalar(_SCALARS[value_type], f"the value of {key!r}")
         else:
@@ -309,7 +312,8 @@ class _Parser:
             raise self.fail(at, f"expected an array item type 0-12 for {key!r}, found {item_type}")
         item_bytes = struct.calcsize("<" + _SCALARS[item_type]) if item_type in _SCALARS else 8 if item_type == _STRING else 12
         count = self.count("Q", f"the length of array {key!r}", min_bytes=item_bytes)
-        keep = count <= KEPT_ARRAY_LIMIT or key == LISTED_TENSORS
+        whole = key.startswith(self.in_full)  # False for no prefixes
+        keep = count <= KEPT_ARRAY_LIMIT or key == LISTED_TENSORS or whole
         what = f"an item of array {key!r}"
         if item_type in _SCALARS:
             fmt = _SCALARS[item_type]
@@ -321,7 +325,8 @@ class _Parser:
             if not keep:
                 self.skip_strings(count, what)
                 return count, None
-            return count, [self.string(what, limit=KEPT_STRING_LIMIT) for _ in range(count)]
+            limit = None if whole else KEPT_STRING_LIMIT
+            return count, [self.string(what, limit=limit) for _ in range(count)]
         items = [self.array(key, depth + 1) for _ in range(count)]
         return count, [values for _, values in items] if keep else None
 

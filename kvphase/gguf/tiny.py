@@ -425,15 +425,17 @@ YARN_ARCHS = ("deepseek4",)  # where `validate` models YaRN RoPE
 YARN_ORIGINAL_CONTEXT = 4096  # puts the YaRN ramp mid-way through the tiny deepseek4's 8 rotary pairs
 
 
+TOKENIZER_PREFIX = "tokenizer."
+
+
 def _take_tokenizer(spec: TinySpec, donor: Path) -> None:
     """Copy the donor's tokenizer keys into `spec` and size its vocabulary rows to match."""
-    from gguf import GGUFReader
-
     from kvphase.gguf.header import read_gguf_header
 
-    if "tokenizer.ggml.tokens_count" not in read_gguf_header(donor).fields:  # a damaged donor: one GGUFError
+    header = read_gguf_header(donor, in_full=(TOKENIZER_PREFIX,))  # a damaged donor: one GGUFError
+    if "tokenizer.ggml.tokens_count" not in header.fields:
         raise PlanError(f"{donor} has no tokenizer to give")
-    keys = {name: field.contents() for name, field in GGUFReader(donor).fields.items() if name.startswith("tokenizer.")}
+    keys = {name: header.fields[name] for name in header.types if name.startswith(TOKENIZER_PREFIX)}
     n_vocab = len(keys["tokenizer.ggml.tokens"])
     spec.keys.update(keys)
     spec.key("vocab_size", n_vocab)
