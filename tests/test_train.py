@@ -477,3 +477,18 @@ def test_twenty_signals_during_training_each_keep_a_valid_checkpoint_and_the_run
         if name == "training.csv":  # steps/s and the loss mean over a session's steps differ; the steps may not
             ours, whole = [line.split(",")[0] for line in ours], [line.split(",")[0] for line in whole]
         assert ours == whole, f"{name}: {len(ours)} lines against {len(whole)}"
+
+
+@pytest.mark.parametrize("design, changes", [("gated", {}), ("csa-disjoint", {}), ("glm-kpool", {"dense_steps": 0})])
+def test_the_step_is_compiled_once_for_a_stage(design, changes):
+    """Each model family's init (train/model.py, csa.py, glm5.py) comes out strongly typed: a weakly
+    typed weight (csa's jnp.full norms) came back strongly typed from the first update, and the step
+    was traced and compiled a second time."""
+    from kvphase.train.loop import Trainer, _jitted_step
+
+    config = TrainConfig.for_design(design, d_model=16, batch=4, steps=10, eval_every=10, **changes)
+    trainer = Trainer.new(config)
+    for _ in range(3):
+        trainer.train_step()
+    step = _jitted_step(config, trainer.sparse, False, config.stage(trainer.step))
+    assert step._cache_size() == 1, f"{design}: the step was compiled {step._cache_size()} times in 3 steps"
