@@ -400,7 +400,9 @@ def _seeds(label: str, name: str) -> list[tuple[str, str]]:
 
 
 DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 2)),
-             ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5)), ("ctx256", "256 tokens", (0,)),
+             ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5)),
+             ("ctx128-L4", "128 tokens, 4 layers", (0, 1, 2)), ("ctx128-L4-cont", "128 tokens, 4 layers, 3000 steps more", (0, 1)),
+             ("ctx256", "256 tokens", (0,)),
              ("ctx256-long", "256 tokens, 3000 steps", (0, 2)),
              ("ctx256-from128", "256 tokens, extended from 128", (0, 1, 2)),
              ("ctx512-from256", "512 tokens, extended from 256", (0, 1, 2)),
@@ -417,11 +419,26 @@ DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 
              ("glm-ctx64-top4", "GLM-5.3 k-pool, 64 tokens, top-4 of 16 pools", (0,)),
              ("glm-ctx128-top4-from64", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools, extended from 64", (0,))]
 DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if not cell.startswith("glm")
-                and "hca" not in cell for k in seeds]
+                and "hca" not in cell and "L4" not in cell for k in seeds]
 DS4_HCA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell and "top4" not in cell
                 for k in seeds]
 DS4_FAITHFUL_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell and "top4" in cell
                      for k in seeds]
+
+
+def heldout_phrase(runs: list[str]) -> str:
+    """Each run's held-out accuracy at the end of its training (its summary.json): "A, B and C%"."""
+    return _and([f"{_read(ROOT / 'reports' / 'trained' / run, 'summary.json')['accuracy']:.1f}" for run in runs]) + "%"
+
+
+def learned_by_step(runs: list[str], bar: float = 80.0) -> str:
+    """The first held-out evaluation (the curve in summary.json) at which each run reached `bar`%:
+    "steps A, B and C"."""
+    steps = []
+    for run in runs:
+        curve = _read(ROOT / "reports" / "trained" / run, "summary.json")["curve"]
+        steps.append(next((str(point["step"]) for point in curve if 100 * point["accuracy"] >= bar), "never"))
+    return "step" + ("s " if len(steps) > 1 else " ") + _and(steps)
 
 
 def learned_gaps_by_context(runs: list[str]) -> str:
@@ -471,6 +488,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-stride128-nested": lambda: nested_phase_phrase("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
                                                         "ctx768-hca-from512-seed0-pairs-S128-L768", 4),
     "ds4-hca-gaps": lambda: learned_gaps_by_context(DS4_HCA_RUNS),
+    "ds4-depth-2-learned": lambda: learned_by_step([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]),
+    "ds4-depth-4-heldout": lambda: heldout_phrase([f"ds4-ablation/ctx128-L4-seed{k}" for k in range(3)]),
+    "ds4-depth-4-cont-heldout": lambda: heldout_phrase([f"ds4-ablation/ctx128-L4-cont-seed{k}" for k in range(2)]),
     "ds4-faithful-gaps": lambda: learned_gaps_by_context(DS4_FAITHFUL_RUNS),
     "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
                                          f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),

@@ -10,6 +10,8 @@
 # Cells (reports/trained/ds4-ablation/CELL-seedN):
 #   ctx64           `kvphase train csa` at its defaults (the engine study's csa, retrained here)
 #   ctx128          overlapped compressor, every entry read, 128-token context
+#   ctx128-L4       the same with 4 layers (depth, the one scale ingredient cheap here: a step costs 2 of ctx128's)
+#   ctx128-L4-cont  ctx128-L4 trained 3000 steps more (`--init`: not learned after its 2000)
 #   ctx256          the same at 256 tokens (1200 steps: still learning at the end)
 #   ctx256-long     the same, 3000 steps
 #   ctx128-top4     + the lightning indexer selecting 4 entries (trained by distillation)
@@ -37,8 +39,9 @@
 #                    a dense warm-up in which the fresh indexer is distilled from the attention
 #   ctx512-top4-hca-from256  ctx256-top4-from-hca extended to 512 tokens (4 HCA entries), 400 steps, sparse from
 #                    the start (its indexer is trained)
-# The study ran seeds 0-2 of ctx64, ctx128, the two extensions, ctx256-hca-long, ctx256-top4-hca-long
-# and ctx256-top4-from-hca, 0-5 of ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont, seed 0 of the others;
+# The study ran seeds 0-2 of ctx64, ctx128, ctx128-L4, the two extensions, ctx256-hca-long, ctx256-top4-hca-long
+# and ctx256-top4-from-hca, 0-5 of ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont and of
+# ctx128-L4-cont (seed 2's 3000 more steps were not paid for: seeds 0 and 1 had not learned), seed 0 of the others;
 # ctx256-hca-first was stopped at step 1500 of 3000, still at chance, and not kept, and seed 2 of
 # ctx256-hca-cont was stopped early for time. The extensions read their source cell's
 # checkpoints, which stay local.
@@ -52,6 +55,8 @@ shift
 case "$cell" in
   ctx64) design=csa; opts=() ;;
   ctx128) design=csa; opts=(--context 128 --steps 2000) ;;
+  ctx128-L4) design=csa; opts=(--context 128 --steps 2000 --layers 4) ;;
+  ctx128-L4-cont) design=csa; opts=(--context 128 --steps 3000 --layers 4); init=ctx128-L4 ;;
   ctx256) design=csa; opts=(--context 256 --steps 1200) ;;
   ctx256-long) design=csa; opts=(--context 256 --steps 3000) ;;
   ctx256-hca-long) design=csa; opts=(--context 256 --steps 3000 --ratios 4,128) ;;
