@@ -71,7 +71,9 @@ def _keep_compilations(jax) -> None:
     compiling the step and the evaluation is most of a short run's time on one core (measured: a
     160-step run 22.5 s cold, 9.2 s warm), and a resumed or repeated run compiles nothing again.
     The cache is keyed by the computation, so a hit never changes a number. A folder that cannot
-    be made leaves the cache off."""
+    be made leaves the cache off. Every computation is kept, not only those that took JAX's default
+    second to compile: the evaluation and the small ones cost a run about 1 s each time it starts
+    (measured: a 10-step csa-disjoint run 4.5 s warm with the default, 3.6 s with every one kept)."""
     if jax.config.jax_compilation_cache_dir:
         return
     try:
@@ -80,6 +82,7 @@ def _keep_compilations(jax) -> None:
     except (OSError, RuntimeError):  # RuntimeError: no home directory
         return
     jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
 class StepMetrics(NamedTuple):
