@@ -25,10 +25,9 @@ from claims import PUBLISHED_DEEPSEEK4  # noqa: E402
 STUDY = ROOT / "reports" / "trained" / "ds4-ablation"
 BASELINES = {"ctx64 (engine study)": "csa", "ctx64 disjoint (engine study)": "csa-disjoint"}
 ORDER = ("ctx64", "ctx128", "ctx128-top4", "ctx128-L4", "ctx128-L4-cont", "ctx256", "ctx256-long", "ctx256-from128",
-         "ctx512-from256", "ctx256-hca-long", "ctx256-hca-cont", "ctx512-hca-from256", "ctx768-hca-from512", "ctx256-top4-hca", "ctx256-top4-hca3",
-         "ctx256-top4-hca-long", "ctx256-top4-from-hca", "ctx512-top4-hca-from256",
-         "glm-ctx64-top4", "glm-ctx128-top4",
-         "glm-ctx128-top4-from64")  # from the defaults outwards; cells not listed follow
+         "ctx512-from256", "ctx256-hca-long", "ctx256-hca-cont", "ctx512-hca-from256", "ctx768-hca-from512",
+         "ctx256-top4-hca", "ctx256-top4-hca3", "ctx256-top4-hca-long", "ctx256-top4-from-hca", "ctx512-top4-hca-from256",
+         "glm-ctx64-top4", "glm-ctx128-top4", "glm-ctx128-top4-from64")  # from the defaults outwards; cells not listed follow
 COLUMNS = 5
 
 

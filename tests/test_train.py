@@ -398,8 +398,9 @@ def test_training_keeps_its_compilations_where_the_user_wants_them(tmp_path, mon
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / xdg))
     jax = SimpleNamespace(config=_FakeJaxConfig(chosen))
     _keep_compilations(jax)
-    kept = {"jax_compilation_cache_dir": str(tmp_path / (expected or "")), "jax_persistent_cache_min_compile_time_secs": 0}
-    assert jax.config.updates == (kept if expected else {})
+    kept = {"jax_compilation_cache_dir": str(tmp_path / expected),
+            "jax_persistent_cache_min_compile_time_secs": 0} if expected else {}
+    assert jax.config.updates == kept
     if expected:
         assert (tmp_path / expected).is_dir()
 

@@ -278,6 +278,10 @@ class _Parser:
             return head.decode("utf-8", errors="replace") + f"... ({n} bytes)"
         return self.read(n, expected).decode("utf-8", errors="replace")
 
+    def whole(self, key: str) -> bool:
+        """Whether `key` keeps every item and whole strings (a prefix in `in_full`; none by default)."""
+        return key.startswith(self.in_full)
+
     def field(self) -> None:
         at = self.pos
         key = self.string("a metadata key")
@@ -294,8 +298,7 @@ class _Parser:
             if values is not None:
                 self.fields[key] = values
         elif value_type == _STRING:
-            limit = None if key.startswith(self.in_full) else KEPT_STRING_LIMIT
-            self.fields[key] = self.string(f"the value of {key!r}", limit=limit)
+            self.fields[key] = self.string(f"the value of {key!r}", limit=None if self.whole(key) else KEPT_STRING_LIMIT)
         elif value_type in _SCALARS:
             self.fields[key] = self.scalar(_SCALARS[value_type], f"the value of {key!r}")
         else:
@@ -312,7 +315,7 @@ class _Parser:
             raise self.fail(at, f"expected an array item type 0-12 for {key!r}, found {item_type}")
         item_bytes = struct.calcsize("<" + _SCALARS[item_type]) if item_type in _SCALARS else 8 if item_type == _STRING else 12
         count = self.count("Q", f"the length of array {key!r}", min_bytes=item_bytes)
-        whole = key.startswith(self.in_full)  # False for no prefixes
+        whole = self.whole(key)
         keep = count <= KEPT_ARRAY_LIMIT or key == LISTED_TENSORS or whole
         what = f"an item of array {key!r}"
         if item_type in _SCALARS:
