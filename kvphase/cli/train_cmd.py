@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -11,7 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvphase.cli import app
 from kvphase.cli.options import own_folder
+from kvphase.cli.text import plain
 from kvphase.train.config import DESIGN_DEFAULTS, HINT_SHARE, LAYOUT_DEFAULTS, TrainConfig
+from kvphase.train.watchdog import STALL_LIMIT_S, TrainingStalled
 
 
 @app.command()
@@ -70,6 +74,10 @@ def train(
                                         "the same design and sizes (its checkpoint; e.g. at a longer --context), with a fresh "
                                         "optimiser and schedule; a csa run that read every entry may start one with --top-k "
                                         "(the indexer's weights start fresh)."),
+    stall_minutes: float = typer.Option(STALL_LIMIT_S / 60, "--stall-minutes", min=0, help="Minutes without a step, "
+                                        "evaluation or checkpoint finished after which the run is taken for hung (an XLA "
+                                        "computation that never returns) and ends with exit 1, its last checkpoint kept; "
+                                        "0: wait forever."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Train a model with a chunked compressor from scratch; Ctrl-C keeps a checkpoint, the same command resumes."""
@@ -83,10 +91,20 @@ def train(
                          init=None if init is None else str(init))
     out = out or default_train_dir(config)
     with _TrainingProgress(quiet) as progress:
-        run_training(config, out, on_start=progress.start, on_step=progress.step)
+        run_training(config, out, on_start=progress.start, on_step=progress.step,
+                     on_stall=_end_stalled if stall_minutes else None, stall_limit_s=60 * stall_minutes)
     summary = build_training_report(out)
     typer.echo(headline(summary))
     typer.echo(f"Model: {out / MODEL_FILE}  (measure it: kvphase sweep {out / MODEL_FILE})")
+
+
+def _end_stalled(stalled: TrainingStalled) -> NoReturn:
+    """The main thread is stuck in native code, where no exception reaches it: one line, then the
+    process ends here (every file it wrote is whole: checkpoints and tables are written atomically
+    or repaired on resume)."""
+    sys.stderr.write(f"\nError: {plain(stalled, limit=2000)}\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 class _TrainingProgress:

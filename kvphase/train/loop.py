@@ -108,6 +108,7 @@ class Trainer:
     params: dict
     opt_state: object
     step: int = 0
+    saved_step: int | None = None  # the step of the checkpoint last saved or loaded
 
     @classmethod
     def new(cls, config: TrainConfig) -> Trainer:
@@ -186,6 +187,7 @@ class Trainer:
                 np.savez(f, step=np.int64(self.step), **{f"leaf{i}": np.asarray(x) for i, x in enumerate(leaves)})
 
         save_atomic(path, write)
+        self.saved_step = self.step
 
     def load(self, path: Path) -> None:
         """The state `save` wrote; RunFolderError naming the problem when the file is not one
@@ -198,7 +200,7 @@ class Trainer:
                                  f"{self.config.steps}); delete it to start over")
         treedef = jax.tree_util.tree_structure((self.params, self.opt_state))
         self.params, self.opt_state = jax.tree_util.tree_unflatten(treedef, [jax.numpy.asarray(x) for x in leaves])
-        self.step = int(step)
+        self.step = self.saved_step = int(step)
 
     def start_from(self, path: Path, source: TrainConfig) -> None:
         """The weights of `source`'s checkpoint (`--init`), with this run's fresh optimiser and schedule.

@@ -33,6 +33,7 @@ from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, REPORT_FILE, SUMMARY_
                                numbers_in, read_json_object, read_table, write_csv, write_json, writing)
 from kvphase.train.config import TrainConfig
 from kvphase.train.loop import Evaluation, StepMetrics, Trainer
+from kvphase.train.watchdog import STALL_LIMIT_S, TrainingStalled, Watchdog
 
 RESULTS_FILE, TRAINING_FILE, CHECKPOINT_FILE = "results.csv", "training.csv", "checkpoint.npz"
 MODEL_FILE, CURVE_FILE = "model.gguf", "training_curve.png"
@@ -152,20 +153,26 @@ def _append(path: Path, columns: list[str], rows: list[dict]) -> None:
 
 
 def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] = lambda total, done: None,
-          on_step: Callable[[StepMetrics], None] = lambda m: None) -> Trainer:
+          on_step: Callable[[StepMetrics], None] = lambda m: None,
+          on_stall: Callable[[TrainingStalled], None] | None = None, stall_limit_s: float = STALL_LIMIT_S) -> Trainer:
     """Train (or resume) into `out`; returns the trainer. SIGINT or SIGTERM saves a checkpoint
-    and raises Interrupted."""
+    and raises Interrupted. With `on_stall`, a run with no step or evaluation finished for
+    `stall_limit_s` hands it a TrainingStalled from another thread (the main one is stuck: only
+    ending the process helps; the last checkpoint is kept)."""
+    if on_stall is not None and not stall_limit_s > 0:
+        raise PlanError(f"--stall-minutes must be above 0 (0: no limit), not {stall_limit_s / 60:g}")
     check_train_dir(out, config)
     checkpoint = out / CHECKPOINT_FILE
     with stop_requests() as requested:
         trainer = _resume(config, out)
         on_start(config.steps, trainer.step)
         t0, started = time.perf_counter(), trainer.step
-        try:
-            trainer.run(config.steps, *_recorders(trainer, out, on_step), should_stop=lambda: bool(requested))
-        except KeyboardInterrupt:  # a second signal, which stops at once
-            trainer.save(checkpoint)
-            raise
+        with _watched(trainer, on_stall, stall_limit_s) as beat:
+            try:
+                trainer.run(config.steps, *_recorders(trainer, out, on_step, beat), should_stop=lambda: bool(requested))
+            except KeyboardInterrupt:  # a second signal, which stops at once
+                trainer.save(checkpoint)
+                raise
     if requested and trainer.step < config.steps:
         trainer.save(checkpoint)
         raise Interrupted(f"training stopped at step {trainer.step} of {config.steps} with its checkpoint saved; "
@@ -175,6 +182,25 @@ def train(config: TrainConfig, out: Path, on_start: Callable[[int, int], None] =
     export_gguf(out / MODEL_FILE, trainer.params, config, trainer.data.vocab, trainer.step)
     _update_manifest(out, time.perf_counter() - t0, trainer.step - started)
     return trainer
+
+
+@contextmanager
+def _watched(trainer: Trainer, on_stall: Callable[[TrainingStalled], None] | None, limit_s: float):
+    """Yields the beat the recorders call after each step and evaluation; a Watchdog behind it
+    when there is someone to tell."""
+    if on_stall is None:
+        yield lambda: None
+        return
+
+    def stalled(idle_s: float) -> None:
+        saved = "no checkpoint was saved yet" if trainer.saved_step is None else f"its checkpoint at step {trainer.saved_step} is kept"
+        on_stall(TrainingStalled(
+            f"training made no progress for {idle_s:.0f} s after step {trainer.step} of {trainer.config.steps} (a step "
+            f"or evaluation that never returned: XLA can hang so, jax issues 24255 and 25861); {saved}: run the same "
+            "command again to resume."))
+
+    with Watchdog(limit_s, stalled) as watchdog:
+        yield watchdog.beat
 
 
 def _resume(config: TrainConfig, out: Path) -> Trainer:
@@ -204,12 +230,13 @@ def _init_checkpoint(config: TrainConfig) -> Path:
     return source / CHECKPOINT_FILE
 
 
-def _recorders(trainer: Trainer, out: Path, on_step: Callable[[StepMetrics], None]):
+def _recorders(trainer: Trainer, out: Path, on_step: Callable[[StepMetrics], None], beat: Callable[[], None]):
     """(after each step, after each evaluation): the step's metrics gathered, then each
-    evaluation's rows appended and the checkpoint saved."""
+    evaluation's rows appended and the checkpoint saved; each tells `beat` of the progress."""
     losses = []
 
     def step_done(metrics: StepMetrics) -> None:
+        beat()
         losses.append((metrics.loss, metrics.accuracy, metrics.steps_per_s))
         on_step(metrics)
 
@@ -224,6 +251,7 @@ def _recorders(trainer: Trainer, out: Path, on_step: Callable[[StepMetrics], Non
                                                               "steps_per_s": round(float(mean[2]), 2)}])
         trainer.save(out / CHECKPOINT_FILE)
         losses.clear()
+        beat()
 
     return step_done, evaluated
 
