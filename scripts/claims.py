@@ -20,7 +20,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", ROOT / "reports" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -399,31 +399,48 @@ def _seeds(label: str, name: str) -> list[tuple[str, str]]:
     return [(f"{label} seed {seed}", f"{name}-seed{seed}") for seed in range(3)]
 
 
-DS4_CELLS = [("ctx64", "64 tokens", (0, 1, 2)), ("ctx128", "128 tokens", (0, 1, 2)),
-             ("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5)),
-             ("ctx128-L4", "128 tokens, 4 layers", (0, 1, 2)), ("ctx128-L4-cont", "128 tokens, 4 layers, 3000 steps more", (0, 1)),
-             ("ctx256", "256 tokens", (0,)),
-             ("ctx256-long", "256 tokens, 3000 steps", (0, 2)),
-             ("ctx256-from128", "256 tokens, extended from 128", (0, 1, 2)),
-             ("ctx512-from256", "512 tokens, extended from 256", (0, 1, 2)),
-             ("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,)),
-             ("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,)),
-             ("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0, 1, 2)),
-             ("ctx256-hca-cont", "256 tokens, ratios 4,128, 3000 steps more", (0, 1)),
-             ("ctx512-hca-from256", "512 tokens, ratios 4,128, extended from 256", (0,)),
-             ("ctx768-hca-from512", "768 tokens, ratios 4,128, extended from 512", (0,)),
-             ("ctx256-top4-hca-long", "256 tokens, top-4, ratios 4,128, 3000 steps", (0, 1, 2)),
-             ("ctx256-top4-from-hca", "256 tokens, top-4 added to ratios 4,128 after 3000 steps", (0, 1, 2)),
-             ("ctx512-top4-hca-from256", "512 tokens, top-4, ratios 4,128, extended from 256", (0, 1, 2)),
-             ("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,)),
-             ("glm-ctx64-top4", "GLM-5.3 k-pool, 64 tokens, top-4 of 16 pools", (0,)),
-             ("glm-ctx128-top4-from64", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools, extended from 64", (0,))]
-DS4_CSA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if not cell.startswith("glm")
-                and "hca" not in cell and "L4" not in cell for k in seeds]
-DS4_HCA_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell and "top4" not in cell
-                for k in seeds]
-DS4_FAITHFUL_RUNS = [f"ds4-ablation/{cell}-seed{k}" for cell, _, seeds in DS4_CELLS if "hca" in cell and "top4" in cell
-                     for k in seeds]
+class Cell(NamedTuple):
+    """One cell of issue 43's ablation (scripts/deepseek4_ablation.sh, which names the cells): its
+    seeds' run folders are reports/trained/ds4-ablation/NAME-seedK."""
+    name: str
+    label: str
+    seeds: tuple[int, ...]
+    family: str  # the gaps phrase that reads it: csa (ratio-4 layers), hca, faithful (hca and top-k), depth, glm
+
+    def runs(self) -> list[str]:
+        return [f"ds4-ablation/{self.name}-seed{k}" for k in self.seeds]
+
+
+# from the defaults outwards (the table's rows and the figure's panels)
+DS4_CELLS = [Cell("ctx64", "64 tokens", (0, 1, 2), "csa"), Cell("ctx128", "128 tokens", (0, 1, 2), "csa"),
+             Cell("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5), "csa"),
+             Cell("ctx128-L4", "128 tokens, 4 layers", (0, 1, 2), "depth"),
+             Cell("ctx128-L4-cont", "128 tokens, 4 layers, 3000 steps more", (0, 1), "depth"),
+             Cell("ctx256", "256 tokens", (0,), "csa"),
+             Cell("ctx256-long", "256 tokens, 3000 steps", (0, 2), "csa"),
+             Cell("ctx256-from128", "256 tokens, extended from 128", (0, 1, 2), "csa"),
+             Cell("ctx512-from256", "512 tokens, extended from 256", (0, 1, 2), "csa"),
+             Cell("ctx256-hca-long", "256 tokens, ratios 4,128, 3000 steps", (0, 1, 2), "hca"),
+             Cell("ctx256-hca-cont", "256 tokens, ratios 4,128, 3000 steps more", (0, 1), "hca"),
+             Cell("ctx512-hca-from256", "512 tokens, ratios 4,128, extended from 256", (0,), "hca"),
+             Cell("ctx768-hca-from512", "768 tokens, ratios 4,128, extended from 512", (0,), "hca"),
+             Cell("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,), "faithful"),
+             Cell("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,), "faithful"),
+             Cell("ctx256-top4-hca-long", "256 tokens, top-4, ratios 4,128, 3000 steps", (0, 1, 2), "faithful"),
+             Cell("ctx256-top4-from-hca", "256 tokens, top-4 added to ratios 4,128 after 3000 steps", (0, 1, 2), "faithful"),
+             Cell("ctx512-top4-hca-from256", "512 tokens, top-4, ratios 4,128, extended from 256", (0, 1, 2), "faithful"),
+             Cell("glm-ctx64-top4", "GLM-5.3 k-pool, 64 tokens, top-4 of 16 pools", (0, 1, 2), "glm"),
+             Cell("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,), "glm"),
+             Cell("glm-ctx128-top4-from64", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools, extended from 64", (0, 1, 2),
+                  "glm")]
+
+
+DS4 = {cell.name: cell for cell in DS4_CELLS}
+
+
+def ds4_runs(family: str) -> list[str]:
+    """The run folders of every cell of one family."""
+    return [run for cell in DS4_CELLS if cell.family == family for run in cell.runs()]
 
 
 def heldout_phrase(runs: list[str]) -> str:
@@ -439,6 +456,18 @@ def learned_by_step(runs: list[str], bar: float = 80.0) -> str:
         curve = _read(ROOT / "reports" / "trained" / run, "summary.json")["curve"]
         steps.append(next((str(point["step"]) for point in curve if 100 * point["accuracy"] >= bar), "never"))
     return "step" + ("s " if len(steps) > 1 else " ") + _and(steps)
+
+
+def learned_verdicts(runs: list[str]) -> str:
+    """Each run's held-out accuracy, then the verdicts of the sweeps of those that reached the 80% bar,
+    with the one-residue dip each detects 80% of the time: "held-out A, B and C%; of the 2 that
+    learned, the sweeps read no effect at this power (a dip of D points detectable) and ..."."""
+    trained = [ROOT / "reports" / "trained" / run for run in runs]
+    learned = [folder for folder in trained if _read(folder, "summary.json")["readable"]]
+    sweeps = [_read(folder / "sweep", "summary.json") for folder in learned]
+    read = _and([f"{verdict(s)} (a dip of {_dip(s)} points detectable)" for s in sweeps])
+    return (f"held-out {heldout_phrase(runs)}; of the {len(learned)} that learned, the sweep"
+            f"{'s read' if len(learned) > 1 else ' reads'} {read}")
 
 
 def learned_gaps_by_context(runs: list[str]) -> str:
@@ -459,9 +488,9 @@ def learned_gaps_by_context(runs: list[str]) -> str:
     return "; ".join(parts)
 
 
-DS4_ABLATION = [(f"{label}, seed {k}", f"ds4-ablation/{cell}-seed{k}", "sweep") for cell, label, seeds in DS4_CELLS
-                for k in seeds] + [("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
-                                   ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
+DS4_ABLATION = [(f"{cell.label}, seed {k}", run, "sweep") for cell in DS4_CELLS for k, run in zip(cell.seeds, cell.runs())] + [
+    ("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
+    ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
 
 OFFSETS4 = [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]  # (fix folder, as the tables name it)
@@ -470,28 +499,29 @@ TABLES: dict[str, Callable[[], str]] = {
     "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
                                        OFFSETS4),
     "ds4-ablation": lambda: profile_table(DS4_ABLATION),
-    "ds4-minutes-64": lambda: training_minutes([f"ds4-ablation/ctx64-seed{k}" for k in range(3)]),
-    "ds4-minutes-128": lambda: training_minutes([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]
-                                                + [f"ds4-ablation/ctx128-top4-seed{k}" for k in range(6)]),
+    "ds4-minutes-64": lambda: training_minutes(DS4["ctx64"].runs()),
+    "ds4-minutes-128": lambda: training_minutes(DS4["ctx128"].runs() + DS4["ctx128-top4"].runs()),
     "ds4-minutes-256": lambda: training_minutes(["ds4-ablation/ctx256-long-seed0", "ds4-ablation/ctx256-long-seed2",
                                                  "ds4-ablation/ctx256-hca-long-seed0"]),
-    "ds4-minutes-from128": lambda: training_minutes([f"ds4-ablation/ctx256-from128-seed{k}" for k in range(3)]),
-    "ds4-minutes-from256": lambda: training_minutes([f"ds4-ablation/ctx512-from256-seed{k}" for k in range(3)]),
-    "glm-minutes-128": lambda: training_minutes(["ds4-ablation/glm-ctx128-top4-seed0"]),
-    "ds4-minutes-hca-cont": lambda: training_minutes([f"ds4-ablation/ctx256-hca-cont-seed{k}" for k in range(2)]),
+    "ds4-minutes-from128": lambda: training_minutes(DS4["ctx256-from128"].runs()),
+    "ds4-minutes-from256": lambda: training_minutes(DS4["ctx512-from256"].runs()),
+    "glm-minutes-128": lambda: training_minutes(DS4["glm-ctx128-top4"].runs()),
+    "glm-64-learned": lambda: learned_verdicts(DS4["glm-ctx64-top4"].runs()),
+    "glm-128-learned": lambda: learned_verdicts(DS4["glm-ctx128-top4-from64"].runs()),
+    "ds4-minutes-hca-cont": lambda: training_minutes(DS4["ctx256-hca-cont"].runs()),
     "ds4-minutes-hca-ext": lambda: training_minutes(["ds4-ablation/ctx512-hca-from256-seed0",
                                                      "ds4-ablation/ctx768-hca-from512-seed0"]),
-    "glm-minutes-from64": lambda: training_minutes(["ds4-ablation/glm-ctx64-top4-seed0",
-                                                    "ds4-ablation/glm-ctx128-top4-from64-seed0"]),
-    "ds4-gaps": lambda: learned_gaps_by_context(DS4_CSA_RUNS),
+    "glm-minutes-from64": lambda: training_minutes(DS4["glm-ctx64-top4"].runs()
+                                                    + DS4["glm-ctx128-top4-from64"].runs()),
+    "ds4-gaps": lambda: learned_gaps_by_context(ds4_runs("csa")),
     "ds4-hours": lambda: study_hours("ds4-ablation"),
     "ds4-stride128-nested": lambda: nested_phase_phrase("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
                                                         "ctx768-hca-from512-seed0-pairs-S128-L768", 4),
-    "ds4-hca-gaps": lambda: learned_gaps_by_context(DS4_HCA_RUNS),
-    "ds4-depth-2-learned": lambda: learned_by_step([f"ds4-ablation/ctx128-seed{k}" for k in range(3)]),
-    "ds4-depth-4-heldout": lambda: heldout_phrase([f"ds4-ablation/ctx128-L4-seed{k}" for k in range(3)]),
-    "ds4-depth-4-cont-heldout": lambda: heldout_phrase([f"ds4-ablation/ctx128-L4-cont-seed{k}" for k in range(2)]),
-    "ds4-faithful-gaps": lambda: learned_gaps_by_context(DS4_FAITHFUL_RUNS),
+    "ds4-hca-gaps": lambda: learned_gaps_by_context(ds4_runs("hca")),
+    "ds4-depth-2-learned": lambda: learned_by_step(DS4["ctx128"].runs()),
+    "ds4-depth-4-heldout": lambda: heldout_phrase(DS4["ctx128-L4"].runs()),
+    "ds4-depth-4-cont-heldout": lambda: heldout_phrase(DS4["ctx128-L4-cont"].runs()),
+    "ds4-faithful-gaps": lambda: learned_gaps_by_context(ds4_runs("faithful")),
     "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
                                          f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
     "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]

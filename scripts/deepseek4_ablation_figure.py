@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
@@ -20,27 +19,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from claims import PUBLISHED_DEEPSEEK4  # noqa: E402
+from claims import DS4_CELLS, PUBLISHED_DEEPSEEK4  # noqa: E402
 
-STUDY = ROOT / "reports" / "trained" / "ds4-ablation"
 BASELINES = {"ctx64 (engine study)": "csa", "ctx64 disjoint (engine study)": "csa-disjoint"}
-ORDER = ("ctx64", "ctx128", "ctx128-top4", "ctx128-L4", "ctx128-L4-cont", "ctx256", "ctx256-long", "ctx256-from128",
-         "ctx512-from256", "ctx256-hca-long", "ctx256-hca-cont", "ctx512-hca-from256", "ctx768-hca-from512",
-         "ctx256-top4-hca", "ctx256-top4-hca3", "ctx256-top4-hca-long", "ctx256-top4-from-hca", "ctx512-top4-hca-from256",
-         "glm-ctx64-top4", "glm-ctx128-top4", "glm-ctx128-top4-from64")  # from the defaults outwards; cells not listed follow
 COLUMNS = 5
 
 
 def cells() -> dict[str, list[Path]]:
-    """Sweep folders by cell: the engine study's 64-token models, then each study cell."""
-    by_cell = defaultdict(list)
+    """Sweep folders by cell: each study cell in claims.py's order, then the engine study's 64-token models."""
+    trained = ROOT / "reports" / "trained"
+    by_cell = {cell.name: [trained / run / "sweep" for run in cell.runs()] for cell in DS4_CELLS}
     for label, design in BASELINES.items():
-        by_cell[label] = sorted((ROOT / "reports" / "trained" / "engine").glob(f"{design}-seed[0-2]/sweep-mod8"))
-    for sweep in sorted(STUDY.glob("*-seed*/sweep")):
-        if (sweep / "summary.json").is_file():
-            by_cell[re.sub(r"-seed\d+$", "", sweep.parent.name)].append(sweep)
-    rank = {cell: i for i, cell in enumerate(ORDER + tuple(BASELINES))}
-    return {k: by_cell[k] for k in sorted(by_cell, key=lambda c: rank.get(c, len(rank))) if by_cell[k]}
+        by_cell[label] = sorted((trained / "engine").glob(f"{design}-seed[0-2]/sweep-mod8"))
+    return by_cell
 
 
 def main() -> None:
@@ -63,7 +54,7 @@ def main() -> None:
     for row in axes:
         row[0].set_ylabel("accuracy (%) through llama.cpp")
     fig.tight_layout()
-    out = STUDY / "profiles.png"
+    out = ROOT / "reports" / "trained" / "ds4-ablation" / "profiles.png"
     fig.savefig(out, dpi=110)
     print(out.relative_to(ROOT))
 
