@@ -687,7 +687,7 @@ class Campaign:
                 ("csa-dense", ["--hint-steps", "x"]), ("csa-dense", ["--hint-steps", "5", "--copy-steps", "5"]), ("rolling", ["--stride", "1"]), ("rolling", ["--context", "24"]),
                 ("csa", ["--init", str(self.work / "nope")]), ("csa", ["--init", str(afile)]), ("csa", ["--init", "/proc"]),
                 ("csa", ["--init", ""]), ("csa", ["--init", str(self.damaged_run())]),
-                *(("gated", ["--stall-minutes", v]) for v in ("-1", "nan", "-inf", "x", "", "1e308")))),
+                *(("gated", ["--stall-minutes", v]) for v in ("-1", "nan", "-inf", "x", "")))),
             ["train", "csa", "/proc/x", "--steps", "1"], ["train", "gated", str(self.work / "t"), "--lr", "inf"],
             ["train", "gated", str(self.work / "t"), "--steps", str(10**9)], ["train", "gated", ""],
             # kvphase theory (issue 20: the idealized gradient-flow model; no model file, seconds of numpy)
