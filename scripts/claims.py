@@ -412,7 +412,11 @@ class Cell(NamedTuple):
 
 
 # from the defaults outwards (the table's rows and the figure's panels)
-DS4_CELLS = [Cell("ctx64", "64 tokens", (0, 1, 2), "csa"), Cell("ctx128", "128 tokens", (0, 1, 2), "csa"),
+DS4_CELLS = [Cell("ctx64", "64 tokens", (0, 1, 2), "csa"),
+             Cell("ctx64-copy", "64 tokens, 4000 steps, induction warm-up", (0, 1, 2), "warm-up"),
+             Cell("ctx64-L4", "64 tokens, 4 layers, 4000 steps", (0, 1, 2), "depth"),
+             Cell("ctx64-L4-copy", "64 tokens, 4 layers, 4000 steps, induction warm-up", (0, 1, 2), "depth"),
+             Cell("ctx128", "128 tokens", (0, 1, 2), "csa"),
              Cell("ctx128-top4", "128 tokens, top-4", (0, 1, 2, 3, 4, 5), "csa"),
              Cell("ctx128-L4", "128 tokens, 4 layers", (0, 1, 2), "depth"),
              Cell("ctx128-L4-cont", "128 tokens, 4 layers, 3000 steps more", (0, 1), "depth"),
@@ -470,6 +474,14 @@ def learned_verdicts(runs: list[str]) -> str:
             f"{'s read' if len(learned) > 1 else ' reads'} {read}")
 
 
+def sweep_against_training(run: str) -> str:
+    """A run's mean accuracy through its sweep beside its training's held-out accuracy:
+    "M% mean in the sweep, H% held-out in training"."""
+    folder = ROOT / "reports" / "trained" / run
+    return (f"{_read(folder / 'sweep', 'summary.json')['mean_accuracy']:.1f}% mean in the sweep, "
+            f"{_read(folder, 'summary.json')['accuracy']:.1f}% held-out in training")
+
+
 def learned_gaps_by_context(runs: list[str]) -> str:
     """The runs whose training reached the 80% bar, grouped by trained context: "at 128 tokens
     (n of m runs learned) gaps G (CI), ... points, p <= P; at 256 tokens ..."."""
@@ -521,6 +533,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-depth-2-learned": lambda: learned_by_step(DS4["ctx128"].runs()),
     "ds4-depth-4-heldout": lambda: heldout_phrase(DS4["ctx128-L4"].runs()),
     "ds4-depth-4-cont-heldout": lambda: heldout_phrase(DS4["ctx128-L4-cont"].runs()),
+    "ds4-depth-64-heldout": lambda: heldout_phrase(DS4["ctx64-L4"].runs()),
+    "ds4-depth-64-copy-gaps": lambda: learned_gaps_by_context(DS4["ctx64-L4-copy"].runs()),
+    "ds4-depth-64-copy-heldout": lambda: heldout_phrase(DS4["ctx64-L4-copy"].runs()),
+    "ds4-copy-64-gaps": lambda: learned_gaps_by_context(DS4["ctx64-copy"].runs()),
+    "ds4-64-gaps": lambda: learned_gaps_by_context(DS4["ctx64"].runs()),
+    "ds4-copy-64-seed0": lambda: sweep_against_training("ds4-ablation/ctx64-copy-seed0"),
     "ds4-faithful-gaps": lambda: learned_gaps_by_context(ds4_runs("faithful")),
     "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
                                          f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
