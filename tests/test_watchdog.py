@@ -91,11 +91,11 @@ TRAIN = ["train", "csa", "--top-k", "2", "--dense-steps", "0", "--d-model", "16"
 @pytest.mark.slow
 def test_a_step_that_never_returns_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_path):
     out = tmp_path / "run"
-    hung = subprocess.run([sys.executable, "-c", HANGING_TRAIN, *TRAIN[:2], str(out), *TRAIN[2:], "--stall-minutes", "0.2"],
+    hung = subprocess.run([sys.executable, "-c", HANGING_TRAIN, *TRAIN[:2], str(out), *TRAIN[2:], "--stall-minutes", "0.1"],
                           capture_output=True, text=True, timeout=120)
     assert hung.returncode == 1, (hung.returncode, hung.stderr[-600:])
     lines = hung.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: training made no progress for 1"), hung.stderr[-600:]
+    assert len(lines) == 1 and lines[0].startswith("Error: training made no progress for "), hung.stderr[-600:]
     assert "after step 5 of 10" in lines[0] and "its checkpoint at step 5 is kept" in lines[0], lines[0]
     assert not (out / "model.gguf").exists()
     resumed = subprocess.run([sys.executable, "-m", "kvphase.cli", *TRAIN[:2], str(out), *TRAIN[2:]],
