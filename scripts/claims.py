@@ -405,7 +405,7 @@ class Cell(NamedTuple):
     name: str
     label: str
     seeds: tuple[int, ...]
-    family: str  # the gaps phrase that reads it: csa (ratio-4 layers), hca, faithful (hca and top-k), depth, glm
+    family: str  # the group a gaps phrase reads: csa (ratio-4 layers), hca, faithful (hca and top-k), depth, warm-up, glm
 
     def runs(self) -> list[str]:
         return [f"ds4-ablation/{self.name}-seed{k}" for k in self.seeds]
@@ -431,7 +431,8 @@ DS4_CELLS = [Cell("ctx64", "64 tokens", (0, 1, 2), "csa"),
              Cell("ctx256-top4-hca", "256 tokens, top-4, ratios 4,128", (0,), "faithful"),
              Cell("ctx256-top4-hca3", "256 tokens, top-4, ratios 4,128,4", (0,), "faithful"),
              Cell("ctx256-top4-hca-long", "256 tokens, top-4, ratios 4,128, 3000 steps", (0, 1, 2), "faithful"),
-             Cell("ctx256-top4-from-hca", "256 tokens, top-4 added to ratios 4,128 after 3000 steps", (0, 1, 2), "faithful"),
+             Cell("ctx256-top4-from-hca", "256 tokens, top-4 added to ratios 4,128 after 3000 steps", (0, 1, 2),
+                  "faithful"),
              Cell("ctx512-top4-hca-from256", "512 tokens, top-4, ratios 4,128, extended from 256", (0, 1, 2), "faithful"),
              Cell("glm-ctx64-top4", "GLM-5.3 k-pool, 64 tokens, top-4 of 16 pools", (0, 1, 2), "glm"),
              Cell("glm-ctx128-top4", "GLM-5.3 k-pool, 128 tokens, top-4 of 32 pools", (0,), "glm"),
@@ -500,7 +501,8 @@ def learned_gaps_by_context(runs: list[str]) -> str:
     return "; ".join(parts)
 
 
-DS4_ABLATION = [(f"{cell.label}, seed {k}", run, "sweep") for cell in DS4_CELLS for k, run in zip(cell.seeds, cell.runs())] + [
+DS4_ABLATION = [(f"{cell.label}, seed {k}", run, "sweep")
+                for cell in DS4_CELLS for k, run in zip(cell.seeds, cell.runs())] + [
     ("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
     ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]

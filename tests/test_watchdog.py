@@ -84,8 +84,8 @@ from kvphase.cli import main
 sys.argv = ["kvphase", *sys.argv[1:]]
 main()
 """
-TRAIN = ["train", "csa", "--top-k", "2", "--dense-steps", "0", "--d-model", "16", "--batch", "4", "--steps", "10", "--context", "32",
-         "--eval-every", "5", "-q"]
+TRAIN = ["train", "csa", "--top-k", "2", "--dense-steps", "0", "--d-model", "16", "--batch", "4", "--steps", "10",
+         "--context", "32", "--eval-every", "5", "-q"]
 
 
 @pytest.mark.slow

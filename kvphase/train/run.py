@@ -193,7 +193,8 @@ def _watched(trainer: Trainer, on_stall: Callable[[TrainingStalled], None] | Non
         return
 
     def stalled(idle_s: float) -> None:
-        saved = "no checkpoint was saved yet" if trainer.saved_step is None else f"its checkpoint at step {trainer.saved_step} is kept"
+        saved = ("no checkpoint was saved yet" if trainer.saved_step is None
+                 else f"its checkpoint at step {trainer.saved_step} is kept")
         on_stall(TrainingStalled(
             f"training made no progress for {idle_s:.0f} s after step {trainer.step} of {trainer.config.steps} (a step "
             f"or evaluation that never returned: XLA can hang so, jax issues 24255 and 25861); {saved}: run the same "
