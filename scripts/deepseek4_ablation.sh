@@ -15,6 +15,7 @@
 #   ctx64-L4        4 layers at 64 tokens, 4000 steps (4 times csa's default): depth where two layers learn fastest
 #   ctx64-L4-copy   the same with an induction warm-up (`--copy-steps 1000` of the 4000)
 #   ctx64-copy      ctx64-L4-copy's recipe on csa's two layers: the control that tells depth from the warm-up
+#   ctx128-L4-copy  ctx128-L4 with the induction warm-up (`--copy-steps 500` of its 2000)
 #   ctx256          the same at 256 tokens (1200 steps: still learning at the end)
 #   ctx256-long     the same, 3000 steps
 #   ctx128-top4     + the lightning indexer selecting 4 entries (trained by distillation)
@@ -44,10 +45,10 @@
 #                    the start (its indexer is trained)
 # The study ran seeds 0-2 of ctx64, ctx64-copy, ctx64-L4, ctx64-L4-copy, ctx128, ctx128-L4, the two extensions,
 # ctx256-hca-long, ctx256-top4-hca-long, ctx256-top4-from-hca, glm-ctx64-top4 and glm-ctx128-top4-from64, 0-5 of
-# ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont and of ctx128-L4-cont (seed 2's 3000 more
-# steps were not paid for: seeds 0 and 1 had not learned), seed 0 of the others; ctx256-hca-first was stopped at
-# step 1500 of 3000, still at chance, and not kept, and seed 2 of ctx256-hca-cont was stopped early for time.
-# The extensions read their source cell's checkpoints, which stay local.
+# ctx128-top4, 0 and 2 of ctx256-long, 0 and 1 of ctx256-hca-cont, of ctx128-L4-copy and of ctx128-L4-cont (seed
+# 2's 3000 more steps were not paid for: seeds 0 and 1 had not learned), seed 0 of the others; ctx256-hca-first
+# was stopped at step 1500 of 3000, still at chance, and not kept, and seed 2 of ctx256-hca-cont was stopped
+# early for time. The extensions read their source cell's checkpoints, which stay local.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVPHASE=${KVPHASE:-.venv/bin/kvphase}
@@ -63,6 +64,7 @@ case "$cell" in
   ctx64-L4) design=csa; opts=(--layers 4 --steps 4000) ;;
   ctx64-L4-copy) design=csa; opts=(--layers 4 --steps 4000 --copy-steps 1000) ;;
   ctx64-copy) design=csa; opts=(--steps 4000 --copy-steps 1000) ;;
+  ctx128-L4-copy) design=csa; opts=(--context 128 --steps 2000 --layers 4 --copy-steps 500) ;;
   ctx256) design=csa; opts=(--context 256 --steps 1200) ;;
   ctx256-long) design=csa; opts=(--context 256 --steps 3000) ;;
   ctx256-hca-long) design=csa; opts=(--context 256 --steps 3000 --ratios 4,128) ;;
