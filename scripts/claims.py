@@ -464,16 +464,20 @@ def learned_by_step(runs: list[str], bar: float = 80.0) -> str:
     return "step" + ("s " if len(steps) > 1 else " ") + _and(steps)
 
 
+def learned_sweeps(runs: list[str]) -> list[dict]:
+    """The sweep summaries of the runs whose training reached the 80% bar (`readable`), in order."""
+    trained = [ROOT / "reports" / "trained" / run for run in runs]
+    return [_read(folder / "sweep", "summary.json") for folder in trained if _read(folder, "summary.json")["readable"]]
+
+
 def learned_verdicts(runs: list[str]) -> str:
     """Each run's held-out accuracy, then the verdicts of the sweeps of those that reached the 80% bar,
     with the one-residue dip each detects 80% of the time: "held-out A, B and C%; of the 2 that
     learned, the sweeps read no effect at this power (a dip of D points detectable) and ..."."""
-    trained = [ROOT / "reports" / "trained" / run for run in runs]
-    learned = [folder for folder in trained if _read(folder, "summary.json")["readable"]]
-    sweeps = [_read(folder / "sweep", "summary.json") for folder in learned]
+    sweeps = learned_sweeps(runs)
     read = _and([f"{verdict(s)} (a dip of {_dip(s)} points detectable)" for s in sweeps])
-    return (f"held-out {heldout_phrase(runs)}; of the {len(learned)} that learned, the sweep"
-            f"{'s read' if len(learned) > 1 else ' reads'} {read}")
+    return (f"held-out {heldout_phrase(runs)}; of the {len(sweeps)} that learned, the sweep"
+            f"{'s read' if len(sweeps) > 1 else ' reads'} {read}")
 
 
 def sweep_against_training(run: str) -> str:
@@ -492,12 +496,12 @@ def learned_gaps_by_context(runs: list[str]) -> str:
         by_context.setdefault(_read(ROOT / "reports" / "trained" / run, "config.json")["context"], []).append(run)
     parts = []
     for context, group in sorted(by_context.items()):
-        learned = [run for run in group if _read(ROOT / "reports" / "trained" / run, "summary.json")["readable"]]
-        if not learned:
+        summaries = learned_sweeps(group)
+        if not summaries:
             continue
-        summaries = [_read(ROOT / "reports" / "trained" / run / "sweep", "summary.json") for run in learned]
         worst_p = max(s["test"]["p_value"] for s in summaries)
-        parts.append(f"at {context} tokens ({len(learned)} of {len(group)} runs learned) gap{'s' if len(learned) > 1 else ''} "
+        parts.append(f"at {context} tokens ({len(summaries)} of {len(group)} runs learned) "
+                     f"gap{'s' if len(summaries) > 1 else ''} "
                      f"{_and([_gap(s) for s in summaries])} points, p <= {_p(worst_p)}")
     return "; ".join(parts)
 
@@ -516,16 +520,14 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-ablation": lambda: profile_table(DS4_ABLATION),
     "ds4-minutes-64": lambda: training_minutes(DS4["ctx64"].runs()),
     "ds4-minutes-128": lambda: training_minutes(DS4["ctx128"].runs() + DS4["ctx128-top4"].runs()),
-    "ds4-minutes-256": lambda: training_minutes(["ds4-ablation/ctx256-long-seed0", "ds4-ablation/ctx256-long-seed2",
-                                                 "ds4-ablation/ctx256-hca-long-seed0"]),
+    "ds4-minutes-256": lambda: training_minutes(DS4["ctx256-long"].runs() + DS4["ctx256-hca-long"].runs()[:1]),
     "ds4-minutes-from128": lambda: training_minutes(DS4["ctx256-from128"].runs()),
     "ds4-minutes-from256": lambda: training_minutes(DS4["ctx512-from256"].runs()),
     "glm-minutes-128": lambda: training_minutes(DS4["glm-ctx128-top4"].runs()),
     "glm-64-learned": lambda: learned_verdicts(DS4["glm-ctx64-top4"].runs()),
     "glm-128-learned": lambda: learned_verdicts(DS4["glm-ctx128-top4-from64"].runs()),
     "ds4-minutes-hca-cont": lambda: training_minutes(DS4["ctx256-hca-cont"].runs()),
-    "ds4-minutes-hca-ext": lambda: training_minutes(["ds4-ablation/ctx512-hca-from256-seed0",
-                                                     "ds4-ablation/ctx768-hca-from512-seed0"]),
+    "ds4-minutes-hca-ext": lambda: training_minutes(DS4["ctx512-hca-from256"].runs() + DS4["ctx768-hca-from512"].runs()),
     "glm-minutes-from64": lambda: training_minutes(DS4["glm-ctx64-top4"].runs()
                                                     + DS4["glm-ctx128-top4-from64"].runs()),
     "ds4-gaps": lambda: learned_gaps_by_context(ds4_runs("csa")),
@@ -542,7 +544,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-depth-64-copy-heldout": lambda: heldout_phrase(DS4["ctx64-L4-copy"].runs()),
     "ds4-copy-64-gaps": lambda: learned_gaps_by_context(DS4["ctx64-copy"].runs()),
     "ds4-64-gaps": lambda: learned_gaps_by_context(DS4["ctx64"].runs()),
-    "ds4-copy-64-seed0": lambda: sweep_against_training("ds4-ablation/ctx64-copy-seed0"),
+    "ds4-copy-64-seed0": lambda: sweep_against_training(DS4["ctx64-copy"].runs()[0]),
     "ds4-faithful-gaps": lambda: learned_gaps_by_context(ds4_runs("faithful")),
     "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
                                          f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
