@@ -86,7 +86,7 @@ def coverage(residues: np.ndarray, contexts: np.ndarray, modulus: int, runs: int
     widths = []
     for run, correct in enumerate(outcomes):
         by_residue = np.bincount(residues, weights=correct) / np.bincount(residues)  # (G,)
-        mean_ci, gap_ci = context_intervals(correct, residues, contexts, 100 * float(np.ptp(by_residue)), seed + run)
+        mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed + run)
         held_gap += gap_ci[0] <= true_gap <= gap_ci[1]
         held_mean += mean_ci[0] <= true_mean <= mean_ci[1]
         widths.append(gap_ci[1] - gap_ci[0])

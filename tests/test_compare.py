@@ -107,7 +107,7 @@ def test_numbers_against_the_hit_patterns(two_runs, tmp_path):
     assert float(dipped["gap_minus_first"]) == 75.0 and float(dipped["gap_minus_first_ci_low"]) > 0  # the dip is real
     assert flat["gap_minus_first"] == ""
     # and the terminal shows the same numbers
-    for shown in ["59.38", "56.25 (r=1)", "12.50 (r=0)", f"{flat['p_value']:.4g}"]:
+    for shown in ["59.38", "56.25 (r=1)", "12.50 (r=0)", f"{float(flat['p_value']):.2g}"]:
         assert shown in result.output
     markdown = (out / MARKDOWN_FILE).read_text()
     assert "- **dipped**: +75.00 points (95% CI" in markdown and "the gaps differ" in markdown
@@ -127,7 +127,7 @@ def test_small_runs_show_the_permutation_p_value(tmp_path):
     assert result.exit_code == 0, result.output
     (run,) = load_runs([folder])
     assert "permutations" in run.summary.test.note
-    assert f"{run.summary.test.p_value:.4g}" in result.output
+    assert f"{run.summary.test.p_value:.2g}" in result.output
 
 
 def test_default_out_is_reports_comparison(two_runs, tmp_path, monkeypatch):

@@ -230,17 +230,18 @@ def test_degrees_of_freedom_never_count_the_null_direction_of_many_strata():
 
 
 def test_detectable_dip_takes_the_same_degrees_of_freedom():
-    """The same design by hand: one target per residue and context, so a unit dip's
-    non-centrality is H^2 (1 - 1/M) / (sum of within-context variances), and the dip is where
-    the non-central chi-square with df = M - 1 = 3 reaches 80% power."""
+    """The design where the old rank tolerance counted a fourth dimension: the power rule's critical
+    value takes the test's degrees of freedom (3), so at a dip of nothing it rejects 5% of the time
+    (with df = 4 it would be about 3.5%)."""
+    from kvphase.sweep.stratified import POWER_DRAWS, dip_power
+
     design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     outcomes = ((np.random.default_rng(seed).random(1024) < 0.5).astype(float) for seed in range(200))
     y = next(y for y in outcomes if _old_rank(y, design) == 4)
-    variances = y.reshape(256, 4).var(axis=1, ddof=1)  # (H,)
-    unit = 256**2 * (1 - 1 / 4) / variances.sum()
-    critical = stats.chi2.isf(ALPHA, 3)
-    lam = optimize.brentq(lambda x: stats.ncx2.sf(critical, 3, x) - 0.8, 1e-6, 1e3)
-    assert detectable_dip(y, design) == pytest.approx(np.sqrt(lam / unit), rel=1e-6)
+    base = y.reshape(256, 4).mean(axis=1)  # (H,)
+    draws = np.random.default_rng(0).standard_normal((POWER_DRAWS, 4))
+    assert dip_power(design, base, 0, 1e-9, float(y.mean()), draws) == pytest.approx(ALPHA, abs=0.01)
+    assert detectable_dip(y, design) is not None
 
 
 # --- false positive rate and power on the auto density's designs ---

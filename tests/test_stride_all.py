@@ -46,7 +46,8 @@ def test_every_declared_stride_gets_its_own_folder(every_stride):
         assert summary["n_targets"] == modulus and summary["n_contexts"] == modulus
         assert f"Report: {reports.name}/{NAMES[stride]}/report.md" in result.output
     # one context per residue: no resample of contexts holds them all, so the gap's interval is unknown
-    assert json.loads((reports / NAMES[128] / "summary.json").read_text())["gap_ci"] == [0.0, 100.0]
+    low, high = json.loads((reports / NAMES[128] / "summary.json").read_text())["gap_ci"]
+    assert low <= 0 < high  # one target per residue: no gap is excluded
 
 
 @pytest.mark.slow
@@ -97,10 +98,10 @@ def test_per_residue_auto_sizes_each_stride_for_the_dip(tiny_deepseek4, tmp_path
     """--per-residue auto --detect with --stride all: each stride gets the count that detects the
     dip at its own modulus, and S = 128 in the default context (room for one target depth, so
     one target per context) plans: the count once failed the depth check after a minute."""
-    from scipy import stats
+    from kvphase.sweep.stratified import balanced_power  # the rule, checked by simulation in test_stratified.py
 
-    def power(n, m, dip=0.9):  # a balanced design at the worst-case variance 1/4
-        return stats.ncx2.sf(stats.chi2.isf(0.05, m - 1), m - 1, n * dip**2 * (m - 1) / (m * 0.25))
+    def power(n, m, dip=0.9):
+        return balanced_power(n, m, dip)
 
     result = runner.invoke(app, ["sweep", str(tiny_deepseek4), "--per-residue", "auto", "--detect", "90", "--threads",
                                  "1", "--stride", "all", "--dry-run", "--out", str(tmp_path)], env={"COLUMNS": "300"})

@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.stratified import (ALPHA, POWER, Design, StratifiedTest, basic_interval, bootstrap_gaps,
-                                      bootstrap_residue_accuracy, design_effect, detectable_dip,
-                                      intra_context_correlation, percentile_interval, stratified_test)
+from kvphase.sweep.stratified import (ALPHA, POWER, Design, Detectable, StratifiedTest, basic_interval,
+                                      bootstrap_gaps, bootstrap_residue_accuracy, design_effect, detectable,
+                                      gap_interval, intra_context_correlation, mean_interval, stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -36,6 +36,41 @@ def homogeneity_test(correct: np.ndarray, groups: np.ndarray, seed: int = 0) -> 
     return stratified_test(correct, Design.of(groups, np.arange(len(correct))), binary=True, seed=seed)
 
 
+DEGENERATE_SHARE = 0.9  # one answer given to this share of targets or more: the answers ignore the query
+NARROW_ANSWERS = 2.0  # or this few answers in effect (the exponential of their entropy)...
+SPREAD_TRUTH = 4.0  # ...where the right answers spread over at least this many in effect (else the task is narrow)
+
+
+@dataclass(frozen=True)
+class AnswerSpread:
+    """How the model's answers spread over the targets, against how the right answers do."""
+
+    commonest: str  # the answer given most often ("" for an empty answer)
+    commonest_share: float  # of targets, 0-1
+    effective: float  # the answers' effective number: exp(entropy)
+    truth_effective: float  # the right answers' effective number
+
+    @property
+    def degenerate(self) -> bool:
+        """The answers do not depend on the query: one answer nearly always, or next to no spread of
+        answers where the right ones spread."""
+        return self.truth_effective >= SPREAD_TRUTH and (
+            self.commonest_share >= DEGENERATE_SHARE or self.effective <= NARROW_ANSWERS)
+
+
+def answer_spread(predicted: pd.Series, truth: pd.Series) -> AnswerSpread:
+    """`predicted` and `truth` (one per target) as text; a missing answer counts as the empty one."""
+    given = predicted.fillna("").astype(str)
+    shares = given.value_counts(normalize=True)  # commonest first
+    return AnswerSpread(str(shares.index[0]), round(float(shares.iloc[0]), 4), round(_effective(shares), 2),
+                        round(_effective(truth.fillna("").astype(str).value_counts(normalize=True)), 2))
+
+
+def _effective(shares: pd.Series) -> float:
+    p = shares.to_numpy(dtype=float)  # (K,)
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
 @dataclass(frozen=True)
 class Summary:
     """What a report says, as numbers (accuracies in percent, two decimals)."""
@@ -45,15 +80,15 @@ class Summary:
     balanced: bool  # every context holds the same number of targets of each residue it serves
     control: bool  # the model declares no compression: the stride is the user's
     mean_accuracy: float  # mean over residues
-    mean_ci: tuple[float, float]  # 95% percentile bootstrap interval of the mean over contexts
+    mean_ci: tuple[float, float]  # 95% interval of the mean (bootstrap over contexts, widened for few contexts)
     worst_accuracy: float
     worst_residue: int
     best_accuracy: float
     best_residue: int
     gap: float  # best - worst, points; biased upward at small n
-    gap_ci: tuple[float, float]  # 95% basic bootstrap interval of the gap over contexts (bias taken out)
+    gap_ci: tuple[float, float]  # 95% simultaneous interval of the gap; its lower end as computed (<= 0: no gap excluded)
     periodicity: float | None  # mean over r < S of |A(r) - A(r + S)|, when M = 2S
-    detectable_dip: float | None  # points: a one-residue dip the accuracy test finds with 80% power
+    detectable_dip: float | None  # points: a one-residue dip the accuracy test finds with 80% power; None: none fits
     test: StratifiedTest  # accuracy
     logprob_test: StratifiedTest  # answer log-probability
     per_residue: list[dict]
@@ -62,22 +97,35 @@ class Summary:
     targets_per_context: float | None = None  # mean over contexts; None only as a default, filled in below
     icc: float | None = None  # intra-context correlation of correctness; None when it cannot be measured
     design_effect: float | None = None  # 1 + (targets_per_context - 1) icc
+    largest_dip: float | None = None  # points: the most a dip can take (the mean's interval's lower end)
+    power_at_floor: float | None = None  # how often a dip that large at the hardest residue would be found (0-1)
+    answers: dict | None = None  # AnswerSpread's fields; None when the results hold no answers
 
     def __post_init__(self) -> None:
         if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
             object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
 
     @property
+    def spread(self) -> AnswerSpread | None:
+        return None if self.answers is None else AnswerSpread(**self.answers)
+
+    @property
     def verdict(self) -> str:
-        """The report's class: "effect" (the accuracy test rejects at alpha), "inconclusive" (it
-        does not, but the gap's interval excludes 0 or the log-probability test rejects: the two
-        disagree, and a larger sample would decide), or "no effect at this power" (nothing
-        larger than the detectable dip; "no effect detectable" when accuracy never varies)."""
+        """The report's class, decided first from the rows and only then from the tests:
+        "degenerate" (the answers do not depend on the query), "uninformative" (no one-residue dip
+        that fits between the accuracy and 0% would be detected with 80% power), then "effect" (the
+        accuracy test rejects at alpha), "inconclusive" (it does not, but the gap's interval excludes 0
+        or the log-probability test rejects: a larger sample decides), or "no effect at this power"
+        (nothing larger than the detectable dip)."""
+        if self.spread is not None and self.spread.degenerate:
+            return "degenerate"
+        if self.detectable_dip is None:
+            return "uninformative"
         if self.test.p_value < ALPHA:
             return "effect"
         if self._disagreements():
             return "inconclusive"
-        return "no effect detectable" if self.detectable_dip is None else "no effect at this power"
+        return "no effect at this power"
 
     def _disagreements(self) -> list[str]:
         """What points to a phase effect the accuracy test did not reject."""
@@ -85,33 +133,51 @@ class Summary:
         if self.gap_ci[0] > 0:
             said.append(f"the gap's 95% interval excludes 0 ({self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f})")
         if self.logprob_test.p_value < ALPHA:
-            said.append(f"the answer's log-probability depends on the phase (p = {format_p(self.logprob_test.p_value)})")
+            said.append(f"the answer's log-probability depends on the phase (p {p_text(self.logprob_test)})")
         return said
+
+    def gap_interval_text(self) -> str:
+        low, high = self.gap_ci
+        return f"95% CI {low:.1f} to {high:.1f}" + ("" if low > 0 else ", which allows no gap")
 
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
-        p = format_p(self.test.p_value)
-        numbers = (f"gap {self.gap:.1f} points, 95% CI {self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f}; p = {p}, "
-                   f"log-probability p = {format_p(self.logprob_test.p_value)}")
+        verdict = self.verdict
+        if verdict in ("degenerate", "uninformative"):
+            return self._silent_headline(verdict)
+        numbers = (f"gap {self.gap:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
+                   f"log-probability p {p_text(self.logprob_test)}")
         claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
                  f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
-        if self.verdict == "inconclusive":
-            decides = ("accuracy never varies within a context here: --calibrate finds a difficulty where it does"
-                       if self.detectable_dip is None else
-                       f"a larger sample decides (--per-residue auto --detect {max(self.gap, 1.0):.0f})")
-            return (f"Inconclusive: the accuracy test finds no phase effect (p = {p}), but "
-                    f"{' and '.join(self._disagreements())}; {claim}; {decides}.")
-        if self.test.p_value < ALPHA:
+        if verdict == "inconclusive":
+            return (f"Inconclusive: the accuracy test finds no phase effect (p {p_text(self.test)}), but "
+                    f"{' and '.join(self._disagreements())}; {claim}; a larger sample decides "
+                    f"(--per-residue auto --detect {max(self.gap, 1.0):.0f}).")
+        if verdict == "effect":
             if self.control:
                 return (f"Control run: the model declares no KV-cache compression, yet accuracy varies with the "
                         f"residue: {claim}. Chance alone gives a p this small in {100 * self.test.p_value:.1f}% "
                         f"of runs of a model without any phase effect, so one run is no evidence of one.")
             return f"Accuracy depends on the token phase: {claim}."
-        if self.detectable_dip is None:
-            return (f"No phase effect can be detected: accuracy is {self.mean_accuracy:.1f}% and never varies "
-                    f"within a context ({numbers}).")
         return (f"No phase effect larger than {self.detectable_dip:.1f} points at this sample size (a one-residue "
                 f"dip of that size would be detected {POWER:.0%} of the time; {numbers}).")
+
+    def _silent_headline(self, verdict: str) -> str:
+        """The headline of a run whose data cannot speak of the phase: what the model did, and what to do."""
+        advice = ("an easier setting (`kvphase sweep --calibrate` chooses one), another task, or a model that "
+                  "retrieves is needed before a phase can be read")
+        if verdict == "degenerate":
+            spread = self.spread
+            answer = f'"{spread.commonest}"' if spread.commonest else "an empty answer"
+            return (f"Degenerate: the model answers {answer} to {100 * spread.commonest_share:.1f}% of the "
+                    f"{self.n_targets} targets ({spread.effective:.1f} distinct answers in effect, where the right ones "
+                    f"spread over {spread.truth_effective:.1f}): its answers do not depend on the query, so no phase "
+                    f"can be read from this run (mean accuracy {self.mean_accuracy:.1f}%); {advice}.")
+        power = "" if self.power_at_floor is None or self.largest_dip is None else (
+            f": the largest, one residue losing {self.largest_dip:.1f} points (down to the lower end of the mean's "
+            f"95% interval), would be detected only {100 * self.power_at_floor:.0f}% of the time ({POWER:.0%} needed)")
+        return (f"Uninformative: at a mean accuracy of {self.mean_accuracy:.1f}% no one-residue dip that fits above 0% "
+                f"is detectable at this sample size{power}, so no phase can be read from this run; {advice}.")
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -139,19 +205,32 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, gap: float,
+def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray,
                       seed: int = 0) -> tuple[tuple[float, float], tuple[float, float]]:
-    """95% intervals of the mean accuracy over residues (percentile) and of the observed `gap`
-    (points; basic, bounded below by 0), both from one bootstrap over whole contexts (%)."""
+    """95% intervals (%) of the mean accuracy over residues (a bootstrap over whole contexts, widened
+    for few contexts) and of the gap (points; simultaneous intervals of the residues' differences
+    within contexts, its lower end as computed: 0 or below when the data allow no gap)."""
+    design = Design.of(residues, contexts)
+    gap_ci = tuple(round(v, 2) for v in gap_interval(correct, design, seed=seed))
     resampled = bootstrap_residue_accuracy(correct, residues, contexts, seed)  # (n', G): bootstrap_gaps's resamples
-    if not len(resampled):
+    n_contexts = len(np.unique(np.asarray(contexts)))
+    if not len(resampled) or n_contexts < 2:
         # no resample of contexts held every residue (one context per residue, as at M = 128 with 1 or 2
-        # targets per residue): the intervals are unknown, so they are the whole range
-        return (0.0, 100.0), (0.0, 100.0)
-    means = resampled.mean(axis=1)  # (n',)
-    gaps = resampled.max(axis=1) - resampled.min(axis=1)  # (n',)
-    return (tuple(round(v, 2) for v in percentile_interval(means)),
-            tuple(round(max(v, 0.0), 2) for v in basic_interval(gaps, gap)))
+        # targets per residue), or one context: the mean's interval is unknown, so it is the whole range
+        return (0.0, 100.0), gap_ci
+    mean = float(np.mean(100 * np.bincount(design.groups, weights=np.asarray(correct, dtype=float))
+                         / np.bincount(design.groups)))
+    return tuple(round(v, 2) for v in mean_interval(resampled.mean(axis=1), mean, n_contexts, len(design.groups))), gap_ci
+
+
+def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray,
+                         seed: int = 0) -> tuple[tuple[float, float], tuple[float, float], Detectable]:
+    """The mean's and the gap's intervals, and the dip the run detects: a dip fits under the lower end
+    of the mean's interval, so a run at its floor whose accuracy came out high by chance does not
+    print a dip the model cannot have."""
+    mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed)
+    seen = detectable(correct, Design.of(residues, contexts), seed=seed, room=mean_ci[0] / 100)
+    return mean_ci, gap_ci, seen
 
 
 def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False) -> Summary:
@@ -164,9 +243,8 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         periodicity = round(float(np.mean([abs(acc[r] - acc[r + stride]) for r in range(stride)])), 2)
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
     design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
-    dip = detectable_dip(correct, design)
-    mean_ci, gap_ci = context_intervals(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
-                                        float(acc.max() - acc.min()), seed)
+    mean_ci, gap_ci, seen = what_the_run_can_see(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
+                                                 seed)
     per_context = len(results) / results["context"].nunique()
     icc = intra_context_correlation(correct, results["context"].to_numpy())
     return Summary(
@@ -183,7 +261,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         gap=round(float(acc.max() - acc.min()), 2),
         gap_ci=gap_ci,
         periodicity=periodicity,
-        detectable_dip=None if dip is None else round(100 * dip, 2),
+        detectable_dip=None if seen.dip is None else round(100 * seen.dip, 2),
         test=stratified_test(correct, design, binary=True, seed=seed),
         logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), design, binary=False, seed=seed),
         per_residue=by_residue.to_dict("records"),
@@ -191,6 +269,10 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         targets_per_context=round(per_context, 2),
         icc=None if icc is None else round(icc, 4),
         design_effect=None if icc is None else round(design_effect(icc, per_context), 3),
+        largest_dip=round(100 * seen.largest, 2),
+        power_at_floor=round(seen.power_at_largest, 4),
+        answers=(asdict(answer_spread(results["predicted"], results["answer"]))
+                 if {"predicted", "answer"} <= set(results.columns) else None),
     )
 
 
@@ -211,6 +293,14 @@ def summarize_shifts(results: pd.DataFrame, offsets: pd.DataFrame, stride: int, 
 
 def format_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def p_text(test: StratifiedTest) -> str:
+    """The test's p as a relation: "= 0.031", or "< 0.00025" where it is the smallest p its permutations
+    can give (1 / (permutations + 1): no permutation reached the observed statistic)."""
+    if test.permutations and test.p_value <= 1.000001 / (test.permutations + 1):
+        return f"< {format_p(1 / (test.permutations + 1))}"
+    return f"= {format_p(test.p_value)}"
 
 
 @dataclass(frozen=True)

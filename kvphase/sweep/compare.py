@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import check_writable, make_folder, markdown_table, write_atomic, write_csv
-from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, summarize
+from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, p_text, summarize
 from kvphase.sweep.nested import NestedReading, inner_stride, read_nested
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.report import plot_accuracy
@@ -27,7 +27,7 @@ MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "compa
 CSV_COLUMNS = ["label", "run_dir", "model", "backend", "backend_options", "task", "stride", "modulus", "context",
                "n", "mean_accuracy", "worst_accuracy", "worst_residue", "best_accuracy", "best_residue", "gap",
                "gap_ci_low", "gap_ci_high", "periodicity", "detectable_dip", "p_value", "test", "logprob_p_value",
-               "gap_minus_first", "gap_minus_first_ci_low", "gap_minus_first_ci_high", "inner_stride",
+               "verdict", "gap_minus_first", "gap_minus_first_ci_low", "gap_minus_first_ci_high", "inner_stride",
                "between_phases_p_value", "within_phases_p_value"]
 
 
@@ -134,6 +134,7 @@ def comparison_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
             "p_value": s.test.p_value,
             "test": s.test.name,
             "logprob_p_value": s.logprob_test.p_value,
+            "verdict": s.verdict,
             "gap_minus_first": None if versus is None else versus.difference,
             "gap_minus_first_ci_low": None if versus is None else versus.ci_low,
             "gap_minus_first_ci_high": None if versus is None else versus.ci_high,
@@ -156,11 +157,12 @@ def display_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
         "n": run.summary.n_targets,
         "mean acc. %": f"{run.summary.mean_accuracy:.2f}",
         "worst % (residue)": f"{run.summary.worst_accuracy:.2f} (r={run.summary.worst_residue})",
-        "gap (95% CI)": f"{run.summary.gap:.2f} ({run.summary.gap_ci[0]:.1f}-{run.summary.gap_ci[1]:.1f})",
+        "gap (95% CI)": f"{run.summary.gap:.2f} ({run.summary.gap_ci[0]:.1f} to {run.summary.gap_ci[1]:.1f})",
         "periodicity": "n/a" if run.summary.periodicity is None else f"{run.summary.periodicity:.2f}",
         "detectable dip": "n/a" if run.summary.detectable_dip is None else f"{run.summary.detectable_dip:.1f}",
-        "p": f"{run.summary.test.p_value:.4g}",
-        "logprob p": f"{run.summary.logprob_test.p_value:.4g}",
+        "p": p_text(run.summary.test).removeprefix("= "),
+        "logprob p": p_text(run.summary.logprob_test).removeprefix("= "),
+        "verdict": run.summary.verdict,
     } for run in runs])
 
 

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.analysis import format_p
+from kvphase.sweep.analysis import p_text
 from kvphase.sweep.stratified import ALPHA, POWER, Design, StratifiedTest, detectable_dip, stratified_test
 
 
@@ -43,14 +43,14 @@ class NestedReading:
         s, m, k = self.stride, self.modulus, self.inner
         pooled = ", ".join(f"{a:.1f}" for a in self.phase_accuracy[:-1]) + f" and {self.phase_accuracy[-1]:.1f}"
         opening = (f"Read against stride {k}, which divides the modulus {m}: pooled by position mod {k} the residues "
-                   f"read {pooled}% (p = {format_p(self.between.p_value)})")
+                   f"read {pooled}% (p {p_text(self.between)})")
         power = ("accuracy never varies within a context and phase" if self.within_dip is None else
                  f"a one-residue dip of {self.within_dip:.1f} points within a phase would be detected {POWER:.0%} "
                  "of the time")
         if self.within.p_value < ALPHA:
-            return (f"{opening}, and within each phase mod {k} they still differ (p = {format_p(self.within.p_value)}): "
+            return (f"{opening}, and within each phase mod {k} they still differ (p {p_text(self.within)}): "
                     f"an effect of stride {s}'s own, beyond the stride-{k} phase.")
-        within = (f"within each phase mod {k} they differ no more than chance (p = {format_p(self.within.p_value)}; "
+        within = (f"within each phase mod {k} they differ no more than chance (p {p_text(self.within)}; "
                   f"{power})")
         if self.between.p_value < ALPHA:
             return (f"{opening}; {within}. So what varies here is the stride-{k} phase seen through residues mod {m}: "

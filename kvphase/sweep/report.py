@@ -10,7 +10,7 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
-from kvphase.sweep.analysis import Summary, per_group, summarize, summarize_shifts, with_shifts
+from kvphase.sweep.analysis import Summary, p_text, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
@@ -58,7 +58,7 @@ def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame
     table = pd.DataFrame([{"scored": label, "mean accuracy %": f"{s.mean_accuracy:.2f} ({s.mean_ci[0]:.2f} to "
                            f"{s.mean_ci[1]:.2f})", "worst residue": f"{s.worst_residue}: {s.worst_accuracy:.2f}",
                            "gap (points)": f"{s.gap:.2f} ({s.gap_ci[0]:.2f} to {s.gap_ci[1]:.2f})",
-                           "p": f"{s.test.p_value:.3g}"} for label, s in rows])
+                           "p": p_text(s.test).removeprefix("= "), "verdict": s.verdict} for label, s in rows])
     return ("Phase shifts", prose, markdown_table(table),
             figure_link(SHIFT_FIGURE_FILE, "accuracy by residue under each shift"))
 
@@ -228,11 +228,14 @@ def _calibration_knobs(task: str) -> tuple[str, ...]:
 
 
 STATISTICS_NOTE = (
-    "targets that share a context are not independent, so residues are compared within contexts: the "
-    "Cochran-Mantel-Haenszel test stratified by context (residue x correct, and the same statistic on the "
-    "answer log-probability, whose p comes from permutations of residue labels within contexts); the gap's "
-    "interval resamples whole contexts; the detectable dip is where the accuracy test reaches 80% power at "
-    "alpha = 0.05 (non-central chi-square with the test's own variance).")
+    "a run whose answers do not depend on the query (one answer for nearly every target) is degenerate, and one "
+    "where no one-residue dip that fits between its accuracy and 0% would be detected is uninformative: neither "
+    "is tested further. Targets that share a context are not independent, so residues are compared within "
+    "contexts: the Cochran-Mantel-Haenszel test stratified by context (residue x correct, and the same statistic "
+    "on the answer log-probability, whose p comes from permutations of residue labels within contexts); the "
+    "gap's interval joins simultaneous intervals of every difference between residues, from the variance within "
+    "contexts; the detectable dip is where the accuracy test reaches 80% power at alpha = 0.05, computed under "
+    "the dip (the dipped residue's own variance) at the contexts' observed accuracies.")
 REPRODUCIBILITY_NOTE = (
     "the plan, the probes and every target position depend only on the tokenizer and the seed and are the "
     "same on every machine; per-target log-probabilities are machine-bound (llama.cpp picks its kernels by "
@@ -243,26 +246,42 @@ REPRODUCIBILITY_NOTE = (
 
 def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
     test, lp = summary.test, summary.logprob_test
-    dip = "none (nothing varies within a context)" if summary.detectable_dip is None else (
-        f"{summary.detectable_dip:.1f} points (one residue that far below the rest is found 80% of the time)")
+    dip = (f"none fits: the largest that does ({summary.largest_dip} points, down to the mean's lower bound) would "
+           f"be found {_floor_power(summary)} of the time"
+           if summary.detectable_dip is None else
+           f"{summary.detectable_dip:.1f} points (one residue that far below the rest is found 80% of the time)")
     return [
         ("targets scored", f"{summary.n_targets} in {summary.n_contexts} contexts"),
         ("contexts balanced over residues", "yes" if summary.balanced else "no (short contexts or few targets)"),
         ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}% (95% CI {summary.mean_ci[0]:.2f} to "
-                                        f"{summary.mean_ci[1]:.2f}, percentile bootstrap over contexts)"),
+                                        f"{summary.mean_ci[1]:.2f}, bootstrap over contexts, t-widened for few)"),
         ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
         ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
-        ("gap (best - worst)", f"{summary.gap:.2f} points (95% CI {summary.gap_ci[0]:.2f} to {summary.gap_ci[1]:.2f}, "
-                               "basic bootstrap over contexts, which takes out the upward bias the raw gap has at small n)"),
+        ("gap (best - worst)", f"{summary.gap:.2f} points ({summary.gap_interval_text()}: simultaneous intervals of "
+                               "the differences between residues, from the variance within contexts)"),
         ("periodicity check, mean over r < S of abs(A(r) - A(r+S))",
          "n/a (modulus is not twice the stride)" if summary.periodicity is None
          else f"{summary.periodicity:.2f} points"),
-        (f"accuracy test: {test.name}", f"statistic = {test.statistic:.2f}, df = {test.dof}, p = {test.p_value:.4g}"),
+        (f"accuracy test: {test.name}", f"statistic = {test.statistic:.2f}, df = {test.dof}, p {p_text(test)}"),
         ("accuracy test note", test.note),
-        (f"log-probability test: {lp.name}", f"statistic = {lp.statistic:.2f}, df = {lp.dof}, p = {lp.p_value:.4g}"),
+        (f"log-probability test: {lp.name}", f"statistic = {lp.statistic:.2f}, df = {lp.dof}, p {p_text(lp)}"),
         ("log-probability test note", lp.note),
         ("smallest dip detectable (80% power)", dip),
+        *_answer_rows(summary),
     ]
+
+
+def _floor_power(summary: Summary) -> str:
+    return "an unknown share" if summary.power_at_floor is None else f"{100 * summary.power_at_floor:.0f}%"
+
+
+def _answer_rows(summary: Summary) -> list[tuple[str, str]]:
+    spread = summary.spread
+    if spread is None:
+        return []
+    answer = f'"{spread.commonest}"' if spread.commonest else "an empty answer"
+    return [("commonest answer", f"{answer}, {100 * spread.commonest_share:.1f}% of targets"),
+            ("answers in effect (exp entropy): given, right", f"{spread.effective:.1f}, {spread.truth_effective:.1f}")]
 
 
 def describe_machine(manifest: dict) -> str:

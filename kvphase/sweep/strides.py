@@ -54,12 +54,12 @@ def modulus_for(stride: int, modulus: Optional[int]) -> Optional[int]:
 
 def planned_dip(per_residue: int, modulus: int) -> float:
     """The one-residue dip (points) that a balanced design of `per_residue` targets per residue
-    detects with 80% power at any accuracy: `stratified.per_residue_for_dip` solved for the dip
-    (non-centrality n dip^2 (M - 1) / (M variance), worst-case variance 1/4)."""
-    from kvphase.sweep.stratified import WORST_CASE_VARIANCE, noncentrality_for_power  # scipy: imported when used
+    detects with 80% power at any accuracy: `stratified.per_residue_for_dip` solved for the dip."""
+    from kvphase.sweep.stratified import POWER, balanced_power, smallest_dip  # scipy: imported when used
 
-    lam = noncentrality_for_power(modulus - 1)
-    return 100 * math.sqrt(lam * WORST_CASE_VARIANCE * modulus / ((modulus - 1) * per_residue))
+    if balanced_power(per_residue, modulus, 1.0) < POWER:
+        return math.inf  # not even a residue falling from 100% to 0% is found 80% of the time
+    return 100 * smallest_dip(lambda dip: balanced_power(per_residue, modulus, dip), 1.0, POWER)
 
 
 def comparison_dir(run_dirs: Sequence[Path], strides: Sequence[int]) -> Path:
