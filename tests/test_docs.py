@@ -139,3 +139,20 @@ def test_the_commands_page_is_what_the_commands_print():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "commands_doc.py"), "--check"],
                           env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-600:]
+
+
+def test_the_project_papers_agree_with_the_project():
+    """LICENSE is the license pyproject declares, and CITATION.cff cites the version pyproject
+    gives and the paper docs/protocol.md names."""
+    import tomllib
+
+    import yaml
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and (REPO / "LICENSE").read_text().startswith("MIT License")
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert citation["version"] == project["version"] and citation["license"] == project["license"]
+    arxiv = re.search(r"arXiv (\d{4}\.\d{5})", (REPO / "docs" / "protocol.md").read_text())[1]
+    (paper,) = citation["references"]
+    assert paper["identifiers"][0]["value"] == f"arXiv:{arxiv}" and paper["url"].endswith(arxiv)
+    assert paper["title"] in (REPO / "docs" / "protocol.md").read_text().replace("\n", " ")
