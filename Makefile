@@ -34,7 +34,7 @@ demo: $(BASE)
 	@echo "Open the report above (reports/<run>/report.md); 'kvphase --help' lists the other commands."
 
 # llama-server built from the llama.cpp that llama-cpp-python vendors, cached in .cache/ (the
-# integration tests of `--backend server` run it); the first build takes about 6 CPU-minutes.
+# integration tests of `--backend server` run it); the first build takes a few minutes.
 # It needs only llama-cpp-python's libraries, so it can build while the extras install.
 llama-server: $(BASE)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null

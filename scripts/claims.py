@@ -297,6 +297,11 @@ def trained_files_table() -> str:
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
 
+def headline_quote(relative: str) -> str:
+    """A run's headline as its report opens with it (summary.json), quoted in bold."""
+    return f"> **{_read(ROOT / 'reports' / relative, 'summary.json')['headline']}**\n"
+
+
 def example_sweep_time() -> str:
     manifest = _read(ROOT / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "manifest.json")
     return f"{manifest['wall_time_s'] / 60:.1f} minutes on {manifest['machine']['threads']} threads"
@@ -610,6 +615,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "csa-dense-seeds": lambda: gaps_phrase([f"engine/csa-dense-seed{k}" for k in range(3)], mean=True),
     "glm-msa-seeds": lambda: gaps_phrase([f"glm-msa-seed{k}" for k in range(3)], mean=True),
     "example-sweep-time": example_sweep_time,
+    "example-headline": lambda: headline_quote("example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024"),
+    "csa-disjoint-headline": lambda: headline_quote("trained/engine/csa-disjoint-seed0/sweep"),
     "example": example_phrase,
     "gemma-pilot": lambda: pilot_phrase("calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated"),
     "engine-sweep-times": engine_sweep_times,

@@ -92,3 +92,67 @@ def test_the_manual_index_links_every_page():
     linked = {(index.parent / target).resolve() for target in re.findall(r"\]\(([^)#]+)", index.read_text())}
     pages = {page.resolve() for page in (REPO / "docs").rglob("*.md")} - {index.resolve()}
     assert not pages - linked, f"docs/README.md does not link {sorted(p.name for p in pages - linked)}"
+
+
+ANCHORED_LINK = re.compile(r"\]\((?!https?://)(?P<target>[^)#\s]*)#(?P<anchor>[^)\s]+)\)")
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated heading numbered (-1, -2, ...); headings inside code blocks are none."""
+    anchors: set[str] = set()
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.M | re.S)
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_links_to_a_section_lead_to_a_heading(page):
+    """A link to `page.md#section` (or `#section` on the page itself) names a heading there: a
+    renamed heading, or a term the glossary does not define, fails here, not in a reader's hands."""
+    broken = []
+    for m in ANCHORED_LINK.finditer(page.read_text()):
+        target = (page.parent / m["target"]) if m["target"] else page
+        if target.suffix == ".md" and target.is_file() and m["anchor"] not in heading_anchors(target):
+            broken.append(f"{m['target']}#{m['anchor']}")
+    assert not broken, f"{page_id(page)} links to sections that do not exist: {broken}"
+
+
+def test_the_readme_shows_make_demo_and_make_test_first():
+    """The front page's first commands are the two a newcomer runs; what kvphase is comes before them."""
+    readme = REPO / "README.md"
+    marked, first = console_blocks(readme)[0]
+    assert [shlex.split(line, comments=True) for line in first] == [["make", "demo"], ["make", "test"]]
+    before = readme.read_text().split("```console", 1)[0]
+    assert "kvphase" in before and len(before.split()) > 80, "README must say what kvphase is before its commands"
+
+
+def test_the_commands_page_is_what_the_commands_print():
+    """docs/commands.md is generated from every command's --help; an option added, renamed or
+    given another default without regenerating it fails here."""
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "commands_doc.py"), "--check"],
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-600:]
+
+
+def test_the_project_papers_agree_with_the_project():
+    """LICENSE is the license pyproject declares, and CITATION.cff cites the version pyproject
+    gives and the paper docs/protocol.md names."""
+    import tomllib
+
+    import yaml
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and (REPO / "LICENSE").read_text().startswith("MIT License")
+    citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert citation["version"] == project["version"] and citation["license"] == project["license"]
+    arxiv = re.search(r"arXiv (\d{4}\.\d{5})", (REPO / "docs" / "protocol.md").read_text())[1]
+    (paper,) = citation["references"]
+    assert paper["identifiers"][0]["value"] == f"arXiv:{arxiv}" and paper["url"].endswith(arxiv)
+    assert paper["title"] in (REPO / "docs" / "protocol.md").read_text().replace("\n", " ")

@@ -35,10 +35,12 @@ def validate(
     attention_tol: float = typer.Option(5e-3, "--attention-tol", help="Max attention output difference (deepseek4), "
                                         "relative to the largest output."),
     perturb: int = typer.Option(0, help="Deliberately shift the reference's phase by this much (shows a FAIL)."),
-    cache: str = typer.Option("f32", help="KV/indexer cache type: f32, or f16 (llama.cpp's default; the reference "
-                              "rounds where llama.cpp rounds)."),
+    cache_type: str = typer.Option("f32", "--cache-type", help="KV/indexer cache type: f32, or f16 (llama.cpp's "
+                                   "default; the reference rounds where llama.cpp rounds)."),
+    cache: Optional[str] = typer.Option(None, "--cache", hidden=True, help="The former name of --cache-type."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
+    cache = _cache_type(cache_type, cache)
     threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
     check_threads(threads)
     splits = [_parse_split(s) for s in split] if split else None
@@ -54,6 +56,16 @@ def validate(
     _print(report)
     if not report.passed:
         raise typer.Exit(1)
+
+
+def _cache_type(cache_type: str, former: Optional[str]) -> str:
+    """--cache-type, the name `sweep` uses too; the former --cache still works, with a line saying so."""
+    if former is None:
+        return cache_type
+    if cache_type not in ("f32", former):  # both names given, with different values
+        raise PlanError(f"--cache {former} and --cache-type {cache_type} disagree; give --cache-type only")
+    typer.echo("kvphase validate: --cache is deprecated, use --cache-type (the name sweep uses)", err=True)
+    return former
 
 
 def _parse_split(text: str) -> list[int]:
