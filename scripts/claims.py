@@ -6,11 +6,13 @@ A document holds a generated table between two markers:
     ...what TABLES[NAME] builds from the folders it names...
     <!-- /claims:NAME -->
 
-`python scripts/claims.py` rewrites every such block in README.md, docs/ and reports/README.md;
+`python scripts/claims.py` rewrites every such block in README.md, docs/, reports/README.md (the index of
+the studies) and the study pages beside it (reports/study-*.md);
 `--check` only compares (exit 1 naming each block that differs); tests/test_claims.py runs the
 check. Every number in a block is read from a summary.json, config.json or manifest.json, and
-each row's verdict is the report's own class (`Summary.verdict`: effect, inconclusive, no
-effect at this power). Prose around a block is written by hand and must agree with it.
+each row's verdict is the report's own class (`Summary.verdict`, printed as it is: no list of
+verdicts is kept here). Prose around a block is written by hand and must agree with it, and holds
+no measured number of its own (tests/test_claims.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", ROOT / "reports" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# README, the manuals, the reports index and its study pages (reports/study-*.md, beside the run folders their
+# tables link to)
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "reports").glob("*.md")), *sorted((ROOT / "docs").rglob("*.md"))]
+# the documents written by hand (reports/ also holds reports a script writes, e.g. reference-agreement.md)
+HAND_WRITTEN = [d for d in DOCUMENTS if d.parent != ROOT / "reports" or d.name == "README.md" or d.name.startswith("study-")]
 BLOCK = re.compile(r"(?P<open><!-- claims:(?P<name>[\w-]+) -->(?P<newline>\n?))(?P<body>.*?)"
                    r"(?P<close>[ ]*<!-- /claims:(?P=name) -->)", re.S)
 FIXES = ROOT / "reports" / "trained" / "fixes"
@@ -256,15 +262,98 @@ def example_phrase() -> str:
             f"{s['worst_residue']}) to {s['best_accuracy']:.1f}% (residue {s['best_residue']}), a {s['gap']:.1f}-point raw "
             f"gap whose bias-corrected 95% interval is {s['gap_ci'][0]:.1f} to {s['gap_ci'][1]:.1f} points. The "
             f"Cochran-Mantel-Haenszel test stratified by context gives p = {s['test']['p_value']:.2f}, and the same test "
-            f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)}, no phase effect larger "
-            f"than {s['detectable_dip']:.1f} points (the dip this run detects with 80% power), in a model that has no "
-            f"compression to cause one. Targets of one context agree a little (intra-context correlation "
+            f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)} ({dip_clause(s)}), in a "
+            f"model that has no compression to cause one. Targets of one context agree a little (intra-context correlation "
             f"{s['icc']:.3f}, design effect {s['design_effect']:.1f}). It took {manifest['wall_time_s']:.0f} s on "
             f"{manifest['machine']['threads']} threads")
 
 
 def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def dip_clause(summary: dict) -> str:
+    """What the run could have seen, in words: the one-residue dip it detects 80% of the time, or
+    that it can name none (a model at a floor or ceiling, or one the rules read no dip for)."""
+    if summary["detectable_dip"] is None:
+        return "it can name no one-residue dip it would detect"
+    return f"a one-residue dip of {summary['detectable_dip']:.1f} points is what it detects 80% of the time"
+
+
+def _reports(relative: str) -> dict:
+    return _read(ROOT / "reports" / relative, "summary.json")
+
+
+def _span(values: list[float], unit: str = "points") -> str:
+    """"A to B points" over values (one decimal), or "A points" when they agree to that decimal."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return f"{low} {unit}" if low == high else f"{low} to {high} {unit}"
+
+
+def gap_span(folders: list[str]) -> str:
+    """The range of the gaps of sweeps (folders under reports/): "A to B points"."""
+    return _span([_reports(folder)["gap"] for folder in folders])
+
+
+def dip_span(folders: list[str]) -> str:
+    """The range of the one-residue dips these sweeps detect 80% of the time (those that name one)."""
+    dips = [s["detectable_dip"] for s in map(_reports, folders) if s["detectable_dip"] is not None]
+    return _span(dips) if dips else "no dip"
+
+
+def seed_verdicts(folders: list[str]) -> str:
+    """Each seed's sweep (folders under reports/trained/, each with a sweep/) as its report reads it, the
+    verdict first: "effect at seed 0 (gap G (CI), p = P), inconclusive at seed 1 (...)"; any verdict
+    string the analysis gives is printed as it is."""
+    parts = []
+    for folder in folders:
+        s = _read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json")
+        seed = _read(ROOT / "reports" / "trained" / folder, "config.json")["seed"]
+        parts.append(f"{verdict(s)} at seed {seed} (gap {_gap(s)}, p = {_p(s['test']['p_value'])}; {dip_clause(s)})")
+    return _and(parts)
+
+
+def gaps_between(runs: list[str], low: float, high: float, from_context: int) -> str:
+    """The learned runs' sweeps (the 80% bar) at `from_context` tokens and longer: their gaps' range
+    and how many lie in [low, high]: "from A to B points, n of m between low and high"."""
+    contexts = {run: _read(ROOT / "reports" / "trained" / run, "config.json")["context"] for run in runs}
+    gaps = [s["gap"] for s in learned_sweeps([run for run in runs if contexts[run] >= from_context])]
+    inside = sum(low <= gap <= high for gap in gaps)
+    return f"from {_span(gaps)}, {inside} of {len(gaps)} between {low:g} and {high:g}"
+
+
+def flip_phrase(relative: str) -> str:
+    """A flip run's targets (summary.json): how many flip, and each target's margin range over its shifts
+    (right value's log-probability minus the strongest distractor's), the sign saying which leads."""
+    s = _reports(relative)
+    targets = [f"target {t['target_id']} {'flips' if t['flips'] else 'does not flip'}, margins "
+               f"{t['min_margin']:+.2f} to {t['max_margin']:+.2f} nats "
+               f"({'the right value leads at every shift' if t['min_margin'] > 0 else 'a distractor leads at every shift' if t['max_margin'] < 0 else 'either leads'})"
+               for t in s["targets"]]
+    return (f"{s['flipping_targets']} of {s['n_targets']} targets flip: " + _and(targets)
+            + f"; phase \"explains\" {100 * s['mean_periodic_share']:.0f}% of the margin's variation against "
+            f"{100 * s['chance_periodic_share']:.0f}% expected from noise")
+
+
+def knockout_phrase(relative: str, phase: int, components: list[str]) -> str:
+    """What knocking out each component costs one phase (the probe's effects.csv): its change in accuracy,
+    points, with the interval and whether that interval excludes 0."""
+    import pandas as pd
+
+    effects = pd.read_csv(ROOT / "reports" / relative / "effects.csv").set_index(["component", "phase"])
+    parts = []
+    for component in components:
+        row = effects.loc[(component, phase)]
+        low, high = row["d_correct_low"], row["d_correct_high"]
+        parts.append(f"{component} {row['d_correct']:+.1f} points (CI {low:+.1f} to {high:+.1f}, "
+                     f"{'excluding' if low > 0 or high < 0 else 'including'} 0)")
+    return _and(parts)
+
+
+def fix_verdict(run: str) -> str:
+    """One fix run (a folder under trained/fixes/) as its report reads it: "verdict (gap G (CI), p = P)"."""
+    s = _read(FIXES / run, "summary.json")
+    return f"{verdict(s)} (gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
 
 
 def gaps_phrase(folders: list[str], mean: bool = False) -> str:
@@ -572,8 +661,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-fixes": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0")], FIX_NAMES),
     "fixes": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint (deepseek4, llama.cpp)"),
                                   ("gated-seed0", "gated seed 0 (gpt2 + gate, reference)"),
-                                  ("glm-dense-seed0", "glm-dense (glm5-next, llama.cpp; no weak spot)"),
-                                  ("gated-offsets-random-seed0", "gated-offsets-random seed 0 (no weak spot)")],
+                                  ("glm-dense-seed0", "glm-dense (glm5-next, llama.cpp; the dense twin)"),
+                                  ("gated-offsets-random-seed0", "gated-offsets-random seed 0 (trained with random offsets)")],
                                  FIX_NAMES),
     "long-context": lambda: long_context_table(
         [("SmolLM2-135M Q4_1", "reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "example"), LONG_CONTEXT[0],
@@ -618,11 +707,56 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
+    "post-hoc-gaps": lambda: gap_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool")  # meanpool: 0%
+                                       for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
+    "post-hoc-dips": lambda: dip_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool", "meanpool")
+                                       for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
+    "post-hoc-dense-gap": lambda: _gap(_reports("reference/dense")) + " points",
+    "unlearned-heldout": lambda: heldout_phrase([f"{design}-seed{k}" for design in ("meanpool", "kpool") for k in range(3)]),
+    "rolling-verdicts": lambda: seed_verdicts([f"rolling-seed{k}" for k in range(3)]),
+    "offsets-random-verdicts": lambda: seed_verdicts([f"gated-offsets-random-seed{k}" for k in range(3)]),
+    "stagger-head-verdicts": lambda: seed_verdicts([f"gated-stagger-head-seed{k}" for k in range(3)]),
+    "gated-256-heldout": lambda: heldout_phrase([f"gated-L256-seed{k}" for k in range(3)]),
+    "gated-256-long-heldout": lambda: heldout_phrase([f"gated-L256-long-seed{k}" for k in range(3)]),
+    "ds4-gaps-from128": lambda: gaps_between(ds4_runs("csa"), 13, 17, 128),
+    "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
+    "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
+    "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
+    "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
 }
 
 
 def blocks(text: str) -> list[re.Match]:
     return list(BLOCK.finditer(text))
+
+
+# Hand-typed numbers: the prose of a document may state no measured result of its own. What counts
+# as one: a percentage, a decimal, a power of ten, "N of M", or an amount of points, nats or time.
+# What is not prose: generated blocks, code, HTML comments, link targets. What is not a result
+# (ALLOWED, each with its reason): levels and bars the tool is built on, versions, sizes, dates.
+NOT_PROSE = [BLOCK, re.compile(r"^ *```.*?^ *```", re.S | re.M), re.compile(r"`[^`\n]*`"), re.compile(r"<!--.*?-->", re.S),
+             re.compile(r"\]\([^)\s]*\)"), re.compile(r"https?://\S+"),
+             re.compile(r"\b(?:Python|python|version|llama\.cpp b)\s?\d+(?:\.\d+)+\+?|\b\d+\.\d+\.\d+\b"),  # versions
+             re.compile(r"(?<![\w.])\d+(?:\.\d+)? ?(?:[KMGT]i?B|bytes)\b"),  # sizes
+             re.compile(r"\b\d{4}-\d{2}-\d{2}\b")]  # dates
+_START = r"(?<![\w.\-/^])"
+HAND_NUMBER = re.compile(
+    _START + r"[-+]?\d+(?:\.\d+)?(?:e-?\d+)?(?:-\d+(?:\.\d+)?)?%"  # a percentage or a range of them
+    r"|" + _START + r"[-+]?\d+\.\d+(?:e-?\d+)?(?![\d.])|" + _START + r"\d+e-\d+"  # a decimal, a power of ten
+    r"|" + _START + r"\d+ of \d+(?!\w)"  # a count
+    r"|" + _START + r"\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? (?:points|nats|seconds|minutes|min|hours|s)\b")  # an amount
+ALLOWED = {"80%": "the bar a trained model must reach, and the power a detectable dip is computed at",
+           "95%": "the level of every interval", "0.05": "alpha", "5%": "alpha",
+           "40-80%": "`--calibrate`'s default band", "30%": "a default budget (the pilot's, the dense steps')"}
+
+
+def hand_numbers(text: str) -> list[tuple[int, str]]:
+    """The measured-looking numbers a document's prose holds outside generated blocks: (line, number),
+    ALLOWED ones left out."""
+    for pattern in NOT_PROSE:
+        text = pattern.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in HAND_NUMBER.finditer(text)
+            if m.group(0) not in ALLOWED]
 
 
 def regenerate(text: str) -> str:
@@ -642,15 +776,29 @@ def regenerate(text: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("documents", nargs="*", type=Path,
+                        help="the documents to rewrite or check (default: README.md, reports/*.md and docs/)")
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 naming each block that differs")
+    parser.add_argument("--hand-numbers", action="store_true",
+                        help="print, as JSON, the measured-looking numbers each document's prose holds outside its blocks "
+                             "(the form of tests/data/hand_numbers.json, the debt tests/test_claims.py lets stand)")
     args = parser.parse_args()
+    if args.hand_numbers:
+        print(json.dumps({str(d.relative_to(ROOT)): sorted(n for _, n in hand_numbers(d.read_text()))
+                          for d in HAND_WRITTEN if hand_numbers(d.read_text())}, indent=0))
+        return 0
     sys.path.insert(0, str(ROOT))
     stale = []
-    for document in DOCUMENTS:
+    for document in args.documents or DOCUMENTS:
+        if not document.is_file():
+            parser.error(f"{document}: no such document")
         text = document.read_text()
-        new = regenerate(text)
+        try:
+            new = regenerate(text)
+        except KeyError as error:
+            parser.error(f"{document}: a block no table builds: {error}")
         if new != text:
-            stale.append(document.relative_to(ROOT))
+            stale.append(document.resolve().relative_to(ROOT) if document.resolve().is_relative_to(ROOT) else document)
             if not args.check:
                 document.write_text(new)
     for document in stale:
