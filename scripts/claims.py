@@ -689,8 +689,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "trained-files": trained_files_table,
     "gaps-gated": lambda: gaps_phrase([f"gated-seed{k}" for k in range(3)]),
     "gaps-dense": lambda: gaps_phrase([f"dense-seed{k}" for k in range(3)]),
-    "gaps-offsets-random": lambda: gaps_phrase([f"gated-offsets-random-seed{k}" for k in range(3)]),
-    "gaps-stagger-head": lambda: gaps_phrase([f"gated-stagger-head-seed{k}" for k in range(3)]),
     "gaps-stagger-layer": lambda: gaps_phrase([f"gated-stagger-layer-seed{k}" for k in range(3)]),
     "csa-disjoint-seed0": lambda: residues_phrase("engine/csa-disjoint-seed0"),
     "csa-seed0": lambda: residues_phrase("engine/csa-seed0"),
