@@ -360,10 +360,16 @@ def gaps_phrase(folders: list[str], mean: bool = False) -> str:
     """A sentence's numbers for seeds of one model (folders under reports/trained/, each with a
     sweep/): "[mean M, ...%,] gaps G (CI), ... points, p = P, ..."."""
     summaries = [_read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json") for folder in folders]
-    means = "mean " + _and([f"{s['mean_accuracy']:.1f}" for s in summaries]) + "%, " if mean else ""
+    means = means_phrase(folders) + ", " if mean else ""
     plural = "s" if len(summaries) > 1 else ""
     return (f"{means}gap{plural} {_and([_gap(s) for s in summaries])} points, "
             f"p = {_and([_p(s['test']['p_value']) for s in summaries])}")
+
+
+def means_phrase(folders: list[str]) -> str:
+    """The mean accuracies of seeds' sweeps (folders under reports/trained/, each with a sweep/): "mean A, B and C%"."""
+    summaries = [_read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json") for folder in folders]
+    return "mean " + _and([f"{s['mean_accuracy']:.1f}" for s in summaries]) + "%"
 
 
 def residues_phrase(folder: str) -> str:
@@ -711,6 +717,10 @@ TABLES: dict[str, Callable[[], str]] = {
                                        for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
     "post-hoc-dense-gap": lambda: _gap(_reports("reference/dense")) + " points",
     "unlearned-heldout": lambda: heldout_phrase([f"{design}-seed{k}" for design in ("meanpool", "kpool") for k in range(3)]),
+    "rolling-means": lambda: means_phrase([f"rolling-seed{k}" for k in range(3)]),
+    "gaps-meanpool-gated-start": lambda: gaps_phrase([f"meanpool-gated-start-seed{k}" for k in range(3)]),
+    "gated-256-long-gaps": lambda: learned_gaps_by_context([f"gated-L256-long-seed{k}" for k in range(3)]),
+    "gated-S8-256-long-gaps": lambda: learned_gaps_by_context([f"gated-S8-L256-long-seed{k}" for k in range(3)]),
     "rolling-verdicts": lambda: seed_verdicts([f"rolling-seed{k}" for k in range(3)]),
     "offsets-random-verdicts": lambda: seed_verdicts([f"gated-offsets-random-seed{k}" for k in range(3)]),
     "stagger-head-verdicts": lambda: seed_verdicts([f"gated-stagger-head-seed{k}" for k in range(3)]),
