@@ -567,10 +567,10 @@ def learned_sweeps(runs: list[str]) -> list[dict]:
 
 def learned_verdicts(runs: list[str]) -> str:
     """Each run's held-out accuracy, then the verdicts of the sweeps of those that reached the 80% bar,
-    with the one-residue dip each detects 80% of the time: "held-out A, B and C%; of the 2 that
-    learned, the sweeps read no effect at this power (a dip of D points detectable) and ..."."""
+    with its p and the one-residue dip each detects 80% of the time: "held-out A, B and C%; of the 2
+    that learned, the sweeps read no effect at this power (p = P, a dip of D points detectable) and ..."."""
     sweeps = learned_sweeps(runs)
-    read = _and([f"{verdict(s)} (a dip of {_dip(s)} points detectable)" for s in sweeps])
+    read = _and([f"{verdict(s)} (p = {_p(s['test']['p_value'])}, a dip of {_dip(s)} points detectable)" for s in sweeps])
     return (f"held-out {heldout_phrase(runs)}; of the {len(sweeps)} that learned, the sweep"
             f"{'s read' if len(sweeps) > 1 else ' reads'} {read}")
 
