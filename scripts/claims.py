@@ -350,6 +350,13 @@ def knockout_phrase(relative: str, phase: int, components: list[str]) -> str:
     return _and(parts)
 
 
+def fix_change(model: str, fix: str) -> str:
+    """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
+    plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
+    return (f"mean {plain['mean_accuracy']:.1f}% to {fixed['mean_accuracy']:.1f}%, gap {plain['gap']:.1f} to "
+            f"{fixed['gap']:.1f} (p = {_p(fixed['test']['p_value'])})")
+
+
 def fix_verdict(run: str) -> str:
     """One fix run (a folder under trained/fixes/) as its report reads it: "verdict (gap G (CI), p = P)"."""
     s = _read(FIXES / run, "summary.json")
@@ -731,6 +738,16 @@ TABLES: dict[str, Callable[[], str]] = {
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
+    "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
+    "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
+    "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
+    "fix-csa-disjoint-two": lambda: fix_change("csa-disjoint-seed0", "offsets2-mean"),
+    "fix-csa-disjoint-max": lambda: fix_change("csa-disjoint-seed0", "offsets4-max"),
+    "fix-csa-disjoint-random": lambda: fix_change("csa-disjoint-seed0", "random-offset"),
+    "fix-gated-mean": lambda: fix_change("gated-seed0", "offsets4-mean"),
+    "fix-glm-dense-mean": lambda: fix_change("glm-dense-seed0", "offsets4-mean"),
+    "fix-offsets-random-mean": lambda: fix_change("gated-offsets-random-seed0", "offsets4-mean"),
+    "fix-csa-disjoint-q4-mean": lambda: fix_change("csa-disjoint-seed0-Q4_0", "offsets4-mean"),
 }
 
 
