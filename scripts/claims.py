@@ -313,6 +313,12 @@ def seed_verdicts(folders: list[str]) -> str:
     return _and(parts)
 
 
+def sweep_reading(relative: str) -> str:
+    """One sweep (a folder under reports/) as its report reads it: "verdict (mean M%, gap G (CI), p = P)"."""
+    s = _reports(relative)
+    return f"{verdict(s)} (mean {s['mean_accuracy']:.1f}%, gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
+
+
 def gaps_between(runs: list[str], low: float, high: float, from_context: int) -> str:
     """The learned runs' sweeps (the 80% bar) at `from_context` tokens and longer: their gaps' range
     and how many lie in [low, high]: "from A to B points, n of m between low and high"."""
@@ -738,6 +744,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
+    "glm-kpool-learned": lambda: seed_verdicts([f"engine/glm-kpool-seed{k}" for k in (0, 1)]),
+    "glm-kpool-plateau": lambda: heldout_phrase(["engine/glm-kpool-seed2"]) + " held-out, its sweep "
+                                 + sweep_reading("trained/engine/glm-kpool-seed2/sweep"),
+    "glm-dense-engine": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep"),
+    "glm-dense-q4": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep-Q4_0"),
+    "glm-kpool-top4": lambda: heldout_phrase(["engine/glm-kpool-top4-seed0"]) + " held-out, its sweep "
+                              + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
