@@ -751,6 +751,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-dense-q4": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep-Q4_0"),
     "glm-kpool-top4": lambda: heldout_phrase(["engine/glm-kpool-top4-seed0"]) + " held-out, its sweep "
                               + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
+    "gemma-16k": lambda: (sweep_reading("long-context/gemma-3-270m-q4_k_m-records-S4-L16384") + ", log-probability p = "
+                          + _p(_reports("long-context/gemma-3-270m-q4_k_m-records-S4-L16384")["logprob_test"]["p_value"])),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
