@@ -287,7 +287,8 @@ def _reports(relative: str) -> dict:
 def _span(values: list[float], unit: str = "points") -> str:
     """"A to B points" over values (one decimal), or "A points" when they agree to that decimal."""
     low, high = f"{min(values):.1f}", f"{max(values):.1f}"
-    return f"{low} {unit}" if low == high else f"{low} to {high} {unit}"
+    unit = unit if unit == "%" else " " + unit
+    return f"{low}{unit}" if low == high else f"{low} to {high}{unit}"
 
 
 def gap_span(folders: list[str]) -> str:
@@ -317,6 +318,19 @@ def sweep_reading(relative: str) -> str:
     """One sweep (a folder under reports/) as its report reads it: "verdict (mean M%, gap G (CI), p = P)"."""
     s = _reports(relative)
     return f"{verdict(s)} (mean {s['mean_accuracy']:.1f}%, gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
+
+
+def means_change(folders: list[str]) -> str:
+    """The first sweep's mean accuracy against the others' (folders under reports/): "A% to B%, C% and D%"."""
+    means = [f"{_reports(folder)['mean_accuracy']:.1f}" for folder in folders]
+    return f"{means[0]}% to " + _and(means[1:]) + "%"
+
+
+def correct_of(folders: list[str]) -> str:
+    """How many targets the sweeps answered, of how many (their summaries): "N of M targets"."""
+    summaries = [_reports(folder) for folder in folders]
+    correct = sum(round(s["mean_accuracy"] * s["n_targets"] / 100) for s in summaries)
+    return f"{correct} of {sum(s['n_targets'] for s in summaries)} targets"
 
 
 def gaps_between(runs: list[str], low: float, high: float, from_context: int) -> str:
@@ -753,6 +767,18 @@ TABLES: dict[str, Callable[[], str]] = {
                               + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
     "gemma-16k": lambda: (sweep_reading("long-context/gemma-3-270m-q4_k_m-records-S4-L16384") + ", log-probability p = "
                           + _p(_reports("long-context/gemma-3-270m-q4_k_m-records-S4-L16384")["logprob_test"]["p_value"])),
+    "post-hoc-dense-mean": lambda: f"{_reports('reference/dense')['mean_accuracy']:.0f}%",
+    "post-hoc-meanpool-correct": lambda: correct_of([f"reference/meanpool-S{stride}" for stride in (4, 8)]),
+    "post-hoc-kpool-s4": lambda: sweep_reading("reference/kpool-S4"),
+    "post-hoc-stagger-head-logprob": lambda: _p(_reports("reference/blocktopk-S4-stagger-head")["logprob_test"]["p_value"]),
+    "post-hoc-fix-means": lambda: means_change([folder for _, folder in POST_HOC_FIXES]),
+    "post-hoc-fix-means-n64": lambda: means_change([f"{folder}-n64" for _, folder in POST_HOC_FIXES]),
+    "post-hoc-blocktopk-n64": lambda: (sweep_reading("reference/blocktopk-S4-n64") + ", periodicity "
+                                       f"{_reports('reference/blocktopk-S4-n64')['periodicity']:.1f} points; "
+                                       + dip_clause(_reports("reference/blocktopk-S4-n64"))),
+    "post-hoc-stagger-head-n64": lambda: sweep_reading("reference/blocktopk-S4-stagger-head-n64"),
+    "post-hoc-unlearned-means": lambda: _span([_reports(f"reference/{design}-S{stride}")["mean_accuracy"]
+                                               for design in ("kpool", "meanpool") for stride in (4, 8)], "%"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
