@@ -370,6 +370,84 @@ def knockout_phrase(relative: str, phase: int, components: list[str]) -> str:
     return _and(parts)
 
 
+def learned_summary(runs: list[str]) -> str:
+    """The sweeps of the runs that reached the 80% bar, in a clause: "at the N seeds that learned: gaps A to B
+    points, p from P to Q, the worst residue R at every one" (or the worst residues each had)."""
+    sweeps = learned_sweeps(runs)
+    worst = sorted({s["worst_residue"] for s in sweeps})
+    p_values = [s["test"]["p_value"] for s in sweeps]
+    where = (f"the worst residue {worst[0]} at every one" if len(worst) == 1
+             else "the worst residues " + _and([str(s["worst_residue"]) for s in sweeps]))
+    return (f"at the {len(sweeps)} seeds that learned: gaps {_span([s['gap'] for s in sweeps])}, p from "
+            f"{_p(min(p_values))} to {_p(max(p_values))}, {where}")
+
+
+def quantized_shift(runs: list[str]) -> str:
+    """How far the Q8_0 and Q4_0 copies' sweeps (sweep-Q8_0/, sweep-Q4_0/) of the runs that reached the 80% bar
+    move the gap and the mean accuracy from the F32 sweep's: "Q8_0 moves gaps by at most A points, ..."."""
+    learned = [ROOT / "reports" / "trained" / run for run in runs
+               if _read(ROOT / "reports" / "trained" / run, "summary.json")["readable"]]
+    shifts = {}
+    for kind in ("Q8_0", "Q4_0"):
+        pairs = [(_read(f / "sweep", "summary.json"), _read(f / f"sweep-{kind}", "summary.json")) for f in learned
+                 if (f / f"sweep-{kind}").is_dir()]
+        shifts[kind] = (max(abs(a["gap"] - b["gap"]) for a, b in pairs),
+                        max(abs(a["mean_accuracy"] - b["mean_accuracy"]) for a, b in pairs))
+    return (f"Q8_0 moves gaps by at most {shifts['Q8_0'][0]:.1f} points, Q4_0 by at most {shifts['Q4_0'][0]:.1f}; "
+            f"mean accuracy by at most {max(shift[1] for shift in shifts.values()):.1f}")
+
+
+def _effects(relative: str):
+    import pandas as pd
+
+    return pd.read_csv(ROOT / "reports" / relative / "effects.csv")
+
+
+def slots_ahead(relative: str, stride: int) -> str:
+    """A slot-knockout probe (effects.csv) read for the slot one phase ahead of each phase, layer 0:
+    "slot 1 costs phase 0 A points (CI a-b), slot 2 phase 1 B, ..."."""
+    effects = _effects(relative).set_index(["component", "phase"])
+    parts = []
+    for phase in range(stride):
+        row = effects.loc[(f"L0P{(phase + 1) % stride}", phase)]
+        ci = f" (CI {-row['d_correct_high']:.1f}-{-row['d_correct_low']:.1f})" if phase == 0 else ""
+        parts.append(f"slot {(phase + 1) % stride} {'costs ' if phase == 0 else ''}phase {phase} {-row['d_correct']:.1f}"
+                     + (" points" if phase == 0 else "") + ci)
+    return _and(parts)
+
+
+def largest_knockout(relative: str) -> str:
+    """The largest change in accuracy any knockout of a probe makes (effects.csv): "A points (COMPONENT at phase P)"."""
+    effects = _effects(relative)
+    row = effects.loc[effects["d_correct"].abs().idxmax()]
+    return f"{abs(row['d_correct']):.1f} points ({row['component']} at phase {row['phase']})"
+
+
+def flip_summary(relative: str) -> str:
+    """A flip probe with many targets (summary.json): "N of M targets flip, phase explains A% of the margin's
+    variation (noise alone B%), mean margin best at phase p (+m nats) and worst at phase q (+n)"."""
+    s = _reports(relative)
+    phases = sorted(s["per_phase"], key=lambda row: row["mean_margin"])
+    return (f"{s['flipping_targets']} of {s['n_targets']} targets flip, phase explains "
+            f"{100 * s['mean_periodic_share']:.0f}% of the margin's variation (noise alone "
+            f"{100 * s['chance_periodic_share']:.0f}%), mean margin best at phase {phases[-1]['phase']} "
+            f"({phases[-1]['mean_margin']:+.2f} nats) and worst at phase {phases[0]['phase']} ({phases[0]['mean_margin']:+.2f})")
+
+
+def cycle_boundary(relative: str) -> str:
+    """A cycle probe (summary.json): the boundary phase's accuracy before and after the roll, "A% -> B%"."""
+    boundary = next(row for row in _reports(relative)["phases"] if row["boundary"])
+    return f"{boundary['accuracy_k0']:.1f}% -> {boundary['accuracy_k']:.1f}%"
+
+
+def gate_spread(relative: str, layer: int, source: str) -> str:
+    """A gate-activations probe (summary.json), one gate: "median A of B bits; one phase over half the weight
+    in C% of window channels"."""
+    gate = next(g for g in _reports(relative)["layers"] if g["layer"] == layer and g["source"] == source)
+    return (f"median {gate['entropy_p10_p25_p50_p75_p90'][2]:.2f} of {gate['max_bits']:g} bits; one phase over half "
+            f"the weight in {100 * gate['share_over_half']:.0f}% of window channels")
+
+
 def fix_change(model: str, fix: str) -> str:
     """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
     plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
@@ -779,6 +857,19 @@ TABLES: dict[str, Callable[[], str]] = {
     "post-hoc-stagger-head-n64": lambda: sweep_reading("reference/blocktopk-S4-stagger-head-n64"),
     "post-hoc-unlearned-means": lambda: _span([_reports(f"reference/{design}-S{stride}")["mean_accuracy"]
                                                for design in ("kpool", "meanpool") for stride in (4, 8)], "%"),
+    "engine-csa-disjoint-learned": lambda: learned_summary([f"engine/csa-disjoint-seed{k}" for k in range(5)]),
+    "engine-csa-learned": lambda: learned_summary([f"engine/csa-seed{k}" for k in range(5)]),
+    "csa-dense-seed2-heldout": lambda: heldout_phrase(["engine/csa-dense-seed2"]),
+    "engine-plateau": lambda: heldout_phrase([f"engine/csa-disjoint-seed{k}" for k in (1, 4)] + ["engine/csa-seed4"]),
+    "engine-quantized": lambda: quantized_shift([f"engine/{d}-seed{k}" for d, n in (("csa-disjoint", 5), ("csa", 5),
+                                                                                   ("csa-dense", 3)) for k in range(n)]),
+    "engine-slots-csa-disjoint": lambda: slots_ahead("trained/engine/csa-disjoint-seed0/probes/knockout-slots", 4),
+    "engine-slots-csa": lambda: slots_ahead("trained/engine/csa-seed0/probes/knockout-slots", 4),
+    "engine-heads": lambda: largest_knockout("trained/engine/csa-disjoint-seed0/probes/knockout"),
+    "engine-flip-csa-disjoint": lambda: flip_summary("trained/engine/csa-disjoint-seed0/probes/flip"),
+    "engine-flip-csa": lambda: flip_summary("trained/engine/csa-seed0/probes/flip"),
+    "engine-cycle": lambda: cycle_boundary("trained/engine/csa-disjoint-seed0/probes/cycle"),
+    "engine-gates": lambda: gate_spread("trained/engine/csa-disjoint-seed0/probes/gate-activations", 0, "csa-compressor"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
