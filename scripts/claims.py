@@ -191,6 +191,33 @@ def _pearson(a: list[float], b: tuple[float, ...]) -> str:
     return "-" if np.std(a) == 0 else f"{np.corrcoef(a, b)[0, 1]:.2f}"
 
 
+def gap_of(run: str) -> str:
+    """A trained run's sweep gap with its interval (reports/trained/RUN/sweep): "G (CI) points"."""
+    return _gap(_read(ROOT / "reports" / "trained" / run / "sweep", "summary.json")) + " points"
+
+
+def learned_gap_span(runs: list[str], context: int) -> str:
+    """The range of the gaps of the runs trained at `context` tokens that reached the 80% bar: "A to B points"."""
+    at = [run for run in runs if _read(ROOT / "reports" / "trained" / run, "config.json")["context"] == context]
+    return _span([s["gap"] for s in learned_sweeps(at)])
+
+
+def profile_stats(runs: list[str]) -> str:
+    """Runs' sweeps at residues mod 8 against the published profile (as `profile_table` reads them): "block-end
+    dips of A to B points, r with the published profile C-D"."""
+    profiles = [[row["accuracy"] for row in _read(ROOT / "reports" / "trained" / run / "sweep", "summary.json")["per_residue"]]
+                for run in runs]
+    dips = [block_end_dip(profile) for profile in profiles]
+    r = [_pearson(profile, PUBLISHED_DEEPSEEK4) for profile in profiles]
+    return f"block-end dips of {_span(dips)}, r with the published profile {min(r)}-{max(r)}"
+
+
+def published_phrase() -> str:
+    """The published DeepSeek-V4 profile's own gap and block-end dip: "the published gap of G points or its block-end dip of D"."""
+    return (f"the published gap of {max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f} points or its block-end dip "
+            f"of {block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}")
+
+
 def profile_table(runs: list[tuple[str, str, str]]) -> str:
     """Trained models' sweeps at residues mod 8 against the published DeepSeek-V4 profile: each run's
     two worst residues, its block-end dip and the correlation of its profile with the published one,
@@ -870,6 +897,21 @@ TABLES: dict[str, Callable[[], str]] = {
     "engine-flip-csa": lambda: flip_summary("trained/engine/csa-seed0/probes/flip"),
     "engine-cycle": lambda: cycle_boundary("trained/engine/csa-disjoint-seed0/probes/cycle"),
     "engine-gates": lambda: gate_spread("trained/engine/csa-disjoint-seed0/probes/gate-activations", 0, "csa-compressor"),
+    "ds4-top4-128-gaps": lambda: learned_gaps_by_context(DS4["ctx128-top4"].runs()),
+    "ds4-top4-128-plateau": lambda: heldout_phrase([DS4["ctx128-top4"].runs()[k] for k in (1, 3)]),
+    "ds4-hca-seed0-heldout": lambda: heldout_phrase(DS4["ctx256-hca-long"].runs()[:1]),
+    "ds4-csa-256-span": lambda: learned_gap_span(ds4_runs("csa"), 256),
+    "ds4-hca-seed1-before": lambda: gap_of(DS4["ctx256-hca-long"].runs()[1]),
+    "ds4-hca-seed1-after": lambda: gap_of(DS4["ctx256-hca-cont"].runs()[1]),
+    "ds4-top4-hca-long-heldout": lambda: heldout_phrase(DS4["ctx256-top4-hca-long"].runs()),
+    "ds4-faithful-256-profile": lambda: profile_stats(DS4["ctx256-top4-from-hca"].runs()),
+    "ds4-faithful-512-profile": lambda: profile_stats(DS4["ctx512-top4-hca-from256"].runs()),
+    "ds4-faithful-seed2": lambda: (gap_of(DS4["ctx256-hca-long"].runs()[2]) + " without the indexer and "
+                                   + gap_of(DS4["ctx256-top4-from-hca"].runs()[2]) + " with it"),
+    "ds4-faithful-seed1": lambda: (gap_of(DS4["ctx256-hca-long"].runs()[1]) + " without the indexer and "
+                                   + gap_of(DS4["ctx256-top4-from-hca"].runs()[1]) + " with it"),
+    "ds4-published": published_phrase,
+    "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
