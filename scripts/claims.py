@@ -397,6 +397,19 @@ def knockout_phrase(relative: str, phase: int, components: list[str]) -> str:
     return _and(parts)
 
 
+def training_outcome(run: str) -> str:
+    """A training run in a clause (its summary, manifest and training.csv): "S steps, M minutes on one core:
+    H% held-out (B% on its last training batches, loss L nats)"."""
+    import pandas as pd
+
+    folder = ROOT / "reports" / "trained" / run
+    s, last = _read(folder, "summary.json"), pd.read_csv(folder / "training.csv").iloc[-1]
+    minutes = _read(folder, "manifest.json")["wall_time_s"] / 60
+    return (f"{s['steps']} steps, {minutes:.0f} minute{'s' if round(minutes) != 1 else ''} on one core: "
+            f"{s['accuracy']:.1f}% held-out ({100 * last['accuracy']:.1f}% on its last training batches, "
+            f"loss {last['loss']:.2f} nats)")
+
+
 def learned_summary(runs: list[str]) -> str:
     """The sweeps of the runs that reached the 80% bar, in a clause: "at the N seeds that learned: gaps A to B
     points, p from P to Q, the worst residue R at every one" (or the worst residues each had)."""
@@ -912,6 +925,16 @@ TABLES: dict[str, Callable[[], str]] = {
                                    + gap_of(DS4["ctx256-top4-from-hca"].runs()[1]) + " with it"),
     "ds4-published": published_phrase,
     "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
+    "dense-long": lambda: training_outcome("dense-long-seed0"),
+    "dense-long-sweep": lambda: sweep_reading("trained/dense-long-seed0/sweep"),
+    "dense-L3": lambda: training_outcome("dense-L3-seed0"),
+    "dense-L3-sweep": lambda: sweep_reading("trained/dense-L3-seed0/sweep"),
+    "dense-L16": lambda: training_outcome("dense-L16-seed0"),
+    "gated-S2-L16": lambda: training_outcome("gated-S2-L16-seed0"),
+    "dense-copy-L16": lambda: heldout_phrase([f"dense-copy-L16-seed{k}" for k in (0, 1)]),
+    "dense-copy-L32": lambda: heldout_phrase(["dense-copy-L32-seed0"]),
+    "dense-copy-64": lambda: training_outcome("dense-copy-seed0"),
+    "dense-copy-64-sweep": lambda: sweep_reading("trained/dense-copy-seed0/sweep"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
