@@ -314,7 +314,7 @@ def _reports(relative: str) -> dict:
 def _span(values: list[float], unit: str = "points") -> str:
     """"A to B points" over values (one decimal), or "A points" when they agree to that decimal."""
     low, high = f"{min(values):.1f}", f"{max(values):.1f}"
-    unit = unit if unit == "%" else " " + unit
+    unit = unit if unit in ("%", "") else " " + unit
     return f"{low}{unit}" if low == high else f"{low} to {high}{unit}"
 
 
@@ -358,6 +358,12 @@ def correct_of(folders: list[str]) -> str:
     summaries = [_reports(folder) for folder in folders]
     correct = sum(round(s["mean_accuracy"] * s["n_targets"] / 100) for s in summaries)
     return f"{correct} of {sum(s['n_targets'] for s in summaries)} targets"
+
+
+def _residue_extremes(relative: str) -> str:
+    """A sweep's test and its worst and best residues: "p = P, W% against B%"."""
+    s = _reports(relative)
+    return f"p = {_p(s['test']['p_value'])}, {s['worst_accuracy']:.1f}% against {s['best_accuracy']:.1f}%"
 
 
 def gaps_between(runs: list[str], low: float, high: float, from_context: int) -> str:
@@ -456,11 +462,46 @@ def slots_ahead(relative: str, stride: int) -> str:
     return _and(parts)
 
 
-def largest_knockout(relative: str) -> str:
-    """The largest change in accuracy any knockout of a probe makes (effects.csv): "A points (COMPONENT at phase P)"."""
+def largest_knockout(relative: str, layer: str = "L") -> str:
+    """The largest change in accuracy any knockout of a probe makes (effects.csv), of the components whose name
+    starts with `layer` ("L1": layer 1's): "A points (COMPONENT at phase P)"."""
     effects = _effects(relative)
+    effects = effects[effects["component"].str.startswith(layer)]
     row = effects.loc[effects["d_correct"].abs().idxmax()]
     return f"{abs(row['d_correct']):.1f} points ({row['component']} at phase {row['phase']})"
+
+
+def component_by_phase(relative: str, component: str) -> str:
+    """What knocking out one component costs each phase (a knockout probe's effects.csv): "phase 0 A points
+    (CI a to b), phase 1 B (CI ...), ..."."""
+    effects = _effects(relative)
+    rows = effects[effects["component"] == component].sort_values("phase")
+    return _and([f"phase {row.phase} {row.d_correct:+.1f}" + (" points" if i == 0 else "")
+                 + f" (CI {row.d_correct_low:+.1f} to {row.d_correct_high:+.1f})" for i, row in enumerate(rows.itertuples())])
+
+
+def gate_bias_spread(relative: str) -> str:
+    """A gates probe (summary.json): "mean per-channel entropy F% of log2 S; the most concentrated head puts
+    D% of its weight on one phase"."""
+    s = _reports(relative)
+    return (f"mean per-channel entropy {100 * s['mean_entropy_fraction']:.1f}% of log2 S; the most concentrated head "
+            f"puts {100 * s['sharpest']['dominant_share']:.1f}% of its weight on one phase")
+
+
+def cycle_rolls(relatives: list[str]) -> str:
+    """Cycle probes rolling the gate biases by k = 1, 2, ... (summary.json): the R^2 of the predicted shift and the
+    boundary phase's accuracy before and after each roll."""
+    summaries = [_reports(relative) for relative in relatives]
+    boundary = [next(row for row in s["phases"] if row["boundary"]) for s in summaries]
+    return (f"R^2 of the predicted shift {_span([s['r_squared'] for s in summaries], '')}; the boundary phase from "
+            f"{boundary[0]['accuracy_k0']:.1f}% to " + _and([f"{row['accuracy_k']:.1f}" for row in boundary]) + "%")
+
+
+def dominant_phase(relative: str, layer: int, source: str) -> str:
+    """The phase that most often dominates a gate's window channels (a gate-activations probe): "phase P (S% of them)"."""
+    gate = next(g for g in _reports(relative)["layers"] if g["layer"] == layer and g["source"] == source)
+    shares = gate["dominant_phase_shares"]
+    return f"phase {shares.index(max(shares))} ({100 * max(shares):.0f}% of them)"
 
 
 def flip_summary(relative: str) -> str:
@@ -935,6 +976,23 @@ TABLES: dict[str, Callable[[], str]] = {
     "dense-copy-L32": lambda: heldout_phrase(["dense-copy-L32-seed0"]),
     "dense-copy-64": lambda: training_outcome("dense-copy-seed0"),
     "dense-copy-64-sweep": lambda: sweep_reading("trained/dense-copy-seed0/sweep"),
+    "gated-S8-long-plateau": lambda: means_phrase(["gated-S8-L256-long-seed1"]),
+    "gated-256-seed0-gap": lambda: gap_of("gated-L256-seed0"),
+    "gated-256-seed0-mean": lambda: means_phrase(["gated-L256-seed0"]),
+    "gated-64-means": lambda: means_phrase([f"gated-seed{k}" for k in range(3)]),
+    "gated-256-long-minutes": lambda: training_minutes([f"gated-L256-long-seed{k}" for k in range(3)]),
+    "gated-1500-seed0-gaps": lambda: gap_of("gated-L256-seed0") + " at S = 4 against " + gap_of("gated-S8-L256-seed0")
+                                     + " at S = 8",
+    "meanpool-seed2-chance": lambda: _residue_extremes("trained/meanpool-seed2/sweep"),
+    "gated-gates": lambda: gate_bias_spread("trained/probes/gates"),
+    "gated-cycle": lambda: cycle_rolls([f"trained/probes/cycle-k{k}" for k in (1, 2, 3)]),
+    "gated-head0": lambda: component_by_phase("trained/probes/knockout", "L0H0"),
+    "gated-layer1": lambda: largest_knockout("trained/probes/knockout", "L1"),
+    "gated-gate-layer0": lambda: gate_spread("trained/probes/gate-activations", 0, "trained-gated"),
+    "gated-gate-dominant": lambda: dominant_phase("trained/probes/gate-activations", 0, "trained-gated"),
+    "gated-gate-layer1": lambda: gate_spread("trained/probes/gate-activations", 1, "trained-gated"),
+    "gated-slots": lambda: slots_ahead("trained/probes/knockout-slots", 4),
+    "gated-flip": lambda: flip_summary("trained/probes/flip"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
