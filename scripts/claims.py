@@ -1007,6 +1007,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "capacity-h4-seed1-logprob": lambda: _p(_reports("trained/gated-stagger-head-seed1/sweep")["logprob_test"]["p_value"]),
     "capacity-minutes": lambda: training_minutes([f"{name}-seed{k}" for _, name in CAPACITY[:-1] for k in range(3)]),
     "capacity-d128-minutes": lambda: training_minutes([f"gated-stagger-head-h8-d128-seed{k}" for k in range(3)]),
+    "capacity-h2-gaps": lambda: _and([f"{_reports(f'trained/gated-stagger-head-h2-seed{k}/sweep')['gap']:.1f}" for k in range(3)]),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
