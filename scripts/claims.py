@@ -529,6 +529,37 @@ def gate_spread(relative: str, layer: int, source: str) -> str:
             f"the weight in {100 * gate['share_over_half']:.0f}% of window channels")
 
 
+def _theory_case(run: str, components: int, stagger: str) -> dict:
+    """One case of a `kvphase theory` run (reports/theory/RUN/summary.json): K components, fixed or staggered."""
+    return next(case for case in _reports(f"theory/{run}")["cases"]
+                if case["components"] == components and case["stagger"] == stagger)
+
+
+def theory_rates() -> str:
+    """The linearization's growth rate against the simulation's on both sides of beta* (S4-beta6's stability rows)."""
+    rows = _reports("theory/S4-beta6")["stability"]
+    below, above = rows[0], max(rows, key=lambda row: row["beta"])
+    return (f"{below['predicted_rate']:.5f} against {below['measured_rate']:.5f} at beta = {below['beta']:g}, "
+            f"{above['predicted_rate']:.5f} against {above['measured_rate']:.5f} at 1.2 beta*")
+
+
+def theory_times() -> str:
+    """How close the predicted time to leave the uniform gate comes to the simulated one, over every run's rows."""
+    errors = [abs(row["simulated_time"] - row["predicted_time"]) / row["predicted_time"]
+              for run in sorted((ROOT / "reports" / "theory").glob("*/summary.json"))
+              for row in _reports(f"theory/{run.parent.name}")["stability"] if row["predicted_time"] is not None]
+    return f"within {100 * max(errors):.0f}%"
+
+
+def gate_groups(run: str, components: int, stagger: str) -> str:
+    """A fixed point's gates grouped by value (weights per phase): "3 at a / b / c / d, 1 at ..."."""
+    groups: dict[str, int] = {}
+    for gate in _theory_case(run, components, stagger)["gates"]:
+        key = " / ".join(f"{weight:.2f}" for weight in gate)
+        groups[key] = groups.get(key, 0) + 1
+    return _and([f"{count} at {key}" for key, count in sorted(groups.items(), key=lambda item: -item[1])])
+
+
 def fix_change(model: str, fix: str) -> str:
     """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
     plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
@@ -1008,6 +1039,26 @@ TABLES: dict[str, Callable[[], str]] = {
     "capacity-minutes": lambda: training_minutes([f"{name}-seed{k}" for _, name in CAPACITY[:-1] for k in range(3)]),
     "capacity-d128-minutes": lambda: training_minutes([f"gated-stagger-head-h8-d128-seed{k}" for k in range(3)]),
     "capacity-h2-gaps": lambda: _and([f"{_reports(f'trained/gated-stagger-head-h2-seed{k}/sweep')['gap']:.1f}" for k in range(3)]),
+    "theory-threshold": lambda: f"{_reports('theory/S4-beta6')['uniform_point']['threshold_beta']:.2f}",
+    "theory-rates": theory_rates,
+    "theory-times": theory_times,
+    "theory-fixed-point": lambda: (lambda a: f"{100 * a[0]:.1f}% against {100 * a[-1]:.1f}%")(
+        _theory_case("S4-beta16", 2, "none")["symmetric_point"]["accuracy"]),
+    "theory-onehot-boundary": lambda: f"{100 * _theory_case('S4-beta3', 4, 'none')['accuracy'][-1]:.1f}%",
+    "theory-split": lambda: gate_groups("S4-beta16-rho0.35", 4, "none"),
+    "theory-staggered": lambda: (f"{100 * _theory_case('S4-beta16', 4, 'component')['symmetric_point']['accuracy'][0]:.1f}% "
+                                 f"at every phase at beta = 16, simulated "
+                                 f"{100 * _theory_case('S4-beta16', 4, 'component')['accuracy'][0]:.1f}%"),
+    "theory-near-uniform": lambda: (f"{_theory_case('S4-beta16', 4, 'none')['normalized_entropy']:.3f} of log2 S at beta = 16, "
+                                    f"{100 * _theory_case('S4-beta16', 4, 'none')['gates'][0][-1]:.0f}% on the boundary"),
+    "theory-sharp": lambda: (f"mean normalized entropy {_theory_case('S4-beta6', 4, 'none')['normalized_entropy']:.1f} at "
+                             f"beta = 6, {_theory_case('S4-beta3', 4, 'none')['normalized_entropy']:.2f} at beta = 3 with K = 4"),
+    "theory-lean": lambda: (lambda gate: f"w_b {gate[-1]:.2f} against {gate[0]:.2f}")(_theory_case("S4-beta16", 2, "none")["gates"][0]),
+    "theory-stagger4-seed0": lambda: f"{100 * _theory_case('S4-beta6', 4, 'component')['gap']:.1f}",
+    "theory-k2-staggered": lambda: f"{100 * _theory_case('S4-beta16', 2, 'component')['gap']:.1f}",
+    "theory-k2-staggered-beta3": lambda: f"{100 * _theory_case('S4-beta3', 2, 'component')['gap']:.1f}",
+    "theory-k8-staggered": lambda: (f"{100 * _theory_case('S4-beta6', 8, 'component')['gap']:.1f} at beta = 6; "
+                                    f"{100 * _theory_case('S4-beta3', 8, 'component')['gap']:.1f} at beta = 3"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
