@@ -1084,7 +1084,8 @@ NOT_PROSE = [BLOCK, re.compile(r"^ *```.*?^ *```", re.S | re.M), re.compile(r"`[
              re.compile(r"\]\([^)\s]*\)"), re.compile(r"https?://\S+"),
              re.compile(r"\b(?:Python|python|version|llama\.cpp b)\s?\d+(?:\.\d+)+\+?|\b\d+\.\d+\.\d+\b"),  # versions
              re.compile(r"(?<![\w.])\d+(?:\.\d+)? ?(?:[KMGT]i?B|bytes)\b"),  # sizes
-             re.compile(r"\b\d{4}-\d{2}-\d{2}\b")]  # dates
+             re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),  # dates
+             re.compile(r"\b(?:rho|beta|lr|S|K|D)\s?=\s?\d+(?:\.\d+)?\b")]  # a setting of a run, not its result
 _START = r"(?<![\w.\-/^])"
 HAND_NUMBER = re.compile(
     _START + r"[-+]?\d+(?:\.\d+)?(?:e-?\d+)?(?:-\d+(?:\.\d+)?)?%"  # a percentage or a range of them

@@ -170,7 +170,8 @@ def test_the_reports_index_has_no_debt():
     ("gaps 12 to 31 points, the dense control's 25 points, 44-54 points, 1.8-3.4%", ["31 points", "25 points",
                                                                                      "44-54 points", "1.8-3.4%"]),
     ("margins +1.0 to +3.1 nats; 4e-36", ["+1.0", "+3.1", "4e-36"]),
-    ("seed 2, S = 4, 1500 steps, 256 targets per residue, 95% intervals, 80% power, alpha 0.05", []),
+    ("seed 2, S = 4, 1500 steps, 256 targets per residue, 95% intervals, 80% power, alpha 0.05, rho = 0.35", []),
+    ("p = 0.35 at rho = 0.5", ["0.35"]),
     ("Python 3.11+, llama-cpp-python 0.3.36, gguf 0.17.1, 0.7 MB, 2026-12-06, `--per-residue 12.5`, [x](a-1.5.md)", []),
     ("<!-- claims:example -->62.2%<!-- /claims:example --> and <!-- a note: 3.5% -->\n```console\n$ x  # 1.5 s\n```\n", []),
 ])
