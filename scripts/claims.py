@@ -379,10 +379,13 @@ def flip_phrase(relative: str) -> str:
     """A flip run's targets (summary.json): how many flip, and each target's margin range over its shifts
     (right value's log-probability minus the strongest distractor's), the sign saying which leads."""
     s = _reports(relative)
+    def leader(target: dict) -> str:
+        if target["min_margin"] > 0:
+            return "the right value leads at every shift"
+        return "a distractor leads at every shift" if target["max_margin"] < 0 else "either leads"
+
     targets = [f"target {t['target_id']} {'flips' if t['flips'] else 'does not flip'}, margins "
-               f"{t['min_margin']:+.2f} to {t['max_margin']:+.2f} nats "
-               f"({'the right value leads at every shift' if t['min_margin'] > 0 else 'a distractor leads at every shift' if t['max_margin'] < 0 else 'either leads'})"
-               for t in s["targets"]]
+               f"{t['min_margin']:+.2f} to {t['max_margin']:+.2f} nats ({leader(t)})" for t in s["targets"]]
     return (f"{s['flipping_targets']} of {s['n_targets']} targets flip: " + _and(targets)
             + f"; phase \"explains\" {100 * s['mean_periodic_share']:.0f}% of the margin's variation against "
             f"{100 * s['chance_periodic_share']:.0f}% expected from noise")
@@ -549,6 +552,38 @@ def theory_times() -> str:
               for run in sorted((ROOT / "reports" / "theory").glob("*/summary.json"))
               for row in _reports(f"theory/{run.parent.name}")["stability"] if row["predicted_time"] is not None]
     return f"within {100 * max(errors):.0f}%"
+
+
+def theory_fixed_point() -> str:
+    """Fixed offsets, rho = 0.5, beta = 16: the alike-components point's accuracy inside the window and at the boundary."""
+    accuracy = _theory_case("S4-beta16", 2, "none")["symmetric_point"]["accuracy"]
+    return f"{100 * accuracy[0]:.1f}% against {100 * accuracy[-1]:.1f}%"
+
+
+def theory_staggered() -> str:
+    """K = S staggered components at beta = 16: the symmetric point's accuracy, predicted and simulated."""
+    case = _theory_case("S4-beta16", 4, "component")
+    return (f"{100 * case['symmetric_point']['accuracy'][0]:.1f}% at every phase at beta = 16, simulated "
+            f"{100 * case['accuracy'][0]:.1f}%")
+
+
+def theory_near_uniform() -> str:
+    """Fixed offsets above beta*: how uniform the gates stay, and their weight on the boundary phase."""
+    case = _theory_case("S4-beta16", 4, "none")
+    return (f"{case['normalized_entropy']:.3f} of log2 S at beta = 16, {100 * case['gates'][0][-1]:.0f}% "
+            "on the boundary")
+
+
+def theory_sharp() -> str:
+    """Fixed offsets below beta*: the gates' mean normalized entropy at beta = 6 and beta = 3, K = 4."""
+    return (f"mean normalized entropy {_theory_case('S4-beta6', 4, 'none')['normalized_entropy']:.1f} at beta = 6, "
+            f"{_theory_case('S4-beta3', 4, 'none')['normalized_entropy']:.2f} at beta = 3 with K = 4")
+
+
+def theory_lean() -> str:
+    """Fixed offsets, rho = 0.5: a gate's weight on the boundary phase against another phase's."""
+    gate = _theory_case("S4-beta16", 2, "none")["gates"][0]
+    return f"w_b {gate[-1]:.2f} against {gate[0]:.2f}"
 
 
 def gate_groups(run: str, components: int, stagger: str) -> str:
@@ -1042,18 +1077,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "theory-threshold": lambda: f"{_reports('theory/S4-beta6')['uniform_point']['threshold_beta']:.2f}",
     "theory-rates": theory_rates,
     "theory-times": theory_times,
-    "theory-fixed-point": lambda: (lambda a: f"{100 * a[0]:.1f}% against {100 * a[-1]:.1f}%")(
-        _theory_case("S4-beta16", 2, "none")["symmetric_point"]["accuracy"]),
+    "theory-fixed-point": theory_fixed_point,
     "theory-onehot-boundary": lambda: f"{100 * _theory_case('S4-beta3', 4, 'none')['accuracy'][-1]:.1f}%",
     "theory-split": lambda: gate_groups("S4-beta16-rho0.35", 4, "none"),
-    "theory-staggered": lambda: (f"{100 * _theory_case('S4-beta16', 4, 'component')['symmetric_point']['accuracy'][0]:.1f}% "
-                                 f"at every phase at beta = 16, simulated "
-                                 f"{100 * _theory_case('S4-beta16', 4, 'component')['accuracy'][0]:.1f}%"),
-    "theory-near-uniform": lambda: (f"{_theory_case('S4-beta16', 4, 'none')['normalized_entropy']:.3f} of log2 S at beta = 16, "
-                                    f"{100 * _theory_case('S4-beta16', 4, 'none')['gates'][0][-1]:.0f}% on the boundary"),
-    "theory-sharp": lambda: (f"mean normalized entropy {_theory_case('S4-beta6', 4, 'none')['normalized_entropy']:.1f} at "
-                             f"beta = 6, {_theory_case('S4-beta3', 4, 'none')['normalized_entropy']:.2f} at beta = 3 with K = 4"),
-    "theory-lean": lambda: (lambda gate: f"w_b {gate[-1]:.2f} against {gate[0]:.2f}")(_theory_case("S4-beta16", 2, "none")["gates"][0]),
+    "theory-staggered": theory_staggered,
+    "theory-near-uniform": theory_near_uniform,
+    "theory-sharp": theory_sharp,
+    "theory-lean": theory_lean,
     "theory-stagger4-seed0": lambda: f"{100 * _theory_case('S4-beta6', 4, 'component')['gap']:.1f}",
     "theory-k2-staggered": lambda: f"{100 * _theory_case('S4-beta16', 2, 'component')['gap']:.1f}",
     "theory-k2-staggered-beta3": lambda: f"{100 * _theory_case('S4-beta3', 2, 'component')['gap']:.1f}",
