@@ -6,11 +6,13 @@ A document holds a generated table between two markers:
     ...what TABLES[NAME] builds from the folders it names...
     <!-- /claims:NAME -->
 
-`python scripts/claims.py` rewrites every such block in README.md, docs/ and reports/README.md;
+`python scripts/claims.py` rewrites every such block in README.md, docs/, reports/README.md (the index of
+the studies) and the study pages beside it (reports/study-*.md);
 `--check` only compares (exit 1 naming each block that differs); tests/test_claims.py runs the
 check. Every number in a block is read from a summary.json, config.json or manifest.json, and
-each row's verdict is the report's own class (`Summary.verdict`: effect, inconclusive, no
-effect at this power). Prose around a block is written by hand and must agree with it.
+each row's verdict is the report's own class (`Summary.verdict`, printed as it is: no list of
+verdicts is kept here). Prose around a block is written by hand and must agree with it, and holds
+no measured number of its own (tests/test_claims.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", ROOT / "reports" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# README, the manuals, the reports index and its study pages (reports/study-*.md, beside the run folders their
+# tables link to)
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "reports").glob("*.md")), *sorted((ROOT / "docs").rglob("*.md"))]
+# the documents written by hand (reports/ also holds reports a script writes, e.g. reference-agreement.md)
+HAND_WRITTEN = [d for d in DOCUMENTS if d.parent != ROOT / "reports" or d.name == "README.md" or d.name.startswith("study-")]
 BLOCK = re.compile(r"(?P<open><!-- claims:(?P<name>[\w-]+) -->(?P<newline>\n?))(?P<body>.*?)"
                    r"(?P<close>[ ]*<!-- /claims:(?P=name) -->)", re.S)
 FIXES = ROOT / "reports" / "trained" / "fixes"
@@ -185,6 +191,33 @@ def _pearson(a: list[float], b: tuple[float, ...]) -> str:
     return "-" if np.std(a) == 0 else f"{np.corrcoef(a, b)[0, 1]:.2f}"
 
 
+def gap_of(run: str) -> str:
+    """A trained run's sweep gap with its interval (reports/trained/RUN/sweep): "G (CI) points"."""
+    return _gap(_read(ROOT / "reports" / "trained" / run / "sweep", "summary.json")) + " points"
+
+
+def learned_gap_span(runs: list[str], context: int) -> str:
+    """The range of the gaps of the runs trained at `context` tokens that reached the 80% bar: "A to B points"."""
+    at = [run for run in runs if _read(ROOT / "reports" / "trained" / run, "config.json")["context"] == context]
+    return _span([s["gap"] for s in learned_sweeps(at)])
+
+
+def profile_stats(runs: list[str]) -> str:
+    """Runs' sweeps at residues mod 8 against the published profile (as `profile_table` reads them): "block-end
+    dips of A to B points, r with the published profile C-D"."""
+    profiles = [[row["accuracy"] for row in _read(ROOT / "reports" / "trained" / run / "sweep", "summary.json")["per_residue"]]
+                for run in runs]
+    dips = [block_end_dip(profile) for profile in profiles]
+    r = [_pearson(profile, PUBLISHED_DEEPSEEK4) for profile in profiles]
+    return f"block-end dips of {_span(dips)}, r with the published profile {min(r)}-{max(r)}"
+
+
+def published_phrase() -> str:
+    """The published DeepSeek-V4 profile's own gap and block-end dip: "the published gap of G points or its block-end dip of D"."""
+    return (f"the published gap of {max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f} points or its block-end dip "
+            f"of {block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}")
+
+
 def profile_table(runs: list[tuple[str, str, str]]) -> str:
     """Trained models' sweeps at residues mod 8 against the published DeepSeek-V4 profile: each run's
     two worst residues, its block-end dip and the correlation of its profile with the published one,
@@ -256,9 +289,8 @@ def example_phrase() -> str:
             f"{s['worst_residue']}) to {s['best_accuracy']:.1f}% (residue {s['best_residue']}), a {s['gap']:.1f}-point raw "
             f"gap whose bias-corrected 95% interval is {s['gap_ci'][0]:.1f} to {s['gap_ci'][1]:.1f} points. The "
             f"Cochran-Mantel-Haenszel test stratified by context gives p = {s['test']['p_value']:.2f}, and the same test "
-            f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)}, no phase effect larger "
-            f"than {s['detectable_dip']:.1f} points (the dip this run detects with 80% power), in a model that has no "
-            f"compression to cause one. Targets of one context agree a little (intra-context correlation "
+            f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)} ({dip_clause(s)}), in a "
+            f"model that has no compression to cause one. Targets of one context agree a little (intra-context correlation "
             f"{s['icc']:.3f}, design effect {s['design_effect']:.1f}). It took {manifest['wall_time_s']:.0f} s on "
             f"{manifest['machine']['threads']} threads")
 
@@ -267,14 +299,329 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def dip_clause(summary: dict) -> str:
+    """What the run could have seen, in words: the one-residue dip it detects 80% of the time, or
+    that it can name none (a model at a floor or ceiling, or one the rules read no dip for)."""
+    if summary["detectable_dip"] is None:
+        return "it can name no one-residue dip it would detect"
+    return f"a one-residue dip of {summary['detectable_dip']:.1f} points is what it detects 80% of the time"
+
+
+def _reports(relative: str) -> dict:
+    return _read(ROOT / "reports" / relative, "summary.json")
+
+
+def _span(values: list[float], unit: str = "points") -> str:
+    """"A to B points" over values (one decimal), or "A points" when they agree to that decimal."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    unit = unit if unit in ("%", "") else " " + unit
+    return f"{low}{unit}" if low == high else f"{low} to {high}{unit}"
+
+
+def gap_span(folders: list[str]) -> str:
+    """The range of the gaps of sweeps (folders under reports/): "A to B points"."""
+    return _span([_reports(folder)["gap"] for folder in folders])
+
+
+def dip_span(folders: list[str]) -> str:
+    """The range of the one-residue dips these sweeps detect 80% of the time (those that name one)."""
+    dips = [s["detectable_dip"] for s in map(_reports, folders) if s["detectable_dip"] is not None]
+    return _span(dips) if dips else "no dip"
+
+
+def seed_verdicts(folders: list[str]) -> str:
+    """Each seed's sweep (folders under reports/trained/, each with a sweep/) as its report reads it, the
+    verdict first: "effect at seed 0 (gap G (CI), p = P), inconclusive at seed 1 (...)"; any verdict
+    string the analysis gives is printed as it is."""
+    parts = []
+    for folder in folders:
+        s = _read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json")
+        seed = _read(ROOT / "reports" / "trained" / folder, "config.json")["seed"]
+        parts.append(f"{verdict(s)} at seed {seed} (gap {_gap(s)}, p = {_p(s['test']['p_value'])}; {dip_clause(s)})")
+    return _and(parts)
+
+
+def sweep_reading(relative: str) -> str:
+    """One sweep (a folder under reports/) as its report reads it: "verdict (mean M%, gap G (CI), p = P)"."""
+    s = _reports(relative)
+    return f"{verdict(s)} (mean {s['mean_accuracy']:.1f}%, gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
+
+
+def means_change(folders: list[str]) -> str:
+    """The first sweep's mean accuracy against the others' (folders under reports/): "A% to B%, C% and D%"."""
+    means = [f"{_reports(folder)['mean_accuracy']:.1f}" for folder in folders]
+    return f"{means[0]}% to " + _and(means[1:]) + "%"
+
+
+def correct_of(folders: list[str]) -> str:
+    """How many targets the sweeps answered, of how many (their summaries): "N of M targets"."""
+    summaries = [_reports(folder) for folder in folders]
+    correct = sum(round(s["mean_accuracy"] * s["n_targets"] / 100) for s in summaries)
+    return f"{correct} of {sum(s['n_targets'] for s in summaries)} targets"
+
+
+def _residue_extremes(relative: str) -> str:
+    """A sweep's test and its worst and best residues: "p = P, W% against B%"."""
+    s = _reports(relative)
+    return f"p = {_p(s['test']['p_value'])}, {s['worst_accuracy']:.1f}% against {s['best_accuracy']:.1f}%"
+
+
+def gaps_between(runs: list[str], low: float, high: float, from_context: int) -> str:
+    """The learned runs' sweeps (the 80% bar) at `from_context` tokens and longer: their gaps' range
+    and how many lie in [low, high]: "from A to B points, n of m between low and high"."""
+    contexts = {run: _read(ROOT / "reports" / "trained" / run, "config.json")["context"] for run in runs}
+    gaps = [s["gap"] for s in learned_sweeps([run for run in runs if contexts[run] >= from_context])]
+    inside = sum(low <= gap <= high for gap in gaps)
+    return f"from {_span(gaps)}, {inside} of {len(gaps)} between {low:g} and {high:g}"
+
+
+def flip_phrase(relative: str) -> str:
+    """A flip run's targets (summary.json): how many flip, and each target's margin range over its shifts
+    (right value's log-probability minus the strongest distractor's), the sign saying which leads."""
+    s = _reports(relative)
+    def leader(target: dict) -> str:
+        if target["min_margin"] > 0:
+            return "the right value leads at every shift"
+        return "a distractor leads at every shift" if target["max_margin"] < 0 else "either leads"
+
+    targets = [f"target {t['target_id']} {'flips' if t['flips'] else 'does not flip'}, margins "
+               f"{t['min_margin']:+.2f} to {t['max_margin']:+.2f} nats ({leader(t)})" for t in s["targets"]]
+    return (f"{s['flipping_targets']} of {s['n_targets']} targets flip: " + _and(targets)
+            + f"; phase \"explains\" {100 * s['mean_periodic_share']:.0f}% of the margin's variation against "
+            f"{100 * s['chance_periodic_share']:.0f}% expected from noise")
+
+
+def knockout_phrase(relative: str, phase: int, components: list[str]) -> str:
+    """What knocking out each component costs one phase (the probe's effects.csv): its change in accuracy,
+    points, with the interval and whether that interval excludes 0."""
+    import pandas as pd
+
+    effects = pd.read_csv(ROOT / "reports" / relative / "effects.csv").set_index(["component", "phase"])
+    parts = []
+    for component in components:
+        row = effects.loc[(component, phase)]
+        low, high = row["d_correct_low"], row["d_correct_high"]
+        parts.append(f"{component} {row['d_correct']:+.1f} points (CI {low:+.1f} to {high:+.1f}, "
+                     f"{'excluding' if low > 0 or high < 0 else 'including'} 0)")
+    return _and(parts)
+
+
+def training_outcome(run: str) -> str:
+    """A training run in a clause (its summary, manifest and training.csv): "S steps, M minutes on one core:
+    H% held-out (B% on its last training batches, loss L nats)"."""
+    import pandas as pd
+
+    folder = ROOT / "reports" / "trained" / run
+    s, last = _read(folder, "summary.json"), pd.read_csv(folder / "training.csv").iloc[-1]
+    minutes = _read(folder, "manifest.json")["wall_time_s"] / 60
+    return (f"{s['steps']} steps, {minutes:.0f} minute{'s' if round(minutes) != 1 else ''} on one core: "
+            f"{s['accuracy']:.1f}% held-out ({100 * last['accuracy']:.1f}% on its last training batches, "
+            f"loss {last['loss']:.2f} nats)")
+
+
+def learned_summary(runs: list[str]) -> str:
+    """The sweeps of the runs that reached the 80% bar, in a clause: "at the N seeds that learned: gaps A to B
+    points, p from P to Q, the worst residue R at every one" (or the worst residues each had)."""
+    sweeps = learned_sweeps(runs)
+    worst = sorted({s["worst_residue"] for s in sweeps})
+    p_values = [s["test"]["p_value"] for s in sweeps]
+    where = (f"the worst residue {worst[0]} at every one" if len(worst) == 1
+             else "the worst residues " + _and([str(s["worst_residue"]) for s in sweeps]))
+    return (f"at the {len(sweeps)} seeds that learned: gaps {_span([s['gap'] for s in sweeps])}, p from "
+            f"{_p(min(p_values))} to {_p(max(p_values))}, {where}")
+
+
+def quantized_shift(runs: list[str]) -> str:
+    """How far the Q8_0 and Q4_0 copies' sweeps (sweep-Q8_0/, sweep-Q4_0/) of the runs that reached the 80% bar
+    move the gap and the mean accuracy from the F32 sweep's: "Q8_0 moves gaps by at most A points, ..."."""
+    learned = [ROOT / "reports" / "trained" / run for run in runs
+               if _read(ROOT / "reports" / "trained" / run, "summary.json")["readable"]]
+    shifts = {}
+    for kind in ("Q8_0", "Q4_0"):
+        pairs = [(_read(f / "sweep", "summary.json"), _read(f / f"sweep-{kind}", "summary.json")) for f in learned
+                 if (f / f"sweep-{kind}").is_dir()]
+        shifts[kind] = (max(abs(a["gap"] - b["gap"]) for a, b in pairs),
+                        max(abs(a["mean_accuracy"] - b["mean_accuracy"]) for a, b in pairs))
+    return (f"Q8_0 moves gaps by at most {shifts['Q8_0'][0]:.1f} points, Q4_0 by at most {shifts['Q4_0'][0]:.1f}; "
+            f"mean accuracy by at most {max(shift[1] for shift in shifts.values()):.1f}")
+
+
+def _effects(relative: str):
+    import pandas as pd
+
+    return pd.read_csv(ROOT / "reports" / relative / "effects.csv")
+
+
+def slots_ahead(relative: str, stride: int) -> str:
+    """A slot-knockout probe (effects.csv) read for the slot one phase ahead of each phase, layer 0:
+    "slot 1 costs phase 0 A points (CI a-b), slot 2 phase 1 B, ..."."""
+    effects = _effects(relative).set_index(["component", "phase"])
+    parts = []
+    for phase in range(stride):
+        row = effects.loc[(f"L0P{(phase + 1) % stride}", phase)]
+        ci = f" (CI {-row['d_correct_high']:.1f}-{-row['d_correct_low']:.1f})" if phase == 0 else ""
+        parts.append(f"slot {(phase + 1) % stride} {'costs ' if phase == 0 else ''}phase {phase} {-row['d_correct']:.1f}"
+                     + (" points" if phase == 0 else "") + ci)
+    return _and(parts)
+
+
+def largest_knockout(relative: str, layer: str = "L") -> str:
+    """The largest change in accuracy any knockout of a probe makes (effects.csv), of the components whose name
+    starts with `layer` ("L1": layer 1's): "A points (COMPONENT at phase P)"."""
+    effects = _effects(relative)
+    effects = effects[effects["component"].str.startswith(layer)]
+    row = effects.loc[effects["d_correct"].abs().idxmax()]
+    return f"{abs(row['d_correct']):.1f} points ({row['component']} at phase {row['phase']})"
+
+
+def component_by_phase(relative: str, component: str) -> str:
+    """What knocking out one component costs each phase (a knockout probe's effects.csv): "phase 0 A points
+    (CI a to b), phase 1 B (CI ...), ..."."""
+    effects = _effects(relative)
+    rows = effects[effects["component"] == component].sort_values("phase")
+    return _and([f"phase {row.phase} {row.d_correct:+.1f}" + (" points" if i == 0 else "")
+                 + f" (CI {row.d_correct_low:+.1f} to {row.d_correct_high:+.1f})" for i, row in enumerate(rows.itertuples())])
+
+
+def gate_bias_spread(relative: str) -> str:
+    """A gates probe (summary.json): "mean per-channel entropy F% of log2 S; the most concentrated head puts
+    D% of its weight on one phase"."""
+    s = _reports(relative)
+    return (f"mean per-channel entropy {100 * s['mean_entropy_fraction']:.1f}% of log2 S; the most concentrated head "
+            f"puts {100 * s['sharpest']['dominant_share']:.1f}% of its weight on one phase")
+
+
+def cycle_rolls(relatives: list[str]) -> str:
+    """Cycle probes rolling the gate biases by k = 1, 2, ... (summary.json): the R^2 of the predicted shift and the
+    boundary phase's accuracy before and after each roll."""
+    summaries = [_reports(relative) for relative in relatives]
+    boundary = [next(row for row in s["phases"] if row["boundary"]) for s in summaries]
+    return (f"R^2 of the predicted shift {_span([s['r_squared'] for s in summaries], '')}; the boundary phase from "
+            f"{boundary[0]['accuracy_k0']:.1f}% to " + _and([f"{row['accuracy_k']:.1f}" for row in boundary]) + "%")
+
+
+def dominant_phase(relative: str, layer: int, source: str) -> str:
+    """The phase that most often dominates a gate's window channels (a gate-activations probe): "phase P (S% of them)"."""
+    gate = next(g for g in _reports(relative)["layers"] if g["layer"] == layer and g["source"] == source)
+    shares = gate["dominant_phase_shares"]
+    return f"phase {shares.index(max(shares))} ({100 * max(shares):.0f}% of them)"
+
+
+def flip_summary(relative: str) -> str:
+    """A flip probe with many targets (summary.json): "N of M targets flip, phase explains A% of the margin's
+    variation (noise alone B%), mean margin best at phase p (+m nats) and worst at phase q (+n)"."""
+    s = _reports(relative)
+    phases = sorted(s["per_phase"], key=lambda row: row["mean_margin"])
+    return (f"{s['flipping_targets']} of {s['n_targets']} targets flip, phase explains "
+            f"{100 * s['mean_periodic_share']:.0f}% of the margin's variation (noise alone "
+            f"{100 * s['chance_periodic_share']:.0f}%), mean margin best at phase {phases[-1]['phase']} "
+            f"({phases[-1]['mean_margin']:+.2f} nats) and worst at phase {phases[0]['phase']} ({phases[0]['mean_margin']:+.2f})")
+
+
+def cycle_boundary(relative: str) -> str:
+    """A cycle probe (summary.json): the boundary phase's accuracy before and after the roll, "A% -> B%"."""
+    boundary = next(row for row in _reports(relative)["phases"] if row["boundary"])
+    return f"{boundary['accuracy_k0']:.1f}% -> {boundary['accuracy_k']:.1f}%"
+
+
+def gate_spread(relative: str, layer: int, source: str) -> str:
+    """A gate-activations probe (summary.json), one gate: "median A of B bits; one phase over half the weight
+    in C% of window channels"."""
+    gate = next(g for g in _reports(relative)["layers"] if g["layer"] == layer and g["source"] == source)
+    return (f"median {gate['entropy_p10_p25_p50_p75_p90'][2]:.2f} of {gate['max_bits']:g} bits; one phase over half "
+            f"the weight in {100 * gate['share_over_half']:.0f}% of window channels")
+
+
+def _theory_case(run: str, components: int, stagger: str) -> dict:
+    """One case of a `kvphase theory` run (reports/theory/RUN/summary.json): K components, fixed or staggered."""
+    return next(case for case in _reports(f"theory/{run}")["cases"]
+                if case["components"] == components and case["stagger"] == stagger)
+
+
+def theory_rates() -> str:
+    """The linearization's growth rate against the simulation's on both sides of beta* (S4-beta6's stability rows)."""
+    rows = _reports("theory/S4-beta6")["stability"]
+    below, above = rows[0], max(rows, key=lambda row: row["beta"])
+    return (f"{below['predicted_rate']:.5f} against {below['measured_rate']:.5f} at beta = {below['beta']:g}, "
+            f"{above['predicted_rate']:.5f} against {above['measured_rate']:.5f} at 1.2 beta*")
+
+
+def theory_times() -> str:
+    """How close the predicted time to leave the uniform gate comes to the simulated one, over every run's rows."""
+    errors = [abs(row["simulated_time"] - row["predicted_time"]) / row["predicted_time"]
+              for run in sorted((ROOT / "reports" / "theory").glob("*/summary.json"))
+              for row in _reports(f"theory/{run.parent.name}")["stability"] if row["predicted_time"] is not None]
+    return f"within {100 * max(errors):.0f}%"
+
+
+def theory_fixed_point() -> str:
+    """Fixed offsets, rho = 0.5, beta = 16: the alike-components point's accuracy inside the window and at the boundary."""
+    accuracy = _theory_case("S4-beta16", 2, "none")["symmetric_point"]["accuracy"]
+    return f"{100 * accuracy[0]:.1f}% against {100 * accuracy[-1]:.1f}%"
+
+
+def theory_staggered() -> str:
+    """K = S staggered components at beta = 16: the symmetric point's accuracy, predicted and simulated."""
+    case = _theory_case("S4-beta16", 4, "component")
+    return (f"{100 * case['symmetric_point']['accuracy'][0]:.1f}% at every phase at beta = 16, simulated "
+            f"{100 * case['accuracy'][0]:.1f}%")
+
+
+def theory_near_uniform() -> str:
+    """Fixed offsets above beta*: how uniform the gates stay, and their weight on the boundary phase."""
+    case = _theory_case("S4-beta16", 4, "none")
+    return (f"{case['normalized_entropy']:.3f} of log2 S at beta = 16, {100 * case['gates'][0][-1]:.0f}% "
+            "on the boundary")
+
+
+def theory_sharp() -> str:
+    """Fixed offsets below beta*: the gates' mean normalized entropy at beta = 6 and beta = 3, K = 4."""
+    return (f"mean normalized entropy {_theory_case('S4-beta6', 4, 'none')['normalized_entropy']:.1f} at beta = 6, "
+            f"{_theory_case('S4-beta3', 4, 'none')['normalized_entropy']:.2f} at beta = 3 with K = 4")
+
+
+def theory_lean() -> str:
+    """Fixed offsets, rho = 0.5: a gate's weight on the boundary phase against another phase's."""
+    gate = _theory_case("S4-beta16", 2, "none")["gates"][0]
+    return f"w_b {gate[-1]:.2f} against {gate[0]:.2f}"
+
+
+def gate_groups(run: str, components: int, stagger: str) -> str:
+    """A fixed point's gates grouped by value (weights per phase): "3 at a / b / c / d, 1 at ..."."""
+    groups: dict[str, int] = {}
+    for gate in _theory_case(run, components, stagger)["gates"]:
+        key = " / ".join(f"{weight:.2f}" for weight in gate)
+        groups[key] = groups.get(key, 0) + 1
+    return _and([f"{count} at {key}" for key, count in sorted(groups.items(), key=lambda item: -item[1])])
+
+
+def fix_change(model: str, fix: str) -> str:
+    """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
+    plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
+    return (f"mean {plain['mean_accuracy']:.1f}% to {fixed['mean_accuracy']:.1f}%, gap {plain['gap']:.1f} to "
+            f"{fixed['gap']:.1f} (p = {_p(fixed['test']['p_value'])})")
+
+
+def fix_verdict(run: str) -> str:
+    """One fix run (a folder under trained/fixes/) as its report reads it: "verdict (gap G (CI), p = P)"."""
+    s = _read(FIXES / run, "summary.json")
+    return f"{verdict(s)} (gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
+
+
 def gaps_phrase(folders: list[str], mean: bool = False) -> str:
     """A sentence's numbers for seeds of one model (folders under reports/trained/, each with a
     sweep/): "[mean M, ...%,] gaps G (CI), ... points, p = P, ..."."""
     summaries = [_read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json") for folder in folders]
-    means = "mean " + _and([f"{s['mean_accuracy']:.1f}" for s in summaries]) + "%, " if mean else ""
+    means = means_phrase(folders) + ", " if mean else ""
     plural = "s" if len(summaries) > 1 else ""
     return (f"{means}gap{plural} {_and([_gap(s) for s in summaries])} points, "
             f"p = {_and([_p(s['test']['p_value']) for s in summaries])}")
+
+
+def means_phrase(folders: list[str]) -> str:
+    """The mean accuracies of seeds' sweeps (folders under reports/trained/, each with a sweep/): "mean A, B and C%"."""
+    summaries = [_read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json") for folder in folders]
+    return "mean " + _and([f"{s['mean_accuracy']:.1f}" for s in summaries]) + "%"
 
 
 def residues_phrase(folder: str) -> str:
@@ -477,10 +824,10 @@ def learned_sweeps(runs: list[str]) -> list[dict]:
 
 def learned_verdicts(runs: list[str]) -> str:
     """Each run's held-out accuracy, then the verdicts of the sweeps of those that reached the 80% bar,
-    with the one-residue dip each detects 80% of the time: "held-out A, B and C%; of the 2 that
-    learned, the sweeps read no effect at this power (a dip of D points detectable) and ..."."""
+    with its p and the one-residue dip each detects 80% of the time: "held-out A, B and C%; of the 2
+    that learned, the sweeps read no effect at this power (p = P, a dip of D points detectable) and ..."."""
     sweeps = learned_sweeps(runs)
-    read = _and([f"{verdict(s)} (a dip of {_dip(s)} points detectable)" for s in sweeps])
+    read = _and([f"{verdict(s)} (p = {_p(s['test']['p_value'])}, a dip of {_dip(s)} points detectable)" for s in sweeps])
     return (f"held-out {heldout_phrase(runs)}; of the {len(sweeps)} that learned, the sweep"
             f"{'s read' if len(sweeps) > 1 else ' reads'} {read}")
 
@@ -577,8 +924,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-fixes": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0")], FIX_NAMES),
     "fixes": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint (deepseek4, llama.cpp)"),
                                   ("gated-seed0", "gated seed 0 (gpt2 + gate, reference)"),
-                                  ("glm-dense-seed0", "glm-dense (glm5-next, llama.cpp; no weak spot)"),
-                                  ("gated-offsets-random-seed0", "gated-offsets-random seed 0 (no weak spot)")],
+                                  ("glm-dense-seed0", "glm-dense (glm5-next, llama.cpp; the dense twin)"),
+                                  ("gated-offsets-random-seed0", "gated-offsets-random seed 0 (trained with random offsets)")],
                                  FIX_NAMES),
     "long-context": lambda: long_context_table(
         [("SmolLM2-135M Q4_1", "reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "example"), LONG_CONTEXT[0],
@@ -605,8 +952,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "trained-files": trained_files_table,
     "gaps-gated": lambda: gaps_phrase([f"gated-seed{k}" for k in range(3)]),
     "gaps-dense": lambda: gaps_phrase([f"dense-seed{k}" for k in range(3)]),
-    "gaps-offsets-random": lambda: gaps_phrase([f"gated-offsets-random-seed{k}" for k in range(3)]),
-    "gaps-stagger-head": lambda: gaps_phrase([f"gated-stagger-head-seed{k}" for k in range(3)]),
     "gaps-stagger-layer": lambda: gaps_phrase([f"gated-stagger-layer-seed{k}" for k in range(3)]),
     "csa-disjoint-seed0": lambda: residues_phrase("engine/csa-disjoint-seed0"),
     "csa-seed0": lambda: residues_phrase("engine/csa-seed0"),
@@ -625,11 +970,177 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
+    "post-hoc-gaps": lambda: gap_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool")  # meanpool: 0%
+                                       for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
+    "post-hoc-dips": lambda: dip_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool", "meanpool")
+                                       for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
+    "post-hoc-dense-gap": lambda: _gap(_reports("reference/dense")) + " points",
+    "unlearned-heldout": lambda: heldout_phrase([f"{design}-seed{k}" for design in ("meanpool", "kpool") for k in range(3)]),
+    "rolling-means": lambda: means_phrase([f"rolling-seed{k}" for k in range(3)]),
+    "gaps-meanpool-gated-start": lambda: gaps_phrase([f"meanpool-gated-start-seed{k}" for k in range(3)]),
+    "gated-256-long-gaps": lambda: learned_gaps_by_context([f"gated-L256-long-seed{k}" for k in range(3)]),
+    "gated-S8-256-long-gaps": lambda: learned_gaps_by_context([f"gated-S8-L256-long-seed{k}" for k in range(3)]),
+    "rolling-verdicts": lambda: seed_verdicts([f"rolling-seed{k}" for k in range(3)]),
+    "offsets-random-verdicts": lambda: seed_verdicts([f"gated-offsets-random-seed{k}" for k in range(3)]),
+    "stagger-head-verdicts": lambda: seed_verdicts([f"gated-stagger-head-seed{k}" for k in range(3)]),
+    "gated-256-heldout": lambda: heldout_phrase([f"gated-L256-seed{k}" for k in range(3)]),
+    "gated-256-long-heldout": lambda: heldout_phrase([f"gated-L256-long-seed{k}" for k in range(3)]),
+    "ds4-gaps-from128": lambda: gaps_between(ds4_runs("csa"), 13, 17, 128),
+    "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
+    "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
+    "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
+    "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
+    "glm-kpool-learned": lambda: seed_verdicts([f"engine/glm-kpool-seed{k}" for k in (0, 1)]),
+    "glm-kpool-plateau": lambda: heldout_phrase(["engine/glm-kpool-seed2"]) + " held-out, its sweep "
+                                 + sweep_reading("trained/engine/glm-kpool-seed2/sweep"),
+    "glm-dense-engine": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep"),
+    "glm-dense-q4": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep-Q4_0"),
+    "glm-kpool-top4": lambda: heldout_phrase(["engine/glm-kpool-top4-seed0"]) + " held-out, its sweep "
+                              + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
+    "gemma-16k": lambda: (sweep_reading("long-context/gemma-3-270m-q4_k_m-records-S4-L16384") + ", log-probability p = "
+                          + _p(_reports("long-context/gemma-3-270m-q4_k_m-records-S4-L16384")["logprob_test"]["p_value"])),
+    "post-hoc-dense-mean": lambda: f"{_reports('reference/dense')['mean_accuracy']:.0f}%",
+    "post-hoc-meanpool-correct": lambda: correct_of([f"reference/meanpool-S{stride}" for stride in (4, 8)]),
+    "post-hoc-kpool-s4": lambda: sweep_reading("reference/kpool-S4"),
+    "post-hoc-stagger-head-logprob": lambda: _p(_reports("reference/blocktopk-S4-stagger-head")["logprob_test"]["p_value"]),
+    "post-hoc-fix-means": lambda: means_change([folder for _, folder in POST_HOC_FIXES]),
+    "post-hoc-fix-means-n64": lambda: means_change([f"{folder}-n64" for _, folder in POST_HOC_FIXES]),
+    "post-hoc-blocktopk-n64": lambda: (sweep_reading("reference/blocktopk-S4-n64") + ", periodicity "
+                                       f"{_reports('reference/blocktopk-S4-n64')['periodicity']:.1f} points; "
+                                       + dip_clause(_reports("reference/blocktopk-S4-n64"))),
+    "post-hoc-stagger-head-n64": lambda: sweep_reading("reference/blocktopk-S4-stagger-head-n64"),
+    "post-hoc-unlearned-means": lambda: _span([_reports(f"reference/{design}-S{stride}")["mean_accuracy"]
+                                               for design in ("kpool", "meanpool") for stride in (4, 8)], "%"),
+    "engine-csa-disjoint-learned": lambda: learned_summary([f"engine/csa-disjoint-seed{k}" for k in range(5)]),
+    "engine-csa-learned": lambda: learned_summary([f"engine/csa-seed{k}" for k in range(5)]),
+    "csa-dense-seed2-heldout": lambda: heldout_phrase(["engine/csa-dense-seed2"]),
+    "engine-plateau": lambda: heldout_phrase([f"engine/csa-disjoint-seed{k}" for k in (1, 4)] + ["engine/csa-seed4"]),
+    "engine-quantized": lambda: quantized_shift([f"engine/{d}-seed{k}" for d, n in (("csa-disjoint", 5), ("csa", 5),
+                                                                                   ("csa-dense", 3)) for k in range(n)]),
+    "engine-slots-csa-disjoint": lambda: slots_ahead("trained/engine/csa-disjoint-seed0/probes/knockout-slots", 4),
+    "engine-slots-csa": lambda: slots_ahead("trained/engine/csa-seed0/probes/knockout-slots", 4),
+    "engine-heads": lambda: largest_knockout("trained/engine/csa-disjoint-seed0/probes/knockout"),
+    "engine-flip-csa-disjoint": lambda: flip_summary("trained/engine/csa-disjoint-seed0/probes/flip"),
+    "engine-flip-csa": lambda: flip_summary("trained/engine/csa-seed0/probes/flip"),
+    "engine-cycle": lambda: cycle_boundary("trained/engine/csa-disjoint-seed0/probes/cycle"),
+    "engine-gates": lambda: gate_spread("trained/engine/csa-disjoint-seed0/probes/gate-activations", 0, "csa-compressor"),
+    "ds4-top4-128-gaps": lambda: learned_gaps_by_context(DS4["ctx128-top4"].runs()),
+    "ds4-top4-128-plateau": lambda: heldout_phrase([DS4["ctx128-top4"].runs()[k] for k in (1, 3)]),
+    "ds4-hca-seed0-heldout": lambda: heldout_phrase(DS4["ctx256-hca-long"].runs()[:1]),
+    "ds4-csa-256-span": lambda: learned_gap_span(ds4_runs("csa"), 256),
+    "ds4-hca-seed1-before": lambda: gap_of(DS4["ctx256-hca-long"].runs()[1]),
+    "ds4-hca-seed1-after": lambda: gap_of(DS4["ctx256-hca-cont"].runs()[1]),
+    "ds4-top4-hca-long-heldout": lambda: heldout_phrase(DS4["ctx256-top4-hca-long"].runs()),
+    "ds4-faithful-256-profile": lambda: profile_stats(DS4["ctx256-top4-from-hca"].runs()),
+    "ds4-faithful-512-profile": lambda: profile_stats(DS4["ctx512-top4-hca-from256"].runs()),
+    "ds4-faithful-seed2": lambda: (gap_of(DS4["ctx256-hca-long"].runs()[2]) + " without the indexer and "
+                                   + gap_of(DS4["ctx256-top4-from-hca"].runs()[2]) + " with it"),
+    "ds4-faithful-seed1": lambda: (gap_of(DS4["ctx256-hca-long"].runs()[1]) + " without the indexer and "
+                                   + gap_of(DS4["ctx256-top4-from-hca"].runs()[1]) + " with it"),
+    "ds4-published": published_phrase,
+    "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
+    "dense-long": lambda: training_outcome("dense-long-seed0"),
+    "dense-long-sweep": lambda: sweep_reading("trained/dense-long-seed0/sweep"),
+    "dense-L3": lambda: training_outcome("dense-L3-seed0"),
+    "dense-L3-sweep": lambda: sweep_reading("trained/dense-L3-seed0/sweep"),
+    "dense-L16": lambda: training_outcome("dense-L16-seed0"),
+    "gated-S2-L16": lambda: training_outcome("gated-S2-L16-seed0"),
+    "dense-copy-L16": lambda: heldout_phrase([f"dense-copy-L16-seed{k}" for k in (0, 1)]),
+    "dense-copy-L32": lambda: heldout_phrase(["dense-copy-L32-seed0"]),
+    "dense-copy-64": lambda: training_outcome("dense-copy-seed0"),
+    "dense-copy-64-sweep": lambda: sweep_reading("trained/dense-copy-seed0/sweep"),
+    "gated-S8-long-plateau": lambda: means_phrase(["gated-S8-L256-long-seed1"]),
+    "gated-256-seed0-gap": lambda: gap_of("gated-L256-seed0"),
+    "gated-256-seed0-mean": lambda: means_phrase(["gated-L256-seed0"]),
+    "gated-64-means": lambda: means_phrase([f"gated-seed{k}" for k in range(3)]),
+    "gated-256-long-minutes": lambda: training_minutes([f"gated-L256-long-seed{k}" for k in range(3)]),
+    "gated-1500-seed0-gaps": lambda: gap_of("gated-L256-seed0") + " at S = 4 against " + gap_of("gated-S8-L256-seed0")
+                                     + " at S = 8",
+    "meanpool-seed2-chance": lambda: _residue_extremes("trained/meanpool-seed2/sweep"),
+    "gated-gates": lambda: gate_bias_spread("trained/probes/gates"),
+    "gated-cycle": lambda: cycle_rolls([f"trained/probes/cycle-k{k}" for k in (1, 2, 3)]),
+    "gated-head0": lambda: component_by_phase("trained/probes/knockout", "L0H0"),
+    "gated-layer1": lambda: largest_knockout("trained/probes/knockout", "L1"),
+    "gated-gate-layer0": lambda: gate_spread("trained/probes/gate-activations", 0, "trained-gated"),
+    "gated-gate-dominant": lambda: dominant_phase("trained/probes/gate-activations", 0, "trained-gated"),
+    "gated-gate-layer1": lambda: gate_spread("trained/probes/gate-activations", 1, "trained-gated"),
+    "gated-slots": lambda: slots_ahead("trained/probes/knockout-slots", 4),
+    "gated-flip": lambda: flip_summary("trained/probes/flip"),
+    "meanpool-gated-start-heldout": lambda: heldout_phrase([f"meanpool-gated-start-seed{k}" for k in range(3)]),
+    "meanpool-gated-start-seed1": lambda: sweep_reading("trained/meanpool-gated-start-seed1/sweep"),
+    "capacity-fixed-gaps": lambda: gap_span([f"trained/gated-seed{k}/sweep" for k in range(3)]),
+    "capacity-staggered-gaps": lambda: gap_span([f"trained/{name}-seed{k}/sweep" for _, name in CAPACITY[:-1]
+                                                 for k in range(3)]),
+    "capacity-h2-means": lambda: means_phrase([f"gated-stagger-head-h2-seed{k}" for k in range(3)]),
+    "capacity-h2-dips": lambda: gaps_phrase([f"gated-stagger-head-h2-seed{k}" for k in (1, 2)]),
+    "capacity-h8-means": lambda: means_phrase([f"gated-stagger-head-h8-seed{k}" for k in range(3)]),
+    "capacity-h8-gaps": lambda: gap_span([f"trained/gated-stagger-head-h8-seed{k}/sweep" for k in range(3)]),
+    "capacity-d128-means": lambda: means_phrase([f"gated-stagger-head-h8-d128-seed{k}" for k in range(3)]),
+    "capacity-d128-dips": lambda: gaps_phrase([f"gated-stagger-head-h8-d128-seed{k}" for k in range(3)]),
+    "capacity-h4-seed1-logprob": lambda: _p(_reports("trained/gated-stagger-head-seed1/sweep")["logprob_test"]["p_value"]),
+    "capacity-minutes": lambda: training_minutes([f"{name}-seed{k}" for _, name in CAPACITY[:-1] for k in range(3)]),
+    "capacity-d128-minutes": lambda: training_minutes([f"gated-stagger-head-h8-d128-seed{k}" for k in range(3)]),
+    "capacity-h2-gaps": lambda: _and([f"{_reports(f'trained/gated-stagger-head-h2-seed{k}/sweep')['gap']:.1f}" for k in range(3)]),
+    "theory-threshold": lambda: f"{_reports('theory/S4-beta6')['uniform_point']['threshold_beta']:.2f}",
+    "theory-rates": theory_rates,
+    "theory-times": theory_times,
+    "theory-fixed-point": theory_fixed_point,
+    "theory-onehot-boundary": lambda: f"{100 * _theory_case('S4-beta3', 4, 'none')['accuracy'][-1]:.1f}%",
+    "theory-split": lambda: gate_groups("S4-beta16-rho0.35", 4, "none"),
+    "theory-staggered": theory_staggered,
+    "theory-near-uniform": theory_near_uniform,
+    "theory-sharp": theory_sharp,
+    "theory-lean": theory_lean,
+    "theory-stagger4-seed0": lambda: f"{100 * _theory_case('S4-beta6', 4, 'component')['gap']:.1f}",
+    "theory-k2-staggered": lambda: f"{100 * _theory_case('S4-beta16', 2, 'component')['gap']:.1f}",
+    "theory-k2-staggered-beta3": lambda: f"{100 * _theory_case('S4-beta3', 2, 'component')['gap']:.1f}",
+    "theory-k8-staggered": lambda: (f"{100 * _theory_case('S4-beta6', 8, 'component')['gap']:.1f} at beta = 6; "
+                                    f"{100 * _theory_case('S4-beta3', 8, 'component')['gap']:.1f} at beta = 3"),
+    "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
+    "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
+    "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
+    "fix-csa-disjoint-two": lambda: fix_change("csa-disjoint-seed0", "offsets2-mean"),
+    "fix-csa-disjoint-max": lambda: fix_change("csa-disjoint-seed0", "offsets4-max"),
+    "fix-csa-disjoint-random": lambda: fix_change("csa-disjoint-seed0", "random-offset"),
+    "fix-gated-mean": lambda: fix_change("gated-seed0", "offsets4-mean"),
+    "fix-glm-dense-mean": lambda: fix_change("glm-dense-seed0", "offsets4-mean"),
+    "fix-offsets-random-mean": lambda: fix_change("gated-offsets-random-seed0", "offsets4-mean"),
+    "fix-csa-disjoint-q4-mean": lambda: fix_change("csa-disjoint-seed0-Q4_0", "offsets4-mean"),
 }
 
 
 def blocks(text: str) -> list[re.Match]:
     return list(BLOCK.finditer(text))
+
+
+# Hand-typed numbers: the prose of a document may state no measured result of its own. What counts
+# as one: a percentage, a decimal, a power of ten, "N of M", or an amount of points, nats or time.
+# What is not prose: generated blocks, code, HTML comments, link targets. What is not a result
+# (ALLOWED, each with its reason): levels and bars the tool is built on, versions, sizes, dates.
+NOT_PROSE = [BLOCK, re.compile(r"^ *```.*?^ *```", re.S | re.M), re.compile(r"`[^`\n]*`"), re.compile(r"<!--.*?-->", re.S),
+             re.compile(r"\]\([^)\s]*\)"), re.compile(r"https?://\S+"),
+             re.compile(r"\b(?:Python|python|version|llama\.cpp b)\s?\d+(?:\.\d+)+\+?|\b\d+\.\d+\.\d+\b"),  # versions
+             re.compile(r"(?<![\w.])\d+(?:\.\d+)? ?(?:[KMGT]i?B|bytes)\b"),  # sizes
+             re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),  # dates
+             re.compile(r"\b(?:rho|beta|lr|S|K|D)\s?=\s?\d+(?:\.\d+)?\b")]  # a setting of a run, not its result
+_START = r"(?<![\w.\-/^])"
+HAND_NUMBER = re.compile(
+    _START + r"[-+]?\d+(?:\.\d+)?(?:e-?\d+)?(?:-\d+(?:\.\d+)?)?%"  # a percentage or a range of them
+    r"|" + _START + r"[-+]?\d+\.\d+(?:e-?\d+)?(?![\d.])|" + _START + r"\d+e-\d+"  # a decimal, a power of ten
+    r"|" + _START + r"\d+ of \d+(?!\w)"  # a count
+    r"|" + _START + r"\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? (?:points|nats|seconds|minutes|min|hours|s)\b")  # an amount
+ALLOWED = {"80%": "the bar a trained model must reach, and the power a detectable dip is computed at",
+           "95%": "the level of every interval", "0.05": "alpha", "5%": "alpha",
+           "40-80%": "`--calibrate`'s default band", "30%": "a default budget (the pilot's, the dense steps')"}
+
+
+def hand_numbers(text: str) -> list[tuple[int, str]]:
+    """The measured-looking numbers a document's prose holds outside generated blocks: (line, number),
+    ALLOWED ones left out."""
+    for pattern in NOT_PROSE:
+        text = pattern.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in HAND_NUMBER.finditer(text)
+            if m.group(0) not in ALLOWED]
 
 
 def regenerate(text: str) -> str:
@@ -649,15 +1160,29 @@ def regenerate(text: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("documents", nargs="*", type=Path,
+                        help="the documents to rewrite or check (default: README.md, reports/*.md and docs/)")
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 naming each block that differs")
+    parser.add_argument("--hand-numbers", action="store_true",
+                        help="print, as JSON, the measured-looking numbers each document's prose holds outside its blocks "
+                             "(the form of tests/data/hand_numbers.json, the debt tests/test_claims.py lets stand)")
     args = parser.parse_args()
+    if args.hand_numbers:
+        print(json.dumps({str(d.relative_to(ROOT)): sorted(n for _, n in hand_numbers(d.read_text()))
+                          for d in HAND_WRITTEN if hand_numbers(d.read_text())}, indent=0))
+        return 0
     sys.path.insert(0, str(ROOT))
     stale = []
-    for document in DOCUMENTS:
+    for document in args.documents or DOCUMENTS:
+        if not document.is_file():
+            parser.error(f"{document}: no such document")
         text = document.read_text()
-        new = regenerate(text)
+        try:
+            new = regenerate(text)
+        except KeyError as error:
+            parser.error(f"{document}: a block no table builds: {error}")
         if new != text:
-            stale.append(document.relative_to(ROOT))
+            stale.append(document.resolve().relative_to(ROOT) if document.resolve().is_relative_to(ROOT) else document)
             if not args.check:
                 document.write_text(new)
     for document in stale:
