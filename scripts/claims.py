@@ -865,8 +865,19 @@ DS4_ABLATION = [(f"{cell.label}, seed {k}", run, "sweep")
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
 
 OFFSETS4 = [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]  # (fix folder, as the tables name it)
+BENCH_POWER = ROOT / "reports" / "bench-power" / "output.txt"  # `python bench/bench_power.py > ...`: its stdout
+
+
+def bench_table(output: Path) -> str:
+    """The markdown table a bench printed (its lines that start with "|"), and the line that says how many
+    simulated runs each row holds."""
+    lines = output.read_text(encoding="utf-8").splitlines()
+    rows = [line for line in lines if line.startswith("|")]
+    return "\n".join([next(line for line in lines if "runs per row" in line), "", *rows]) + "\n"
+
 
 TABLES: dict[str, Callable[[], str]] = {
+    "power-table": lambda: bench_table(BENCH_POWER),
     "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
                                        OFFSETS4),
     "ds4-ablation": lambda: profile_table(DS4_ABLATION),

@@ -28,7 +28,9 @@ def verdict(folder: Path) -> str | None:
 
 
 def main(roots: list[str]) -> int:
-    folders = sorted({path.parent for root in roots or ["reports"] for path in (ROOT / root).rglob("config.json")},
+    # only what was reported before: some probe folders keep their rows and no report of their own
+    folders = sorted({path.parent for root in roots or ["reports"] for path in (ROOT / root).rglob("config.json")
+                      if (path.parent / "summary.json").exists()},
                      key=lambda folder: (-len(folder.parts), str(folder)))
     runner, changed, failed = CliRunner(), [], []
     for number, folder in enumerate(folders, 1):

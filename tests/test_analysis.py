@@ -98,8 +98,8 @@ def test_a_run_at_the_floor_is_uninformative_whatever_its_log_probabilities_say(
     frame["logprob"] = frame["logprob"] - 0.5 * (frame["residue"] == 3)
     summary = summarize(frame, stride=4, modulus=8)
     assert summary.detectable_dip is None and summary.verdict == "uninformative"
-    assert summary.headline().startswith("Uninformative: at a mean accuracy of 0.0% no one-residue dip that fits "
-                                         "above 0% is detectable")
+    assert summary.headline().startswith("Uninformative: at a mean accuracy of 0.0% (95% interval 0.0 to 2.0%, from "
+                                         "24 contexts) no one-residue dip can be said to fit above 0%")
 
 
 def test_detectable_dip_in_a_balanced_run_by_simulation():
@@ -242,7 +242,7 @@ def test_an_empty_answers_column_reads_as_one_empty_answer():
     frame = _answered(0.0)
     frame["predicted"] = np.nan  # what pandas reads from an empty column
     summary = summarize(frame, stride=4, modulus=8)
-    assert summary.verdict == "degenerate" and "an empty answer" in summary.headline()
+    assert summary.verdict == "degenerate" and "the model gives an empty answer to" in summary.headline()
 
 
 def test_uninformative_is_decided_at_80_percent_power_of_the_largest_dip():
@@ -336,3 +336,12 @@ def test_the_gap_interval_covers_a_true_gap_of_zero_in_95_percent_of_runs():
         rates = 1 / (1 + np.exp(-(rng.standard_normal(8)[contexts])))  # (N,) around 50%
         held += gap_interval((rng.random(len(groups)) < rates).astype(float), design, seed=run)[0] <= 0
     assert held / 300 >= 0.92, held / 300
+
+
+def test_a_run_of_one_context_is_uninformative_and_says_why():
+    frame = _frame([0.5] * 8, n=40)
+    frame["context"] = 0
+    summary = summarize(frame, stride=4, modulus=8)
+    assert summary.verdict == "uninformative"
+    assert summary.headline().startswith("Uninformative: at a mean accuracy of 50.0% (95% interval 0.0 to 100.0%, "
+                                         "from 1 context) no one-residue dip can be said to fit above 0%")

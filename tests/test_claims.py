@@ -12,7 +12,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
+from scipy import optimize
 from scipy.stats import chi2, chi2_contingency
 
 from kvphase.sweep.stratified import noncentrality_for_power
@@ -128,15 +130,26 @@ def test_a_large_modulus_is_read_against_the_stride_that_divides_it(tmp_path, mo
                   "context": range(len(rows))}).to_csv(folder / "results.csv", index=False)
     monkeypatch.setattr(claims, "ROOT", tmp_path)
     between = chi2_contingency([[180, 20], [180, 20], [180, 20], [120, 80]], correction=False)[0] * 799 / 800
-    # a class is one stratum of two residues, 100 independent targets each at rate p: a drop d of one residue
-    # moves its CMH difference by 50 d, whose variance is 50 v (v: the stratum's sample variance, p (1 - p)
-    # 200 / 199), so the non-centrality is 50 d^2 / v; the hardest class is p = 0.6 (df 4 in all)
-    dip = 100 * (noncentrality_for_power(4) * 0.6 * 0.4 * 200 / 199 / 50) ** 0.5
-    assert claims.nested_phase_phrase("run", 4) == (
+    # a class is one stratum of two residues, 100 independent targets each: a drop d of one residue of the class
+    # at p = 0.6 (the hardest) moves its CMH difference (S_1 - S_2) / 2 by 50 d, with variance 25 (v_1 + v_2)
+    # under the drop, while the test divides by 50 s^2 (s^2: the class's sample variance, (N - 1) in it); the
+    # three other classes add a chi-square of 1 df each. Its power, simulated here directly, is 80% at the dip.
+    draws = np.random.default_rng(0).standard_normal((200_000, 4))
+
+    def power(d):
+        v1, v2, m = 0.6 * 0.4, (0.6 - d) * (0.4 + d), 0.6 - d / 2
+        s2 = (0.995 * 100 * (v1 + v2) + 200 * (d / 2) ** 2) / 199 + 0.24 / 199 * (1 + (1 - d / 0.6) ** 2) / 2
+        dipped = (50 * d + np.sqrt(25 * (v1 + v2)) * draws[:, 0]) ** 2 / (50 * s2)
+        return float((dipped + (draws[:, 1:] ** 2).sum(axis=1) > chi2.isf(0.05, 4)).mean())
+
+    dip = 100 * optimize.brentq(lambda d: power(d) - 0.8, 0.01, 0.6, xtol=1e-4)
+    phrase = claims.nested_phase_phrase("run", 4)
+    assert phrase.startswith(
         f"pooled by position mod 4 its residues read 90.0, 90.0, 90.0 and 60.0% (chi-square {between:.1f}, df 3, "
         f"p = {claims._p(chi2.sf(between, 3))}); within each phase mod 4 they differ no more than chance "
-        f"(chi-square 0.0, df 4, p = 1; a one-residue dip of {dip:.1f} points within a phase is what it detects "
-        "80% of the time)")
+        f"(chi-square 0.0, df 4, p = 1; a one-residue dip of "), phrase
+    shown = float(re.search(r"a one-residue dip of ([0-9.]+) points within a phase", phrase).group(1))
+    assert shown == pytest.approx(dip, abs=0.6), (shown, dip)
 
 
 @pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])

@@ -168,11 +168,16 @@ class Summary:
                   "retrieves is needed before a phase can be read")
         if verdict == "degenerate":
             spread = self.spread
-            answer = f'"{spread.commonest}"' if spread.commonest else "an empty answer"
-            return (f"Degenerate: the model answers {answer} to {100 * spread.commonest_share:.1f}% of the "
+            answer = f'answers "{spread.commonest}"' if spread.commonest else "gives an empty answer"
+            return (f"Degenerate: the model {answer} to {100 * spread.commonest_share:.1f}% of the "
                     f"{self.n_targets} targets ({spread.effective:.1f} distinct answers in effect, where the right ones "
                     f"spread over {spread.truth_effective:.1f}): its answers do not depend on the query, so no phase "
                     f"can be read from this run (mean accuracy {self.mean_accuracy:.1f}%); {advice}.")
+        if self.largest_dip == 0:
+            contexts = f"{self.n_contexts} context" + ("" if self.n_contexts == 1 else "s")
+            return (f"Uninformative: at a mean accuracy of {self.mean_accuracy:.1f}% (95% interval {self.mean_ci[0]:.1f} "
+                    f"to {self.mean_ci[1]:.1f}%, from {contexts}) no one-residue dip can be said to fit above 0%, so no "
+                    f"phase can be read from this run; {advice}.")
         power = "" if self.power_at_floor is None or self.largest_dip is None else (
             f": the largest, one residue losing {self.largest_dip:.1f} points (down to the lower end of the mean's "
             f"95% interval), would be detected only {100 * self.power_at_floor:.0f}% of the time ({POWER:.0%} needed)")

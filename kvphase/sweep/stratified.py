@@ -283,14 +283,14 @@ POWER_CANDIDATES = 4  # residues tried for the hardest: those with the least inf
 DIP_STEPS = 16  # bisection steps on the dip (resolution: the room / 65,536)
 
 
-def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float,
-                        mean: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float, mean: float,
+                        own_share: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Under one residue's dip: the CMH differences' expectation (G,), their covariance (G, G) and
     the covariance the test will estimate from such data (G, G).
 
     Every stratum keeps its own rate `base` (H,) except the dipped group, which loses the same share
-    of it everywhere (rate x (1 - dip / mean)): the dip is `dip` on average and never takes a rate
-    below 0. Targets are independent given their rates, so a stratum's group sums S_h have covariance
+    of it everywhere (rate x (1 - dip / mean), `mean` the group's own accuracy at those rates): its
+    accuracy falls by `dip` and no rate falls below 0. Targets are independent given their rates, so a stratum's group sums S_h have covariance
     diag(n_hk v_hk), and its differences are (I - n_h 1' / N_h) S_h."""
     table = design.counts  # (H, G)
     size = table.sum(axis=1)  # (H,)
@@ -299,10 +299,12 @@ def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float
     sums = table * rates  # (H, G) expected group sums
     stratum_mean = sums.sum(axis=1) / size  # (H,)
     expected = (sums - table * stratum_mean[:, None]).sum(axis=0)  # (G,)
-    # the strata's rates are estimates from N_h targets, and r (1 - r) of an estimate is low by (1 - 1/N_h)
-    # on average: the variance each target is given takes that back out, else the dip reported is too small
+    # the strata's rates are estimates from N_h targets (`own_share` of each is the stratum's own reading),
+    # and r (1 - r) of an estimate is low by its variance, w^2 r (1 - r) / (N_h - 1) on average: the variance
+    # each target is given takes that back out, else the dip reported is too small
+    share = np.ones(len(size)) if own_share is None else own_share  # (H,)
     scale = np.where(np.arange(design.n_groups) == group, 1 - dip / mean, 1.0)  # (G,)
-    noise = np.outer(base * (1 - base) / np.maximum(size - 1, 1), scale**2)  # (H, G)
+    noise = np.outer(share**2 * base * (1 - base) / np.maximum(size - 1, 1), scale**2)  # (H, G)
     weights = table * (rates * (1 - rates) + noise)  # (H, G) n_hk v_hk
     total = weights.sum(axis=1)  # (H,)
     mixed = np.einsum("hg,hk->gk", weights, table / size[:, None])  # (G, G) sum_h w_h n_h' / N_h
@@ -318,14 +320,14 @@ def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float
 
 
 def dip_power(design: Design, base: np.ndarray, group: int, dip: float, mean: float, draws: np.ndarray,
-              alpha: float = ALPHA) -> float:
+              alpha: float = ALPHA, own_share: np.ndarray | None = None) -> float:
     """How often the stratified test rejects at `alpha` when residue `group` dips by `dip`: its
     statistic is Z' V^+ Z with Z ~ N(expected, covariance) and V the covariance the test estimates,
     a quadratic form evaluated on the standard normal `draws` (D, G) (fixed, so that power is a
     smooth function of the dip)."""
     from scipy import stats
 
-    expected, covariance, estimated = alternative_moments(design, base, group, dip, mean)
+    expected, covariance, estimated = alternative_moments(design, base, group, dip, mean, own_share)
     inverse, dof = pseudo_inverse(estimated)  # (G, G), ()
     if dof == 0:
         return 0.0
@@ -354,6 +356,23 @@ def hardest_groups(design: Design, base: np.ndarray) -> np.ndarray:
     return distinct[np.argsort(per_unit[distinct], kind="stable")][:POWER_CANDIDATES]
 
 
+def stratum_rates(outcome: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray]:
+    """Each stratum's accuracy (H,), its observed rate shrunk toward the run's by how little its own
+    targets say (the beta-binomial's empirical Bayes weight tau^2 / (tau^2 + p (1 - p) / N_h), tau^2
+    the spread of the strata's rates beyond what sampling gives): a context of two targets reads 0, 50
+    or 100%, and taken at its word it would hold no dip at 0% and no variance at 100%. Also returns the
+    weights (H,): how much of each rate is the stratum's own reading."""
+    size = design.counts.sum(axis=1)  # (H,)
+    observed = np.bincount(design.strata, weights=outcome, minlength=len(size)) / size  # (H,)
+    mean = float(outcome.mean())
+    sampling = mean * (1 - mean) / size  # (H,) each observed rate's variance were all strata alike
+    spread = max(float(np.average((observed - mean) ** 2, weights=size)) - float(np.average(sampling, weights=size)),
+                 0.0) if len(size) > 1 else 0.0
+    weight = spread / (spread + sampling) if spread > 0 else np.zeros_like(sampling)  # (H,)
+    weight = np.where(sampling > 0, weight, 1.0)  # (H,) a run at 0% or 100% has nothing to shrink
+    return weight * observed + (1 - weight) * mean, weight
+
+
 def detectable(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power: float = POWER,
                seed: int = 0, room: float | None = None) -> Detectable:
     """The smallest one-residue dip the stratified test detects with `power`, computed under the
@@ -365,19 +384,23 @@ def detectable(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power:
     than the model's true accuracy."""
     y = np.asarray(outcome, dtype=float)  # (N,)
     table = design.counts  # (H, G)
-    base = np.bincount(design.strata, weights=y, minlength=len(table)) / table.sum(axis=1)  # (H,)
+    base, own_share = stratum_rates(y, design)  # (H,), (H,)
     mean = float(y.mean())
     largest = mean if room is None else min(max(room, 0.0), mean)
     draws = np.random.default_rng(seed).standard_normal((POWER_DRAWS, design.n_groups))  # (D, G)
     if largest == 0 or design.n_groups < 2:
         return Detectable(None, largest, 0.0)
     candidates = hardest_groups(design, base)
-    at_largest = [dip_power(design, base, group, largest, mean, draws, alpha) for group in candidates]
+    # a group whose contexts do worse than the run's (an unbalanced design) has less room: the same share of it
+    own = (table.T @ base) / table.sum(axis=0)  # (G,) each group's accuracy at the strata's rates
+    room_of = {group: largest * own[group] / mean for group in candidates}
+    at_largest = [dip_power(design, base, group, room_of[group], own[group], draws, alpha, own_share)
+                  for group in candidates]
     if min(at_largest) < power:
         weakest = int(np.argmin(at_largest))
         return Detectable(None, largest, at_largest[weakest], int(design.labels[candidates[weakest]]))
-    dips = [smallest_dip(lambda dip: dip_power(design, base, group, dip, mean, draws, alpha), largest, power)
-            for group in candidates]
+    dips = [smallest_dip(lambda dip: dip_power(design, base, group, dip, own[group], draws, alpha, own_share),
+                         room_of[group], power) for group in candidates]
     hardest = int(np.argmax(dips))
     return Detectable(dips[hardest], largest, at_largest[hardest], int(design.labels[candidates[hardest]]))
 
