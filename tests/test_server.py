@@ -411,3 +411,31 @@ def test_weight_repacking_is_off_on_a_cpu_with_amx(tmp_path, monkeypatch):
         monkeypatch.setattr(engine, "extra_buffers_safe", lambda: safe)
         engine.load_model(model, vocab_only=True)
     assert loaded == [False, True]
+
+
+def test_a_server_down_at_the_start_leaves_as_one_lost_mid_run():
+    """One rule: a server that does not answer at the checks leaves with the same warning (told once
+    someone listens) and the others score everything; with every server down, one line."""
+    with FakeServer() as gone, FakeServer() as also_gone:
+        pass
+    with FakeServer(slots=1) as up:
+        backend = backend_for(gone, up)
+        told = []
+        backend.on_lost = told.append
+        results = dict(backend.score_many([(CONTEXT, QUERIES)] * 3))
+    assert sorted(results) == [0, 1, 2]
+    assert told == [f"{gone.url} does not answer (connection refused) after 2 tries; its contexts go to the other "
+                    "servers"]
+    assert [entry["url"] for entry in backend.engine_info()["lost"]] == [gone.url]
+    assert [server["url"] for server in backend.engine_info()["servers"]] == [up.url]
+    with pytest.raises(BackendError, match=r"^every server has stopped answering \(since .*connection refused.*; "
+                                           r"since .*connection refused"):
+        backend_for(gone, also_gone)
+
+
+def test_cli_the_same_server_twice_is_one_line(default_model, tmp_path):
+    result = CliRunner().invoke(app, ["sweep", str(default_model), "--backend", "server", "--url", "http://127.0.0.1:1",
+                                      "--url", "127.0.0.1:1/", "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: --url 127.0.0.1:1/ names the same server as --url http://127.0.0.1:1; "
+                                     "give each server once (--slots sets how many requests each takes at once)")
