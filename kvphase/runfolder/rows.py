@@ -52,6 +52,8 @@ def _refuse_first(path: Path, rows: pd.DataFrame, column: str, bad: np.ndarray, 
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         line = int(rows.index[first]) + 2  # the header is line 1, the index is the file's row order
-        raise RunFolderError(f"{path} line {line}: {column} is {rows[column].iloc[first]!r}, expected {expected}; "
+        value = rows[column].iloc[first]
+        shown = value.item() if hasattr(value, "item") else value  # a numpy number as the file holds it
+        raise RunFolderError(f"{path} line {line}: {column} is {str(shown)[:40]!r}, expected {expected}; "
                              "the run's plan cannot have made this row (a hand-edited or mixed results file): "
                              "move the file away to score the run again")
