@@ -82,7 +82,8 @@ MUTATIONS = [
     # the server backend's bounds on waiting
     Mutation("server-deadline-not-capping-a-request", SERVER, "timeout = min(limit, left)", "timeout = limit",
              (T_SERVER,)),
-    Mutation("server-no-watchdog", SERVER, "        watch.start()\n", "", (T_SERVER,)),
+    Mutation("server-no-watchdog", SERVER, "patience, self.alive)\n        watch.start()\n", "patience, self.alive)\n",
+             (T_SERVER,)),
     Mutation("server-timeout-named-as-other", SERVER, "problem = _describe(exc) if not isinstance(exc, TimeoutError)",
              "problem = _describe(exc) if True", (T_SERVER,)),
     Mutation("server-first-contact-waits-the-whole-timeout", SERVER,
