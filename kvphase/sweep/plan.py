@@ -120,11 +120,12 @@ def sized(plan: SweepPlan, tokenizer: Tokenizer) -> SweepPlan:
         rounds = max(rounds, -(-plan.least_per_residue // lanes))
     most_rounds = MAX_TARGETS // (lanes * plan.modulus)
     if plan.contexts and rounds > most_rounds:
-        raise PlanError(f"--contexts {plan.contexts} of {lanes} targets each asks for {rounds * lanes * plan.modulus} "
-                        f"targets; one run holds at most {MAX_TARGETS}: the largest --contexts that fits is "
-                        f"{most_rounds * plan.modulus}" if most_rounds * plan.modulus >= MIN_CONTEXTS else
-                        f"--contexts {plan.contexts} of {lanes} targets each asks for more than the {MAX_TARGETS} "
-                        "targets one run holds; use fewer --targets-per-context")
+        each = f"--contexts {plan.contexts} of {lanes} target{'s' if lanes > 1 else ''} each"
+        raise PlanError(f"{each} asks for {rounds * lanes * plan.modulus} targets; one run holds at most {MAX_TARGETS}: "
+                        f"the largest --contexts that fits is {most_rounds * plan.modulus}"
+                        if most_rounds * plan.modulus >= MIN_CONTEXTS else
+                        f"{each} asks for more than the {MAX_TARGETS} targets one run holds; use fewer "
+                        "--targets-per-context")
     return replace(plan, per_residue=rounds * lanes)
 
 
