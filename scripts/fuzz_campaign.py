@@ -54,9 +54,9 @@ from kvphase.gguf.tiny import TINY_ARCHS, write_tiny_model  # noqa: E402
 from tests.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, layout, patched,  # noqa: E402
                                u32)
 
-OUTCOMES = ("ok", "clean error", "traceback", "native crash", "hang")
+OUTCOMES = ("ok", "clean error", "traceback", "native crash", "hang", "rows differ")
 FINISHED = ("Report:", "Model:")  # the last line of a sweep and of a training run that completed
-BAD = ("traceback", "native crash", "hang")
+BAD = ("traceback", "native crash", "hang", "rows differ")
 SWEEP = ["--context", "256", "--per-residue", "1", "--quiet", "--threads", "1"]
 CATEGORIES = {
     "gguf": "GGUF truncations, random flips, targeted header edits (inspect, sweep)",
@@ -68,6 +68,7 @@ CATEGORIES = {
     "probes": "damaged probe folders (report, and the probe run again on its folder)",
     "signals": "SIGINT / SIGTERM during training and sweeps",
     "servers": "hostile servers under sweep --backend server",
+    "silent": "a llama-server stopped (SIGSTOP) mid-sweep, alone and in a fleet, then the sweep again",
     "disk": "a full disk at every writing command (a tmpfs left 0 B to 64 KiB free)",
     "memory": "too little memory (RLIMIT_AS) under sweep, training, probes and theory",
     "readonly": "read-only and immutable folders under every writing command",
@@ -102,6 +103,9 @@ class Case:
     prefix: list[str] = field(default_factory=list)  # runs each command through this (a namespace with a small disk)
     address_space: int | None = None  # bytes: RLIMIT_AS of each command (too little memory)
     release: Callable[[], object] | None = None  # before cleanup (an immutable folder made mutable again)
+    during: Callable[[int], object] | None = None  # run in a thread while command i runs (a server paused)
+    between: Callable[[int], object] | None = None  # before command i (a paused server let go on)
+    check: Callable[[], str] | None = None  # after the commands: "" or what differs from a clean run's rows
 
 
 def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
@@ -170,8 +174,17 @@ def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
     try:
         if case.prepare:
             case.prepare()
-        case.results = [timed(run_cli, argv, case.cpu or timeout, cwd, wall, case.signal_after, case.prefix,
-                              case.address_space) for argv in case.commands]
+        for i, argv in enumerate(case.commands):
+            if case.between:
+                case.between(i)
+            watcher = threading.Thread(target=case.during, args=(i,), daemon=True) if case.during else None
+            if watcher:
+                watcher.start()
+            case.results.append(timed(run_cli, argv, case.cpu or timeout, cwd, wall, case.signal_after, case.prefix,
+                                      case.address_space))
+        differs = case.check() if case.check and all(o not in BAD for o, *_ in case.results) else ""
+        if differs:
+            case.results[-1] = ("rows differ", differs, case.results[-1][2])
     finally:
         if case.release:
             case.release()
@@ -560,6 +573,39 @@ class Campaign:
                     cases.append(Case("servers", f"{mode} {engine} {' '.join(waits)}", [argv], cleanup=[out]))
         return cases
 
+    # -- a llama-server that stops answering (SIGSTOP) mid-sweep, alone and in a fleet
+    def silent(self) -> list[Case]:
+        """Each case: a sweep through one or two llama-servers, one of them paused once results.csv
+        holds `rows` rows (0: before the sweep starts, a server down at the start), then let go on
+        and the same sweep run again; its rows must equal an uninterrupted run's. The first
+        command's wall time is the stall's cost."""
+        from kvphase.engines.llama_server import find_llama_server
+
+        try:
+            binary = find_llama_server()
+        except Exception as exc:  # no llama-server here: the category says so and runs nothing
+            print(f"silent: skipped, no llama-server ({exc})", flush=True)
+            return []
+        argv = ["sweep", str(self.seed_model), "--context", "512", "--per-residue", "64", "--threads", "1",
+                "-q", "--backend", "server"]
+        clean = self.path("silent-clean")
+        with SilentFleet(binary, self.seed_model, 1) as fleet:
+            outcome, detail = run_cli([*argv, *fleet.urls, "--out", str(clean)], 600, self.work)
+        if outcome != "ok":
+            raise RuntimeError(f"the clean server sweep failed: {detail}")
+        cases = []
+        for servers in (1, 2):
+            for rows in (0, 16, 200, 480):
+                out, fleet = self.path("silent-run"), SilentFleet(binary, self.seed_model, servers)
+                label = f"{servers} server{'s' if servers > 1 else ''}, the last paused at {rows} rows"
+                command = [*argv, *fleet.urls, "--out", str(out)]
+                cases.append(Case("silent", label, [command, command], cleanup=[out], prepare=fleet.start,
+                                  release=fleet.stop, cpu=120,
+                                  during=lambda i, f=fleet, o=out, r=rows: i == 0 and f.pause_at(o, r),
+                                  between=lambda i, f=fleet: i and f.resume(),
+                                  check=lambda o=out: same_rows(o, clean)))
+        return cases
+
     # -- abusive options
     def options(self) -> list[Case]:
         m, out, afile = str(self.seed_model), self.work / "opt-run", self.work / "plain-file"
@@ -650,6 +696,14 @@ class Campaign:
             sweep(*SWEEP, "--offsets", "2", "--backend", "server", "--url", "http://127.0.0.1:1"),
             sweep(*SWEEP, "--gpu-layers", "-1"), sweep(*SWEEP, "--gpu-layers", str(2**40)), sweep(*SWEEP, "--gpu-layers", "x"),
             sweep(*SWEEP, "--gpu-layers", "2"), ref("--gpu-layers", "1"),
+            # issue 56: errors that name what was typed and the nearest value that fits
+            sweep("--contexts", "100000", "--context", "256"), sweep("--per-residue", "auto", "--detect", "0.1"),
+            sweep("--per-residue", "auto", "--detect", "100"), sweep("--per-residue", "auto", "--detect", "0"),
+            *(sweep("--targets-per-context", v) for v in ("0", "-1", "1.5", "abc", "65537")),
+            *(sweep("--context", v) for v in ("128", "10", "100")), sweep("--per-residue", "100000"),
+            *(sweep(*SWEEP, "--gpu-layers", v) for v in ("all", str(2**31), str(2**40), "x", "-2")),
+            sweep(*SWEEP, "--backend", "server", "--url", "http://127.0.0.1:1", "--url", "127.0.0.1:1/"),
+            ["compare", str(afile), str(afile)],
             val("--tokens", "0"), val("--tokens", "-1"), val("--tokens", str(10**9)), val("--tokens", "1"),
             val("--split", "a,b"), val("--split", "0"), val("--split", "-5"), val("--split", "1000000"),
             val("--split", ",,,"), val("--split", ",".join(["1"] * 32)), val("--threads", "1000000"),
@@ -856,6 +910,81 @@ class Campaign:
         own = self.path(shared.name)
         commands = [[str(own) if arg == str(shared) else arg for arg in argv] for argv in case.commands]
         return replace(case, commands=commands, cleanup=[own])
+
+
+class SilentFleet:
+    """llama-servers on the seed model for the silent category: started before a case, the last one
+    paused (SIGSTOP) at a point of the sweep and let go on (SIGCONT) before the resume."""
+
+    def __init__(self, binary: Path, model: Path, count: int):
+        from kvphase.engines.llama_server import free_port
+
+        self.binary, self.model = binary, model
+        self.ports = [free_port() for _ in range(count)]
+        self.urls = [part for port in self.ports for part in ("--url", f"http://127.0.0.1:{port}")]
+        self._stack = None
+        self._lock = threading.Lock()
+        self.watching = True
+        self.servers: list = []
+
+    def __enter__(self) -> "SilentFleet":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        import contextlib
+
+        from kvphase.engines.llama_server import llama_server
+
+        self._stack = contextlib.ExitStack()
+        self.watching = True
+        self.servers = [self._stack.enter_context(llama_server(self.model, binary=self.binary, threads=1, slots=1,
+                                                               n_ctx_per_slot=1024, port=port))
+                        for port in self.ports]
+
+    def pause_at(self, out: Path, rows: int) -> None:
+        """Pause the last server once `out`'s results.csv holds `rows` rows (at once for 0), unless
+        the first sweep ended before that."""
+        results = out / "results.csv"
+        while rows and self.watching:
+            if results.exists() and results.read_bytes().count(b"\n") - 1 >= rows:
+                break
+            time.sleep(0.02)
+        with self._lock:  # not after `resume`: the second sweep runs on servers that answer
+            if self.watching:
+                self.servers[-1].pause()
+
+    def resume(self) -> None:
+        with self._lock:
+            self.watching = False
+            self.servers[-1].resume()
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+
+def same_rows(out: Path, clean: Path) -> str:
+    """"" when `out`'s results.csv holds the clean run's rows, each once (log-probabilities within
+    1e-4: a server's batch shapes may move the last digits), else what differs."""
+    import pandas as pd
+
+    try:
+        got, want = (pd.read_csv(folder / "results.csv") for folder in (out, clean))
+    except (OSError, ValueError) as exc:
+        return f"results.csv unreadable: {exc}"
+    if got["target_id"].duplicated().any():
+        return f"target {int(got['target_id'][got['target_id'].duplicated()].iloc[0])} scored twice"
+    got, want = (frame.sort_values("target_id").reset_index(drop=True) for frame in (got, want))
+    if list(got["target_id"]) != list(want["target_id"]):
+        return f"{len(got)} rows, the clean run {len(want)}"
+    if (got["correct"] != want["correct"]).any() or (got["logprob"] - want["logprob"]).abs().max() > 1e-4:
+        return "scores differ from the clean run's"
+    return ""
 
 
 class HostileServers:

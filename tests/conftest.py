@@ -21,6 +21,9 @@ def _pin_xdist_worker() -> None:
 
 _pin_xdist_worker()
 
+import faulthandler  # noqa: E402
+import signal  # noqa: E402
+
 import pytest  # noqa: E402
 
 from kvphase.defaults import default_model_path, default_threads  # noqa: E402
@@ -76,3 +79,31 @@ LONGEST_FIRST = ("test_default_sweep.py", "test_docs.py", "test_server_real.py",
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: the rest keep their order
+
+
+# A test that hangs fails instead (SIGALRM in pytest's main thread, where every test runs): the
+# default is far above the slowest test's minutes on a loaded machine; `@pytest.mark.time_limit(S)`
+# sets a test's own, seconds for the ones that wait on servers
+DEFAULT_TIME_LIMIT_S = 1800.0
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "time_limit(seconds): fail the test when it runs longer than this")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    marker = item.get_closest_marker("time_limit")
+    seconds = float(marker.args[0]) if marker else DEFAULT_TIME_LIMIT_S
+
+    def over(signum, frame):
+        faulthandler.dump_traceback(all_threads=True)  # where it hung, every thread
+        pytest.fail(f"over its time limit of {seconds:g} s", pytrace=False)
+
+    previous = signal.signal(signal.SIGALRM, over)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -71,14 +71,16 @@ class FakeServer:
     down_after: stop answering completions after this many (a server that dies).
     delay_s: time each completion takes, so that concurrent workers overlap.
     hostile: after `down_after` completions (or from the first), each next completion is
-    answered in one of HOSTILE's ways instead.
+    answered in one of HOSTILE's ways instead; "stalled" stops answering anything, /health
+    included, as a process stopped with SIGSTOP does (`stall()` does it at once).
     """
 
     HOSTILE = {"silent": "accepts the request and never answers",
                "trickle": "answers one byte every 50 ms",
                "slow-headers": "sends its status and header lines one byte every 50 ms",
                "garbage": "answers 200 with bytes that are not JSON",
-               "cut": "sends half the answer it announced, then closes"}
+               "cut": "sends half the answer it announced, then closes",
+               "stalled": "answers no request at all from then on, /health included (SIGSTOP)"}
 
     def __init__(self, engine: str = "llama-server", slots: int = 2, n_ctx: int = 4096, grammar: bool = True,
                  vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None):
@@ -86,6 +88,8 @@ class FakeServer:
         self.vocab = ByteVocab(vocab_shift)
         self.down_after, self.delay_s, self.hostile = down_after, delay_s, hostile
         self._stopped = threading.Event()
+        self._stalled = threading.Event()  # every request waits for the end, as under SIGSTOP
+        self.health_checks = 0
         self.completions = 0
         self.slot_prompts: dict[int, list[int]] = {}  # what each slot last evaluated
         self.evaluated_per_request: list[int] = []
@@ -102,6 +106,10 @@ class FakeServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def stall(self) -> None:
+        """From now on answer nothing, as a process stopped with SIGSTOP."""
+        self._stalled.set()
+
     def stop(self) -> None:
         self._stopped.set()  # releases the handlers a silent server holds
         self._httpd.shutdown()
@@ -110,6 +118,10 @@ class FakeServer:
     # -- the APIs ----------------------------------------------------------------------
 
     def get(self, path: str) -> dict:
+        if path == "/health":
+            with self._lock:
+                self.health_checks += 1
+            return {"status": "ok"}
         if path == "/v1/models":
             model = {"id": "fake-bytes", "max_model_len": self.n_ctx}
             if self.engine == "llama-server":
@@ -129,6 +141,8 @@ class FakeServer:
         with self._lock:
             self.completions += 1
             if self.down_after is not None and self.completions > self.down_after or self.hostile and not self.down_after:
+                if self.hostile == "stalled":
+                    self._stalled.set()
                 raise ConnectionAbortedError(self.hostile)
         time.sleep(self.delay_s)
         if path == "/completion" and self.engine == "llama-server":
@@ -175,11 +189,21 @@ class FakeServer:
             protocol_version = "HTTP/1.1"  # keep-alive, as both engines do
 
             def do_GET(self):
-                self._answer(lambda: server.get(self.path))
+                if not self._stalled():
+                    self._answer(lambda: server.get(self.path))
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                self._answer(lambda: server.post(self.path, body))
+                if not self._stalled():
+                    self._answer(lambda: server.post(self.path, body))
+
+            def _stalled(self) -> bool:
+                """Under `stall()`, hold the request unanswered until the server stops."""
+                if not server._stalled.is_set():
+                    return False
+                server._stopped.wait()
+                self.close_connection = True
+                return True
 
             def _answer(self, make):
                 try:
@@ -200,7 +224,7 @@ class FakeServer:
                 self.wfile.write(data)
 
             def _misbehave(self, how: str) -> None:
-                if how == "silent":
+                if how in ("silent", "stalled"):
                     server._stopped.wait()
                     return
                 data = b"<html>502 upstream error</html>" if how == "garbage" else json.dumps(

@@ -87,7 +87,7 @@ def test_impossible_options(default_model, options, fragment, tmp_path):
 
 @pytest.mark.parametrize("options, fragment", [
     (["--per-residue", "auto"], "--per-residue auto needs --detect GAP"),
-    (["--per-residue", "auto", "--detect", "120"], "a dip in points between 0 and 100, got 120"),
+    (["--per-residue", "auto", "--detect", "120"], "a dip in points above 0 and below 100 (both excluded), got 120"),
     (["--detect", "20"], "--detect applies to --per-residue auto only"),
     (["--per-residue", "many"], "--per-residue must be a whole number or 'auto', got 'many'"),
 ])

@@ -167,8 +167,8 @@ def test_the_sample_is_sized_at_the_density_of_the_context(default_model):
 
 
 @pytest.mark.parametrize("options, fragment", [
-    (["--targets-per-context", "0"], "--targets-per-context must be 'auto' or a whole number from 1"),
-    (["--targets-per-context", "many"], "--targets-per-context must be 'auto' or a whole number"),
+    (["--targets-per-context", "0"], "--targets-per-context must be 'auto', 'task' or a whole number from 1"),
+    (["--targets-per-context", "many"], "--targets-per-context must be 'auto', 'task' or a whole number"),
     (["--targets-per-context", "4000"], "--targets-per-context 4000 does not fit"),
     (["--targets-per-context", "12"], "must be a multiple of the modulus 8"),
     (["--contexts", "12"], "--contexts must be a multiple of the modulus 8"),

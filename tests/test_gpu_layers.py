@@ -33,7 +33,7 @@ def test_a_sweep_records_its_gpu_layers_and_a_cpu_build_says_it_offloads_nothing
 
 @pytest.mark.parametrize("args, message", [
     (["sweep", "{model}", "--backend", "reference", "--gpu-layers", "1"], "--gpu-layers applies to the llama.cpp backend only, not reference"),
-    (["sweep", "{model}", "--gpu-layers", "-1"], "Invalid value for '--gpu-layers'"),
+    (["sweep", "{model}", "--gpu-layers", "-2"], "--gpu-layers must be a count of layers from 0 to"),
     (["knockout", "{model}", "--backend", "reference", "--gpu-layers", "1"], "--gpu-layers applies to the llama.cpp backend only"),
 ])
 def test_gpu_layers_where_they_cannot_apply_is_one_error(args, message, tiny_llama, tmp_path):

@@ -11,13 +11,14 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, score_from_logits
-from kvphase.backends.server import ENGINES, Retry, ServerBackend
+from kvphase.backends.server import ENGINES, MIN_PATIENCE_S, STALL_FACTOR, Pace, Retry, ServerBackend
 from kvphase.cli import app
 from kvphase.engines.llama_server import free_port
 from kvphase.errors import BackendError, PlanError
 
 from fake_servers import BOS, ByteVocab, FakeServer, fake_logits
 
+pytestmark = pytest.mark.time_limit(60)  # a failover that never ends fails here in a minute, not never
 QUICK = Retry(attempts=3, first_wait_s=0.01, timeout_s=5)
 CONTEXT = tuple([BOS] + ByteVocab().tokenize("Records: alpha=17, beta=42, gamma=99. " * 4))
 QUERIES = [Query(tuple(ByteVocab().tokenize(f" {k}=")), tuple(ByteVocab().tokenize(v)))
@@ -151,6 +152,121 @@ def test_a_server_that_dies_mid_run_hands_its_contexts_to_the_others():
                                                                        backend.engine_info()["lost"]]
     assert told == [f"{dying.url} does not answer (Remote end closed connection without response) after 3 tries; "
                     "its contexts go to the other servers"]
+    assert staying.completions == completions_for(8 - 2)  # the dying server finished 2 contexts (12 completions)
+
+
+PER_CONTEXT = 1 + len(QUERIES)  # a context's completions: evaluated alone, then one per query
+CHECKS = 2  # completions of the checks before scoring (one short query forced)
+
+
+def completions_for(contexts: int) -> int:
+    """A server's completions when it scored `contexts` contexts, each exactly once, after its checks."""
+    return CHECKS + PER_CONTEXT * contexts
+
+
+def test_every_context_of_a_lost_server_is_scored_exactly_once_by_the_others():
+    """Each context's index comes back once, and the servers did exactly the completions of the
+    contexts (a context handed back twice was scored twice: 37 completions for 32 contexts)."""
+    jobs = [(CONTEXT, QUERIES)] * 9
+    # the others take 0.05 s a completion, so the dying one surely takes a second context and dies in it
+    with FakeServer(slots=1, down_after=completions_for(1)) as dying, FakeServer(slots=1, delay_s=0.05) as a, \
+            FakeServer(slots=1, delay_s=0.05) as b:
+        backend = backend_for(dying, a, b)
+        indices = [index for index, _ in backend.score_many(jobs)]
+    assert sorted(indices) == list(range(9))
+    assert [entry["url"] for entry in backend.lost] == [dying.url]
+    assert a.completions + b.completions == 2 * CHECKS + PER_CONTEXT * (9 - 1), (a.completions, b.completions)
+
+
+def test_later_calls_skip_a_lost_server():
+    """After a server left, a one-context score (the calibration pilot, the dry run's estimate)
+    goes to a server that is still there, even when the lost one comes first."""
+    jobs = [(CONTEXT, QUERIES)] * 4
+    # the staying server takes 0.05 s a completion: the dying one takes a second context and dies in it
+    with FakeServer(slots=1, down_after=completions_for(1)) as dying, FakeServer(slots=1, delay_s=0.05) as staying:
+        backend = backend_for(dying, staying)
+        dict(backend.score_many(jobs))
+        assert [entry["url"] for entry in backend.lost] == [dying.url]
+        asked_of_dying = dying.completions
+        assert_scores_match(backend.score(CONTEXT, QUERIES), expected_scores(CONTEXT, QUERIES))
+    assert dying.completions == asked_of_dying
+    assert [entry["url"] for entry in backend.lost] == [dying.url]
+
+
+def test_one_context_on_a_server_that_dies_goes_to_a_worker_not_yet_started():
+    """One job starts one worker; when its server dies, another server's worker takes the context
+    (the calibration pilot's and the dry run's single contexts)."""
+    with FakeServer(slots=1, down_after=CHECKS) as dying, FakeServer(slots=1) as staying:
+        backend = backend_for(dying, staying)
+        assert_scores_match(backend.score(CONTEXT, QUERIES), expected_scores(CONTEXT, QUERIES))
+    assert [entry["url"] for entry in backend.lost] == [dying.url]
+    assert staying.completions == completions_for(1)
+
+
+def test_pace_waits_a_multiple_of_the_slowest_request_between_bounds():
+    pace = Pace()
+    assert pace.patience(300) == MIN_PATIENCE_S  # nothing measured yet: the floor
+    pace.record(0.01)
+    assert pace.patience(300) == MIN_PATIENCE_S
+    pace.record(10.0)
+    pace.record(4.0)  # the slowest counts, not the last
+    assert pace.patience(300) == STALL_FACTOR * 10.0 == 20.0
+    assert pace.patience(12.5) == 12.5  # never past the request's own limit
+
+
+@pytest.fixture
+def short_patience(monkeypatch):
+    """Patience of 0.3 s (instead of MIN_PATIENCE_S) while the fakes answer in milliseconds."""
+    monkeypatch.setattr("kvphase.backends.server.MIN_PATIENCE_S", 0.3)
+    return 0.3
+
+
+def _stall_line(url: str, patience: float) -> str:
+    return (f"{url} stopped answering: no answer to /completion within {patience:g} s, and none to /health "
+            f"within {patience:g} s more")
+
+
+def test_a_stalled_server_stops_a_single_server_run_within_two_patiences(short_patience):
+    """SIGSTOP: the socket accepts, nothing answers, /health neither. One line in about twice the
+    patience, not the tries of --request-timeout (6 x 300 s at the defaults)."""
+    with FakeServer(slots=1, down_after=12, hostile="stalled") as server:
+        finished, message, seconds = _run_until_error(server, Retry(attempts=6, first_wait_s=0.01, timeout_s=20))
+    assert finished == [0, 1]
+    assert re.fullmatch(r"every server has stopped answering \(since [\d\-T:+]+: " + re.escape(
+        _stall_line(server.url, short_patience)) + r"\); finished contexts are kept: run the same command again "
+        "to resume", message), message
+    assert seconds < 2 * short_patience + 2, seconds
+
+
+def test_a_stalled_server_hands_its_contexts_to_the_others_within_two_patiences(short_patience):
+    import time
+
+    jobs = [(CONTEXT, QUERIES)] * 8
+    with FakeServer(slots=1, down_after=12, hostile="stalled") as stalled, FakeServer(slots=1) as staying:
+        backend = ServerBackend([ENGINES["llama-server"](s.url, Retry(first_wait_s=0.01, timeout_s=20))
+                                 for s in (stalled, staying)], ByteVocab(), n_ctx_needed=512)
+        told = []
+        backend.on_lost = told.append
+        started = time.monotonic()
+        results = dict(backend.score_many(jobs))
+        seconds = time.monotonic() - started
+    assert sorted(results) == list(range(8))
+    for scores in results.values():
+        assert_scores_match(scores, expected_scores(CONTEXT, QUERIES))
+    assert told == [_stall_line(stalled.url, short_patience) + "; its contexts go to the other servers"]
+    assert staying.completions == completions_for(8 - 2)
+    assert seconds < 2 * short_patience + 3, seconds
+
+
+def test_a_busy_server_that_answers_health_is_waited_for(short_patience):
+    """Requests that take 3 patiences each: /health answers, so the server is slow, not gone; once
+    one such request is answered the pace is its time, and the next ones wait without asking."""
+    with FakeServer(slots=1) as server:
+        backend = backend_for(server)  # its checks answer in milliseconds: the pace is the floor
+        server.delay_s = 3 * short_patience
+        got = backend.score(CONTEXT, QUERIES[:2])  # three requests: the context, then one per query
+    assert_scores_match(got, expected_scores(CONTEXT, QUERIES[:2]))
+    assert 1 <= server.health_checks <= 3, server.health_checks  # asked during the first request only
 
 
 def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
@@ -296,3 +412,31 @@ def test_weight_repacking_is_off_on_a_cpu_with_amx(tmp_path, monkeypatch):
         monkeypatch.setattr(engine, "extra_buffers_safe", lambda: safe)
         engine.load_model(model, vocab_only=True)
     assert loaded == [False, True]
+
+
+def test_a_server_down_at_the_start_leaves_as_one_lost_mid_run():
+    """One rule: a server that does not answer at the checks leaves with the same warning (told once
+    someone listens) and the others score everything; with every server down, one line."""
+    with FakeServer() as gone, FakeServer() as also_gone:
+        pass
+    with FakeServer(slots=1) as up:
+        backend = backend_for(gone, up)
+        told = []
+        backend.on_lost = told.append
+        results = dict(backend.score_many([(CONTEXT, QUERIES)] * 3))
+    assert sorted(results) == [0, 1, 2]
+    assert told == [f"{gone.url} does not answer (connection refused) after 2 tries; its contexts go to the other "
+                    "servers"]
+    assert [entry["url"] for entry in backend.engine_info()["lost"]] == [gone.url]
+    assert [server["url"] for server in backend.engine_info()["servers"]] == [up.url]
+    with pytest.raises(BackendError, match=r"^every server has stopped answering \(since .*connection refused.*; "
+                                           r"since .*connection refused"):
+        backend_for(gone, also_gone)
+
+
+def test_cli_the_same_server_twice_is_one_line(default_model, tmp_path):
+    result = CliRunner().invoke(app, ["sweep", str(default_model), "--backend", "server", "--url", "http://127.0.0.1:1",
+                                      "--url", "127.0.0.1:1/", "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: --url 127.0.0.1:1/ names the same server as --url http://127.0.0.1:1; "
+                                     "give each server once (--slots sets how many requests each takes at once)")

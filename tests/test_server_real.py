@@ -141,9 +141,9 @@ def test_two_servers_give_the_results_of_one(tmp_path, binary, tiny, tiny_server
     assert np.array_equal(tiny_server_run["logprob"], two["logprob"]), spread
 
 
-def sweep_killing_one(tiny, out, servers, victim) -> tuple[int, str]:
-    """A sweep through `servers` in its own process, `victim` killed once 16 rows are written:
-    (exit code, stderr)."""
+def sweep_killing_one(tiny, out, servers, victim, how: str = "kill") -> tuple[int, str]:
+    """A sweep through `servers` in its own process, `victim` killed (or paused: `how` names the
+    RunningServer method) once 16 rows are written: (exit code, stderr)."""
     urls = [part for server in servers for part in ("--url", server.url)]
     sweep = subprocess.Popen([sys.executable, "-m", "kvphase.cli", "sweep", str(tiny), *SWEEP, *TINY_SWEEP,
                               "--backend", "server", "--out", str(out), *urls],
@@ -151,9 +151,48 @@ def sweep_killing_one(tiny, out, servers, victim) -> tuple[int, str]:
                              env={**os.environ, "PYTHONPATH": os.getcwd()})
     while _rows(out) < 16 and sweep.poll() is None:
         time.sleep(0.05)
-    victim.kill()
+    getattr(victim, how)()
     _, stderr = sweep.communicate(timeout=120)
     return sweep.returncode, stderr
+
+
+def test_a_server_paused_mid_run_stops_the_sweep_within_two_patiences_and_a_resume_completes(
+        tmp_path, binary, tiny, tiny_server_run):
+    """SIGSTOP: alive, silent, /health silent too. One line within two patiences (MIN_PATIENCE_S
+    each: the tiny model answers in milliseconds), not 6 tries of --request-timeout's 300 s."""
+    from kvphase.backends.server import MIN_PATIENCE_S
+
+    out = tmp_path / "run"
+    with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as server:
+        started = time.monotonic()
+        returncode, stderr = sweep_killing_one(tiny, out, [server], server, how="pause")
+        seconds = time.monotonic() - started
+        assert returncode == 1, stderr
+        assert stderr.strip().count("\n") == 0, stderr
+        assert stderr.startswith("Error: every server has stopped answering (since "), stderr
+        assert f"{server.url} stopped answering: no answer to /completion within {MIN_PATIENCE_S:g} s" in stderr, stderr
+        assert seconds < 2 * MIN_PATIENCE_S + 20, seconds  # the rows before the pause take a few seconds
+        assert 16 <= len(load_results(out)) < len(tiny_server_run)
+        server.resume()
+        result = server_sweep(tiny, out, server.url, extra=TINY_SWEEP)
+    assert result.exit_code == 0, result.output
+    assert_rows_of_a_clean_run(out, tiny_server_run)
+
+
+def test_a_server_paused_mid_run_hands_its_contexts_to_the_other(tmp_path, binary, tiny, tiny_server_run):
+    from kvphase.backends.server import MIN_PATIENCE_S
+
+    out = tmp_path / "run"
+    with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as a, \
+            llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as b:
+        returncode, stderr = sweep_killing_one(tiny, out, [a, b], b, how="pause")
+    assert returncode == 0, stderr
+    assert stderr.strip().splitlines() == [
+        f"Warning: {b.url} stopped answering: no answer to /completion within {MIN_PATIENCE_S:g} s, and none to "
+        f"/health within {MIN_PATIENCE_S:g} s more; its contexts go to the other servers"], stderr
+    assert_rows_of_a_clean_run(out, tiny_server_run)
+    lost = json.loads((out / "manifest.json").read_text())["engine"]["lost"]
+    assert [entry["url"] for entry in lost] == [b.url], lost
 
 
 def assert_rows_of_a_clean_run(out, clean) -> None:

@@ -28,8 +28,8 @@ def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | Non
     gpu_layers = options.pop("gpu_layers", 0)
     if options:
         raise PlanError(f"the llama.cpp backend takes no options but cache_type and gpu_layers, got {', '.join(options)}")
-    if not isinstance(gpu_layers, int) or isinstance(gpu_layers, bool) or gpu_layers < 0:
-        raise PlanError(f"gpu_layers must be a count of layers (0 or more), got {str(gpu_layers)[:40]!r}")
+    if not isinstance(gpu_layers, int) or isinstance(gpu_layers, bool) or gpu_layers < -1:
+        raise PlanError(f"gpu_layers must be a count of layers (0 or more, -1 for all), got {str(gpu_layers)[:40]!r}")
     if not isinstance(cache_type, str) or cache_type not in CACHE_TYPES:
         raise PlanError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {str(cache_type)[:40]!r}")
     return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type, n_gpu_layers=gpu_layers)

@@ -12,9 +12,12 @@ prompt cache recognises, so only the query's own tokens are evaluated
 
 Contexts are spread over (server, slot) workers; a context and all its queries stay
 on one worker, so its prefix is reused. Each worker keeps one HTTP connection alive.
-Transient failures (refused, reset, timeout, 503 while loading) are retried with
-backoff; when a server stays away the sweep stops with one line, keeping every
-finished context in the run folder for a resume.
+Transient failures (refused, reset, 503 while loading) are retried with backoff. A
+request that takes longer than the run's pace allows (`Pace`) asks the server's
+`/health` whether it is alive: a server that answers nothing (stopped, hung, behind a
+dead link) leaves at once, a busy one is waited for up to `--request-timeout`. A server
+that leaves hands its contexts to the others; when none is left the sweep stops with one
+line, keeping every finished context in the run folder for a resume.
 """
 
 from __future__ import annotations
@@ -88,8 +91,33 @@ class ServerRefused(BackendError):
         self.status, self.message = status, message
 
 
-TRANSIENT_STATUS = (502, 503, 504)
-FIRST_CONTACT_S = 30.0  # a server that has never answered: /props and /tokenize answer at once on a live one  # a proxy hiccup, or llama-server still loading the model
+TRANSIENT_STATUS = (502, 503, 504)  # a proxy hiccup, or llama-server still loading the model
+FIRST_CONTACT_S = 30.0  # a server that has never answered: /props and /tokenize answer at once on a live one
+STALL_FACTOR = 2.0  # a request may take this many times the slowest answered so far before /health is asked
+MIN_PATIENCE_S = 5.0  # ... and at least this long: a tiny model's requests take milliseconds, a loaded CPU stutters
+
+
+class Pace:
+    """The slowest request the run's servers have answered so far, and from it how long a request
+    may stay unanswered before its server is asked whether it is alive (`patience`). Shared by a
+    fleet: a server that stalls on its first context is judged by the others' pace."""
+
+    def __init__(self) -> None:
+        self._slowest = 0.0
+        self._lock = threading.Lock()
+
+    def record(self, seconds: float) -> None:
+        with self._lock:
+            self._slowest = max(self._slowest, seconds)
+
+    def patience(self, limit: float) -> float:
+        """STALL_FACTOR x the slowest request so far, at least MIN_PATIENCE_S, at most `limit`."""
+        with self._lock:
+            return min(limit, max(MIN_PATIENCE_S, STALL_FACTOR * self._slowest))
+
+
+class Stalled(Exception):
+    """A request unanswered past its patience, and the server's /health unanswered as long."""
 
 
 def parse_url(url: str):
@@ -109,7 +137,10 @@ class Http:
 
     Until the server has answered once, a failure is retried only once and a request waits
     at most FIRST_CONTACT_S: a wrong URL or a port that never answers is reported in a
-    minute, a server that goes away mid-run gets every retry and the whole timeout."""
+    minute. After that a request unanswered for its patience (`Pace`) asks /health, on a
+    connection of its own, whether the server is alive: one that answers within as long is
+    waited for (again and again, up to --request-timeout); one that does not has stalled
+    (stopped, hung, cut off) and is gone at once, not after every retry of every timeout."""
 
     def __init__(self, url: str, retry: Retry):
         parts = parse_url(url)
@@ -118,6 +149,7 @@ class Http:
         self._retry = retry
         self._local = threading.local()
         self._answered = False
+        self.pace = Pace()  # a fleet's servers share one (ServerBackend)
 
     def get(self, path: str) -> dict:
         return self._request("GET", path, None)
@@ -138,8 +170,14 @@ class Http:
                                      f"{self.url}" + (f" ({problem})" if problem else ""))
             limit = self._retry.timeout_s if self._answered else min(self._retry.timeout_s, FIRST_CONTACT_S)
             timeout = min(limit, left)
+            patience = self.pace.patience(timeout) if self._answered else timeout
+            started = time.monotonic()
             try:
-                status, data = self._send(method, path, body, timeout)
+                status, data = self._send(method, path, body, timeout, patience)
+            except Stalled:
+                self._drop_connection()
+                raise ServerGone(f"{self.url} stopped answering: no answer to {path} within {patience:g} s, and none "
+                                 f"to /health within {patience:g} s more") from None
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut mid-answer
                 self._drop_connection()
                 if isinstance(exc, TimeoutError) and timeout < limit:
@@ -155,39 +193,60 @@ class Http:
                 continue
             if status >= 400:
                 raise ServerRefused(self.url, status, _error_message(data))
+            self.pace.record(time.monotonic() - started)
             try:
                 return json.loads(data)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 raise BackendError(f"{self.url}{path} answered with something that is not JSON: {data[:80]!r}") from None
         raise ServerGone(f"{self.url} does not answer ({problem}) after {attempts} tries")
 
-    def _send(self, method: str, path: str, body: dict | None, timeout: float) -> tuple[int, bytes]:
+    def _send(self, method: str, path: str, body: dict | None, timeout: float, patience: float) -> tuple[int, bytes]:
         """One request and its whole answer within `timeout` seconds (TimeoutError otherwise),
-        however slowly the server trickles its header lines or its body: a watchdog shuts
-        the socket when the time is up."""
+        however slowly the server trickles its header lines or its body; Stalled when it stays
+        unanswered for `patience` and so does /health. A watch shuts the socket in both cases."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
-            connection = kind(self._parts.hostname, self._parts.port, timeout=timeout)
+            connection = self._connection(timeout)
             self._local.connection = connection
         connection.timeout = timeout
         if connection.sock is not None:
             connection.sock.settimeout(timeout)
         payload = None if body is None else json.dumps(body).encode()
-        expired = threading.Event()
-        watchdog = threading.Timer(timeout, _shut, args=(expired, connection))
-        watchdog.start()
+        watch = _Watch(connection, timeout, patience, self.alive)
+        watch.start()
         try:
             connection.request(method, self._parts.path.rstrip("/") + path, body=payload,
                                headers={"Content-Type": "application/json"} if payload else {})
             response = connection.getresponse()
             return response.status, response.read()  # IncompleteRead when the answer stops short of its length
         except (OSError, http.client.HTTPException):
-            if expired.is_set():
+            if watch.stalled:
+                raise Stalled from None
+            if watch.expired:
                 raise TimeoutError from None
             raise
         finally:
-            watchdog.cancel()
+            watch.finish()
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
+        return kind(self._parts.hostname, self._parts.port, timeout=timeout)
+
+    def alive(self, within: float) -> bool:
+        """Whether the server answers GET /health with any HTTP status within `within` seconds,
+        on a connection of its own (llama-server and vLLM answer it while they compute)."""
+        connection = self._connection(within)
+        watch = _Watch(connection, within, within, lambda _: True)
+        watch.start()
+        try:
+            connection.request("GET", self._parts.path.rstrip("/") + "/health")
+            connection.getresponse()
+            return True
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            watch.finish()
+            connection.close()
 
     def _drop_connection(self) -> None:
         connection = getattr(self._local, "connection", None)
@@ -196,9 +255,41 @@ class Http:
             self._local.connection = None
 
 
-def _shut(expired: threading.Event, connection: http.client.HTTPConnection) -> None:
-    """The watchdog's bite: a read blocked on the socket returns at once."""
-    expired.set()
+class _Watch(threading.Thread):
+    """Watches one request: at `timeout` seconds it shuts the socket (`expired`); every
+    `patience` seconds before that it asks `alive(patience)`, and shuts the socket when the
+    answer is no (`stalled`). A read blocked on the socket then returns at once."""
+
+    def __init__(self, connection: http.client.HTTPConnection, timeout: float, patience: float,
+                 alive: Callable[[float], bool]):
+        super().__init__(daemon=True)
+        self._connection, self._timeout, self._patience, self._alive = connection, timeout, patience, alive
+        self._done = threading.Event()
+        self.expired = self.stalled = False
+
+    def run(self) -> None:
+        end = time.monotonic() + self._timeout
+        check = time.monotonic() + self._patience
+        while not self._done.wait(max(0.0, min(end, check) - time.monotonic())):
+            if time.monotonic() >= end:
+                self.expired = True
+                break
+            if not self._alive(min(self._patience, max(end - time.monotonic(), 0.01))):
+                if self._done.is_set():  # answered while /health was asked
+                    return
+                self.stalled = True
+                break
+            check = time.monotonic() + self._patience
+        else:
+            return
+        _shut(self._connection)
+
+    def finish(self) -> None:
+        self._done.set()
+
+
+def _shut(connection: http.client.HTTPConnection) -> None:
+    """A read blocked on the connection's socket returns at once."""
     sock = connection.sock
     if sock is not None:
         try:
@@ -388,16 +479,43 @@ class ServerBackend:
     slots: int | None = None  # workers per server; default: every slot it has
     servers: list[ServerInfo] = field(init=False)
     tokens_evaluated: int = field(init=False, default=0)
-    lost: list[dict] = field(init=False, default_factory=list)  # servers that left mid-run: url, when, why
-    on_lost: Callable[[str], None] = field(init=False, default_factory=lambda: lambda line: None)  # once per server lost
+    lost: list[dict] = field(init=False, default_factory=list)  # servers that left: url, when, why
 
     def __post_init__(self) -> None:
+        """Each server checked; one that does not answer leaves as it would mid-run (the sweep goes
+        on while one is left), one that answers wrongly stops everything (it is unfit, not lost)."""
         if self.slots is not None and self.slots < 1:
             raise PlanError(f"--slots must be at least 1, got {self.slots}")
-        self.servers = [self._check(engine) for engine in self.engines]
-        self.workers = [(engine, slot) for engine, info in zip(self.engines, self.servers)
-                        for slot in range(self.slots or info.slots)]
         self._lock = threading.Lock()
+        self._tell: Callable[[str], None] | None = None
+        self._untold: list[str] = []  # servers lost before anyone listened (at the checks)
+        pace = Pace()  # one for the fleet: a server stalled on its first context is judged by the others' pace
+        for engine in self.engines:
+            engine.http.pace = pace
+        checked = []
+        for engine in self.engines:
+            try:
+                checked.append((engine, self._check(engine)))
+            except ServerGone as exc:
+                if len(self.engines) == 1:
+                    raise
+                self._leave(engine.http.url, exc)
+        if not checked:
+            raise self._every_server_gone()
+        self.servers = [info for _, info in checked]
+        self.workers = [(engine, slot) for engine, info in checked for slot in range(self.slots or info.slots)]
+
+    @property
+    def on_lost(self) -> Callable[[str], None]:
+        """Told one line per server that leaves while others remain (those lost at the checks when set)."""
+        return self._tell or (lambda line: None)
+
+    @on_lost.setter
+    def on_lost(self, tell: Callable[[str], None]) -> None:
+        self._tell = tell
+        for line in self._untold:
+            tell(line)
+        self._untold.clear()
 
     def _check(self, engine) -> ServerInfo:
         """One line for each way a server can be unfit, before anything is scored."""
@@ -465,10 +583,15 @@ class ServerBackend:
         for item in enumerate(jobs):
             todo.put(item)
         workers = [worker for worker in self.workers if worker[0].http.url not in self._lost_urls()]
-        threads = [threading.Thread(target=self._work, args=(worker, todo, done, stop), daemon=True)
-                   for worker in workers[:max(len(jobs), 1)]]
-        for thread in threads:
-            thread.start()
+        reserve = workers[max(len(jobs), 1):]  # started when a lost server's contexts find every worker gone
+        threads: list[threading.Thread] = []
+
+        def start(worker) -> None:
+            threads.append(threading.Thread(target=self._work, args=(worker, todo, done, stop), daemon=True))
+            threads[-1].start()
+
+        for worker in workers[:max(len(jobs), 1)]:
+            start(worker)
         alive = len(threads)
         if not alive and jobs:
             raise self._every_server_gone()
@@ -478,6 +601,10 @@ class ServerBackend:
                 result = _next(done)
                 if isinstance(result, ServerGone):
                     alive -= 1
+                    reserve = [worker for worker in reserve if worker[0].http.url not in self._lost_urls()]
+                    if reserve:
+                        start(reserve.pop(0))
+                        alive += 1
                     if not alive:
                         raise self._every_server_gone() from None
                     continue
@@ -485,6 +612,9 @@ class ServerBackend:
                     raise result
                 finished += 1
                 yield result
+            stop.set()
+            for thread in threads:  # every context is done, so each worker is only polling the queue
+                thread.join(timeout=WORKER_EXIT_S)
         finally:
             stop.set()
 
@@ -499,9 +629,9 @@ class ServerBackend:
             try:
                 scores, evaluated = engine.score(slot, *job)
             except ServerGone as exc:
+                self._leave(engine.http.url, exc)  # before it is told, so that no reserve worker of its own starts
                 todo.put((index, job))
                 done.put(exc)
-                self._leave(engine.http.url, exc)
                 return
             except BackendError as exc:
                 done.put(exc)
@@ -520,8 +650,13 @@ class ServerBackend:
             self.lost.append({"url": url, "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                               "reason": str(reason)})
             others = {engine.http.url for engine in self.engines} - self._lost_urls()
-        if others:  # with none left the sweep stops, and its one line says why
-            self.on_lost(f"{reason}; its contexts go to the other servers")
+        if not others:  # with none left the sweep stops, and its one line says why
+            return
+        line = f"{reason}; its contexts go to the other servers"
+        if self._tell is None:
+            self._untold.append(line)
+        else:
+            self._tell(line)
 
     def _lost_urls(self) -> set[str]:
         return {entry["url"] for entry in self.lost}
@@ -537,6 +672,9 @@ class ServerBackend:
                 "servers": [{"url": s.url, "model": s.model, "build_info": s.build_info, "slots": s.slots,
                              "n_ctx": s.n_ctx} for s in self.servers],
                 "workers": len(self.workers), "lost": self.lost}
+
+
+WORKER_EXIT_S = 5.0  # a worker polls its queue every 0.1 s, so one left working after the last context is a bug
 
 
 def _next(done: queue.Queue):
@@ -564,4 +702,10 @@ def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kin
             raise PlanError(f"{option} expects a number of seconds above 0, got {seconds:g}")
     retry = Retry(timeout_s=request_timeout_s, deadline_s=deadline_s)
     engines = [ENGINES[engine](url, retry) for url in urls]
+    seen: dict[str, str] = {}
+    for url, one in zip(urls, engines):
+        if one.http.url in seen:
+            raise PlanError(f"--url {url} names the same server as --url {seen[one.http.url]}; give each server "
+                            "once (--slots sets how many requests each takes at once)")
+        seen[one.http.url] = url
     return ServerBackend(engines, Vocab.load(model_path), n_ctx_needed=n_ctx, slots=slots)

@@ -24,8 +24,8 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
         ("file", str(info.path)),
         ("name", info.name),
         ("architecture", info.architecture),
-        ("file size", f"{info.file_size / 2**20:,.1f} MiB"),
-        *([("weights", f"not in this file (header-only, kvphase header); the model: {info.weights_size / 2**20:,.1f} MiB")]
+        ("file size", file_size(info.file_size)),
+        *([("weights", f"not in this file (header-only, kvphase header); the model: {file_size(info.weights_size)}")]
           if info.weights_size is not None else []),
         ("parameters", f"{info.n_params / 1e6:,.1f} M"),
         ("quantization", info.quantization),
@@ -50,5 +50,12 @@ def header(
 
     written = write_header_only(model, out)
     shards = f" in {written.n_shards} shards" if written.n_shards > 1 else ""
-    typer.echo(f"wrote {plain(written.path)}: {written.size / 2**20:,.1f} MiB, the header of a "
-               f"{written.source_size / 2**20:,.1f} MiB model ({written.n_tensors} tensors{shards} listed, no weights)")
+    typer.echo(f"wrote {plain(written.path)}: {file_size(written.size)}, the header of a "
+               f"{file_size(written.source_size)} model ({written.n_tensors} tensors{shards} listed, no weights)")
+
+
+def file_size(n_bytes: int) -> str:
+    """MiB to one decimal, or KiB below a tenth of a MiB (a tiny model's header would read 0.0 MiB)."""
+    if n_bytes < 2**20 / 10:
+        return f"{n_bytes / 2**10:,.1f} KiB"
+    return f"{n_bytes / 2**20:,.1f} MiB"

@@ -402,7 +402,7 @@ def dry_run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, threads: Opti
 
         backend = Vocab.load(info.path)
     try:
-        estimate = estimate_sweep(plan, backend, run_dir, info, timed)
+        estimate = estimate_sweep(plan, backend, run_dir, info, timed, announce=console.print)
     finally:
         getattr(backend, "close", lambda: None)()
     typer.echo(f"Dry run for {plain(run_dir)} (nothing written): {estimate.contexts} contexts, {estimate.targets} "
@@ -473,13 +473,14 @@ def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: in
     if per_residue is None and detect is None:
         return defaults.per_residue, 0
     if per_residue is not None and per_residue.strip().lower() == "auto":
-        from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
+        from kvphase.sweep.plan import per_residue_for_detect
 
         if detect is None or not 0 < detect < 100:
-            raise PlanError(f"--per-residue auto needs --detect GAP, a dip in points between 0 and 100, got {detect}")
+            raise PlanError(f"--per-residue auto needs --detect GAP, a dip in points above 0 and below 100 (both "
+                            f"excluded), got {'none' if detect is None else format(detect, 'g')}")
         if modulus < 2:
             raise PlanError(f"--modulus must be at least 2, got {modulus}")
-        return per_residue_for_dip(detect / 100, modulus), 0
+        return per_residue_for_detect(detect, modulus), 0
     if detect is not None:
         raise PlanError("--detect applies to --per-residue auto only")
     try:

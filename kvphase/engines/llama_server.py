@@ -65,11 +65,11 @@ def rpc_options(endpoints: list[str]) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, threads: int | None = None,
-                 extra: tuple[str, ...] = (), binary: Path | None = None, ready_s: float = 120.0
-                 ) -> Iterator["RunningServer"]:
-    """A llama-server serving `model` on a free port; always stopped on exit."""
+                 extra: tuple[str, ...] = (), binary: Path | None = None, ready_s: float = 120.0,
+                 port: int | None = None) -> Iterator["RunningServer"]:
+    """A llama-server serving `model` on `port` (default a free one); always stopped on exit."""
     binary = binary or find_llama_server()
-    port = free_port()
+    port = port or free_port()
     command = server_command(binary, model, port, slots=slots, n_ctx_per_slot=n_ctx_per_slot,
                              threads=threads or default_threads(), extra=extra)
     with _running(command, f"http://127.0.0.1:{port}", ready_s) as running:
@@ -141,9 +141,20 @@ class RunningServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def pause(self) -> None:
+        """Stop it answering anything while it stays alive (SIGSTOP), as a hung host would."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, signal.SIGCONT)  # a paused server takes its SIGTERM only once it runs
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

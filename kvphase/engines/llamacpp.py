@@ -90,7 +90,7 @@ def gpu_offload_note(n_gpu_layers: int) -> str | None:
     without CUDA, Metal or Vulkan) offloads nothing and runs every layer on the CPU."""
     import llama_cpp
 
-    if n_gpu_layers > 0 and not llama_cpp.llama_supports_gpu_offload():
+    if n_gpu_layers != 0 and not llama_cpp.llama_supports_gpu_offload():
         return (f"this llama.cpp build has no GPU backend (llama_supports_gpu_offload is false): --gpu-layers "
                 f"{n_gpu_layers} does nothing, every layer runs on the CPU")
     return None

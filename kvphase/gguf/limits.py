@@ -33,6 +33,19 @@ def check_llama_limits(model: str | Path | GGUFHeader) -> None:
     if scaling not in ROPE_SCALING_TYPES:
         raise meta.bad(f"{arch}.rope.scaling.type", scaling, f"one of {', '.join(ROPE_SCALING_TYPES)}")
     CHECKS.get(arch, lambda meta, arch, n_layer: None)(meta, arch, n_layer)
+    _check_special_tokens(meta)
+
+
+def _check_special_tokens(meta: Metadata) -> None:
+    """BOS and EOS ids inside the vocabulary: llama.cpp (src/llama-vocab.cpp) swaps an id past the
+    end for its default without a word, so every prompt would start with a token the file never named."""
+    n_vocab = meta.integer("tokenizer.ggml.tokens_count", 0)
+    for name in ("bos", "eos"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        value = meta.fields.get(key)
+        if n_vocab and value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                               or not 0 <= value < n_vocab):
+            raise meta.bad(key, value, f"a token id from 0 to {n_vocab - 1} (the vocabulary has {n_vocab} tokens)")
 
 
 def _check_experts(meta: Metadata, arch: str, n_layer: int) -> None:

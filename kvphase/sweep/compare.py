@@ -74,7 +74,7 @@ def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
     seen: dict[Path, Path] = {}
     for path in paths:
         if not path.is_dir():
-            raise RunFolderError(f"{path} is not a run folder: no such directory")
+            raise RunFolderError(f"{path} is not a run folder: " + ("it is a file" if path.exists() else "no such directory"))
         key = path.resolve()
         if key in seen:
             raise PlanError(f"{path} is given twice (also as {seen[key]})")

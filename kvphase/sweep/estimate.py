@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from kvphase.backends.base import Backend, score_contexts
 from kvphase.gguf.modelinfo import ModelInfo
@@ -57,10 +57,12 @@ def evaluated_tokens(context: Sequence[int], targets: Sequence[Target]) -> int:
     return len(context) + sum(len(t.query.prompt) + len(t.query.answer) - 1 for t in targets)
 
 
-def estimate_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelInfo, timed: bool = True) -> SweepEstimate:
+def estimate_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: ModelInfo, timed: bool = True,
+                   announce: Callable[[str], object] = lambda line: None) -> SweepEstimate:
     """Build the plan's contexts, check the folder's finished rows against them (as a resumed
     sweep does: a folder it would refuse is refused here too), and score the first context with
-    a target left, timing it (`timed`; `backend` need only tokenize when not). Reads `run_dir` only."""
+    a target left, timing it (`timed`; `backend` need only tokenize when not), after a line to
+    `announce` saying so (a long context's hundreds of queries take minutes). Reads `run_dir` only."""
     check_run_dir(run_dir, plan, info)
     contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
     done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir, plan_fingerprint(contexts))
@@ -69,6 +71,8 @@ def estimate_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: Model
     seconds, timed_tokens, timed_queries = 0.0, 0, 0
     if pending and timed:
         context, todo = pending[0]
+        announce(f"Timing one context: {evaluated_tokens(context.tokens, todo):,} tokens with its {len(todo)} "
+                 f"{'query' if len(todo) == 1 else 'queries'}...")
         started = time.perf_counter()
         for _ in score_contexts(backend, [(context.tokens, [t.query for t in todo])]):
             pass

@@ -87,7 +87,8 @@ class ProbeSettings:
             raise PlanError(f"--context {self.context_length} is shorter than one period of the modulus {self.modulus}")
         if self.per_residue * self.modulus > MAX_TARGETS:  # checked before any planning, however large
             raise PlanError(f"--per-residue {self.per_residue} asks for {self.per_residue * self.modulus} targets "
-                            f"(mod {self.modulus}); one run holds at most {MAX_TARGETS}")
+                            f"(mod {self.modulus}); one run holds at most {MAX_TARGETS}: the largest --per-residue "
+                            f"that fits is {MAX_TARGETS // self.modulus}")
         if self.padding not in PADDING_MODES:
             raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
         if self.seed < 0:
@@ -101,8 +102,8 @@ class ProbeSettings:
         if density in (TASK_DENSITY, AUTO_DENSITY):
             return None
         if not isinstance(density, str) or not density.isascii() or not density.isdigit() or not 1 <= int(density) <= MAX_TARGETS:
-            raise PlanError(f"--targets-per-context must be 'auto' or a whole number from 1 to {MAX_TARGETS}, "
-                            f"got {str(density)[:40]!r}")
+            raise PlanError(f"--targets-per-context must be 'auto', 'task' or a whole number from 1 to {MAX_TARGETS} "
+                            f"(both included), got {str(density)[:40]!r}")
         return int(density)
 
 
@@ -591,9 +592,25 @@ class Layout:
 
     @property
     def _blocks(self) -> int:
-        """Periods of M between the first and the last anchor."""
-        first, last = _slot_range(self.lowest_slot, self.highest_slot, self.settings.modulus)
-        return (last - first) // self.settings.modulus
+        """Periods of M between the first and the last anchor; PlanError naming the smallest
+        --context with room for one when there is none."""
+        m, context = self.settings.modulus, self.settings.context_length
+        try:
+            first, last = _slot_range(self.lowest_slot, self.highest_slot, m)
+        except PlanError:
+            raise PlanError(f"the context leaves no room for targets at modulus {m}: --context {context} is too "
+                            f"short for task {self.task.name}; the smallest --context that fits is "
+                            f"{self.smallest_context}") from None
+        return (last - first) // m
+
+    @property
+    def smallest_context(self) -> int:
+        """The shortest context whose slots hold one anchor (`_slot_range`): everything below the highest
+        slot but the context itself stays as long (at short contexts every key is a single word)."""
+        m = self.settings.modulus
+        first = -(-(self.lowest_slot + m) // m) * m
+        below_highest = self.settings.context_length - self.highest_slot
+        return first + m - 1 + below_highest
 
     @property
     def prefix(self) -> bool:

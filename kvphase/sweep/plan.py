@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from functools import cache
@@ -10,7 +11,7 @@ from typing import Callable, Optional
 
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep.offsets import OffsetPlan
-from kvphase.sweep.placement import (MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
+from kvphase.sweep.placement import (MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
                                      check_density)
 from kvphase.sweep.tasks import load_task
 
@@ -117,7 +118,37 @@ def sized(plan: SweepPlan, tokenizer: Tokenizer) -> SweepPlan:
     rounds = -(-(plan.contexts or MIN_CONTEXTS) // plan.modulus)
     if not plan.contexts:
         rounds = max(rounds, -(-plan.least_per_residue // lanes))
+    most_rounds = MAX_TARGETS // (lanes * plan.modulus)
+    if plan.contexts and rounds > most_rounds:
+        each = f"--contexts {plan.contexts} of {lanes} target{'s' if lanes > 1 else ''} each"
+        raise PlanError(f"{each} asks for {rounds * lanes * plan.modulus} targets; one run holds at most {MAX_TARGETS}: "
+                        f"the largest --contexts that fits is {most_rounds * plan.modulus}"
+                        if most_rounds * plan.modulus >= MIN_CONTEXTS else
+                        f"{each} asks for more than the {MAX_TARGETS} targets one run holds; use fewer "
+                        "--targets-per-context")
     return replace(plan, per_residue=rounds * lanes)
+
+
+def per_residue_for_detect(detect: float, modulus: int) -> int:
+    """--per-residue auto: the targets per residue that detect a one-residue dip of `detect` points
+    (`stratified.per_residue_for_dip`); PlanError naming the smallest --detect that fits in
+    MAX_TARGETS when this one does not."""
+    from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
+
+    def fits(points: float) -> bool:
+        return per_residue_for_dip(points / 100, modulus) * modulus <= MAX_TARGETS
+
+    if fits(detect):
+        return per_residue_for_dip(detect / 100, modulus)
+    low, high = detect, 100.0  # the dip that fits lies above `low` and at or below `high`, to a tenth of a point
+    while high - low > 0.05:
+        middle = (low + high) / 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    smallest = math.ceil(high * 10) / 10
+    smallest = smallest if fits(smallest) else high
+    raise PlanError(f"--detect {detect:g} needs {per_residue_for_dip(detect / 100, modulus)} targets per residue "
+                    f"({per_residue_for_dip(detect / 100, modulus) * modulus} at modulus {modulus}); one run holds at most "
+                    f"{MAX_TARGETS}: the smallest --detect that fits is {smallest:g}")
 
 
 def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:

@@ -14,7 +14,8 @@ from kvphase.sweep.analysis import Summary, p_text, per_group, summarize, summar
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import load_manifest, load_offsets, load_plan, load_results
+from kvphase.runfolder.rows import check_planned_rows
+from kvphase.sweep.run import RESULTS_FILE, load_manifest, load_offsets, load_plan, load_results
 from kvphase.sweep.tasks import load_task
 
 FIGURE_FILE = "accuracy_by_residue.png"
@@ -26,6 +27,7 @@ def build_report(run_dir: Path) -> Summary:
     run_dir = Path(run_dir)
     plan = load_plan(run_dir)
     results = load_results(run_dir)
+    check_planned_rows(run_dir / RESULTS_FILE, results, plan)
     if results.empty:
         raise RunFolderError(f"{run_dir} has no scored targets yet; run the sweep first")
     manifest = load_manifest(run_dir)

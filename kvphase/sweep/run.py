@@ -30,6 +30,7 @@ from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
                                flags_in, make_folder, numbers_in, read_json_object, read_table, write_csv, write_json,
                                writing)
+from kvphase.runfolder.rows import check_planned_rows
 from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
@@ -68,7 +69,7 @@ def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
             differing = sorted(k for k, v in plan.comparable().items() if existing.get(k) != v)
             raise RunFolderError(f"{run_dir} holds a different run (differs in: {', '.join(differing)}); "
                                  f"choose another --out or delete the folder")
-    load_results(run_dir)
+    check_planned_rows(run_dir / RESULTS_FILE, load_results(run_dir), plan)
     _check_same_model(run_dir, load_manifest(run_dir).get("model", {}), info)
     load_offsets(run_dir)
     check_writable(run_dir, [CONFIG_FILE, RESULTS_FILE, MANIFEST_FILE, OFFSETS_FILE])
