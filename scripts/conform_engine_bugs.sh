@@ -69,12 +69,16 @@ link() {  # link VARIANT [OBJECT REPLACED]...: libllama.so in $BUILD/VARIANT
         objects=("${objects[@]/$2/$1}"); shift 2
     done
     mkdir -p "$BUILD/$variant"
-    nice -n "$NICE" c++ -shared -o "$BUILD/$variant/libllama.so.tmp" "${objects[@]}" -L"$LIB" -Wl,-rpath,"$LIB" \
-        -lggml -lggml-base -lpthread
+    nice -n "$NICE" c++ -shared -Wl,-soname,libllama.so.0 -o "$BUILD/$variant/libllama.so.tmp" "${objects[@]}" \
+        -L"$LIB" -Wl,-rpath,"$LIB" -lggml -lggml-base -lpthread
     mv "$BUILD/$variant/libllama.so.tmp" "$BUILD/$variant/libllama.so"
-    # llama-cpp-python loads every library from one folder: the others are the installed ones
+    # llama-cpp-python loads every library from one folder: the others are the installed ones, and
+    # every name of libllama (libmtmd asks for its soname) is this build's
     for other in "$LIB"/*.so*; do
-        [ "$(basename "$other")" = libllama.so ] || ln -sf "$other" "$BUILD/$variant/"
+        case $(basename "$other") in
+            libllama.so*) ln -sf libllama.so "$BUILD/$variant/$(basename "$other")" 2>/dev/null || true ;;
+            *) ln -sf "$other" "$BUILD/$variant/" ;;
+        esac
     done
 }
 
@@ -107,3 +111,26 @@ for patch in scripts/conform_patches/*.patch; do
     patched "$patch"
 done
 echo "conform_engine_bugs: built in $(( $(date +%s) - START ))s" >&2
+
+# every build through llama.cpp in process (one thread: the check's own timing), and through
+# llama-server when one is built: a server per reference model, its libllama the build's
+COMMON=$(git rev-parse --path-format=absolute --git-common-dir 2>/dev/null || echo "$ROOT/.git")
+SERVER=${KVPHASE_LLAMA_SERVER:-$(dirname "$COMMON")/.cache/llama-server/$VERSION/bin/llama-server}
+VARIANTS=(unpatched)
+for patch in scripts/conform_patches/*.patch; do VARIANTS+=("$(basename "$patch" .patch)"); done
+status=0
+for variant in "${VARIANTS[@]}"; do
+    for backend in $BACKENDS; do
+        folder=$OUT/$variant-$backend
+        echo "== $variant through $backend -> $folder" >&2
+        if [ "$backend" = llama.cpp ]; then
+            LLAMA_CPP_LIB_PATH=$BUILD/$variant "$PYTHON" -m kvphase conform --threads 1 --out "$folder" || status=$?
+        elif [ -x "$SERVER" ]; then
+            LD_LIBRARY_PATH=$BUILD/$variant KVPHASE_LLAMA_SERVER=$SERVER "$PYTHON" bench/bench_conform.py \
+                --backend server --out "$folder" || status=$?
+        else
+            echo "conform_engine_bugs: no llama-server built (scripts/build_llama_server.sh); skipped" >&2
+        fi
+    done
+done
+echo "conform_engine_bugs: finished in $(( $(date +%s) - START ))s (the last conform's exit status: $status)" >&2
