@@ -141,3 +141,12 @@ def test_a_server_holding_another_model_is_refused(tmp_path):
         check_served_model(type("Backend", (), {"servers": [served]})(), CSA_DISJOINT)
     same = ServerInfo("http://s", "llama-server", str(CSA_DISJOINT.model), None, 128, 1, "")
     check_served_model(type("Backend", (), {"servers": [same]})(), CSA_DISJOINT)
+
+
+def test_a_reference_file_its_folder_did_not_score_is_refused(tmp_path):
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps([{"name": "x", "model": str(CSA_DISJOINT.model.parent / "csa-dense.gguf"),
+                                 "folder": str(CSA_DISJOINT.folder), "check": "profile"}]))
+    result = runner.invoke(app, ["conform", "--references", str(path), "--out", str(tmp_path / "run")])
+    one_line_error(result, "reference x", "is not the file its folder scored")
+    assert not (tmp_path / "run").exists()
