@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -618,7 +619,25 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
+    "conform-engine-bugs": lambda: conform_table("engine-bugs"),
 }
+
+
+def conform_table(study: str) -> str:
+    """`kvphase conform` against each llama.cpp build of a study (reports/conform/<study>/<build>-<backend>/,
+    their conform.json): one row per build and model, the verdict and the reason as the report words it."""
+    rows = []
+    for folder in sorted((ROOT / "reports" / "conform" / study).glob("*/conform.json"), key=lambda f: (
+            not f.parent.name.startswith("unpatched"), f.parent.name)):
+        run = json.loads(folder.read_text())
+        for model in run["models"]:
+            check = model["check"] or {}
+            link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")  # the table's page is in docs/
+            rows.append([f"[{folder.parent.name}]({link})", model["name"], model["status"],
+                         str(check.get("flags_differing", "")), f"{check.get('max_logprob_difference', 0):.3g}",
+                         model["reason"] or "-"])
+    return _table(["build and backend", "model", "verdict", "flags differing", "largest log-prob difference", "why"],
+                  rows)
 
 
 def blocks(text: str) -> list[re.Match]:
