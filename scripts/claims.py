@@ -620,6 +620,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
     "conform-engine-bugs": lambda: conform_table("engine-bugs"),
+    "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
 }
 
 
@@ -638,6 +639,13 @@ def conform_table(study: str) -> str:
                          model["reason"] or "-"])
     return _table(["build and backend", "model", "verdict", "flags differing", "largest log-prob difference", "why"],
                   rows)
+
+
+def conform_time(relative: str) -> str:
+    """A conform run's whole time and its models' scoring (its conform.json)."""
+    run = _read(ROOT / "reports" / "conform" / relative, "conform.json")
+    scoring = sum(model["seconds"] for model in run["models"])
+    return f"{run['wall_time_s']:.0f} s for {len(run['models'])} models ({scoring:.0f} s of it scoring)"
 
 
 def blocks(text: str) -> list[re.Match]:

@@ -76,6 +76,7 @@ link() {  # link VARIANT [OBJECT REPLACED]...: libllama.so in $BUILD/VARIANT
     # every name of libllama (libmtmd asks for its soname) is this build's
     for other in "$LIB"/*.so*; do
         case $(basename "$other") in
+            libllama.so) ;;
             libllama.so*) ln -sf libllama.so "$BUILD/$variant/$(basename "$other")" 2>/dev/null || true ;;
             *) ln -sf "$other" "$BUILD/$variant/" ;;
         esac
@@ -124,7 +125,7 @@ for variant in "${VARIANTS[@]}"; do
         folder=$OUT/$variant-$backend
         echo "== $variant through $backend -> $folder" >&2
         if [ "$backend" = llama.cpp ]; then
-            LLAMA_CPP_LIB_PATH=$BUILD/$variant "$PYTHON" -m kvphase conform --threads 1 --out "$folder" || status=$?
+            LLAMA_CPP_LIB_PATH=$BUILD/$variant "$PYTHON" -m kvphase.cli conform --threads 1 --out "$folder" || status=$?
         elif [ -x "$SERVER" ]; then
             LD_LIBRARY_PATH=$BUILD/$variant KVPHASE_LLAMA_SERVER=$SERVER "$PYTHON" bench/bench_conform.py \
                 --backend server --out "$folder" || status=$?

@@ -191,6 +191,7 @@ class ConformRun:
     engine: str
     outcomes: list[Outcome]
     folder: Path
+    wall_time_s: float = 0.0  # the check's whole time: the references prepared, every model run
 
     @property
     def failed(self) -> bool:
@@ -204,13 +205,14 @@ def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
     if choice.margin <= 0 or choice.logprob_tolerance < 0 or choice.contexts < 0:
         raise KvphaseError(f"--margin must be above 0, --logprob-tolerance and --contexts at least 0; got "
                            f"{choice.margin:g}, {choice.logprob_tolerance:g} and {choice.contexts}")
+    started = time.monotonic()
     prepared = [prepare(reference, choice) for reference in references]
     outcomes = []
     for item in prepared:
         outcome = run_reference(item, choice, advance)
         say(table_line(outcome))
         outcomes.append(outcome)
-    run = ConformRun(describe_engine(choice), outcomes, out)
+    run = ConformRun(describe_engine(choice), outcomes, out, time.monotonic() - started)
     write_folder(run, choice)
     return run
 
@@ -239,6 +241,7 @@ def write_folder(run: ConformRun, choice: EngineChoice) -> None:
             make_folder(run.folder / outcome.name)
             write_csv(run.folder / outcome.name / "results.csv", outcome.rows)
     write_json(run.folder / CONFORM_FILE, {"engine": run.engine, "choice": asdict(choice),
+                                           "wall_time_s": round(run.wall_time_s, 2),
                                            "failed": run.failed, "models": [o.to_json() for o in run.outcomes]})
     from kvphase.conform.page import conform_page
 
