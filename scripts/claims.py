@@ -628,13 +628,15 @@ def conform_table(study: str) -> str:
     """`kvphase conform` against each llama.cpp build of a study (reports/conform/<study>/<build>-<backend>/,
     their conform.json): one row per build and model, the verdict and the reason as the report words it."""
     rows = []
-    for folder in sorted((ROOT / "reports" / "conform" / study).glob("*/conform.json"), key=lambda f: (
-            not f.parent.name.startswith("unpatched"), f.parent.name)):
+    base = ROOT / "reports" / "conform" / study
+    # a run of every model (in process), or one per model (llama-server: each its own server and folder)
+    for folder in sorted(base.rglob("conform.json"), key=lambda f: (not f.parent.relative_to(base).parts[0].startswith(
+            "unpatched"), f.parent.relative_to(base).parts[0].endswith("server"), f.parent.relative_to(base).parts[0])):
         run = json.loads(folder.read_text())
         for model in run["models"]:
             check = model["check"] or {}
             link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")  # the table's page is in docs/
-            rows.append([f"[{folder.parent.name}]({link})", model["name"], model["status"],
+            rows.append([f"[{folder.parent.relative_to(base).parts[0]}]({link})", model["name"], model["status"],
                          str(check.get("flags_differing", "")), f"{check.get('max_logprob_difference', 0):.3g}",
                          model["reason"] or "-"])
     return _table(["build and backend", "model", "verdict", "flags differing", "largest log-prob difference", "why"],
