@@ -126,10 +126,11 @@ def test_a_model_that_is_not_a_reference_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_an_engine_that_does_not_answer_is_refused_with_nothing_written(tmp_path):
-    result = runner.invoke(app, ["conform", "--backend", "server", "--url", "http://127.0.0.1:9", "--model",
-                                 "csa-disjoint", "--request-timeout", "2", "--out", str(tmp_path / "run")])
-    one_line_error(result, "127.0.0.1:9")
+@pytest.mark.parametrize("model", [["--model", "csa-disjoint"], []], ids=["named", "asked of the server"])
+def test_an_engine_that_does_not_answer_is_refused_with_nothing_written(tmp_path, model):
+    result = runner.invoke(app, ["conform", "--backend", "server", "--url", "http://127.0.0.1:9", *model,
+                                 "--request-timeout", "2", "--out", str(tmp_path / "run")])
+    one_line_error(result, "127.0.0.1:9", "does not answer")
     assert not (tmp_path / "run").exists()
 
 
@@ -150,3 +151,20 @@ def test_a_reference_file_its_folder_did_not_score_is_refused(tmp_path):
     result = runner.invoke(app, ["conform", "--references", str(path), "--out", str(tmp_path / "run")])
     one_line_error(result, "reference x", "is not the file its folder scored")
     assert not (tmp_path / "run").exists()
+
+
+def test_through_llama_server_the_reference_it_holds_passes_and_another_is_refused(tmp_path):
+    """A real llama-server holding csa-disjoint: conform asks it which reference it holds and passes
+    it; asked about csa-dense (the same tokenizer, so a sweep's checks cannot tell) it refuses."""
+    from kvphase.engines.llama_server import find_llama_server, llama_server
+
+    with llama_server(CSA_DISJOINT.model, binary=find_llama_server(), threads=1, slots=1,
+                      n_ctx_per_slot=256) as server:
+        result = runner.invoke(app, ["conform", "--backend", "server", "--url", server.url, "--contexts", "16",
+                                     "--out", str(tmp_path / "run")])
+        assert result.exit_code == 0, result.output
+        assert "csa-disjoint: PASS (16 targets, 0 flags differ" in result.output, result.output
+        other = runner.invoke(app, ["conform", "--backend", "server", "--url", server.url, "--model", "csa-dense",
+                                    "--out", str(tmp_path / "other")])
+    one_line_error(other, "serves another model", "not reference csa-dense")
+    assert not (tmp_path / "other").exists()

@@ -26,7 +26,7 @@ def conform(
                                         "OpenAI-compatible engine with prompt logprobs (vLLM)."),
     model: list[str] = typer.Option([], "--model", "-m", help="A reference model to check, by name or as a file "
                                     "identical to one, repeatable; default every reference (--backend server: the "
-                                    "one its servers hold)."),
+                                    "one its servers hold, asked of them)."),
     references: Optional[Path] = typer.Option(None, help="A JSON list of references ({name, model, folder, check, "
                                               "what}, paths relative to the file); default kvphase's own."),
     contexts: int = typer.Option(DEFAULT_CONTEXTS, help="Contexts of each folder's plan to run (its first whole "
@@ -42,16 +42,17 @@ def conform(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary line."),
 ) -> None:
     """Check an engine: run each reference model on its committed folder's plan and compare, residue by residue."""
-    from kvphase.conform.check import EngineChoice, conform as run_conform
+    from kvphase.conform.check import EngineChoice, conform as run_conform, served_references
     from kvphase.conform.page import headline
     from kvphase.conform.references import DEFAULT_REFERENCES, load_references, select
 
     name = backend.value
-    if name == "server" and not model:
-        raise PlanError("--backend server checks the reference its servers hold: name it with --model")
-    chosen = select(load_references(references) if references else DEFAULT_REFERENCES, model)
     choice = EngineChoice(name, tuple(url), engine.value, threads, request_timeout, contexts, margin,
                           logprob_tolerance)
+    known = load_references(references) if references else DEFAULT_REFERENCES
+    if name == "server" and not url:
+        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    chosen = served_references(known, choice) if name == "server" and not model else select(known, model)
 
     def say(line: str) -> None:
         raise_if_interrupted()

@@ -170,16 +170,41 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
     return Outcome(name, check.verdict, check.reason, time.monotonic() - started, check, engine)
 
 
+def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:
+    """--backend server without --model: the reference the servers hold (every server the same
+    one); BackendError for a server that does not answer, holds no reference, or differs."""
+    from kvphase.backends.server import ENGINES, Retry
+
+    retry = Retry() if choice.request_timeout is None else Retry(timeout_s=choice.request_timeout)
+    held = set()
+    for url in choice.urls:
+        try:
+            served = ENGINES[choice.server_engine](url, retry).info().model
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(f"{url} does not look like a {choice.server_engine} server (unexpected answer: "
+                               f"{exc!r})") from None
+        held.add(next((r for r in references if _serves(served, r)), None) or served)
+    if len(held) != 1 or not isinstance(next(iter(held)), Reference):
+        names = ", ".join(sorted(h.name if isinstance(h, Reference) else str(h) for h in held))
+        raise BackendError(f"the servers hold {names}: conform checks one reference model per run through servers "
+                           "that all hold it (--model names it; the references are listed in docs/conform.md)")
+    return (next(iter(held)),)
+
+
+def _serves(served: str, reference: Reference) -> bool:
+    """Whether a server's model path is the reference's file: the same bytes when the path is
+    readable here, else the same file name."""
+    from kvphase.runfolder import file_sha256
+
+    path = Path(served)
+    return file_sha256(path) == reference.sha256 if path.is_file() else path.name == reference.model.name
+
+
 def check_served_model(backend, reference: Reference) -> None:
     """BackendError when a server serves another file than the reference (the vocabulary check a
     sweep makes cannot tell the reference models apart: they share one tokenizer)."""
-    from kvphase.runfolder import file_sha256
-
     for server in getattr(backend, "servers", ()):
-        served = Path(server.model)
-        same = (file_sha256(served) == reference.sha256 if served.is_file()
-                else served.name == reference.model.name)
-        if not same:
+        if not _serves(server.model, reference):
             raise BackendError(f"{server.url} serves another model ({server.model}), not reference "
                                f"{reference.name} ({reference.model.name})")
 
