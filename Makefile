@@ -47,7 +47,7 @@ test: $(BASE)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
-BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power
+BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power bench_conform
 
 bench: $(STAMP) llama-server
 	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python bench/$$b.py || exit 1; done

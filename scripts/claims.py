@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -1117,7 +1118,35 @@ TABLES: dict[str, Callable[[], str]] = {
     "fix-glm-dense-mean": lambda: fix_change("glm-dense-seed0", "offsets4-mean"),
     "fix-offsets-random-mean": lambda: fix_change("gated-offsets-random-seed0", "offsets4-mean"),
     "fix-csa-disjoint-q4-mean": lambda: fix_change("csa-disjoint-seed0-Q4_0", "offsets4-mean"),
+    "conform-engine-bugs": lambda: conform_table("engine-bugs"),
+    "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
 }
+
+
+def conform_table(study: str) -> str:
+    """`kvphase conform` against each llama.cpp build of a study (reports/conform/<study>/<build>-<backend>/,
+    their conform.json): one row per build and model, the verdict and the reason as the report words it."""
+    rows = []
+    base = ROOT / "reports" / "conform" / study
+    # a run of every model (in process), or one per model (llama-server: each its own server and folder)
+    for folder in sorted(base.rglob("conform.json"), key=lambda f: (not f.parent.relative_to(base).parts[0].startswith(
+            "unpatched"), f.parent.relative_to(base).parts[0].endswith("server"), f.parent.relative_to(base).parts[0])):
+        run = json.loads(folder.read_text())
+        for model in run["models"]:
+            check = model["check"] or {}
+            link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")  # the table's page is in docs/
+            rows.append([f"[{folder.parent.relative_to(base).parts[0]}]({link})", model["name"], model["status"],
+                         str(check.get("flags_differing", "")), f"{check.get('max_logprob_difference', 0):.3g}",
+                         model["reason"] or "-"])
+    return _table(["build and backend", "model", "verdict", "flags differing", "largest log-prob difference", "why"],
+                  rows)
+
+
+def conform_time(relative: str) -> str:
+    """A conform run's whole time and its models' scoring (its conform.json)."""
+    run = _read(ROOT / "reports" / "conform" / relative, "conform.json")
+    scoring = sum(model["seconds"] for model in run["models"])
+    return f"{run['wall_time_s']:.0f} s for {len(run['models'])} models ({scoring:.0f} s of it scoring)"
 
 
 def blocks(text: str) -> list[re.Match]:

@@ -771,6 +771,10 @@ class Campaign:
             ["sweep", self.header_only(), *SWEEP, "--out", str(out)], ["validate", self.header_only()],
             ["sweep", self.header_only(), "--backend", "reference", *SWEEP, "--out", str(out)],
             ["gates", self.header_only(), "--out", str(out)], ["sweep", self.header_only(), *SWEEP, "--dry-run"],
+            # kvphase conform (issue 55): not a reference, impossible tolerances, no server, no references
+            *(["conform", *a, "--out", str(out)] for a in (["--model", m], ["--contexts", "-1"], ["--margin", "0"],
+              ["--backend", "server", "--url", "http://h:99999", "--model", "csa-disjoint"], ["--references", str(afile)],
+              ["--backend", "server", "--url", "http://127.0.0.1:9"])),
         ]
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]

@@ -1,0 +1,66 @@
+"""`kvphase conform`: does an engine run the compressed reference models right? PASS, FAIL or
+cannot run per model, written to a run folder; exit 1 on any FAIL (a CI gate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvphase.cli import app, raise_if_interrupted
+from kvphase.cli.options import own_folder
+from kvphase.cli.sweep_cmd import BackendName, ServerEngine
+from kvphase.cli.text import plain
+from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN
+from kvphase.conform.check import DEFAULT_CONTEXTS
+from kvphase.errors import PlanError
+
+
+@app.command()
+def conform(
+    backend: BackendName = typer.Option("llama.cpp", help="The engine: llama.cpp in process, the numpy reference, "
+                                        "or servers (--url) holding the reference model --model names."),
+    url: list[str] = typer.Option([], "--url", help="--backend server: a server holding the model, repeatable."),
+    engine: ServerEngine = typer.Option(ServerEngine.llama_server, help="--backend server: llama-server, or an "
+                                        "OpenAI-compatible engine with prompt logprobs (vLLM)."),
+    model: list[str] = typer.Option([], "--model", "-m", help="A reference model to check, by name or as a file "
+                                    "identical to one, repeatable; default every reference (--backend server: the "
+                                    "one its servers hold, asked of them)."),
+    references: Optional[Path] = typer.Option(None, help="A JSON list of references ({name, model, folder, check, "
+                                              "what}, paths relative to the file); default kvphase's own."),
+    contexts: int = typer.Option(DEFAULT_CONTEXTS, help="Contexts of each folder's plan to run (its first whole "
+                                 "rounds of residues); 0: all of them."),
+    margin: float = typer.Option(DEFAULT_MARGIN, help="Points of accuracy a residue may move and still pass (the "
+                                 "equivalence test's margin)."),
+    logprob_tolerance: float = typer.Option(DEFAULT_LOGPROB_TOLERANCE, "--logprob-tolerance", help="Nats a target's "
+                                            "log-probability may move (the random-weight references' check)."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
+    request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
+                                                    "server: the longest one request may take; default 300."),
+    out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/conform-<backend>."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary line."),
+) -> None:
+    """Check an engine: run each reference model on its committed folder's plan and compare, residue by residue."""
+    from kvphase.conform.check import EngineChoice, conform as run_conform, served_references
+    from kvphase.conform.page import headline
+    from kvphase.conform.references import DEFAULT_REFERENCES, load_references, select
+
+    name = backend.value
+    choice = EngineChoice(name, tuple(url), engine.value, threads, request_timeout, contexts, margin,
+                          logprob_tolerance)
+    known = load_references(references) if references else DEFAULT_REFERENCES
+    if name == "server" and not url:
+        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    chosen = served_references(known, choice) if name == "server" and not model else select(known, model)
+
+    def say(line: str) -> None:
+        raise_if_interrupted()
+        if not quiet:
+            typer.echo(plain(line))
+
+    run = run_conform(chosen, choice, out or Path("reports") / f"conform-{name}", say)
+    typer.echo(plain(headline(run)))
+    typer.echo(f"Report: {plain(run.folder / 'report.md')}")
+    if run.failed:
+        raise typer.Exit(1)

@@ -1,0 +1,273 @@
+"""Each reference model through an engine, compared with its committed folder; the run folder.
+
+Everything that can be refused is checked before anything is scored: the references' folders
+(plan, results, the model's sha256), the plan building the very contexts the folder scored (its
+manifest's fingerprint), and the engine answering for the model it is asked about. The run folder
+is written once every model has run, so a run that stops leaves nothing half-written; a model the
+engine could not run is "cannot run" with the engine's reason, never PASS.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import pandas as pd
+
+from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
+from kvphase.conform.references import Reference
+from kvphase.errors import BackendError, KvphaseError, ModelFileError, RunFolderError
+from kvphase.gguf.modelinfo import ModelInfo, read_model_info
+from kvphase.runfolder import SUMMARY_FILE, make_folder, read_json_object, write_atomic, write_csv, write_json
+from kvphase.sweep.plan import SweepPlan
+
+CONFORM_FILE = "conform.json"
+REPORT_FILE = "report.md"
+DEFAULT_CONTEXTS = 256  # contexts per model: a multiple of every reference's modulus (4 and 8)
+REFERENCE_ARCHITECTURES = ("gpt2", "deepseek4", "glm5-next")  # what kvphase's numpy reference implements
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine the options name and how much of each plan it runs."""
+
+    backend: str  # "llama.cpp", "reference" or "server"
+    urls: tuple[str, ...] = ()
+    server_engine: str = "llama-server"
+    threads: Optional[int] = None
+    request_timeout: Optional[float] = None
+    contexts: int = DEFAULT_CONTEXTS  # at most this many of a plan's contexts (whole rounds of residues); 0: all
+    margin: float = DEFAULT_MARGIN
+    logprob_tolerance: float = DEFAULT_LOGPROB_TOLERANCE
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A reference ready to run: its file, the plan the engine runs, the contexts, the folder's rows."""
+
+    reference: Reference
+    info: ModelInfo
+    plan: SweepPlan
+    contexts: list  # ProbeContext, the first whole rounds of the folder's plan
+    committed: pd.DataFrame  # the folder's results.csv
+    committed_cis: dict  # residue -> the folder's 95% interval (percent)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One line of the table: PASS, FAIL or cannot run, and what was measured."""
+
+    name: str
+    status: str  # "PASS", "FAIL" or "cannot run"
+    reason: str
+    seconds: float
+    check: Optional[ModelCheck] = None
+    rows: Optional[pd.DataFrame] = None  # the engine's rows (results.csv columns)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2),
+                "check": self.check.to_json() if self.check else None}
+
+
+def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
+    """The reference's plan retargeted to its file and the chosen engine, and the contexts it
+    builds, checked against the folder (RunFolderError, ModelFileError) before any engine starts."""
+    from kvphase.engines.llamacpp import Vocab
+    from kvphase.sweep.placement import build_probes, plan_fingerprint
+    from kvphase.sweep.run import load_manifest, load_plan, load_results, model_sha256
+    from kvphase.sweep.tasks import load_task
+
+    reference.config  # the folder holds its plan (a one-line error naming the reference otherwise)
+    if not reference.model.is_file():
+        raise ModelFileError(f"reference {reference.name}: no model file at {reference.model}")
+    if model_sha256(reference.model) != reference.sha256:
+        raise RunFolderError(f"reference {reference.name}: {reference.model} is not the file its folder scored "
+                             f"(sha256 differs from {reference.folder / 'manifest.json'}'s); restore it")
+    info = read_model_info(reference.model)
+    plan = replace(load_plan(reference.folder), model=str(reference.model))
+    contexts = build_probes(load_task(plan.task), Vocab.load(reference.model), plan.probe_settings)
+    recorded = load_manifest(reference.folder).get("plan_sha256")
+    if recorded and recorded != plan_fingerprint(contexts):
+        raise RunFolderError(f"reference {reference.name}: this kvphase builds other contexts from "
+                             f"{reference.folder}'s plan than the folder scored; the comparison would be void")
+    committed = load_results(reference.folder)
+    return Prepared(reference, info, plan, _first_rounds(contexts, plan.modulus, choice.contexts), committed,
+                    _committed_intervals(reference.folder))
+
+
+def _first_rounds(contexts: list, modulus: int, wanted: int) -> list:
+    """The first `wanted` contexts rounded down to whole rounds of `modulus` (each residue in each
+    lane as often), all of them when `wanted` is 0 or at least their number."""
+    if not wanted or wanted >= len(contexts):
+        return contexts
+    return contexts[:max(modulus, wanted - wanted % modulus)]
+
+
+def _committed_intervals(folder: Path) -> dict:
+    """residue -> (low, high), the folder's own 95% intervals from its summary.json."""
+    path = folder / SUMMARY_FILE
+    if not path.is_file():
+        return {}
+    rows = read_json_object(path).get("per_residue", [])
+    return {int(r["residue"]): (float(r["ci_low"]), float(r["ci_high"])) for r in rows
+            if isinstance(r, dict) and {"residue", "ci_low", "ci_high"} <= set(r)}
+
+
+def engine_plan(prepared: Prepared, choice: EngineChoice) -> tuple[SweepPlan, dict]:
+    """The plan as the chosen engine runs it, and where it runs (`connect`): sweep's own helpers."""
+    from kvphase.cli.sweep_cmd import server_connection, with_backend, with_reference_design
+
+    plan = replace(prepared.plan, backend="llama.cpp", backend_options={})
+    connect = server_connection(choice.backend, list(choice.urls), None, choice.server_engine,
+                                choice.request_timeout)
+    if choice.backend == "reference":
+        return with_reference_design(plan, "trained", {}, prepared.info.n_layers), connect
+    return with_backend(plan, connect, choice.server_engine, None), connect
+
+
+def lacking(info: ModelInfo, choice: EngineChoice) -> str:
+    """Why the engine cannot run this architecture at all ("" when it may)."""
+    if choice.backend == "reference" and info.architecture not in REFERENCE_ARCHITECTURES:
+        return f"kvphase's numpy reference has no {info.architecture} model (it runs {', '.join(REFERENCE_ARCHITECTURES)})"
+    return ""
+
+
+def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[int], None] = lambda n: None) -> Outcome:
+    """Score the prepared contexts through the engine and compare; "cannot run" when the engine
+    lacks the architecture or refuses to load the file."""
+    from kvphase.backends.base import score_contexts
+    from kvphase.cli.sweep_cmd import open_backend
+    from kvphase.sweep.run import RESULT_COLUMNS, _result_row
+
+    started = time.monotonic()
+    name = prepared.reference.name
+    why = lacking(prepared.info, choice)
+    if why:
+        return Outcome(name, "cannot run", why, 0.0)
+    plan, connect = engine_plan(prepared, choice)
+    try:
+        backend = open_backend(prepared.info, plan, choice.threads, connect)
+    except (BackendError, ModelFileError) as exc:
+        if choice.backend == "server":  # a server that does not answer, or serves another model: the check stops
+            raise
+        return Outcome(name, "cannot run", f"{plan.backend} cannot load {prepared.info.architecture}: {exc}",
+                       time.monotonic() - started)
+    try:
+        check_served_model(backend, prepared.reference)
+        jobs = [(c.tokens, [t.query for t in c.targets]) for c in prepared.contexts]
+        rows = []
+        for index, scores in score_contexts(backend, jobs):
+            context = prepared.contexts[index]
+            rows += [_result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
+            advance(len(context.targets))
+    finally:
+        getattr(backend, "close", lambda: None)()
+    engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
+    check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,
+                         choice.margin, choice.logprob_tolerance, seed=prepared.plan.seed)
+    return Outcome(name, check.verdict, check.reason, time.monotonic() - started, check, engine)
+
+
+def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:
+    """--backend server without --model: the reference the servers hold (every server the same
+    one); BackendError for a server that does not answer, holds no reference, or differs."""
+    from kvphase.backends.server import ENGINES, Retry
+
+    retry = Retry() if choice.request_timeout is None else Retry(timeout_s=choice.request_timeout)
+    held = set()
+    for url in choice.urls:
+        try:
+            served = ENGINES[choice.server_engine](url, retry).info().model
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendError(f"{url} does not look like a {choice.server_engine} server (unexpected answer: "
+                               f"{exc!r})") from None
+        held.add(next((r for r in references if _serves(served, r)), None) or served)
+    if len(held) != 1 or not isinstance(next(iter(held)), Reference):
+        names = ", ".join(sorted(h.name if isinstance(h, Reference) else str(h) for h in held))
+        raise BackendError(f"the servers hold {names}: conform checks one reference model per run through servers "
+                           "that all hold it (--model names it; the references are listed in docs/conform.md)")
+    return (next(iter(held)),)
+
+
+def _serves(served: str, reference: Reference) -> bool:
+    """Whether a server's model path is the reference's file: the same bytes when the path is
+    readable here, else the same file name."""
+    from kvphase.runfolder import file_sha256
+
+    path = Path(served)
+    return file_sha256(path) == reference.sha256 if path.is_file() else path.name == reference.model.name
+
+
+def check_served_model(backend, reference: Reference) -> None:
+    """BackendError when a server serves another file than the reference (the vocabulary check a
+    sweep makes cannot tell the reference models apart: they share one tokenizer)."""
+    for server in getattr(backend, "servers", ()):
+        if not _serves(server.model, reference):
+            raise BackendError(f"{server.url} serves another model ({server.model}), not reference "
+                               f"{reference.name} ({reference.model.name})")
+
+
+@dataclass(frozen=True)
+class ConformRun:
+    """Every reference's outcome, and the run folder they were written to."""
+
+    engine: str
+    outcomes: list[Outcome]
+    folder: Path
+    wall_time_s: float = 0.0  # the check's whole time: the references prepared, every model run
+
+    @property
+    def failed(self) -> bool:
+        return any(o.status == "FAIL" for o in self.outcomes)
+
+
+def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
+            say: Callable[[str], None] = lambda line: None,
+            advance: Callable[[int], None] = lambda n: None) -> ConformRun:
+    """Prepare every reference (all refusals first), run each, then write the folder."""
+    if choice.margin <= 0 or choice.logprob_tolerance < 0 or choice.contexts < 0:
+        raise KvphaseError(f"--margin must be above 0, --logprob-tolerance and --contexts at least 0; got "
+                           f"{choice.margin:g}, {choice.logprob_tolerance:g} and {choice.contexts}")
+    started = time.monotonic()
+    prepared = [prepare(reference, choice) for reference in references]
+    outcomes = []
+    for item in prepared:
+        outcome = run_reference(item, choice, advance)
+        say(table_line(outcome))
+        outcomes.append(outcome)
+    run = ConformRun(describe_engine(choice), outcomes, out, time.monotonic() - started)
+    write_folder(run, choice)
+    return run
+
+
+def describe_engine(choice: EngineChoice) -> str:
+    if choice.backend == "server":
+        return f"{choice.server_engine} at {', '.join(choice.urls)}"
+    return choice.backend
+
+
+def table_line(outcome: Outcome) -> str:
+    """The console's line for one model."""
+    said = f"{outcome.name}: {outcome.status}"
+    if outcome.check is not None:
+        c = outcome.check
+        said += (f" ({c.targets} targets, {c.flags_differing} flags differ, largest log-probability difference "
+                 f"{c.max_logprob_difference:.3g})")
+    return said + (f": {outcome.reason}" if outcome.reason else "")
+
+
+def write_folder(run: ConformRun, choice: EngineChoice) -> None:
+    """conform.json, report.md and each model's engine rows (<name>/results.csv)."""
+    make_folder(run.folder)
+    for outcome in run.outcomes:
+        if outcome.rows is not None:
+            make_folder(run.folder / outcome.name)
+            write_csv(run.folder / outcome.name / "results.csv", outcome.rows)
+    write_json(run.folder / CONFORM_FILE, {"engine": run.engine, "choice": asdict(choice),
+                                           "wall_time_s": round(run.wall_time_s, 2),
+                                           "failed": run.failed, "models": [o.to_json() for o in run.outcomes]})
+    from kvphase.conform.page import conform_page
+
+    write_atomic(run.folder / REPORT_FILE, conform_page(run, choice).markdown())

@@ -1,0 +1,54 @@
+"""report.md of a conform run: one line per model, then each model's residues."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kvphase.runfolder import ReportPage, markdown_table
+
+
+def headline(run) -> str:
+    counts = {status: sum(o.status == status for o in run.outcomes) for status in ("PASS", "FAIL", "cannot run")}
+    said = f"{run.engine}: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['cannot run']} cannot run"
+    failed = [f"{o.name} ({o.reason})" for o in run.outcomes if o.status == "FAIL"]
+    return said + (f"; {'; '.join(failed)}" if failed else "") + "."
+
+
+def models_table(run) -> str:
+    rows = []
+    for o in run.outcomes:
+        c = o.check
+        rows.append({"model": o.name, "verdict": o.status, "check": c.check if c else "",
+                     "targets": c.targets if c else 0, "flags differing": c.flags_differing if c else "",
+                     "largest log-prob difference": f"{c.max_logprob_difference:.3g}" if c else "",
+                     "gap difference (95% CI)": f"{c.gap.difference:+.1f} ({c.gap.ci_low:+.1f} to {c.gap.ci_high:+.1f})"
+                     if c else "", "why": o.reason})
+    return markdown_table(pd.DataFrame(rows))
+
+
+def residues_table(check) -> str:
+    rows = [{"residue": r.residue, "n": r.n, "folder %": f"{r.committed:.1f}",
+             "folder 95% CI": f"{r.committed_ci[0]:.1f} to {r.committed_ci[1]:.1f}", "engine %": f"{r.engine:.1f}",
+             "difference (90% CI)": f"{r.difference:+.1f} ({r.ci_low:+.1f} to {r.ci_high:+.1f})",
+             "equivalent": "yes" if r.equivalent else "no", "flags differing": r.flags_differing,
+             "largest log-prob difference": f"{r.max_logprob_difference:.3g}"} for r in check.residues]
+    return markdown_table(pd.DataFrame(rows))
+
+
+def conform_page(run, choice) -> ReportPage:
+    sections = [("Models", models_table(run))]
+    sections += [(f"{o.name}: residue by residue", residues_table(o.check)) for o in run.outcomes if o.check]
+    return ReportPage(
+        title=f"Conformance of {run.engine}",
+        headline=headline(run),
+        prose=("Each reference model ran through the engine on its committed folder's plan (the first "
+               f"{choice.contexts or 'all'} contexts, whole rounds of residues) and is compared target by target "
+               "with the folder. A trained model (check: profile) passes when at every residue the engine's accuracy "
+               f"minus the folder's, on the same targets, has its 90% paired interval within +-{choice.margin:g} points "
+               "(two one-sided tests at 5%); a random-weight model (check: logprobs) passes when no target's answer "
+               f"log-probability moved more than {choice.logprob_tolerance:g} nats. cannot run: the engine lacks the "
+               "architecture; such a model is not counted as passing."),
+        sections=sections,
+        measured=[f"the whole check: {run.wall_time_s:.1f} s (the references' plans built and checked, every model "
+                  "run)"] + [f"{o.name}: {o.seconds:.1f} s" for o in run.outcomes],
+        files="conform.json holds every number on this page; <model>/results.csv the engine's rows.")
