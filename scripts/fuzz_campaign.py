@@ -717,6 +717,10 @@ class Campaign:
             ["sweep", self.header_only(), *SWEEP, "--out", str(out)], ["validate", self.header_only()],
             ["sweep", self.header_only(), "--backend", "reference", *SWEEP, "--out", str(out)],
             ["gates", self.header_only(), "--out", str(out)], ["sweep", self.header_only(), *SWEEP, "--dry-run"],
+            # a model's URL (issue 54): nothing listens on port 9 of 127.0.0.1, and malformed ones
+            *([c, url, *([str(self.work / "h.gguf")] if c == "header" else [])] for c in ("inspect", "header")
+              for url in ("http://127.0.0.1:9/m.gguf", "http://[::1/m.gguf", "http://127.0.0.1:99999/m.gguf", "https://",
+                          "http://127.0.0.1:9/\r\nHost: x", "ftp://127.0.0.1/m.gguf")),
         ]
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]
