@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 from cli_checks import one_line_error
 from fake_servers import _QuietHTTPServer
 from kvphase.cli import app
-from kvphase.errors import GGUFError
+from kvphase.errors import GGUFError, ModelFileError
 from kvphase.gguf.header import SOURCE_SIZE, read_gguf_header
 from kvphase.gguf.header_only import write_header_only
-from kvphase.gguf.remote import BLOCK
+from kvphase.gguf import remote
+from kvphase.gguf.remote import BLOCK, RemoteFile, Url
 
 runner = CliRunner()
 SEND_CHUNK = 1 << 16  # bytes the server writes at a time, so that it notices a client that hung up
@@ -173,6 +174,45 @@ def test_a_url_that_is_not_there_is_one_line(command, default_model, tmp_path):
     one_line_error(runner.invoke(app, [command, refused, *out]), f"cannot reach model URL {refused}: ",
                    "refused")
     assert not (tmp_path / "h.gguf").exists()
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["ranges", "no ranges"])
+def test_the_remote_file_reads_what_the_file_holds_wherever_it_is_read(ranges, tmp_path):
+    import random
+
+    data = random.Random(0).randbytes(3 * BLOCK + 123)  # blocks 0-2 whole, the last 123 bytes
+    (tmp_path / "f.bin").write_bytes(data)
+    rng = random.Random(1)
+    with FileServer({"f.bin": tmp_path / "f.bin"}, ranges=ranges) as server, RemoteFile(Url(f"{server.url}/f.bin")) as f:
+        assert f.seek(0, 2) == len(data) and f.seek(0) == 0
+        # block 0 is read on opening; then block 2 alone, then blocks 1 and 3 around it (two runs)
+        reads = [(2 * BLOCK + 5, 9), (BLOCK - 1, 2 * BLOCK + 200), (0, 1), (len(data), 5), (3 * BLOCK, 10**9)]
+        reads += [(rng.randrange(len(data)), rng.randrange(2 * BLOCK)) for _ in range(50)]
+        for at, n in reads:
+            f.seek(at)
+            assert f.read(n) == data[at:at + n] and f.pos == min(at + n, len(data)), (at, n)
+    assert f.fetched == server.sent == len(data), (f.fetched, server.sent)  # each byte once
+
+
+def test_a_file_that_changes_or_a_server_that_stops_serving_ranges_is_one_error(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(3 * BLOCK))
+    with FileServer({"f.bin": path}) as server, RemoteFile(Url(f"{server.url}/f.bin")) as f:
+        path.write_bytes(bytes(4 * BLOCK))  # replaced by a longer file after the first block
+        f.seek(2 * BLOCK)
+        with pytest.raises(ModelFileError, match=r"it changed while it was read \(its size was 3145728 bytes, now 4194304\)"):
+            f.read(10)
+        server.ranges = False
+        with pytest.raises(ModelFileError, match="answered a range request with HTTP 200 after serving ranges before"):
+            f.read(10)
+
+
+def test_a_header_that_goes_on_past_the_limit_stops_the_download(default_model, monkeypatch):
+    monkeypatch.setattr(remote, "MAX_FETCH", BLOCK)  # the default model's header takes 1.7 MiB
+    with FileServer({"m.gguf": default_model}) as server:
+        url = f"{server.url}/m.gguf"
+        one_line_error(runner.invoke(app, ["inspect", url]), f"cannot read model URL {url}: its header goes on past 1 MiB")
+    assert server.sent == BLOCK, server.sent
 
 
 # --------------------------------------------------------------------------- the head of a file

@@ -121,15 +121,25 @@ class RemoteFile:
         return int(length)
 
     def _fetch(self, first: int, last: int) -> None:
-        """Blocks first..last into `blocks`: one range request for each run of missing ones."""
+        """Blocks first..last into `blocks`: one range request for each run of missing ones (a
+        server without ranges: its answer read on through the last)."""
         missing = [i for i in range(first, last + 1) if i not in self.blocks]
-        if not missing:
-            return
-        if self.stream is not None:
+        if missing and self.stream is not None:
             self._read_stream_to(missing[-1])
             return
-        start = missing[0]
-        end = min(self.size, (missing[-1] + 1) * BLOCK)
+        runs: list[list[int]] = []  # [first, last] of each run of consecutive missing blocks
+        for i in missing:
+            if runs and runs[-1][1] == i - 1:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i])
+        for start, stop in runs:
+            self._fetch_run(start, stop)
+
+    def _fetch_run(self, start: int, last: int) -> None:
+        """Blocks start..last, in one range request."""
+        end = min(self.size, (last + 1) * BLOCK)
+        self._check_limit(end - start * BLOCK)
         response = self._request(start * BLOCK, end - 1)
         if response.status != 206:
             response.close()
@@ -141,14 +151,22 @@ class RemoteFile:
             raise ModelFileError(f"cannot read model URL {self.name}: it changed while it was read (its size "
                                  f"was {self.size} bytes, now {total})")
         body = self._body(response, end - start * BLOCK)
-        for i in range(start, missing[-1] + 1):
+        for i in range(start, last + 1):
             self.blocks[i] = body[(i - start) * BLOCK:(i - start + 1) * BLOCK]
 
     def _read_stream_to(self, last: int) -> None:
         """A server without ranges: the whole-file answer read on, block by block, through block `last`."""
         while max(self.blocks, default=-1) < last:
             i = max(self.blocks, default=-1) + 1
+            self._check_limit(min(BLOCK, self.size - i * BLOCK))
             self.blocks[i] = self._body(self.stream, min(BLOCK, self.size - i * BLOCK))
+
+    def _check_limit(self, n: int) -> None:
+        """Before `n` more bytes are asked for: a header past MAX_FETCH is no model's."""
+        if self.fetched + n > MAX_FETCH:
+            self.close()
+            raise ModelFileError(f"cannot read model URL {self.name}: its header goes on past {MAX_FETCH >> 20} MiB, "
+                                 "more than any model's; a damaged file, or not a model")
 
     def _request(self, start: int, end: int) -> HTTPResponse:
         request = urllib.request.Request(self.target, headers={
@@ -167,10 +185,6 @@ class RemoteFile:
 
     def _body(self, response: HTTPResponse, n: int) -> bytes:
         """`n` bytes of an answer's body; fewer is a cut connection."""
-        if self.fetched + n > MAX_FETCH:
-            response.close()
-            raise ModelFileError(f"cannot read model URL {self.name}: its header goes on past {MAX_FETCH >> 20} MiB, "
-                                 "more than any model's; a damaged file, or not a model")
         try:
             data = response.read(n) if response is self.stream else response.read()
         except (OSError, HTTPException) as exc:
