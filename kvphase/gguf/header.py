@@ -20,6 +20,7 @@ its metadata or tensor table is refused with the part it ends in.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,7 +78,7 @@ class GGUFHeader(NamedTuple):
     types: dict[str, int] = {}  # key -> GGUF value type id (9 for arrays), for type checks
     spans: dict[str, tuple[int, int]] = {}  # key -> the bytes [start, end) of its record in the file
     source_size: int | None = None  # a header-only file: the size of the model it describes
-    needed_size: int | None = None  # a file cut inside its tensor data (read with partial=True): where the data ends
+    needed_size: int | None = None  # a file cut inside its tensor data (read with partial=True): the whole file's size
 
     @property
     def header_only(self) -> bool:
@@ -162,7 +163,11 @@ def read_gguf_header(path: str | Path, in_full: tuple[str, ...] = (), partial: b
 
 def model_location(path: str | Path) -> Path | Url:
     """A command line's MODEL: an http(s) URL, or a file's path."""
-    return Url(path) if is_url(path) else Path(path)
+    if is_url(path):
+        return Url(path)
+    if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", path):
+        raise ModelFileError(f"not a model file or an http(s) URL: {path}")
+    return Path(path)
 
 
 @contextmanager
@@ -261,8 +266,9 @@ class _Parser:
                                 f"bytes up to {tensor.data_offset + tensor.n_bytes}, file has {self.size})")
             tensors.append(tensor)
         data_end = max((t.data_offset + t.n_bytes for t in tensors), default=0)
+        whole_size = -(-data_end // alignment) * alignment  # llama.cpp and gguf-py pad the last tensor too
         return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types, self.spans,
-                          needed_size=data_end if data_end > self.size else None)
+                          needed_size=whole_size if data_end > self.size else None)
 
     def listed_tensors(self) -> list[TensorInfo]:
         """A header-only file's tensor records, checked as the records themselves are."""

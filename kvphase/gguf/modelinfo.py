@@ -53,7 +53,7 @@ class ModelInfo:
     compression: CompressionSpec
     trained: TrainedSpec | None = None  # what `kvphase train` declared, for its models
     weights_size: int | None = None  # a header-only file (kvphase header): the model's size; None: the weights are here
-    needed_size: int | None = None  # a file cut inside its tensor data (partial=True): where the data ends
+    needed_size: int | None = None  # a file cut inside its tensor data (partial=True): the whole file's size
 
     @property
     def short_name(self) -> str:
