@@ -234,6 +234,15 @@ def test_a_header_that_goes_on_past_the_limit_stops_the_download(default_model, 
     assert server.sent == BLOCK, server.sent
 
 
+def test_a_server_that_never_answers_is_one_error_after_the_timeout():
+    with socket.socket() as silent:  # listens, and never accepts: the request waits in the backlog
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/m.gguf"
+        with pytest.raises(ModelFileError, match=re.escape(f"cannot read model URL {url}: no answer within 0.3 s")):
+            RemoteFile(Url(url), timeout=0.3)
+
+
 # --------------------------------------------------------------------------- the head of a file
 
 
