@@ -775,6 +775,10 @@ class Campaign:
             *(["conform", *a, "--out", str(out)] for a in (["--model", m], ["--contexts", "-1"], ["--margin", "0"],
               ["--backend", "server", "--url", "http://h:99999", "--model", "csa-disjoint"], ["--references", str(afile)],
               ["--backend", "server", "--url", "http://127.0.0.1:9"])),
+            # a model's URL (issue 54): nothing listens on port 9 of 127.0.0.1, and malformed ones
+            *([c, url, *([str(self.work / "h.gguf")] if c == "header" else [])] for c in ("inspect", "header")
+              for url in ("http://127.0.0.1:9/m.gguf", "http://[::1/m.gguf", "http://127.0.0.1:99999/m.gguf", "https://",
+                          "http://127.0.0.1:9/\r\nHost: x", "ftp://127.0.0.1/m.gguf")),
         ]
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]

@@ -14,9 +14,10 @@ from kvphase.gguf.modelinfo import read_model_info
 
 
 @app.command()
-def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file.")) -> None:
+def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its head, cut after the tensor table), "
+                                                    "or its http(s) URL.")) -> None:
     """Show a model's architecture, size, context and compression spec (reads no weights)."""
-    info = read_model_info(model)
+    info = read_model_info(model, partial=True)
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
@@ -27,6 +28,8 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
         ("file size", file_size(info.file_size)),
         *([("weights", f"not in this file (header-only, kvphase header); the model: {file_size(info.weights_size)}")]
           if info.weights_size is not None else []),
+        *([("weights", f"cut short: the file ends inside its tensor data, which runs to {info.needed_size / 2**20:,.1f} MiB")]
+          if info.needed_size is not None else []),
         ("parameters", f"{info.n_params / 1e6:,.1f} M"),
         ("quantization", info.quantization),
         ("layers", str(info.n_layers)),
@@ -41,7 +44,8 @@ def inspect(model: Path = typer.Argument(..., help="Path to a .gguf model file."
 
 @app.command()
 def header(
-    model: Path = typer.Argument(..., help="A .gguf model file, or the first shard of a split model."),
+    model: str = typer.Argument(..., help="A .gguf model file or the first shard of a split model (or its head, cut "
+                                          "after the tensor table), or its http(s) URL."),
     out: Path = typer.Argument(..., help="Where to write the header-only .gguf file."),
 ) -> None:
     """Write a model's metadata and vocabulary without its weights: MBs that `sweep --backend server`,

@@ -10,16 +10,24 @@ and what was expected there. Every length is checked against the bytes left in t
 file before anything is read or allocated, and arrays nest at most `MAX_ARRAY_DEPTH`
 deep, so a damaged or crafted file can neither exhaust memory nor recurse without end.
 The checks mirror what llama.cpp's `ggml/src/gguf.cpp` refuses (llama-cpp-python 0.3.36).
+
+The header is the head of the file, so the head is all it needs: a URL is read by HTTP ranges
+(kvphase.gguf.remote) and, for `inspect` and `kvphase header` (`partial=True`), a file cut
+inside its tensor data (`head -c 100M model.gguf`) is read as a whole one. A file cut inside
+its metadata or tensor table is refused with the part it ends in.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import struct
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, Iterator, NamedTuple
 
 from kvphase.errors import GGUFError, ModelFileError
+from kvphase.gguf.remote import RemoteFile, Url, is_url
 
 GGUF_MAGIC = b"GGUF"
 KEPT_ARRAY_LIMIT = 4096  # longer arrays are summarised by their length
@@ -29,6 +37,7 @@ MAX_ARRAY_DEPTH = 3  # arrays of arrays of arrays; llama.cpp itself reads no nes
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NAME = 64  # GGML_MAX_NAME: a tensor name is shorter
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
+COUNTS = "version and counts"  # the first 24 bytes after the magic, as a truncation names them
 WINDOW = 1 << 20  # bytes read ahead at a time
 # what `kvphase header` writes in place of the tensors (kvphase.gguf.header_only): one record a tensor,
 # "TYPE D0,D1,... NAME", and the size of the file whose weights were left out
@@ -61,7 +70,7 @@ class TensorInfo(NamedTuple):
 
 
 class GGUFHeader(NamedTuple):
-    path: Path
+    path: Path | Url
     file_size: int
     version: int
     fields: dict[str, Any]
@@ -69,11 +78,18 @@ class GGUFHeader(NamedTuple):
     types: dict[str, int] = {}  # key -> GGUF value type id (9 for arrays), for type checks
     spans: dict[str, tuple[int, int]] = {}  # key -> the bytes [start, end) of its record in the file
     source_size: int | None = None  # a header-only file: the size of the model it describes
+    needed_size: int | None = None  # a file cut inside its tensor data (read with partial=True): the whole file's size
 
     @property
     def header_only(self) -> bool:
         """Written by `kvphase header`: metadata, vocabulary and tensor records, no weights."""
         return self.source_size is not None
+
+    @property
+    def model_size(self) -> int:
+        """Bytes of the whole model: this file's, the size a header-only file records, or where
+        the data of a file cut short would end."""
+        return self.source_size or self.needed_size or self.file_size
 
 
 class Metadata:
@@ -131,25 +147,57 @@ class Metadata:
         return value
 
 
-def read_gguf_header(path: str | Path, in_full: tuple[str, ...] = ()) -> GGUFHeader:
-    """Parse the header; ModelFileError for a missing or unreadable file, GGUFError for a
-    non-GGUF, corrupt or truncated one (with the offset and what was expected there).
+def read_gguf_header(path: str | Path, in_full: tuple[str, ...] = (), partial: bool = False) -> GGUFHeader:
+    """Parse the header of a file or of an http(s) URL (fetching only the header's bytes);
+    ModelFileError for a missing or unreadable file or URL, GGUFError for a non-GGUF, corrupt
+    or truncated one (with the offset and what was expected there).
     Keys that start with a prefix in `in_full` keep every item and whole strings (a tokenizer
-    to copy: gguf's GGUFReader takes seconds over a vocabulary, this a tenth of one)."""
-    path = Path(path)
+    to copy: gguf's GGUFReader takes seconds over a vocabulary, this a tenth of one).
+    `partial`: a file cut inside its tensor data (the head of a model, whole up to its tensor
+    table) is read, its `needed_size` telling how far the data would go; without it such a file
+    is refused as truncated, as whatever reads weights must."""
+    location = model_location(path)
+    with open_model_file(location) as f:
+        return parse_gguf_header(f, location, in_full, partial)
+
+
+def model_location(path: str | Path) -> Path | Url:
+    """A command line's MODEL: an http(s) URL, or a file's path."""
+    if is_url(path):
+        return Url(path)
+    if isinstance(path, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]+://", path):
+        raise ModelFileError(f"not a model file or an http(s) URL: {path}")
+    return Path(path)
+
+
+@contextmanager
+def open_model_file(location: Path | Url) -> Iterator[BinaryIO]:
+    """The model's bytes, as a file: a local one (ModelFileError when missing or unreadable),
+    or a URL's, fetched by ranges as they are read (kvphase.gguf.remote)."""
+    if isinstance(location, Url):
+        with RemoteFile(location) as f:
+            yield f
+        return
     try:
-        if not path.exists():
-            raise ModelFileError(f"model file not found: {path}")
-        if not path.is_file():
-            raise ModelFileError(f"model path is not a file: {path}")
-        with path.open("rb") as f:
-            size = _file_size(f)
-            magic = f.read(4)
-            if magic != GGUF_MAGIC:
-                raise GGUFError(f"not a GGUF file: {path} (expected magic {GGUF_MAGIC!r} at offset 0, found {magic!r})")
-            return _Parser(f, path, size, in_full).header()
+        if not location.exists():
+            raise ModelFileError(f"model file not found: {location}")
+        if not location.is_file():
+            raise ModelFileError(f"model path is not a file: {location}")
+        with location.open("rb") as f:
+            yield f
     except OSError as exc:
-        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+        raise ModelFileError(f"cannot read model file {location}: {exc.strerror or exc}") from None
+
+
+def parse_gguf_header(f: BinaryIO, location: Path | Url, in_full: tuple[str, ...] = (),
+                      partial: bool = False) -> GGUFHeader:
+    """`read_gguf_header` on a file already open (a header-only copy then reads its metadata's
+    bytes from it, fetched once)."""
+    size = _file_size(f)
+    magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFError(f"not a GGUF file: {location} (expected magic {GGUF_MAGIC!r} at offset 0, found {magic!r})")
+    return _Parser(f, location, size, in_full, partial).header()
 
 
 def _file_size(f: BinaryIO) -> int:
@@ -161,9 +209,10 @@ def _file_size(f: BinaryIO) -> int:
 class _Parser:
     """One pass over the header; every read is bounds-checked against the file size."""
 
-    def __init__(self, f: BinaryIO, path: Path, size: int, in_full: tuple[str, ...] = ()):
-        self.f, self.path, self.size, self.in_full = f, path, size, in_full
+    def __init__(self, f: BinaryIO, path: Path | Url, size: int, in_full: tuple[str, ...] = (), partial: bool = False):
+        self.f, self.path, self.size, self.in_full, self.partial = f, path, size, in_full, partial
         self.pos = 4  # after the magic
+        self.section = COUNTS  # the part being read, which a truncation's message names: then "metadata", "tensor table"
         self.window, self.base = b"", 0  # file bytes [base, base + len(window)), read ahead in WINDOW steps
         self.fields: dict[str, Any] = {}
         self.types: dict[str, int] = {}
@@ -173,12 +222,14 @@ class _Parser:
         return GGUFError(f"corrupt GGUF file: {self.path} (offset {offset}: {message})")
 
     def beyond_end(self, offset: int, message: str) -> GGUFError:
-        """A length or count larger than the rest of the file: cut short, or a damaged number."""
-        return GGUFError(f"truncated GGUF file: {self.path} (offset {offset}: {message}; or that number is corrupt)")
+        """A length or count larger than the rest of the file: cut short, or a damaged number. (A count
+        in the first 24 bytes too large for the file says it is short, not in which part it ends.)"""
+        where = "is cut short" if self.section == COUNTS else f"ends inside its {self.section}"
+        return GGUFError(f"truncated GGUF file: {self.path} {where} (offset {offset}: {message}; or that number is corrupt)")
 
     def truncated(self, offset: int, expected: str) -> GGUFError:
-        return GGUFError(f"truncated GGUF file: {self.path} (offset {offset}: expected {expected}, "
-                         f"but the file ends at {self.size} bytes)")
+        return GGUFError(f"truncated GGUF file: {self.path} ends inside its {self.section} (offset {offset}: expected "
+                         f"{expected}, but the file ends at {self.size} bytes)")
 
     @property
     def left(self) -> int:
@@ -190,8 +241,10 @@ class _Parser:
             raise self.fail(4, f"expected GGUF version 2 or 3, found {version}")
         n_tensors = self.count("Q", "the tensor count", min_bytes=8 + 4 + 4 + 8)
         n_fields = self.count("Q", "the metadata count", min_bytes=8 + 4)
+        self.section = "metadata"
         for _ in range(n_fields):
             self.field()
+        self.section = "tensor table"
         alignment = self.alignment()
         if n_tensors == 0 and LISTED_TENSORS in self.fields:
             return GGUFHeader(self.path, self.size, version, self.fields, self.listed_tensors(), self.types,
@@ -208,11 +261,14 @@ class _Parser:
             if offset % alignment:
                 raise self.fail(at, f"tensor {name!r} data offset {offset} is not a multiple of the alignment "
                                 f"{alignment}")
-            if tensor.data_offset + tensor.n_bytes > self.size:
-                raise GGUFError(f"truncated GGUF file: {self.path} (tensor {name!r} needs bytes up to "
-                                f"{tensor.data_offset + tensor.n_bytes}, file has {self.size})")
+            if tensor.data_offset + tensor.n_bytes > self.size and not self.partial:
+                raise GGUFError(f"truncated GGUF file: {self.path} ends inside its tensor data (tensor {name!r} needs "
+                                f"bytes up to {tensor.data_offset + tensor.n_bytes}, file has {self.size})")
             tensors.append(tensor)
-        return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types, self.spans)
+        data_end = max((t.data_offset + t.n_bytes for t in tensors), default=0)
+        whole_size = -(-data_end // alignment) * alignment  # llama.cpp and gguf-py pad the last tensor too
+        return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types, self.spans,
+                          needed_size=whole_size if data_end > self.size else None)
 
     def listed_tensors(self) -> list[TensorInfo]:
         """A header-only file's tensor records, checked as the records themselves are."""

@@ -9,6 +9,9 @@ loads (`vocab_only`), the same token for token, and nothing tries to read a weig
 model's first shard lists the other shards' tensors too; the `split.*` keys are left out, so
 llama.cpp does not look for the other shards.
 
+The model need not be here: its URL (only the header's bytes are fetched, by HTTP ranges) or
+its head (`curl -r 0-99999999 URL`, any cut after the tensor table) serves as well.
+
 What needs the weights (the in-process backend, the reference, `validate`, the probes) refuses
 such a file in one line (`require_weights`, and `tensor_array` for any tensor read).
 """
@@ -22,7 +25,8 @@ from typing import NamedTuple
 
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.header import (DEFAULT_ALIGNMENT, GGUF_MAGIC, LISTED_TENSORS, SOURCE_SIZE, GGUFHeader, TensorInfo,
-                                 read_gguf_header)
+                                 model_location, open_model_file, parse_gguf_header, read_gguf_header)
+from kvphase.gguf.remote import Url
 from kvphase.runfolder.files import save_atomic
 
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
@@ -42,19 +46,21 @@ class HeaderOnly(NamedTuple):
 
 
 def write_header_only(source: str | Path, out: str | Path) -> HeaderOnly:
-    """Write `out`: `source`'s metadata and vocabulary, its tensors listed, no weights."""
-    source, out = Path(source), Path(out)
-    header = read_gguf_header(source)
-    if header.header_only:
-        raise PlanError(f"{source} is already header-only (written by kvphase header)")
-    if out.resolve() == source.resolve():
-        raise PlanError(f"the header-only file would replace the model itself: give another path than {source}")
-    shards = [header] + [read_gguf_header(path) for path in other_shards(header)]
+    """Write `out`: `source`'s metadata and vocabulary, its tensors listed, no weights. `source` is
+    a file, whole or cut anywhere after its tensor table, or an http(s) URL, of which only the
+    header's bytes are fetched (each shard's, for a split model)."""
+    source, out = model_location(source), Path(out)
+    with open_model_file(source) as f:
+        header = parse_gguf_header(f, source, partial=True)
+        if header.header_only:
+            raise PlanError(f"{source} is already header-only (written by kvphase header)")
+        if isinstance(source, Path) and out.resolve() == source.resolve():
+            raise PlanError(f"the header-only file would replace the model itself: give another path than {source}")
+        kept = [key for key in header.spans if key not in SPLIT_KEYS]
+        records = [_read_span(f, header.spans[key]) for key in kept]  # a URL's: from the bytes already fetched
+    shards = [header] + [read_gguf_header(path, partial=True) for path in other_shards(header)]
     tensors = [tensor for shard in shards for tensor in shard.tensors]
-    source_size = sum(shard.file_size for shard in shards)
-    kept = [key for key in header.spans if key not in SPLIT_KEYS]
-    with source.open("rb") as f:
-        records = [_read_span(f, header.spans[key]) for key in kept]
+    source_size = sum(shard.model_size for shard in shards)
     listed = [f"{t.type_id} {','.join(str(d) for d in t.shape)} {t.name}" for t in tensors]
     body = (GGUF_MAGIC + struct.pack("<IQQ", header.version, 0, len(kept) + 2) + b"".join(records)
             + _string_array(LISTED_TENSORS, listed) + _uint64(SOURCE_SIZE, source_size))
@@ -64,9 +70,9 @@ def write_header_only(source: str | Path, out: str | Path) -> HeaderOnly:
     return HeaderOnly(out, len(data), source_size, len(tensors), len(shards))
 
 
-def other_shards(header: GGUFHeader) -> list[Path]:
-    """The shards after the first of a split model, beside it; PlanError when one is missing or
-    `header` is not a first shard."""
+def other_shards(header: GGUFHeader) -> list[Path | Url]:
+    """The shards after the first of a split model, beside it (at a URL: beside it on the server);
+    PlanError when one is missing or `header` is not a first shard."""
     count = header.fields.get("split.count", 1)
     if not isinstance(count, int) or count <= 1:
         return []
@@ -76,7 +82,7 @@ def other_shards(header: GGUFHeader) -> list[Path]:
                         f"give its first shard (NAME-00001-of-{count:05d}.gguf)")
     stem = header.path.name[:match.start()]
     paths = [header.path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]
-    missing = [path.name for path in paths if not path.is_file()]
+    missing = [path.name for path in paths if isinstance(path, Path) and not path.is_file()]  # a URL's: when read
     if missing:
         raise PlanError(f"{header.path} is the first of {count} shards, and {', '.join(missing[:3])} "
                         f"{'is' if len(missing) == 1 else 'are'} not beside it: every shard's tensor records are listed")

@@ -53,6 +53,7 @@ class ModelInfo:
     compression: CompressionSpec
     trained: TrainedSpec | None = None  # what `kvphase train` declared, for its models
     weights_size: int | None = None  # a header-only file (kvphase header): the model's size; None: the weights are here
+    needed_size: int | None = None  # a file cut inside its tensor data (partial=True): the whole file's size
 
     @property
     def short_name(self) -> str:
@@ -65,10 +66,11 @@ class ModelInfo:
         return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-") or "model"
 
 
-def read_model_info(path: str | Path) -> ModelInfo:
-    """Read a GGUF file's metadata; raise ModelFileError (GGUFError) if the file is unusable."""
-    path = Path(path)
-    header = read_gguf_header(path)
+def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
+    """Read a GGUF file's (or URL's) metadata; raise ModelFileError (GGUFError) if the file is unusable.
+    `partial`: a file cut inside its tensor data is read too (`read_gguf_header`)."""
+    header = read_gguf_header(path, partial=partial)
+    path = header.path
     meta, tensors = Metadata(header), header.tensors
     arch = meta.text("general.architecture", "unknown")
     vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
@@ -87,6 +89,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         compression=compression_spec(arch, meta, [t.name for t in tensors], n_layers),
         trained=read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0)),
         weights_size=header.source_size,
+        needed_size=header.needed_size,
     )
 
 
