@@ -1171,7 +1171,11 @@ HAND_NUMBER = re.compile(
     r"|" + _START + r"\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? (?:points|nats|seconds|minutes|min|hours|s)\b")  # an amount
 ALLOWED = {"80%": "the bar a trained model must reach, and the power a detectable dip is computed at",
            "95%": "the level of every interval", "0.05": "alpha", "5%": "alpha",
-           "40-80%": "`--calibrate`'s default band", "30%": "a default budget (the pilot's, the dense steps')"}
+           "40-80%": "`--calibrate`'s default band", "30%": "a default budget (the pilot's, the dense steps')",
+           "0%": "the floor of an accuracy", "100%": "the ceiling of an accuracy", "0-100%": "an accuracy's range",
+           "90%": "the share of one answer that makes a run degenerate (analysis.DEGENERATE_SHARE)",
+           "0.00025": "the smallest p 4,000 permutations give, 1 / 4001",
+           "98%": "the highest base accuracy bench_power.py simulates"}
 
 
 def hand_numbers(text: str) -> list[tuple[int, str]]:
