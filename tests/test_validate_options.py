@@ -27,6 +27,7 @@ def handed(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(validate_cmd, "validate_model", record)
+    monkeypatch.setattr("kvphase.gguf.header_only.require_weights", lambda model, command: None)  # no file here
     return seen
 
 

@@ -42,8 +42,8 @@ def validate(
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
     from kvphase.gguf.header_only import require_weights
 
-    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
     cache = _cache_type(cache_type, cache)
+    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
     threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
     check_threads(threads)
     splits = [_parse_split(s) for s in split] if split else None

@@ -60,10 +60,10 @@ class AnswerSpread:
 
 def answer_spread(predicted: pd.Series, truth: pd.Series) -> AnswerSpread:
     """`predicted` and `truth` (one per target) as text; a missing answer counts as the empty one."""
-    given = predicted.fillna("").astype(str)
+    given = predicted.astype(object).fillna("").astype(str)
     shares = given.value_counts(normalize=True)  # commonest first
     return AnswerSpread(str(shares.index[0]), round(float(shares.iloc[0]), 4), round(_effective(shares), 2),
-                        round(_effective(truth.fillna("").astype(str).value_counts(normalize=True)), 2))
+                        round(_effective(truth.astype(object).fillna("").astype(str).value_counts(normalize=True)), 2))
 
 
 def _effective(shares: pd.Series) -> float:
