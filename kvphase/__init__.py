@@ -1,13 +1,13 @@
 """kvphase: find the periodic weak spots that chunked KV-cache compression leaves in retrieval.
 
-The Python API (`kvphase.sweep.api`): `sweep`, `sweep_strides`, `dry_run`, `load_run`, `compare`,
+The Python API (`kvphase.sweep.api`): `sweep`, `sweep_strides`, `dry_run`, `load_run`, `report`, `compare`,
 `inspect`, and the `Run` they return; the library's errors are in `kvphase.errors`. Each is
 imported on first use, so that `import kvphase` (and the command line's start) stays cheap.
 """
 
 __version__ = "0.1.0"
 
-_API = ("sweep", "sweep_strides", "dry_run", "load_run", "compare", "inspect", "Run", "StrideSweep", "Notice",
+_API = ("sweep", "sweep_strides", "dry_run", "load_run", "report", "compare", "inspect", "Run", "StrideSweep", "Notice",
         "SweepOptions", "DryRun")
 _ERRORS = ("KvphaseError", "ModelFileError", "GGUFError", "PlanError", "RecordLayoutError", "BackendError",
            "RunFolderError", "Interrupted")

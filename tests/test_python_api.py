@@ -55,6 +55,7 @@ def test_a_run_reads_back_as_its_folder_says(swept):
     written = json.loads((run.path / "summary.json").read_text())
     again = json.loads(json.dumps(loaded.summary.to_json()))  # computed again from results.csv
     assert again == written == json.loads(json.dumps(run.summary.to_json()))
+    assert json.loads(json.dumps(kvphase.report(run.path).summary.to_json())) == written
     frame = loaded.results
     assert len(frame) == written["n_targets"] == progress[-1][1]
     accuracy = frame.groupby("residue")["correct"].mean() * 100  # (modulus,)
@@ -94,8 +95,9 @@ def test_the_python_page_runs_as_written(tmp_path):
 @pytest.mark.slow
 def test_import_kvphase_is_cheap_and_its_sweep_is_the_package_made_callable():
     code = ("import sys, kvphase; cheap = not {'pandas', 'typer', 'llama_cpp'} & set(sys.modules); "
-            "import kvphase.sweep.run; print(cheap, kvphase.sweep is sys.modules['kvphase.sweep'], callable(kvphase.sweep),"
-            " kvphase.load_run.__module__, kvphase.PlanError.__module__)")
+            "import kvphase.sweep.run; package = sys.modules['kvphase.sweep']; "
+            "print(cheap, kvphase.sweep is package, callable(package), kvphase.load_run.__module__, "
+            "kvphase.PlanError.__module__)")
     done = _in_python(code, REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True", "True", "kvphase.sweep.api", "kvphase.errors"]

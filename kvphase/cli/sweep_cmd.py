@@ -17,7 +17,7 @@ from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.engines.llamacpp import CACHE_TYPES
-from kvphase.sweep import session
+from kvphase.sweep import api, session
 from kvphase.sweep.placement import AUTO_DENSITY
 from kvphase.sweep.run import SweepProgress
 from kvphase.sweep.session import PADDINGS, SERVER_ENGINES, Notice, stride_plan_lines
@@ -25,8 +25,9 @@ from kvphase.sweep.strides import ALL
 from kvphase.sweep.tasks import available_tasks
 
 # The planning helpers other commands and scripts import from here (they live in `sweep.session`)
-from kvphase.sweep.session import (PlanOptions, parse_options, plan_sweep, refuse_trained_compressor,  # noqa: F401,E402
-                                   sample_size, server_connection, with_reference_design)
+from kvphase.sweep.session import (PlanOptions, backend_context, check_runs, parse_options, plan_sweep,  # noqa: F401
+                                   plans_that_fit, refuse_trained_compressor, run_dir_for, sample_size,
+                                   server_connection, with_backend, with_offsets, with_reference_design)
 
 Padding = Enum("Padding", {name.replace("-", "_"): name for name in PADDINGS}, type=str)
 ServerEngine = Enum("ServerEngine", {name.replace("-", "_"): name for name in SERVER_ENGINES}, type=str)
@@ -104,8 +105,6 @@ def sweep(
                                        "[0, S) (seeded by --seed; offsets.csv records it)."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
-    from kvphase.sweep import api
-
     options = dict(stride=stride, modulus=modulus, context=context, per_residue=per_residue, contexts=contexts,
                    targets_per_context=targets_per_context, detect=detect, padding=padding and padding.value,
                    task=task, seed=seed, out=out, threads=threads, backend=backend and backend.value, design=design,

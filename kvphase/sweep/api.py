@@ -1,5 +1,5 @@
-"""kvphase from Python (exported by `kvphase`): the functions `kvphase sweep`, `compare` and
-`inspect` call.
+"""kvphase from Python (exported by `kvphase`): the functions `kvphase sweep`, `report`,
+`compare` and `inspect` call.
 
     import kvphase
     run = kvphase.sweep("model.gguf", context=512, per_residue=8)
@@ -63,7 +63,8 @@ class Run:
         return accuracy_figure([(self.path.name, self.summary)], self.plan.stride)
 
     def __repr__(self) -> str:
-        return f"Run({str(self.path)!r}, stride={self.plan.stride}, context={self.plan.context}, task={self.plan.task!r})"
+        plan = self.plan
+        return f"Run({str(self.path)!r}, stride={plan.stride}, context={plan.context}, task={plan.task!r})"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,16 @@ def load_run(path: PathLike) -> Run:
     if load_results(path).empty:
         raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
     return Run(path, plan)
+
+
+def report(path: PathLike) -> Run:
+    """Rebuild a sweep folder's summary.json, report.md and figure from its config.json and
+    results.csv (`kvphase report RUN_DIR`); RunFolderError as `load_run`."""
+    from kvphase.sweep.report import build_report  # scipy: imported when used
+
+    path = Path(path)
+    summary = build_report(path)
+    return Run(path, load_plan(path), summary)
 
 
 def compare(runs: Sequence[Union[Run, PathLike]], out: Optional[PathLike] = None):
@@ -171,4 +182,4 @@ def _progress_bar(progress: Progress):
 
 
 __all__ = ["Run", "StrideSweep", "Notice", "SweepOptions", "DryRun", "sweep", "sweep_strides", "dry_run", "load_run",
-           "compare", "inspect"]
+           "report", "compare", "inspect"]

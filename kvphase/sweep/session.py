@@ -120,7 +120,8 @@ class SweepOptions:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(keywords) - known)
         if unknown:
-            raise PlanError(f"sweep has no option {', '.join(map(repr, unknown))}; its options: {', '.join(sorted(known))}")
+            raise PlanError(f"sweep has no option {', '.join(map(repr, unknown))}; its options: "
+                            f"{', '.join(sorted(known))}")
         return cls(**keywords)
 
 
@@ -128,7 +129,8 @@ def check_own_folder(folder: Optional[Path]) -> None:
     """A run folder must be a folder of the run's own: "" and "." (the current folder) would mix
     the run's files with whatever is there."""
     if folder is not None and Path(folder) == Path("."):
-        raise PlanError(f"the run folder {str(folder)!r} is the current folder; name a folder for the run (e.g. --out run1)")
+        raise PlanError(f"the run folder {str(folder)!r} is the current folder; name a folder for the run "
+                        "(e.g. --out run1)")
 
 
 class CalibrationAim(NamedTuple):
@@ -474,8 +476,10 @@ def dry_run_sweep(planned: PlannedSweep, plan: SweepPlan, run_dir: Path, say: Sa
     for notice in plan_notices(info, plan, planned.options.detect):
         say(notice)
     timed = info.weights_size is None or plan.backend == "server"
-    # a header-only file: the prompts from its vocabulary, nothing to run here
-    backend = open_backend(info, plan, planned.options.threads, planned.connect, say) if timed else Vocab.load(info.path)
+    if timed:
+        backend = open_backend(info, plan, planned.options.threads, planned.connect, say)
+    else:  # a header-only file: the prompts from its vocabulary, nothing to run here
+        backend = Vocab.load(info.path)
     try:
         estimate = estimate_sweep(plan, backend, run_dir, info, timed)
     finally:
