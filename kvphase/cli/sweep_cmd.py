@@ -118,10 +118,15 @@ def sweep(
             echo_dry_run(planned)
         return
     with _progress_bar(quiet) as progress:
+
+        def finished(run) -> None:
+            progress.finish()  # the run's bar stays above its headline
+            echo_run(run)
+
         if stride is None or stride.strip().lower() != ALL:
-            echo_run(api.sweep(model, progress=progress, on_notice=say, **options))
+            finished(api.sweep(model, progress=progress, on_notice=say, **options))
             return
-        strides = api.sweep_strides(model, progress=progress, on_notice=say, on_run=echo_run, **options)
+        strides = api.sweep_strides(model, progress=progress, on_notice=say, on_run=finished, **options)
     from kvphase.cli.compare_cmd import echo_readings  # imported here: `compare` registers after `report`
 
     echo_readings(strides.comparison)
@@ -202,8 +207,8 @@ class _RateColumn(ProgressColumn):
 
 class _CheckedProgress(SweepProgress):
     """The bar's callbacks (nothing with --quiet), each of which first stops the sweep if a
-    signal came whose Interrupted was swallowed while the model loaded. The bar shows from the
-    first run's start (after its model loaded and any pilot ran), one line per run."""
+    signal came whose Interrupted was swallowed while the model loaded. Each run's bar shows
+    from its start (its model loaded, any pilot run) until `finish`."""
 
     def __init__(self, progress: Progress | None):
         self._progress = progress
@@ -212,8 +217,14 @@ class _CheckedProgress(SweepProgress):
     def start(self, total: int, done: int) -> None:
         raise_if_interrupted()
         if self._progress is not None:
-            self._progress.start()  # a second run's start leaves the bar running
+            if self._task is not None:  # the previous run's bar, already left on the screen by `finish`
+                self._progress.remove_task(self._task)
             self._task = self._progress.add_task("scoring targets", total=total, completed=done)
+            self._progress.start()
+
+    def finish(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
     def advance(self, n: int) -> None:
         raise_if_interrupted()
