@@ -22,10 +22,10 @@ def compare(
                                        "default reports/comparison."),
 ) -> None:
     """Put several runs side by side: one table and one accuracy-by-residue figure."""
-    from kvphase.sweep.compare import DEFAULT_OUT, display_table, write_comparison  # scipy: imported when used
+    from kvphase.sweep.api import compare as compare_runs
+    from kvphase.sweep.compare import display_table  # scipy: imported when used
 
-    out = DEFAULT_OUT if out is None else out
-    comparison = write_comparison(run_dirs or [], out)
+    comparison = compare_runs(run_dirs or [], out)
     frame = display_table(comparison.runs)
     table = Table(title="Accuracy by residue, run by run")
     for column in frame.columns:

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from kvphase.cli import app
 from kvphase.cli.text import markup, plain
-from kvphase.gguf.modelinfo import read_model_info
+from kvphase.sweep.api import inspect as read_model_info
 
 
 @app.command()

@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-from kvphase.errors import PlanError
 
 ALL_LAYERS = -1  # llama.cpp's n_gpu_layers for "every layer"
 MOST_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32
@@ -40,25 +39,15 @@ def given(value, default):
 
 
 def with_gpu_layers(plan, gpu_layers: int):
-    """The plan with --gpu-layers in its backend options (only when above 0, so a CPU plan's
-    config.json is what it always was); a warning when this llama.cpp build cannot offload."""
-    from dataclasses import replace
+    """`session.with_gpu_layers`, its warning on stderr."""
+    from kvphase.sweep.session import with_gpu_layers as planned_with_gpu_layers
 
-    if not gpu_layers:
-        return plan
-    if plan.backend != "llama.cpp":
-        raise PlanError(f"--gpu-layers applies to the llama.cpp backend only, not {plan.backend}")
-    from kvphase.engines.llamacpp import gpu_offload_note
-
-    note = gpu_offload_note(gpu_layers)
-    if note:
-        typer.echo(f"Warning: {note}", err=True)
-    return replace(plan, backend_options={**plan.backend_options, "gpu_layers": gpu_layers})
+    return planned_with_gpu_layers(plan, gpu_layers, lambda notice: typer.echo(f"Warning: {notice.text}", err=True))
 
 
 def own_folder(value: Optional[Path]) -> Optional[Path]:
-    """--out / OUT must name a folder of the run's own: "" and "." (the current folder) would mix
-    the run's files with whatever is there."""
-    if value is not None and Path(value) == Path("."):
-        raise PlanError(f"the run folder {str(value)!r} is the current folder; name a folder for the run (e.g. --out run1)")
+    """--out / OUT must name a folder of the run's own (`session.check_own_folder`)."""
+    from kvphase.sweep.session import check_own_folder
+
+    check_own_folder(value)
     return value

@@ -27,8 +27,6 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kv
         typer.echo(plain(theory_headline(rerun_study(run_dir)), limit=2000))
         typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
         return
-    from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
-
     from kvphase.train.run import is_train_dir
 
     if is_train_dir(run_dir):
@@ -37,9 +35,11 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kv
         typer.echo(headline(build_training_report(run_dir)))
         typer.echo(f"Report: {run_dir / REPORT_FILE}")
         return
-    summary = build_report(run_dir)
-    typer.echo(summary.headline())
-    typer.echo(f"Report: {plain(run_dir / REPORT_FILE)}")
+    from kvphase.sweep.api import report as rebuild_report  # scipy: imported when used, not at start-up
+
+    run = rebuild_report(run_dir)
+    typer.echo(run.summary.headline())
+    typer.echo(f"Report: {plain(run.report_path)}")
 
 
 def _is_theory_dir(run_dir: Path) -> bool:

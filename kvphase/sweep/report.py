@@ -66,34 +66,56 @@ def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame
 
 
 def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
+    """Accuracy by residue with 95% Wilson intervals, saved to `path` (`draw_accuracy`)."""
+    with figure(path, **_accuracy_figure_size(runs)) as (fig, ax):
+        draw_accuracy(ax, runs, stride)
+
+
+def accuracy_figure(runs: list[tuple[str, Summary]], stride: int):
+    """The figure `plot_accuracy` saves, as a matplotlib Figure (on the Agg canvas, no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**_accuracy_figure_size(runs))
+    FigureCanvasAgg(fig)
+    draw_accuracy(fig.subplots(), runs, stride)
+    fig.tight_layout()
+    return fig
+
+
+def _accuracy_figure_size(runs: list) -> dict:
+    many = len(runs) > 3  # then the legend goes beside the axes (`draw_accuracy`): a wider figure
+    return {"figsize": (10.5 if many else 7, 4.2 if many else 3.8), "dpi": 120}
+
+
+def draw_accuracy(ax, runs: list[tuple[str, Summary]], stride: int) -> None:
     """Accuracy by residue with 95% Wilson intervals; dotted lines mark stride cycles."""
     import matplotlib
 
     many = len(runs) > 3  # then the legend goes beside the axes, where it hides no point
-    with figure(path, figsize=(10.5 if many else 7, 4.2 if many else 3.8), dpi=120) as (fig, ax):
-        if len(runs) > 10:  # the default cycle repeats after 10 colours
-            ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
-        width = 0.8 / max(1, len(runs))
-        moduli = set()
-        for i, (label, summary) in enumerate(runs):
-            table = pd.DataFrame(summary.per_residue)
-            moduli.add(int(table["residue"].max()) + 1)
-            x = table["residue"] + (i - (len(runs) - 1) / 2) * width
-            err = [table["accuracy"] - table["ci_low"], table["ci_high"] - table["accuracy"]]
-            ax.errorbar(x, table["accuracy"], yerr=err, fmt="o-", capsize=3, label=label)
-        modulus = max(moduli)
-        for cycle in range(stride, modulus, stride):
-            ax.axvline(cycle - 0.5, color="gray", linestyle=":", linewidth=1)
-        ax.set_xticks(range(modulus))
-        mods = ", ".join(str(m) for m in sorted(moduli))
-        ax.set_xlabel(f"residue of the target's first token position (mod {mods}); dotted: stride {stride} cycles")
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(-2, 102)
-        ax.grid(axis="y", alpha=0.3)
-        if many:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-        else:
-            ax.legend(fontsize=8, loc="best")
+    if len(runs) > 10:  # the default cycle repeats after 10 colours
+        ax.set_prop_cycle(color=matplotlib.colormaps["tab20"].colors)
+    width = 0.8 / max(1, len(runs))
+    moduli = set()
+    for i, (label, summary) in enumerate(runs):
+        table = pd.DataFrame(summary.per_residue)
+        moduli.add(int(table["residue"].max()) + 1)
+        x = table["residue"] + (i - (len(runs) - 1) / 2) * width
+        err = [table["accuracy"] - table["ci_low"], table["ci_high"] - table["accuracy"]]
+        ax.errorbar(x, table["accuracy"], yerr=err, fmt="o-", capsize=3, label=label)
+    modulus = max(moduli)
+    for cycle in range(stride, modulus, stride):
+        ax.axvline(cycle - 0.5, color="gray", linestyle=":", linewidth=1)
+    ax.set_xticks(range(modulus))
+    mods = ", ".join(str(m) for m in sorted(moduli))
+    ax.set_xlabel(f"residue of the target's first token position (mod {mods}); dotted: stride {stride} cycles")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(axis="y", alpha=0.3)
+    if many:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8, loc="best")
 
 
 def _depth_sentence(summary: Summary) -> str:

@@ -1,0 +1,185 @@
+"""kvphase from Python (exported by `kvphase`): the functions `kvphase sweep`, `report`,
+`compare` and `inspect` call.
+
+    import kvphase
+    run = kvphase.sweep("model.gguf", context=512, per_residue=8)
+    run.summary.headline(); run.results  # a pandas DataFrame, one row per target
+
+Every keyword of `sweep` is the command's option of the same name (`--per-residue` is
+`per_residue=`; `--option KEY=VALUE` is `design_options={"KEY": VALUE}`). Bad input raises the
+library's errors (`kvphase.errors`: ModelFileError, PlanError, RunFolderError, ...), each a
+`KvphaseError` whose message is the line the command prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence, Union
+
+from kvphase.errors import PlanError, RunFolderError
+from kvphase.runfolder import REPORT_FILE
+from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.run import SweepProgress, load_plan, load_results
+from kvphase.sweep.strides import ALL
+from kvphase.sweep.session import (DryRun, Notice, Say, SweepOptions, dry_run_planned, log_notice, plan_sweep_runs,
+                                   run_planned)
+
+PathLike = Union[str, Path]
+Progress = Union[SweepProgress, Callable[[int, int], None], None]  # an object, or progress(done, total)
+
+
+class Run:
+    """One run folder of `kvphase sweep`: its plan, summary, results, report and figure."""
+
+    def __init__(self, path: PathLike, plan: SweepPlan, summary=None):
+        self.path = Path(path)
+        self.plan = plan
+        self._summary = summary
+
+    @property
+    def summary(self):
+        """The report's numbers (`sweep.analysis.Summary`: mean_accuracy, gap, test.p_value, headline())."""
+        if self._summary is None:
+            from kvphase.sweep.analysis import summarize  # scipy: imported when used
+
+            plan = self.plan
+            self._summary = summarize(self.results, plan.stride, plan.modulus, plan.seed, control=plan.control)
+        return self._summary
+
+    @property
+    def results(self):
+        """results.csv as a pandas DataFrame: one row per scored target (residue, phase, correct, logprob, ...)."""
+        return load_results(self.path)
+
+    @property
+    def report_path(self) -> Path:
+        return self.path / REPORT_FILE
+
+    def figure(self):
+        """Accuracy by residue with 95% intervals, the report's figure, as a matplotlib Figure."""
+        from kvphase.sweep.report import accuracy_figure
+
+        return accuracy_figure([(self.path.name, self.summary)], self.plan.stride)
+
+    def __repr__(self) -> str:
+        plan = self.plan
+        return f"Run({str(self.path)!r}, stride={plan.stride}, context={plan.context}, task={plan.task!r})"
+
+
+@dataclass(frozen=True)
+class StrideSweep:
+    """`sweep_strides`: one run per stride the model declares, and their comparison."""
+
+    runs: list[Run]
+    comparison: object  # sweep.compare.Comparison: .table (a DataFrame), .markdown, .figure, .csv
+
+
+def sweep(model: Optional[PathLike] = None, *, progress: Progress = None, on_notice: Optional[Say] = None,
+          **options) -> Run:
+    """Score a model's retrieval accuracy by token phase into a run folder (resuming what it holds)
+    and write its report: `kvphase sweep MODEL`. `model` None: the default SmolLM2-135M.
+    `progress(done, total)` as targets are scored; `on_notice(Notice)` hears what the command
+    prints on stderr (default: the "kvphase" logger)."""
+    if str(options.get("stride")).strip().lower() == ALL:
+        raise PlanError("stride='all' makes one run per stride: call kvphase.sweep_strides")
+    return _run_all(_planned(model, options, on_notice), progress, on_notice)[0]
+
+
+def sweep_strides(model: Optional[PathLike] = None, *, progress: Progress = None, on_notice: Optional[Say] = None,
+                  on_run: Callable[[Run], None] = lambda run: None, **options) -> StrideSweep:
+    """`kvphase sweep MODEL --stride all`: one run per stride the file declares (in `out`, when
+    given), then their comparison beside them; `on_run(run)` as each run finishes."""
+    from kvphase.sweep.compare import write_comparison  # scipy: imported when used
+    from kvphase.sweep.strides import comparison_dir
+
+    planned = _planned(model, {**options, "stride": "all"}, on_notice)
+    runs = _run_all(planned, progress, on_notice, on_run)
+    comparison = write_comparison([run.path for run in runs], comparison_dir([run.path for run in runs],
+                                                                             planned.strides))
+    return StrideSweep(runs, comparison)
+
+
+def dry_run(model: Optional[PathLike] = None, *, on_notice: Optional[Say] = None, **options) -> list[DryRun]:
+    """`kvphase sweep --dry-run`: for each run the options make, its counts, one context scored and
+    timed, the estimated wall time and memory; nothing is written."""
+    return dry_run_planned(_planned(model, options, on_notice, dry_run=True), on_notice or log_notice)
+
+
+def load_run(path: PathLike) -> Run:
+    """The run a `kvphase sweep` folder holds; RunFolderError when it is not one, is damaged, or
+    has nothing scored."""
+    path = Path(path)
+    plan = load_plan(path)
+    if load_results(path).empty:
+        raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
+    return Run(path, plan)
+
+
+def report(path: PathLike) -> Run:
+    """Rebuild a sweep folder's summary.json, report.md and figure from its config.json and
+    results.csv (`kvphase report RUN_DIR`); RunFolderError as `load_run`."""
+    from kvphase.sweep.report import build_report  # scipy: imported when used
+
+    path = Path(path)
+    summary = build_report(path)
+    return Run(path, load_plan(path), summary)
+
+
+def compare(runs: Sequence[Union[Run, PathLike]], out: Optional[PathLike] = None):
+    """Several runs side by side (`kvphase compare`): writes comparison.md, comparison.png and
+    comparison.csv into `out` (default reports/comparison) and returns the `Comparison`."""
+    from kvphase.sweep.compare import DEFAULT_OUT, write_comparison  # scipy: imported when used
+    from kvphase.sweep.session import check_own_folder
+
+    check_own_folder(out)
+    return write_comparison([run.path if isinstance(run, Run) else Path(run) for run in runs],
+                            DEFAULT_OUT if out is None else Path(out))
+
+
+def inspect(model: PathLike):
+    """What a GGUF file declares, from its metadata alone (`kvphase inspect`): a `ModelInfo`."""
+    from kvphase.gguf.modelinfo import read_model_info
+
+    return read_model_info(Path(model))
+
+
+def _planned(model, options: dict, on_notice: Optional[Say], dry_run: bool = False):
+    return plan_sweep_runs(None if model is None else Path(model), SweepOptions.from_keywords(options), dry_run,
+                           on_notice or log_notice)
+
+
+def _run_all(planned, progress: Progress, on_notice: Optional[Say],
+             on_run: Callable[[Run], None] = lambda run: None) -> list[Run]:
+    runs = []
+
+    def finished(run_dir: Path, summary) -> None:
+        runs.append(Run(run_dir, load_plan(run_dir), summary))  # the folder's plan: a calibrated one's choice
+        on_run(runs[-1])
+
+    run_planned(planned, _progress_bar(progress), on_notice or log_notice, finished)
+    return runs
+
+
+def _progress_bar(progress: Progress):
+    """The session's progress context for `progress`: an object's own callbacks, or a function
+    of (done, total) called as targets are scored."""
+    from contextlib import nullcontext
+
+    if progress is None or isinstance(progress, SweepProgress):
+        return lambda: nullcontext(progress or SweepProgress())
+    done = [0, 0]  # targets scored, targets planned
+
+    def start(total: int, already: int) -> None:
+        done[:] = [already, total]
+        progress(already, total)
+
+    def advance(n: int) -> None:
+        done[0] += n
+        progress(*done)
+
+    return lambda: nullcontext(SweepProgress(start, advance))
+
+
+__all__ = ["Run", "StrideSweep", "Notice", "SweepOptions", "DryRun", "sweep", "sweep_strides", "dry_run", "load_run",
+           "report", "compare", "inspect"]

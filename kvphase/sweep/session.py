@@ -1,0 +1,605 @@
+"""A sweep from its options to its run folders: planning (the model's defaults, calibration,
+phase shifts, every declared stride), the run folders' names, a dry run's estimate, opening a
+backend, and the runs themselves with their reports.
+
+Both front ends call this: `kvphase sweep` (which parses the options and prints) and the Python
+API (`kvphase.sweep`). Nothing here prints; what a user should read goes to a `say` callback as
+a `Notice`, and errors are the library's (`kvphase.errors`). Messages name the command line's
+options (`--context`); in Python each is the keyword of the same name (`context=`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Callable, ContextManager, NamedTuple, Optional, Union
+
+from kvphase.backends import BACKENDS
+from kvphase.defaults import default_model_path, default_threads
+from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
+from kvphase.errors import PlanError
+from kvphase.gguf.limits import check_llama_limits
+from kvphase.gguf.modelinfo import ModelInfo, read_model_info
+from kvphase.runfolder import RunLock
+from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
+                                     held_calibration, plan_for_folder)
+from kvphase.sweep.offsets import offset_plan_from_options
+from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
+from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
+                                stride_and_modulus)
+from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.sweep.strides import ALL, LARGE_STRIDE, declared_strides, modulus_for, parse_stride, planned_dip
+from kvphase.sweep.tasks import load_task
+
+REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
+PADDINGS = ("prefix", "in-sequence")
+SERVER_ENGINES = ("llama-server", "openai")  # llama-server, or an OpenAI-compatible engine with prompt logprobs
+
+_log = logging.getLogger("kvphase")
+
+
+class Notice(NamedTuple):
+    """One line for the user. kind: "note" (what a plan chose; a quiet front end drops it),
+    "attention" (the same, worth a colour: a control run, a stride not swept) or "warning"
+    (always shown: memory, a server lost, a sweep that died holding the folder)."""
+
+    text: str
+    kind: str = "note"
+
+
+Say = Callable[[Notice], None]
+
+
+def log_notice(notice: Notice) -> None:
+    """The default `say` of the Python API: notes at INFO, warnings at WARNING, on the "kvphase"
+    logger (so a notebook shows warnings, and notes only when asked with logging.basicConfig)."""
+    _log.log(logging.WARNING if notice.kind == "warning" else logging.INFO, notice.text)
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """A sweep's options, one field per `kvphase sweep` option (None: not given, the model's
+    default). Checked here, where they are made: PlanError names the option and what it got."""
+
+    stride: Union[int, str, None] = None  # S, or "all": one run per stride the file declares
+    modulus: Optional[int] = None  # residues are positions mod M; default 2 x stride
+    context: Optional[int] = None  # tokens before every query
+    per_residue: Union[int, str, None] = None  # targets per residue, or "auto" (with detect)
+    contexts: Optional[int] = None  # size the run by its contexts instead
+    targets_per_context: Union[int, str] = AUTO_DENSITY  # "auto", at most N, or "task"
+    detect: Optional[float] = None  # with per_residue="auto": the dip (points) to detect
+    padding: Optional[str] = None  # "prefix" or "in-sequence"
+    task: Optional[str] = None  # a task of prompts/
+    seed: int = 0
+    out: Optional[Path] = None  # the run folder (with stride="all": the folder the runs go in)
+    threads: Optional[int] = None  # llama.cpp's CPU threads; default the CPUs this process may use
+    backend: Optional[str] = None  # a name of `kvphase.backends.BACKENDS`
+    design: Optional[str] = None  # the reference backend's design
+    design_options: Union[dict, tuple[str, ...]] = ()  # the reference design's options: a dict, or KEY=VALUE strings
+    url: tuple[str, ...] = ()  # backend="server": the servers
+    slots: Optional[int] = None
+    engine: str = "llama-server"
+    request_timeout: Optional[float] = None
+    deadline: Optional[float] = None
+    cache_type: Optional[str] = None  # llama.cpp's K and V cache type
+    gpu_layers: int = 0
+    calibrate: bool = False
+    target_accuracy: Optional[str] = None  # with calibrate: "LOW-HIGH" percent
+    offsets: Optional[int] = None
+    combine: Optional[str] = None
+    shift: Optional[int] = None
+    random_offset: bool = False
+
+    def __post_init__(self) -> None:
+        normal = {"url": (self.url,) if isinstance(self.url, str) else tuple(self.url),
+                  "design_options": dict(self.design_options) if isinstance(self.design_options, dict)
+                  else tuple(self.design_options),
+                  "targets_per_context": str(self.targets_per_context).strip().lower(),
+                  "per_residue": None if self.per_residue is None else str(self.per_residue),
+                  "stride": None if self.stride is None else str(self.stride),
+                  "out": None if self.out is None else Path(self.out)}
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+        for name, allowed in (("padding", PADDINGS), ("backend", tuple(BACKENDS)), ("engine", SERVER_ENGINES),
+                              ("cache_type", tuple(CACHE_TYPES))):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.threads is not None:
+            check_threads(self.threads)
+        if not isinstance(self.gpu_layers, int) or self.gpu_layers < 0:
+            raise PlanError(f"--gpu-layers must be a whole number, 0 or more, got {self.gpu_layers!r}")
+        check_own_folder(self.out)
+
+    @classmethod
+    def from_keywords(cls, keywords: dict) -> "SweepOptions":
+        """The options from keyword arguments; PlanError naming any keyword that is no option."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise PlanError(f"sweep has no option {', '.join(map(repr, unknown))}; its options: "
+                            f"{', '.join(sorted(known))}")
+        return cls(**keywords)
+
+
+def check_own_folder(folder: Optional[Path]) -> None:
+    """A run folder must be a folder of the run's own: "" and "." (the current folder) would mix
+    the run's files with whatever is there."""
+    if folder is not None and Path(folder) == Path("."):
+        raise PlanError(f"the run folder {str(folder)!r} is the current folder; name a folder for the run "
+                        "(e.g. --out run1)")
+
+
+class CalibrationAim(NamedTuple):
+    """What --calibrate aims at: the band, the knobs it may turn, and the padding each setting
+    starts from when the padding is kvphase's to fit (None: the user's)."""
+
+    band: Band
+    knobs: tuple[str, ...]
+    fit: Optional[str]
+
+
+@dataclass(frozen=True)
+class PlannedSweep:
+    """A sweep's runs, planned and named, before anything is scored or written."""
+
+    info: ModelInfo
+    runs: list[tuple[SweepPlan, Path]]  # (plan, run folder), one per stride swept
+    connect: dict  # where a server sweep runs (`server_connection`); empty for the other backends
+    aim: Optional[CalibrationAim]  # --calibrate's, or None
+    every_stride: bool  # --stride all
+    options: SweepOptions
+
+    @property
+    def strides(self) -> list[int]:
+        return [plan.stride for plan, _ in self.runs]
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What --dry-run found for one run: its estimate (`sweep.estimate`), whether one context
+    was timed (not for a header-only file), and llama.cpp's expected memory (None otherwise)."""
+
+    run_dir: Path
+    plan: SweepPlan
+    model: Path
+    estimate: object  # sweep.estimate.SweepEstimate
+    timed: bool
+    memory: Optional[str]
+
+
+def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool = False,
+                    say: Say = log_notice) -> PlannedSweep:
+    """Every run the options ask for, planned and named; PlanError, ModelFileError or GGUFError
+    before any weights load. `say` hears the strides --stride all skips and each stride's power."""
+    info = read_model_info(model if model is not None else default_model_path())
+    check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
+    chosen = parse_stride(options.stride)  # None (the file's own), S, or ALL
+    every_stride = chosen == ALL
+    asked = PlanOptions.from_sweep_options(options)
+    plans, skipped = plans_that_fit(info, declared_strides(info) if every_stride else [chosen], asked, every_stride)
+    connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, list(options.url),
+                                options.slots, options.engine, options.request_timeout, options.deadline)
+    plans = [with_gpu_layers(with_backend(plan, connect, options.engine, asked.cache_type), options.gpu_layers, say)
+             for plan in plans]
+    plans = [with_offsets(info, plan, options.offsets, options.combine, options.shift, options.random_offset)
+             for plan in plans]
+    aim = calibration_aim(info, plans[0], asked, options.calibrate, options.target_accuracy, dry_run)
+    runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
+    for stride, reason in skipped:
+        say(Notice(f"--stride all: stride {stride} is not swept: {reason}", "attention"))
+    if every_stride:
+        for line in stride_plan_lines(plans, asked.per_residue is not None):
+            say(Notice(line))
+    return PlannedSweep(info, runs, connect, aim, every_stride, options)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The options that shape a run's plan (None: not given)."""
+
+    modulus: Optional[int]
+    context: Optional[int]
+    per_residue: Optional[str]
+    detect: Optional[float]
+    padding: Optional[str]
+    task: Optional[str]
+    seed: int
+    backend: Optional[str]
+    design: Optional[str]
+    options: tuple[str, ...]  # --option KEY=VALUE pairs
+    cache_type: Optional[str]
+    density: str = AUTO_DENSITY  # --targets-per-context
+    contexts: Optional[int] = None
+
+    @classmethod
+    def from_sweep_options(cls, options: SweepOptions) -> "PlanOptions":
+        pairs = options.design_options  # KEY=VALUE strings, parsed (and checked) where the plan is made
+        if isinstance(pairs, dict):
+            pairs = tuple(f"{key}={json.dumps(value)}" for key, value in pairs.items())
+        return cls(options.modulus, options.context, options.per_residue, options.detect, options.padding,
+                   options.task, options.seed, options.backend, options.design, pairs, options.cache_type,
+                   options.targets_per_context, options.contexts)
+
+
+def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOptions,
+                   every_stride: bool) -> tuple[list[SweepPlan], list[tuple[int, str]]]:
+    """Each stride's plan; under `--stride all` a stride the contexts leave no room for (a 128-token
+    stride in a short trained context) is skipped with its reason, and only when none fits is that an
+    error (the first stride's)."""
+    plans, skipped = [], []
+    for stride in strides:
+        try:
+            plans.append(plan_sweep(info, stride, asked, every_stride))
+        except PlanError as exc:
+            if not every_stride:
+                raise
+            skipped.append((stride, str(exc)))
+    if not plans:
+        raise PlanError(f"--stride all: no stride fits: {'; '.join(f'stride {s}: {r}' for s, r in skipped)}")
+    return plans, skipped
+
+
+def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every_stride: bool = False) -> SweepPlan:
+    """One run's plan from the options as given and the model's defaults; PlanError when
+    impossible. `every_stride`: one of `--stride all`'s runs, whose modulus is the stride itself
+    from LARGE_STRIDE on (`strides.modulus_for`)."""
+    defaults = SweepDefaults.for_model(info)
+    modulus = modulus_for(stride, asked.modulus) if every_stride else asked.modulus
+    count, contexts = sample_size(asked.per_residue, asked.detect, stride_and_modulus(info, stride, modulus)[1],
+                                  defaults, asked.contexts)
+    context = default_context(info, defaults.context) if asked.context is None else asked.context
+    plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
+                     defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None,
+                     density=asked.density, contexts=contexts)
+    if context != defaults.context and asked.context is None:
+        plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, f"contexts of {context} tokens, because "
+                       f"the model's context is {info.context_length} and the query needs {query_room(info)} more"])))
+    if (asked.backend or defaults.backend) == "reference":
+        return with_reference_design(plan, asked.design or defaults.design, parse_options(list(asked.options)),
+                                     info.n_layers)
+    if asked.design is not None or asked.options:
+        raise PlanError("--design and --option apply to --backend reference only")
+    refuse_trained_compressor(info)
+    return plan
+
+
+def with_backend(plan: SweepPlan, connect: dict, engine: str, cache_type: Optional[str]) -> SweepPlan:
+    """The plan with the server engine (when `connect` names servers) and llama.cpp's cache type:
+    recorded in backend_options only when it is not the default f16, so an f16 plan's config.json
+    is what it always was, and a folder cannot be resumed with another cache type."""
+    if connect:
+        plan = replace(plan, backend="server", backend_options={"engine": engine})
+    if cache_type is None:
+        return plan
+    if plan.backend != "llama.cpp":
+        raise PlanError(f"--cache-type applies to --backend llama.cpp only, not {plan.backend}")
+    if cache_type == "f16":
+        return plan
+    return replace(plan, backend_options={**plan.backend_options, "cache_type": cache_type})
+
+
+def with_gpu_layers(plan: SweepPlan, gpu_layers: int, say: Say = log_notice) -> SweepPlan:
+    """The plan with --gpu-layers in its backend options (only when above 0, so a CPU plan's
+    config.json is what it always was); a warning when this llama.cpp build cannot offload."""
+    if not gpu_layers:
+        return plan
+    if plan.backend != "llama.cpp":
+        raise PlanError(f"--gpu-layers applies to the llama.cpp backend only, not {plan.backend}")
+    from kvphase.engines.llamacpp import gpu_offload_note
+
+    note = gpu_offload_note(gpu_layers)
+    if note:
+        say(Notice(note, "warning"))
+    return replace(plan, backend_options={**plan.backend_options, "gpu_layers": gpu_layers})
+
+
+def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combine: Optional[str],
+                 shift: Optional[int], random_offset: bool) -> SweepPlan:
+    """The plan with the phase shifts --offsets, --shift or --random-offset ask for (`sweep.offsets`):
+    made by moving the reference backend's compressor windows (positions stay as a trained model
+    learned them), else by filler tokens after BOS, which must fit in the model's context."""
+    shift_by = "window" if plan.backend == "reference" else "prefix"
+    chosen = offset_plan_from_options(offsets, combine, shift, random_offset, plan.stride, shift_by)
+    if not chosen.active:
+        return plan
+    if len(chosen.shifts) > 1 and plan.backend == "server":
+        raise PlanError("--offsets needs each answer's log-probability rows, which servers do not return; use "
+                        "--backend llama.cpp, or --shift D once per shift")
+    longest = chosen.max_shift(plan.stride)
+    room = query_room(info)
+    if shift_by == "prefix" and info.context_length and (
+            longest >= room if info.trained is not None else plan.context + longest + room > info.context_length):
+        raise PlanError(f"shifts up to {longest} tokens do not fit: {info.path.name} has a {info.context_length}-token "
+                        f"context, the contexts take {plan.context} and the query needs "
+                        f"{1 if info.trained is not None else room} more; use a shorter --context or fewer --offsets")
+    return replace(plan, offsets=chosen.to_json())
+
+
+def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
+    """Tokens a prefix shift adds to llama.cpp's context (a trained model's whole context is
+    already open: its query room holds them)."""
+    offsets = plan.offset_plan
+    if offsets.shift_by != "prefix" or info.trained is not None:
+        return 0
+    return offsets.max_shift(plan.stride)
+
+
+def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,
+                aim: Optional[CalibrationAim] = None) -> Path:
+    """--out, or the default folder; under `--stride all`, each stride's default folder, inside --out
+    when it is given. A calibrated run's default folder is named by where calibration starts."""
+    default = default_run_dir(info, plan)
+    if aim is not None:
+        default = calibrated_run_dir(default, plan, aim.band)
+    if every_stride:
+        return out / default.name if out is not None else default
+    return out or default
+
+
+def plan_notices(info: ModelInfo, plan: SweepPlan, detect: Optional[float]) -> list[Notice]:
+    """What the user should know about a plan before it runs: the sample size --detect chose, a control run."""
+    said = []
+    if detect is not None:
+        said.append(Notice(f"--per-residue auto: {plan.per_residue} targets per residue detect a one-residue dip of "
+                           f"{detect:g} points with 80% power at any accuracy."))
+    if plan.control:
+        said.append(Notice(f"{info.architecture} declares no KV-cache compression: control run with stride "
+                           f"{plan.stride}.", "attention"))
+    return said
+
+
+def stride_plan_lines(plans: list[SweepPlan], per_residue_given: bool) -> list[str]:
+    """`--stride all`, before anything runs: each stride's targets and the dip they can detect."""
+    lines = []
+    for plan in plans:
+        dip = planned_dip(plan.per_residue, plan.modulus)
+        power = (f"detect a one-residue dip of {dip:.1f} points" if dip < 100 else
+                 "cannot detect even a 100-point one-residue dip")
+        lines.append(f"--stride all: stride {plan.stride}, modulus {plan.modulus}: {plan.per_residue * plan.modulus} "
+                     f"targets ({plan.per_residue} per residue) {power} with 80% power.")
+    if not per_residue_given and any(plan.stride >= LARGE_STRIDE for plan in plans):
+        lines.append("Size the runs by the dip they must detect with --per-residue auto --detect GAP, or set "
+                     "--per-residue N.")
+    return lines
+
+
+def check_runs(info: ModelInfo, runs: list[tuple[SweepPlan, Path]]) -> None:
+    """Each run's folder, and that its contexts can be laid out (a sweep finds that out only once
+    its model has loaded): PlanError or RunFolderError for the first that cannot run."""
+    from kvphase.sweep.placement import build_probes
+
+    vocab = Vocab.load(info.path)
+    for plan, run_dir in runs:
+        check_run_dir(run_dir, plan, info)
+        build_probes(load_task(plan.task), vocab, plan.probe_settings)
+
+
+ProgressBar = Callable[[], ContextManager[SweepProgress]]  # entered around each run's scoring
+
+
+def run_planned(planned: PlannedSweep, progress: Optional[ProgressBar] = None, say: Say = log_notice,
+                on_run: Callable[[Path, object], None] = lambda run_dir, summary: None) -> list[Path]:
+    """Score every planned run into its folder (resuming what each holds) and build its report;
+    `on_run(run_dir, summary)` as each finishes. Returns the run folders."""
+    info = planned.info
+    if len(planned.runs) > 1:  # every run's folder and contexts are checked before the first run spends its time
+        check_runs(info, planned.runs)
+    for plan, run_dir in planned.runs:
+        on_run(run_dir, run_sweep(info, plan, run_dir, planned, progress, say))
+    return [run_dir for _, run_dir in planned.runs]
+
+
+def run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, planned: PlannedSweep,
+              progress: Optional[ProgressBar], say: Say):
+    """Score the plan into its folder (resuming what it holds) and build the report; returns its
+    summary. With --calibrate, at the setting a pilot chooses first (or the one the folder's pilot chose)."""
+    from kvphase.sweep.report import build_report  # scipy: imported when used, not at start-up
+
+    threads, connect, aim = planned.options.threads, planned.connect, planned.aim
+    with RunLock(run_dir) as lock:  # one sweep per folder; the folder and its files are checked before any model loads
+        check_run_dir(run_dir, aim and held_calibration(run_dir, plan, aim.band, aim.knobs) or plan, info)
+        if lock.stale:  # a sweep died here
+            say(Notice(f"{run_dir}: the sweep that held it ({lock.stale}) ended without releasing it; resuming.",
+                       "warning"))
+        for notice in plan_notices(info, plan, planned.options.detect):
+            say(notice)
+        if aim is not None:
+            plan = calibrated(info, plan, run_dir, aim, threads, connect, say)
+        backend = open_backend(info, plan, threads, connect, say)
+        try:
+            with (progress or (lambda: nullcontext(SweepProgress())))() as bar:
+                execute_sweep(plan, backend, run_dir, info, bar)
+        finally:
+            getattr(backend, "close", lambda: None)()
+        return build_report(run_dir)
+
+
+def calibration_aim(info: ModelInfo, plan: SweepPlan, asked: PlanOptions, calibrate: bool,
+                    target_accuracy: Optional[str], dry_run: bool) -> Optional[CalibrationAim]:
+    """--calibrate's band and knobs (None without it); PlanError for options it cannot take."""
+    if not calibrate:
+        if target_accuracy is not None:
+            raise PlanError("--target-accuracy applies to --calibrate only")
+        return None
+    if plan.offsets:
+        raise PlanError("--calibrate chooses a difficulty by plain scoring; run it without --offsets, --shift or "
+                        "--random-offset, then sweep the setting it chose (--context, --task) with them")
+    if dry_run:
+        raise PlanError("--dry-run cannot foresee the setting --calibrate's pilot will choose; dry-run that setting "
+                        "(--context, --task) instead")
+    band = Band.parse(target_accuracy or DEFAULT_BAND)
+    knobs = calibration_knobs(plan.task, context_given=asked.context is not None, task_given=asked.task is not None)
+    return CalibrationAim(band, knobs, fit=None if asked.padding else SweepDefaults.for_model(info).padding)
+
+
+def calibrated(info: ModelInfo, plan: SweepPlan, run_dir: Path, aim: CalibrationAim, threads: Optional[int],
+               connect: dict, say: Say) -> SweepPlan:
+    """The plan at the setting the folder's pilot chose, or a new pilot's choice (its steps said)."""
+    longest = info.context_length - query_room(info) if info.context_length else plan.context
+
+    def pilot_backend(context: int):
+        return open_backend(info, replace(plan, context=context), threads, connect, say)
+
+    def say_step(step) -> None:
+        say(Notice(f"calibration pilot: {step.task} at {step.context} tokens: {step.accuracy:.1f}% "
+                   f"({step.correct}/{step.targets}), {step.tokens:,} tokens"))
+
+    chosen, held = plan_for_folder(plan, run_dir, aim.band, aim.knobs, max(longest, plan.context), pilot_backend,
+                                   aim.fit, say_step)
+    calibration = Calibration.from_json(chosen.calibration)
+    say(Notice(f"--calibrate {'(as this folder chose it before) ' if held else ''}chose task {chosen.task} at "
+               f"{chosen.context} tokens for {aim.band} (the pilot stopped {calibration.stopped} and cost "
+               f"{100 * calibration.pilot_tokens / calibration.choice.sweep_tokens:.1f}% of the sweep)."))
+    return chosen
+
+
+def dry_run_planned(planned: PlannedSweep, say: Say = log_notice) -> list[DryRun]:
+    """--dry-run of every planned run: the plan's counts, one context scored and timed, the
+    estimated wall time and the peak memory; the folders are read (a resume's checks), never
+    created or written."""
+    if planned.runs[0][0].offsets:
+        raise PlanError("--dry-run times plain scoring; a dry run without --offsets, --shift or --random-offset "
+                        "estimates one shift (K shifts cost about K times its tokens)")
+    return [dry_run_sweep(planned, plan, run_dir, say) for plan, run_dir in planned.runs]
+
+
+def dry_run_sweep(planned: PlannedSweep, plan: SweepPlan, run_dir: Path, say: Say) -> DryRun:
+    """One run's dry run (`dry_run_planned`)."""
+    from kvphase.sweep.estimate import estimate_sweep
+
+    info = planned.info
+    check_run_dir(run_dir, plan, info)  # before the model loads, as a sweep checks it
+    for notice in plan_notices(info, plan, planned.options.detect):
+        say(notice)
+    timed = info.weights_size is None or plan.backend == "server"
+    if timed:
+        backend = open_backend(info, plan, planned.options.threads, planned.connect, say)
+    else:  # a header-only file: the prompts from its vocabulary, nothing to run here
+        backend = Vocab.load(info.path)
+    try:
+        estimate = estimate_sweep(plan, backend, run_dir, info, timed, announce=lambda line: say(Notice(line)))
+    finally:
+        getattr(backend, "close", lambda: None)()
+    memory = expected_memory(info, plan) if plan.backend == "llama.cpp" and estimate.pending_contexts else None
+    return DryRun(run_dir, plan, info.path, estimate, timed, memory)
+
+
+def expected_memory(info: ModelInfo, plan: SweepPlan) -> str:
+    """The estimate of `engines.memory` for the plan's backend context, and what is available."""
+    from kvphase.engines.memory import available_memory, memory_need
+
+    need = memory_need(info.path, backend_context(info, plan), cache_type=plan.backend_options.get("cache_type", "f16"))
+    available = available_memory()
+    return need.describe() + (f"; {available.describe()}" if available else "")
+
+
+def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: int, defaults: SweepDefaults,
+                contexts: Optional[int] = None) -> tuple[Optional[int], int]:
+    """(per residue, contexts) where the option that sizes the run is given (None and 0 for the other):
+    --per-residue N; --per-residue auto, the smallest multiple of M with which a balanced design
+    detects a one-residue dip of --detect points with 80% power at any accuracy; --contexts N.
+    With none of them, a trained model's own per-residue, else (None, 0): the plan sizes itself
+    (`plan.make_plan`)."""
+    if contexts is not None:
+        if per_residue is not None or detect is not None:
+            raise PlanError("--contexts sizes the run instead of --per-residue and --detect; give one of them")
+        if contexts < MIN_CONTEXTS or contexts % modulus:
+            raise PlanError(f"--contexts must be a multiple of the modulus {modulus} (a round of contexts holds "
+                            f"every residue once in every lane) and at least {MIN_CONTEXTS}, got {contexts}")
+        return None, contexts
+    if per_residue is None and detect is None:
+        return defaults.per_residue, 0
+    if per_residue is not None and per_residue.strip().lower() == "auto":
+        from kvphase.sweep.plan import per_residue_for_detect
+
+        if detect is None or not 0 < detect < 100:
+            raise PlanError(f"--per-residue auto needs --detect GAP, a dip in points above 0 and below 100 (both "
+                            f"excluded), got {'none' if detect is None else format(detect, 'g')}")
+        if modulus < 2:
+            raise PlanError(f"--modulus must be at least 2, got {modulus}")
+        return per_residue_for_detect(detect, modulus), 0
+    if detect is not None:
+        raise PlanError("--detect applies to --per-residue auto only")
+    try:
+        return int(per_residue or ""), 0
+    except ValueError:
+        raise PlanError(f"--per-residue must be a whole number or 'auto', got {per_residue!r}") from None
+
+
+def parse_options(pairs: list[str]) -> dict:
+    """KEY=VALUE strings to a dict; values are read as JSON when they parse (4, true, [0, 2])."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PlanError(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip().replace("-", "_")] = value
+    return options
+
+
+def refuse_trained_compressor(info) -> None:
+    """PlanError for a kvphase-trained model whose compressor llama.cpp cannot run."""
+    if info.trained is not None and info.compression.compressed and not info.trained.in_engine_layout:
+        raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
+                        "cannot run; use --backend reference (the default for it)")
+
+
+def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:
+    """The plan with the reference design filled in: its stride defaults to the sweep's."""
+    from kvphase.reference.policy import check_policy_layers, make_policy
+
+    defaults = {"meanpool": {"window": plan.stride, "stride": plan.stride},
+                "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
+                "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
+    options = {**defaults, **options}
+    if design == "trained":
+        if options:
+            raise PlanError(f"design 'trained' reads every setting from the model file, got options {sorted(options)}")
+        return replace(plan, backend="reference", backend_options={"design": "trained"})
+    check_policy_layers(make_policy(design, **options), n_layer)  # a bad design or option fails before any weights load
+    return replace(plan, backend="reference", backend_options={"design": design, **options},
+                   control=plan.control and design == "dense")
+
+
+def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str,
+                      request_timeout: Optional[float] = None, deadline: Optional[float] = None) -> dict:
+    """Where a server sweep runs and how long it may wait (not part of the plan: a run may
+    resume on other servers); empty for the other backends, which take none of these options."""
+    if backend != "server":
+        if urls or engine != SERVER_ENGINES[0] or any(v is not None for v in (slots, request_timeout, deadline)):
+            raise PlanError("--url, --slots, --engine, --request-timeout and --deadline apply to --backend server only")
+        return {}
+    if not urls:
+        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    waits = {"request_timeout_s": request_timeout, "deadline_s": deadline}
+    return {"urls": urls, "slots": slots, **{k: v for k, v in waits.items() if v is not None}}
+
+
+def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None,
+                 say: Say = log_notice):
+    """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs.
+    Before llama.cpp loads a model that will likely not fit in memory, a warning says so."""
+    n_ctx = backend_context(info, plan)
+    if plan.backend == "llama.cpp":
+        from kvphase.engines.memory import memory_warning
+
+        warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
+        if warning:
+            say(Notice(warning, "warning"))
+    backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
+                                     options={**plan.backend_options, **(connect or {})})
+    if hasattr(backend, "on_lost"):  # a server that leaves mid-run: the others take its contexts
+        backend.on_lost = lambda line: say(Notice(line, "warning"))
+    return backend
+
+
+def backend_context(info: ModelInfo, plan: SweepPlan) -> int:
+    """The tokens a plan's backend holds: the context, its query and the shifts' filler."""
+    return plan.context + query_room(info) + shift_room(info, plan)
