@@ -240,7 +240,7 @@ def test_detectable_dip_takes_the_same_degrees_of_freedom():
     y = next(y for y in outcomes if _old_rank(y, design) == 4)
     base = y.reshape(256, 4).mean(axis=1)  # (H,)
     draws = np.random.default_rng(0).standard_normal((POWER_DRAWS, 4))
-    assert dip_power(design, base, 0, 1e-9, float(y.mean()), draws) == pytest.approx(ALPHA, abs=0.01)
+    assert dip_power(design.counts, base, 0, 1e-9, float(y.mean()), draws) == pytest.approx(ALPHA, abs=0.01)
     assert detectable_dip(y, design) is not None
 
 

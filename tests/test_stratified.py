@@ -318,7 +318,7 @@ def test_the_power_rule_rejects_at_alpha_without_a_dip():
 
     design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     draws = np.random.default_rng(0).standard_normal((POWER_DRAWS, 4))
-    size = dip_power(design, np.full(256, 0.5), 0, 1e-9, 0.5, draws)
+    size = dip_power(design.counts, np.full(256, 0.5), 0, 1e-9, 0.5, draws)
     assert size == pytest.approx(0.05, abs=0.012)
 
 

@@ -283,7 +283,7 @@ POWER_CANDIDATES = 4  # residues tried for the hardest: those with the least inf
 DIP_STEPS = 16  # bisection steps on the dip (resolution: the room / 65,536)
 
 
-def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float, mean: float,
+def alternative_moments(table: np.ndarray, base: np.ndarray, group: int, dip: float, mean: float,
                         own_share: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Under one residue's dip: the CMH differences' expectation (G,), their covariance (G, G) and
     the covariance the test will estimate from such data (G, G).
@@ -291,10 +291,11 @@ def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float
     Every stratum keeps its own rate `base` (H,) except the dipped group, which loses the same share
     of it everywhere (rate x (1 - dip / mean), `mean` the group's own accuracy at those rates): its
     accuracy falls by `dip` and no rate falls below 0. Targets are independent given their rates, so a stratum's group sums S_h have covariance
-    diag(n_hk v_hk), and its differences are (I - n_h 1' / N_h) S_h."""
-    table = design.counts  # (H, G)
+    diag(n_hk v_hk), and its differences are (I - n_h 1' / N_h) S_h. `table`: targets per stratum and
+    group (H, G), a design's counts."""
     size = table.sum(axis=1)  # (H,)
-    rates = np.repeat(base[:, None], design.n_groups, axis=1)  # (H, G)
+    n_groups = table.shape[1]
+    rates = np.repeat(base[:, None], n_groups, axis=1)  # (H, G)
     rates[:, group] *= 1 - dip / mean
     sums = table * rates  # (H, G) expected group sums
     stratum_mean = sums.sum(axis=1) / size  # (H,)
@@ -303,7 +304,7 @@ def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float
     # and r (1 - r) of an estimate is low by its variance, w^2 r (1 - r) / (N_h - 1) on average: the variance
     # each target is given takes that back out, else the dip reported is too small
     share = np.ones(len(size)) if own_share is None else own_share  # (H,)
-    scale = np.where(np.arange(design.n_groups) == group, 1 - dip / mean, 1.0)  # (G,)
+    scale = np.where(np.arange(n_groups) == group, 1 - dip / mean, 1.0)  # (G,)
     noise = np.outer(share**2 * base * (1 - base) / np.maximum(size - 1, 1), scale**2)  # (H, G)
     weights = table * (rates * (1 - rates) + noise)  # (H, G) n_hk v_hk
     total = weights.sum(axis=1)  # (H,)
@@ -319,7 +320,7 @@ def alternative_moments(design: Design, base: np.ndarray, group: int, dip: float
     return expected, covariance, estimated
 
 
-def dip_power(design: Design, base: np.ndarray, group: int, dip: float, mean: float, draws: np.ndarray,
+def dip_power(table: np.ndarray, base: np.ndarray, group: int, dip: float, mean: float, draws: np.ndarray,
               alpha: float = ALPHA, own_share: np.ndarray | None = None) -> float:
     """How often the stratified test rejects at `alpha` when residue `group` dips by `dip`: its
     statistic is Z' V^+ Z with Z ~ N(expected, covariance) and V the covariance the test estimates,
@@ -327,7 +328,7 @@ def dip_power(design: Design, base: np.ndarray, group: int, dip: float, mean: fl
     smooth function of the dip)."""
     from scipy import stats
 
-    expected, covariance, estimated = alternative_moments(design, base, group, dip, mean, own_share)
+    expected, covariance, estimated = alternative_moments(table, base, group, dip, mean, own_share)
     inverse, dof = pseudo_inverse(estimated)  # (G, G), ()
     if dof == 0:
         return 0.0
@@ -339,11 +340,10 @@ def dip_power(design: Design, base: np.ndarray, group: int, dip: float, mean: fl
     return float((statistic > stats.chi2.isf(alpha, int(dof))).mean())
 
 
-def hardest_groups(design: Design, base: np.ndarray) -> np.ndarray:
+def hardest_groups(table: np.ndarray, base: np.ndarray) -> np.ndarray:
     """The POWER_CANDIDATES residues a dip is hardest to see in under the null (the least
     non-centrality per unit drop at the strata's own rates): the hardest under the alternative is
     among them unless the design is very uneven, and trying every residue at M = 128 costs minutes."""
-    table = design.counts  # (H, G)
     size = table.sum(axis=1)  # (H,)
     spread = base * (1 - base)  # (H,)
     null = np.diag(spread @ table) - np.einsum("h,hg,hk->gk", spread / size, table, table)  # (G, G)
@@ -390,16 +390,16 @@ def detectable(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power:
     draws = np.random.default_rng(seed).standard_normal((POWER_DRAWS, design.n_groups))  # (D, G)
     if largest == 0 or design.n_groups < 2:
         return Detectable(None, largest, 0.0)
-    candidates = hardest_groups(design, base)
+    candidates = hardest_groups(table, base)
     # a group whose contexts do worse than the run's (an unbalanced design) has less room: the same share of it
     own = (table.T @ base) / table.sum(axis=0)  # (G,) each group's accuracy at the strata's rates
     room_of = {group: largest * own[group] / mean for group in candidates}
-    at_largest = [dip_power(design, base, group, room_of[group], own[group], draws, alpha, own_share)
+    at_largest = [dip_power(table, base, group, room_of[group], own[group], draws, alpha, own_share)
                   for group in candidates]
     if min(at_largest) < power:
         weakest = int(np.argmin(at_largest))
         return Detectable(None, largest, at_largest[weakest], int(design.labels[candidates[weakest]]))
-    dips = [smallest_dip(lambda dip: dip_power(design, base, group, dip, own[group], draws, alpha, own_share),
+    dips = [smallest_dip(lambda dip: dip_power(table, base, group, dip, own[group], draws, alpha, own_share),
                          room_of[group], power) for group in candidates]
     hardest = int(np.argmax(dips))
     return Detectable(dips[hardest], largest, at_largest[hardest], int(design.labels[candidates[hardest]]))
@@ -427,11 +427,10 @@ def balanced_power(per_residue: int, modulus: int, dip: float, alpha: float = AL
     both 1/4 - dip^2 / 4, their largest sum."""
     if per_residue < 1:
         return 0.0
-    labels = np.arange(modulus)
-    design = Design(np.repeat(labels, per_residue), np.zeros(per_residue * modulus, dtype=int), labels)
+    table = np.full((1, modulus), float(per_residue))  # (1, M): one stratum of independent targets
     base = min(1.0, 0.5 + dip / 2)
     draws = np.random.default_rng(seed).standard_normal((POWER_DRAWS, modulus))  # (D, M)
-    return dip_power(design, np.array([base]), 0, dip, base, draws, alpha)
+    return dip_power(table, np.array([base]), 0, dip, base, draws, alpha)
 
 
 def per_residue_for_dip(dip: float, modulus: int, alpha: float = ALPHA, power: float = POWER) -> int:
