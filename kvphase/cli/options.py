@@ -7,26 +7,7 @@ from typing import Optional
 
 import typer
 
-
-ALL_LAYERS = -1  # llama.cpp's n_gpu_layers for "every layer"
-MOST_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32
-
-
-def gpu_layer_count(value: str) -> int:
-    """--gpu-layers as given: a count from 0 to MOST_GPU_LAYERS, or -1 (or 'all') for every layer, as
-    llama.cpp's -ngl takes it; anything else is one line naming it."""
-    text = str(value).strip().lower()
-    if text == "all":
-        return ALL_LAYERS
-    try:
-        count = int(text)
-    except ValueError:
-        count = None
-    if count is None or not ALL_LAYERS <= count <= MOST_GPU_LAYERS:
-        raise PlanError(f"--gpu-layers must be a count of layers from 0 to {MOST_GPU_LAYERS}, or -1 (or 'all') for "
-                        f"every layer, got {str(value)[:40]!r}")
-    return count
-
+from kvphase.defaults import gpu_layer_count  # the library's rule, which the API applies too
 
 GPU_LAYERS = typer.Option("0", "--gpu-layers", metavar="N", parser=gpu_layer_count, help="llama.cpp: layers to "
                           "offload to a GPU (a build with CUDA, Metal or Vulkan), -1 or 'all' for every layer; a CPU "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, ContextManager, NamedTuple, Optional, Union
 
 from kvphase.backends import BACKENDS
-from kvphase.defaults import default_model_path, default_threads
+from kvphase.defaults import default_model_path, default_threads, gpu_layer_count
 from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
@@ -110,8 +110,7 @@ class SweepOptions:
                 raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
         if self.threads is not None:
             check_threads(self.threads)
-        if not isinstance(self.gpu_layers, int) or self.gpu_layers < 0:
-            raise PlanError(f"--gpu-layers must be a whole number, 0 or more, got {self.gpu_layers!r}")
+        object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))  # a count, -1 or 'all': every layer
         check_own_folder(self.out)
 
     @classmethod
