@@ -137,11 +137,13 @@ def compare(runs: Sequence[Union[Run, PathLike]], out: Optional[PathLike] = None
                             DEFAULT_OUT if out is None else Path(out))
 
 
-def inspect(model: PathLike):
-    """What a GGUF file declares, from its metadata alone (`kvphase inspect`): a `ModelInfo`."""
+def inspect(model: PathLike, partial: bool = True):
+    """What a GGUF file declares, from its metadata alone (`kvphase inspect`): a `ModelInfo`. `model` is a
+    path or an http(s) URL (read by range requests); `partial`: a file cut inside its tensor data is read
+    too (its `needed_size` says how far the data runs)."""
     from kvphase.gguf.modelinfo import read_model_info
 
-    return read_model_info(Path(model))
+    return read_model_info(model if isinstance(model, str) else Path(model), partial=partial)
 
 
 def _planned(model, options: dict, on_notice: Optional[Say], dry_run: bool = False):
