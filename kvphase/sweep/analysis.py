@@ -13,7 +13,8 @@ import pandas as pd
 
 from kvphase.sweep.stratified import (ALPHA, POWER, Design, Detectable, StratifiedTest, basic_interval,
                                       bootstrap_gaps, bootstrap_residue_accuracy, design_effect, detectable,
-                                      gap_interval, intra_context_correlation, mean_interval, stratified_test)
+                                      gap_interval, intra_context_correlation, small_sample_widening,
+                                      stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -208,6 +209,17 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
             "position_sd": round(float(group["target_pos"].std(ddof=0)), 2),
         })
     return pd.DataFrame(rows)
+
+
+def mean_interval(samples: np.ndarray, observed: float, n_contexts: int, n_targets: int) -> tuple[float, float]:
+    """The mean accuracy's 95% interval (%): Wilson's score interval at the effective number of targets
+    the bootstrap's spread implies (n p (1 - p) / variance, at most n; the variance widened for few
+    contexts), which stays within 0-100 and, unlike a symmetric interval, covers near them."""
+    p = observed / 100
+    variance = (float(np.std(samples)) / 100 * small_sample_widening(n_contexts)) ** 2
+    effective = n_targets if variance == 0 or not 0 < p < 1 else min(n_targets, p * (1 - p) / variance)
+    low, high = wilson_interval(p * effective, effective)
+    return 100 * low, 100 * high
 
 
 def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray,

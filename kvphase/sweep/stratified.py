@@ -534,26 +534,6 @@ def small_sample_widening(n_contexts: int, level: float = 0.95) -> float:
                  * math.sqrt(n_contexts / (n_contexts - 1)))
 
 
-def mean_interval(samples: np.ndarray, observed: float, n_contexts: int, n_targets: int,
-                  level: float = 0.95) -> tuple[float, float]:
-    """The mean accuracy's interval (%): Wilson's score interval at the effective number of targets the
-    bootstrap's spread implies (n p (1 - p) / variance, at most n; the variance widened for few
-    contexts), which stays within 0-100 and, unlike a symmetric interval, covers near them."""
-    p = observed / 100
-    variance = (float(np.std(samples)) / 100 * small_sample_widening(n_contexts, level)) ** 2
-    effective = n_targets if variance == 0 else min(n_targets, p * (1 - p) / variance) if 0 < p < 1 else n_targets
-    z = _z(level)
-    centre = (p + z * z / (2 * effective)) / (1 + z * z / effective)
-    half = z * math.sqrt(p * (1 - p) / effective + z * z / (4 * effective**2)) / (1 + z * z / effective)
-    return 100 * max(centre - half, 0.0), 100 * min(centre + half, 1.0)
-
-
-def _z(level: float) -> float:
-    from scipy import stats
-
-    return float(stats.norm.isf((1 - level) / 2))
-
-
 GAP_DRAWS = 20_000  # normal draws for the simultaneous intervals' critical value (fixed seed; its SE about 0.03)
 
 
