@@ -222,12 +222,13 @@ def mean_interval(samples: np.ndarray, observed: float, n_contexts: int, n_targe
     return 100 * low, 100 * high
 
 
-def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray,
-                      seed: int = 0) -> tuple[tuple[float, float], tuple[float, float]]:
+def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
+                      design: Design | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
     """95% intervals (%) of the mean accuracy over residues (a bootstrap over whole contexts, widened
     for few contexts) and of the gap (points; simultaneous intervals of the residues' differences
-    within contexts, its lower end as computed: 0 or below when the data allow no gap)."""
-    design = Design.of(residues, contexts)
+    within contexts, its lower end as computed: 0 or below when the data allow no gap). `design`: the
+    residues' and contexts' `Design`, when the caller has it."""
+    design = Design.of(residues, contexts) if design is None else design
     gap_ci = tuple(round(v, 2) for v in gap_interval(correct, design, seed=seed))
     resampled = bootstrap_residue_accuracy(correct, residues, contexts, seed)  # (n', G): bootstrap_gaps's resamples
     n_contexts = len(np.unique(np.asarray(contexts)))
@@ -240,13 +241,14 @@ def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.nd
     return tuple(round(v, 2) for v in mean_interval(resampled.mean(axis=1), mean, n_contexts, len(design.groups))), gap_ci
 
 
-def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray,
-                         seed: int = 0) -> tuple[tuple[float, float], tuple[float, float], Detectable]:
+def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
+                         design: Design | None = None) -> tuple[tuple[float, float], tuple[float, float], Detectable]:
     """The mean's and the gap's intervals, and the dip the run detects: a dip fits under the lower end
     of the mean's interval, so a run at its floor whose accuracy came out high by chance does not
     print a dip the model cannot have."""
-    mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed)
-    seen = detectable(correct, Design.of(residues, contexts), seed=seed, room=mean_ci[0] / 100)
+    design = Design.of(residues, contexts) if design is None else design
+    mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed, design)
+    seen = detectable(correct, design, seed=seed, room=mean_ci[0] / 100)
     return mean_ci, gap_ci, seen
 
 
@@ -261,7 +263,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
     design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
     mean_ci, gap_ci, seen = what_the_run_can_see(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
-                                                 seed)
+                                                 seed, design)
     per_context = len(results) / results["context"].nunique()
     icc = intra_context_correlation(correct, results["context"].to_numpy())
     return Summary(
