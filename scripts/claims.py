@@ -274,6 +274,24 @@ def calibrated_table(runs: list[tuple[str, str]]) -> str:
                    "mean", "gap (95% CI)", "p", "verdict", "detectable dip"], rows)
 
 
+def detect_cost_table(modulus: int, dips: list[int], lanes: dict[int, int]) -> str:
+    """What `--per-residue auto --detect DIP` plans at one modulus (`plan.per_residue_for_detect`, the tool's own
+    rule): targets per residue and in all, and the context tokens they take at each context length, whose
+    targets per context `lanes` gives."""
+    import math
+
+    from kvphase.sweep.plan import per_residue_for_detect
+
+    rows = []
+    for dip in dips:
+        per_residue = per_residue_for_detect(dip, modulus)
+        targets = per_residue * modulus
+        rows.append([f"{dip} points", str(per_residue), f"{targets:,}"]
+                    + [f"{math.ceil(targets / held) * length / 1e6:.1f}M" for length, held in lanes.items()])
+    return _table(["one-residue dip to detect", "targets per residue", "targets"]
+                  + [f"context tokens at {length}" if i == 0 else f"at {length}" for i, length in enumerate(lanes)], rows)
+
+
 def pilot_phrase(relative: str) -> str:
     """A calibrated run's pilot steps in a sentence (its config.json)."""
     steps = _read(ROOT / "reports" / relative, "config.json")["calibration"]["steps"]
@@ -867,6 +885,7 @@ SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retr
 
 OFFSETS4 = [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]  # (fix folder, as the tables name it)
 BENCH_POWER = ROOT / "reports" / "bench-power" / "output.txt"  # `python bench/bench_power.py > ...`: its stdout
+SERVERS_BENCH = ROOT / "reports" / "servers" / "bench.md"  # `bench/bench_servers.py`'s console, quoted
 
 
 def bench_table(output: Path) -> str:
@@ -976,11 +995,14 @@ TABLES: dict[str, Callable[[], str]] = {
     "csa-disjoint-headline": lambda: headline_quote("trained/engine/csa-disjoint-seed0/sweep"),
     "example": example_phrase,
     "gemma-pilot": lambda: pilot_phrase("calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated"),
+    "stride128-cost": lambda: detect_cost_table(128, [30, 40, 50, 60], {1024: 1, 9216: 16}),
     "engine-sweep-times": engine_sweep_times,
     "training-times": training_times,
     "glm-training-minutes": lambda: training_minutes([f"engine/glm-kpool-seed{k}" for k in range(3)]),
     "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
+    "servers-scaling": lambda: servers_scaling(),
+    "servers-rpc": lambda: servers_rpc(),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
     "post-hoc-gaps": lambda: gap_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool")  # meanpool: 0%
                                        for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
@@ -1051,6 +1073,7 @@ TABLES: dict[str, Callable[[], str]] = {
                                    + gap_of(DS4["ctx256-top4-from-hca"].runs()[1]) + " with it"),
     "ds4-published": published_phrase,
     "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
+    "ds4-published-gap": lambda: f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f} points",
     "dense-long": lambda: training_outcome("dense-long-seed0"),
     "dense-long-sweep": lambda: sweep_reading("trained/dense-long-seed0/sweep"),
     "dense-L3": lambda: training_outcome("dense-L3-seed0"),
@@ -1121,6 +1144,28 @@ TABLES: dict[str, Callable[[], str]] = {
     "conform-engine-bugs": lambda: conform_table("engine-bugs"),
     "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
 }
+
+
+def bench_ratios(output: Path, column: str) -> dict[str, str]:
+    """One column of the markdown table a bench's output holds (a page under reports/ quoting its console),
+    by the table's first column: {setup: value}."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in output.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    at = rows[0].index(column)
+    return {row[0]: row[at] for row in rows[2:]}
+
+
+def servers_scaling() -> str:
+    """bench_servers.py's targets/s through 1, 2 and 4 llama-servers against in process (reports/servers/bench.md)."""
+    x = bench_ratios(SERVERS_BENCH, "x in process")
+    return (f"{x['1 llama-server (1 thread each)']}x the in-process targets/s through one llama-server, "
+            f"{x['2 llama-servers (1 thread each)']}x through two and {x['4 llama-servers (1 thread each)']}x through four")
+
+
+def servers_rpc() -> str:
+    """bench_servers.py's one llama-server over two rpc-servers against in process (reports/servers/bench.md)."""
+    x = bench_ratios(SERVERS_BENCH, "x in process")["1 llama-server over 2 rpc-servers"]
+    return f"{x}x through one llama-server whose layers sit on two local rpc-servers"
 
 
 def conform_table(study: str) -> str:
