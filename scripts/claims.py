@@ -150,6 +150,21 @@ def agreement_phrase(first: str, second: str) -> str:
             f"(mean {diff.mean():.1e})")
 
 
+REFERENCE_AGREEMENT = ROOT / "reports" / "reference-agreement.md"  # written by scripts/reference_agreement.py
+
+
+def agreement_row(comparison: str) -> str:
+    """The result of one comparison of reports/reference-agreement.md (its table's row whose name matches the
+    regular expression `comparison` whole), as the report words it."""
+    rows = [line.strip("| ").split(" | ") for line in REFERENCE_AGREEMENT.read_text().splitlines() if line.startswith("| ")]
+    return next(result for label, result in rows if re.fullmatch(comparison, label))
+
+
+def agreement_clear_share() -> str:
+    """The share of tokens on which llama.cpp's best token leads clearly (reports/reference-agreement.md)."""
+    return re.search(r"on the (\d+%) of tokens where", REFERENCE_AGREEMENT.read_text()).group(1)
+
+
 def trained_table(runs: list[tuple[str, str]], quantized: bool = False, reference: bool = False,
                   logprob: bool = False) -> str:
     """Trained models: held-out accuracy (the training folder's summary.json), then the sweep of
@@ -596,6 +611,70 @@ def gate_groups(run: str, components: int, stagger: str) -> str:
     return _and([f"{count} at {key}" for key, count in sorted(groups.items(), key=lambda item: -item[1])])
 
 
+THEORY_RUNS = [("beta = 3, rho = 0.5", "S4-beta3"), ("beta = 6, rho = 0.5", "S4-beta6"),
+               ("beta = 16, rho = 0.5", "S4-beta16"), ("beta = 16, rho = 0.35", "S4-beta16-rho0.35")]
+
+
+def theory_boundary(run: str, components: int) -> str:
+    """A fixed-offset case of a `kvphase theory` run: its boundary phase's p_correct against the other phases'."""
+    accuracy = [100 * a for a in _theory_case(run, components, "none")["accuracy"]]
+    return f"{accuracy[-1]:.1f}% against {_span(accuracy[:-1], '%')}"
+
+
+def theory_trade(components: int) -> str:
+    """lambda_trade at the fixed-offset symmetric point of the beta = 16 runs, one per rho (their summary.json)."""
+    return ", ".join(f"{_theory_case(run, components, 'none')['symmetric_point']['trade_rate']:+.2g} at "
+                     f"rho = {_read(ROOT / 'reports' / 'theory' / run, 'config.json')['theory']['attenuation']:g}"
+                     for run in ("S4-beta16-rho0.35", "S4-beta16"))
+
+
+def theory_stability_table() -> str:
+    """The `kvphase theory` runs' checks at the uniform gate (stability.csv's rows in summary.json), each beta once,
+    as their reports print them (`kvphase.theory.report`)."""
+    from kvphase.theory.report import _stability_frame
+
+    rows = {row["beta"]: row for _, run in THEORY_RUNS for row in _reports(f"theory/{run}")["stability"]}
+    frame = _stability_frame([rows[beta] for beta in sorted(rows)])
+    return _table(list(frame.columns), frame.astype(str).values.tolist())
+
+
+def theory_cases_table(base: Path) -> str:
+    """The `kvphase theory` runs' end states against the symmetric fixed point, as their reports print them
+    (`kvphase.theory.report`), a run per group of rows; links relative to `base`, the document's folder."""
+    from kvphase.theory.report import _case_frame
+
+    header, rows = None, []
+    for label, run in THEORY_RUNS:
+        frame = _case_frame(_reports(f"theory/{run}")["cases"])
+        frame = frame.drop(columns=["entropy / log2 S", "phases per component"])
+        header = ["run", *frame.columns]
+        link = f"[{label}]({os.path.relpath(ROOT / 'reports' / 'theory' / run / 'report.md', base)})"
+        rows += [[link if i == 0 else "", *values] for i, values in enumerate(frame.astype(str).values.tolist())]
+    return _table(header, rows)
+
+
+def theory_rolled_boundary(run: str, components: int) -> str:
+    """A fixed-offset end state's boundary p_correct, then with its gates rolled by 1, 2 and 3 phases (the run's
+    gates in summary.json through the model of `kvphase.theory`; the rolls are not part of the command):
+    "A% to B%" (or "B, C and D%" when the rolls differ)."""
+    import numpy as np
+
+    from kvphase.theory.model import IdealModel, TheoryConfig
+
+    settings = _read(ROOT / "reports" / "theory" / run, "config.json")["theory"]
+    model = IdealModel(TheoryConfig(**{**settings, "components": components, "stagger": "none"}))
+    gates = np.array(_theory_case(run, components, "none")["gates"])  # (K, S)
+    rolled = [f"{100 * model.accuracy(np.log(np.roll(gates, k, axis=1)))[-1]:.1f}" for k in range(1, gates.shape[1])]
+    return f"{100 * model.accuracy(np.log(gates))[-1]:.1f}% to " + _and(list(dict.fromkeys(rolled))) + "%"
+
+
+def theory_split_counts(run: str, components: int, stagger: str) -> str:
+    """How many of a case's components put their largest gate weight on each phase: "a/b/c/d per phase"."""
+    gates = _theory_case(run, components, stagger)["gates"]
+    largest = [gate.index(max(gate)) for gate in gates]
+    return "/".join(str(largest.count(phase)) for phase in range(len(gates[0]))) + " per phase"
+
+
 def fix_change(model: str, fix: str) -> str:
     """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
     plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
@@ -981,6 +1060,16 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-training-minutes": lambda: training_minutes([f"engine/glm-kpool-seed{k}" for k in range(3)]),
     "glm-msa-training-minutes": lambda: training_minutes([f"glm-msa-seed{k}" for k in range(3)]),
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
+    "reference-f32": lambda: agreement_row(r"reference vs llama\.cpp on the F32 export.*"),
+    "reference-q4": lambda: agreement_row(r"reference vs llama\.cpp"),
+    "reference-flash": lambda: agreement_row(r"llama\.cpp with flash attention vs llama\.cpp"),
+    "reference-f32-cache": lambda: agreement_row(r"llama\.cpp with F32 KV cache vs llama\.cpp"),
+    "reference-imitation": lambda: agreement_row(r"reference imitating llama\.cpp's roundings vs llama\.cpp"),
+    "reference-lead": lambda: agreement_row(r"llama\.cpp's lead at the tokens where the reference picks another"),
+    "reference-clear-share": agreement_clear_share,
+    "reference-clear": lambda: agreement_row(r"reference vs llama\.cpp on the \d+% of tokens .*"),
+    "reference-ffn": lambda: agreement_row(r"reference's feed-forward of every layer.*"),
+    "reference-ffn-imitation": lambda: agreement_row(r"imitation's feed-forward of every layer.*"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
     "post-hoc-gaps": lambda: gap_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool")  # meanpool: 0%
                                        for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
@@ -1000,6 +1089,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-gaps-from128": lambda: gaps_between(ds4_runs("csa"), 13, 17, 128),
     "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
+    "gates-tiny-glm5": lambda: gate_bias_spread("example-gates-tiny-glm5-next"),
+    "gates-tiny-deepseek4": lambda: gate_bias_spread("example-gates-tiny-deepseek4"),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
     "glm-kpool-learned": lambda: seed_verdicts([f"engine/glm-kpool-seed{k}" for k in (0, 1)]),
@@ -1104,6 +1195,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "theory-sharp": theory_sharp,
     "theory-lean": theory_lean,
     "theory-stagger4-seed0": lambda: f"{100 * _theory_case('S4-beta6', 4, 'component')['gap']:.1f}",
+    "theory-boundary-split": lambda: theory_boundary("S4-beta16-rho0.35", 4),
+    "theory-onehot-phases": lambda: theory_boundary("S4-beta3", 4),
+    "theory-trade": lambda: theory_trade(4),
+    "theory-stability": theory_stability_table,
+    "theory-end-states": lambda: theory_cases_table(ROOT / "docs"),
+    "theory-rolled": lambda: theory_rolled_boundary("S4-beta16", 2),
+    "theory-k8-beta3-split": lambda: theory_split_counts("S4-beta3", 8, "component"),
     "theory-k2-staggered": lambda: f"{100 * _theory_case('S4-beta16', 2, 'component')['gap']:.1f}",
     "theory-k2-staggered-beta3": lambda: f"{100 * _theory_case('S4-beta3', 2, 'component')['gap']:.1f}",
     "theory-k8-staggered": lambda: (f"{100 * _theory_case('S4-beta6', 8, 'component')['gap']:.1f} at beta = 6; "
