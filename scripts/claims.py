@@ -688,6 +688,49 @@ def fix_verdict(run: str) -> str:
     return f"{verdict(s)} (gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
 
 
+def _shifts_alone(run: str) -> dict:
+    """Each shift of an offset ensemble (a folder under trained/fixes/) scored alone, as its report and
+    fixes.md read them (`summarize_shifts` on its results.csv and offsets.csv): {shift: Summary}."""
+    from kvphase.sweep.analysis import summarize_shifts
+    from kvphase.sweep.run import load_offsets, load_plan, load_results
+
+    plan = load_plan(FIXES / run)
+    return summarize_shifts(load_results(FIXES / run), load_offsets(FIXES / run), plan.stride, plan.modulus, plan.seed)
+
+
+def shifts_phrase(run: str) -> str:
+    """An ensemble's shifts alone: "a gap of A to B points, the weak residue R at shift 0, ..."."""
+    alone = _shifts_alone(run)
+    return (f"a gap of {_span([s.gap for s in alone.values()])}, the weak residue "
+            + _and([f"{s.worst_residue} at shift {d}" for d, s in alone.items()]))
+
+
+def shifted_loss(run: str) -> str:
+    """An ensemble's shifts other than 0, alone, against shift 0 (the plain sweep): "loses A to B points of mean
+    accuracy and has a gap of C to D points"."""
+    alone = _shifts_alone(run)
+    plain = alone[0]
+    shifted = [s for d, s in alone.items() if d != 0]
+    return (f"loses {_span([plain.mean_accuracy - s.mean_accuracy for s in shifted])} of mean accuracy and has a "
+            f"gap of {_span([s.gap for s in shifted])} (plain: {plain.gap:.1f})")
+
+
+def bench_offsets_phrase(bench: Path) -> str:
+    """The cost the offsets bench measured (its table in bench.md: model, fix, tokens x plain, wall time x plain),
+    each fix's range over the models: "tokens A-Bx for 2 shifts and ..., wall time ..."."""
+    rows = [row for row in (line.strip("| ").split(" | ") for line in bench.read_text().splitlines()
+                            if line.startswith("| ")) if row[0] != "model"]  # the table's rows, not its header
+
+    def spread(fix: str, column: int) -> str:
+        values = sorted({row[column] for row in rows if row[1] == fix}, key=float)
+        return f"{values[0]}x" if len(values) == 1 else f"{values[0]}-{values[-1]}x"
+
+    return (f"tokens {spread('offsets 2 (mean)', 2)} for 2 shifts and {spread('offsets 4 (mean)', 2)} for 4, wall time "
+            f"{spread('offsets 2 (mean)', 3)} and {spread('offsets 4 (mean)', 3)} (the max rule "
+            f"{spread('offsets 4 (max)', 3)}); a random offset costs {spread('random offset', 2)} tokens, "
+            f"{spread('random offset', 3)} time")
+
+
 def gaps_phrase(folders: list[str], mean: bool = False) -> str:
     """A sentence's numbers for seeds of one model (folders under reports/trained/, each with a
     sweep/): "[mean M, ...%,] gaps G (CI), ... points, p = P, ..."."""
@@ -1216,6 +1259,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "fix-glm-dense-mean": lambda: fix_change("glm-dense-seed0", "offsets4-mean"),
     "fix-offsets-random-mean": lambda: fix_change("gated-offsets-random-seed0", "offsets4-mean"),
     "fix-csa-disjoint-q4-mean": lambda: fix_change("csa-disjoint-seed0-Q4_0", "offsets4-mean"),
+    "fix-csa-disjoint-shifts": lambda: shifts_phrase("csa-disjoint-seed0-offsets4-mean"),
+    "fix-gated-shifts": lambda: shifted_loss("gated-seed0-offsets4-mean"),
+    "fix-cost": lambda: bench_offsets_phrase(FIXES / "bench.md"),
     "conform-engine-bugs": lambda: conform_table("engine-bugs"),
     "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
 }
