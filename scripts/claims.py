@@ -150,6 +150,21 @@ def agreement_phrase(first: str, second: str) -> str:
             f"(mean {diff.mean():.1e})")
 
 
+REFERENCE_AGREEMENT = ROOT / "reports" / "reference-agreement.md"  # written by scripts/reference_agreement.py
+
+
+def agreement_row(comparison: str) -> str:
+    """The result of one comparison of reports/reference-agreement.md (its table's row whose name matches the
+    regular expression `comparison` whole), as the report words it."""
+    rows = [line.strip("| ").split(" | ") for line in REFERENCE_AGREEMENT.read_text().splitlines() if line.startswith("| ")]
+    return next(result for label, result in rows if re.fullmatch(comparison, label))
+
+
+def agreement_clear_share() -> str:
+    """The share of tokens on which llama.cpp's best token leads clearly (reports/reference-agreement.md)."""
+    return re.search(r"on the (\d+%) of tokens where", REFERENCE_AGREEMENT.read_text()).group(1)
+
+
 def trained_table(runs: list[tuple[str, str]], quantized: bool = False, reference: bool = False,
                   logprob: bool = False) -> str:
     """Trained models: held-out accuracy (the training folder's summary.json), then the sweep of
@@ -614,6 +629,70 @@ def gate_groups(run: str, components: int, stagger: str) -> str:
     return _and([f"{count} at {key}" for key, count in sorted(groups.items(), key=lambda item: -item[1])])
 
 
+THEORY_RUNS = [("beta = 3, rho = 0.5", "S4-beta3"), ("beta = 6, rho = 0.5", "S4-beta6"),
+               ("beta = 16, rho = 0.5", "S4-beta16"), ("beta = 16, rho = 0.35", "S4-beta16-rho0.35")]
+
+
+def theory_boundary(run: str, components: int) -> str:
+    """A fixed-offset case of a `kvphase theory` run: its boundary phase's p_correct against the other phases'."""
+    accuracy = [100 * a for a in _theory_case(run, components, "none")["accuracy"]]
+    return f"{accuracy[-1]:.1f}% against {_span(accuracy[:-1], '%')}"
+
+
+def theory_trade(components: int) -> str:
+    """lambda_trade at the fixed-offset symmetric point of the beta = 16 runs, one per rho (their summary.json)."""
+    return ", ".join(f"{_theory_case(run, components, 'none')['symmetric_point']['trade_rate']:+.2g} at "
+                     f"rho = {_read(ROOT / 'reports' / 'theory' / run, 'config.json')['theory']['attenuation']:g}"
+                     for run in ("S4-beta16-rho0.35", "S4-beta16"))
+
+
+def theory_stability_table() -> str:
+    """The `kvphase theory` runs' checks at the uniform gate (stability.csv's rows in summary.json), each beta once,
+    as their reports print them (`kvphase.theory.report`)."""
+    from kvphase.theory.report import _stability_frame
+
+    rows = {row["beta"]: row for _, run in THEORY_RUNS for row in _reports(f"theory/{run}")["stability"]}
+    frame = _stability_frame([rows[beta] for beta in sorted(rows)])
+    return _table(list(frame.columns), frame.astype(str).values.tolist())
+
+
+def theory_cases_table(base: Path) -> str:
+    """The `kvphase theory` runs' end states against the symmetric fixed point, as their reports print them
+    (`kvphase.theory.report`), a run per group of rows; links relative to `base`, the document's folder."""
+    from kvphase.theory.report import _case_frame
+
+    header, rows = None, []
+    for label, run in THEORY_RUNS:
+        frame = _case_frame(_reports(f"theory/{run}")["cases"])
+        frame = frame.drop(columns=["entropy / log2 S", "phases per component"])
+        header = ["run", *frame.columns]
+        link = f"[{label}]({os.path.relpath(ROOT / 'reports' / 'theory' / run / 'report.md', base)})"
+        rows += [[link if i == 0 else "", *values] for i, values in enumerate(frame.astype(str).values.tolist())]
+    return _table(header, rows)
+
+
+def theory_rolled_boundary(run: str, components: int) -> str:
+    """A fixed-offset end state's boundary p_correct, then with its gates rolled by 1, 2 and 3 phases (the run's
+    gates in summary.json through the model of `kvphase.theory`; the rolls are not part of the command):
+    "A% to B%" (or "B, C and D%" when the rolls differ)."""
+    import numpy as np
+
+    from kvphase.theory.model import IdealModel, TheoryConfig
+
+    settings = _read(ROOT / "reports" / "theory" / run, "config.json")["theory"]
+    model = IdealModel(TheoryConfig(**{**settings, "components": components, "stagger": "none"}))
+    gates = np.array(_theory_case(run, components, "none")["gates"])  # (K, S)
+    rolled = [f"{100 * model.accuracy(np.log(np.roll(gates, k, axis=1)))[-1]:.1f}" for k in range(1, gates.shape[1])]
+    return f"{100 * model.accuracy(np.log(gates))[-1]:.1f}% to " + _and(list(dict.fromkeys(rolled))) + "%"
+
+
+def theory_split_counts(run: str, components: int, stagger: str) -> str:
+    """How many of a case's components put their largest gate weight on each phase: "a/b/c/d per phase"."""
+    gates = _theory_case(run, components, stagger)["gates"]
+    largest = [gate.index(max(gate)) for gate in gates]
+    return "/".join(str(largest.count(phase)) for phase in range(len(gates[0]))) + " per phase"
+
+
 def fix_change(model: str, fix: str) -> str:
     """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
     plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
@@ -625,6 +704,49 @@ def fix_verdict(run: str) -> str:
     """One fix run (a folder under trained/fixes/) as its report reads it: "verdict (gap G (CI), p = P)"."""
     s = _read(FIXES / run, "summary.json")
     return f"{verdict(s)} (gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
+
+
+def _shifts_alone(run: str) -> dict:
+    """Each shift of an offset ensemble (a folder under trained/fixes/) scored alone, as its report and
+    fixes.md read them (`summarize_shifts` on its results.csv and offsets.csv): {shift: Summary}."""
+    from kvphase.sweep.analysis import summarize_shifts
+    from kvphase.sweep.run import load_offsets, load_plan, load_results
+
+    plan = load_plan(FIXES / run)
+    return summarize_shifts(load_results(FIXES / run), load_offsets(FIXES / run), plan.stride, plan.modulus, plan.seed)
+
+
+def shifts_phrase(run: str) -> str:
+    """An ensemble's shifts alone: "a gap of A to B points, the weak residue R at shift 0, ..."."""
+    alone = _shifts_alone(run)
+    return (f"a gap of {_span([s.gap for s in alone.values()])}, the weak residue "
+            + _and([f"{s.worst_residue} at shift {d}" for d, s in alone.items()]))
+
+
+def shifted_loss(run: str) -> str:
+    """An ensemble's shifts other than 0, alone, against shift 0 (the plain sweep): "loses A to B points of mean
+    accuracy and has a gap of C to D points"."""
+    alone = _shifts_alone(run)
+    plain = alone[0]
+    shifted = [s for d, s in alone.items() if d != 0]
+    return (f"loses {_span([plain.mean_accuracy - s.mean_accuracy for s in shifted])} of mean accuracy and has a "
+            f"gap of {_span([s.gap for s in shifted])} (plain: {plain.gap:.1f})")
+
+
+def bench_offsets_phrase(bench: Path) -> str:
+    """The cost the offsets bench measured (its table in bench.md: model, fix, tokens x plain, wall time x plain),
+    each fix's range over the models: "tokens A-Bx for 2 shifts and ..., wall time ..."."""
+    rows = [row for row in (line.strip("| ").split(" | ") for line in bench.read_text().splitlines()
+                            if line.startswith("| ")) if row[0] != "model"]  # the table's rows, not its header
+
+    def spread(fix: str, column: int) -> str:
+        values = sorted({row[column] for row in rows if row[1] == fix}, key=float)
+        return f"{values[0]}x" if len(values) == 1 else f"{values[0]}-{values[-1]}x"
+
+    return (f"tokens {spread('offsets 2 (mean)', 2)} for 2 shifts and {spread('offsets 4 (mean)', 2)} for 4, wall time "
+            f"{spread('offsets 2 (mean)', 3)} and {spread('offsets 4 (mean)', 3)} (the max rule "
+            f"{spread('offsets 4 (max)', 3)}); a random offset costs {spread('random offset', 2)} tokens, "
+            f"{spread('random offset', 3)} time")
 
 
 def gaps_phrase(folders: list[str], mean: bool = False) -> str:
@@ -1003,6 +1125,16 @@ TABLES: dict[str, Callable[[], str]] = {
     "rpc-agreement": lambda: agreement_phrase("servers/SmolLM2-in-process", "servers/SmolLM2-rpc-split"),
     "servers-scaling": lambda: servers_scaling(),
     "servers-rpc": lambda: servers_rpc(),
+    "reference-f32": lambda: agreement_row(r"reference vs llama\.cpp on the F32 export.*"),
+    "reference-q4": lambda: agreement_row(r"reference vs llama\.cpp"),
+    "reference-flash": lambda: agreement_row(r"llama\.cpp with flash attention vs llama\.cpp"),
+    "reference-f32-cache": lambda: agreement_row(r"llama\.cpp with F32 KV cache vs llama\.cpp"),
+    "reference-imitation": lambda: agreement_row(r"reference imitating llama\.cpp's roundings vs llama\.cpp"),
+    "reference-lead": lambda: agreement_row(r"llama\.cpp's lead at the tokens where the reference picks another"),
+    "reference-clear-share": agreement_clear_share,
+    "reference-clear": lambda: agreement_row(r"reference vs llama\.cpp on the \d+% of tokens .*"),
+    "reference-ffn": lambda: agreement_row(r"reference's feed-forward of every layer.*"),
+    "reference-ffn-imitation": lambda: agreement_row(r"imitation's feed-forward of every layer.*"),
     "gaps-jitter": lambda: gaps_phrase([f"gated-offsets-jitter-seed{k}" for k in range(3)]),
     "post-hoc-gaps": lambda: gap_span([f"reference/{design}-S{stride}" for design in ("blocktopk", "kpool")  # meanpool: 0%
                                        for stride in (4, 8)] + [folder for _, folder in POST_HOC_FIXES]),
@@ -1022,6 +1154,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-gaps-from128": lambda: gaps_between(ds4_runs("csa"), 13, 17, 128),
     "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
+    "gates-tiny-glm5": lambda: gate_bias_spread("example-gates-tiny-glm5-next"),
+    "gates-tiny-deepseek4": lambda: gate_bias_spread("example-gates-tiny-deepseek4"),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
     "glm-kpool-learned": lambda: seed_verdicts([f"engine/glm-kpool-seed{k}" for k in (0, 1)]),
@@ -1127,6 +1261,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "theory-sharp": theory_sharp,
     "theory-lean": theory_lean,
     "theory-stagger4-seed0": lambda: f"{100 * _theory_case('S4-beta6', 4, 'component')['gap']:.1f}",
+    "theory-boundary-split": lambda: theory_boundary("S4-beta16-rho0.35", 4),
+    "theory-onehot-phases": lambda: theory_boundary("S4-beta3", 4),
+    "theory-trade": lambda: theory_trade(4),
+    "theory-stability": theory_stability_table,
+    "theory-end-states": lambda: theory_cases_table(ROOT / "docs"),
+    "theory-rolled": lambda: theory_rolled_boundary("S4-beta16", 2),
+    "theory-k8-beta3-split": lambda: theory_split_counts("S4-beta3", 8, "component"),
     "theory-k2-staggered": lambda: f"{100 * _theory_case('S4-beta16', 2, 'component')['gap']:.1f}",
     "theory-k2-staggered-beta3": lambda: f"{100 * _theory_case('S4-beta3', 2, 'component')['gap']:.1f}",
     "theory-k8-staggered": lambda: (f"{100 * _theory_case('S4-beta6', 8, 'component')['gap']:.1f} at beta = 6; "
@@ -1141,6 +1282,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "fix-glm-dense-mean": lambda: fix_change("glm-dense-seed0", "offsets4-mean"),
     "fix-offsets-random-mean": lambda: fix_change("gated-offsets-random-seed0", "offsets4-mean"),
     "fix-csa-disjoint-q4-mean": lambda: fix_change("csa-disjoint-seed0-Q4_0", "offsets4-mean"),
+    "fix-csa-disjoint-shifts": lambda: shifts_phrase("csa-disjoint-seed0-offsets4-mean"),
+    "fix-gated-shifts": lambda: shifted_loss("gated-seed0-offsets4-mean"),
+    "fix-cost": lambda: bench_offsets_phrase(FIXES / "bench.md"),
     "conform-engine-bugs": lambda: conform_table("engine-bugs"),
     "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
 }
