@@ -957,6 +957,29 @@ def learned_by_step(runs: list[str], bar: float = 80.0) -> str:
     return "step" + ("s " if len(steps) > 1 else " ") + _and(steps)
 
 
+def peak_gaps(runs: list[str]) -> str:
+    """The largest gap each run's held-out curve reached during training (the curve in summary.json, by
+    residue mod 2S as the training report reads it): "A to B points"."""
+    return _span([100 * max(point["gap"] for point in _read(ROOT / "reports" / "trained" / run, "summary.json")["curve"])
+                  for run in runs])
+
+
+def batch_accuracy(runs: list[str], stage: str, later: int = 0) -> str:
+    """The accuracy on the training batches (training.csv) at the step that ends a stage of the runs' schedule (a
+    config.json field: `gate_steps`, meanpool's gated start; `copy_steps`, the induction warm-up), or `later` steps
+    after it: "A to B% at step N"."""
+    import pandas as pd
+
+    accuracies, steps = [], set()
+    for run in runs:
+        folder = ROOT / "reports" / "trained" / run
+        step, curve = _read(folder, "config.json")[stage] + later, pd.read_csv(folder / "training.csv")
+        accuracies.append(100 * curve.loc[curve["step"] == step, "accuracy"].item())
+        steps.add(step)
+    (step,) = steps
+    return f"{_span(accuracies, '%')} at step {step}"
+
+
 def learned_sweeps(runs: list[str]) -> list[dict]:
     """The sweep summaries of the runs whose training reached the 80% bar (`readable`), in order."""
     trained = [ROOT / "reports" / "trained" / run for run in runs]
@@ -1208,6 +1231,25 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-published": published_phrase,
     "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
     "ds4-published-gap": lambda: f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f} points",
+    "gated-learned-by": lambda: learned_by_step([f"gated-seed{k}" for k in range(3)]),
+    "gated-peak-gaps": lambda: peak_gaps([f"gated-seed{k}" for k in range(3)]),
+    "rolling-minutes": lambda: training_minutes([f"rolling-seed{k}" for k in range(3)]),
+    "rolling-learned-by": lambda: learned_by_step([f"rolling-seed{k}" for k in range(3)]),
+    "offsets-random-means": lambda: means_phrase([f"gated-offsets-random-seed{k}" for k in range(3)]),
+    "stagger-head-means": lambda: means_phrase([f"gated-stagger-head-seed{k}" for k in range(3)]),
+    "meanpool-gated-start-minutes": lambda: training_minutes([f"meanpool-gated-start-seed{k}" for k in range(3)]),
+    "meanpool-gated-start-switch": lambda: batch_accuracy([f"meanpool-gated-start-seed{k}" for k in range(3)], "gate_steps"),
+    "meanpool-gated-start-fall": lambda: batch_accuracy([f"meanpool-gated-start-seed{k}" for k in range(3)], "gate_steps",
+                                                        100),
+    "glm-msa-seed0-learned-by": lambda: learned_by_step(["glm-msa-seed0"]),
+    "glm-kpool-heldout": lambda: heldout_phrase([f"engine/glm-kpool-seed{k}" for k in range(3)]),
+    "glm-dense-heldout": lambda: heldout_phrase(["engine/glm-dense-seed0"]),
+    "gated-256-minutes": lambda: training_minutes([f"gated-{s}L256-seed{k}" for s in ("", "S8-") for k in range(3)]),
+    "gated-256-3000-minutes": lambda: training_minutes([f"gated-{s}L256-long-seed{k}" for s in ("", "S8-")
+                                                        for k in range(3)]),
+    "cowa-offsets-random-sweep": lambda: sweep_reading("trained/cowa-offsets-random-seed0/sweep"),
+    "cowa-minutes": lambda: training_minutes([f"cowa-seed{k}" for k in range(3)]
+                                             + ["cowa-stagger-head-seed0", "cowa-offsets-random-seed0"]),
     "dense-long": lambda: training_outcome("dense-long-seed0"),
     "dense-long-sweep": lambda: sweep_reading("trained/dense-long-seed0/sweep"),
     "dense-L3": lambda: training_outcome("dense-L3-seed0"),
@@ -1218,6 +1260,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "dense-copy-L32": lambda: heldout_phrase(["dense-copy-L32-seed0"]),
     "dense-copy-64": lambda: training_outcome("dense-copy-seed0"),
     "dense-copy-64-sweep": lambda: sweep_reading("trained/dense-copy-seed0/sweep"),
+    "dense-copy-64-warmup": lambda: batch_accuracy(["dense-copy-seed0"], "copy_steps"),
     "gated-S8-long-plateau": lambda: means_phrase(["gated-S8-L256-long-seed1"]),
     "gated-256-seed0-gap": lambda: gap_of("gated-L256-seed0"),
     "gated-256-seed0-mean": lambda: means_phrase(["gated-L256-seed0"]),
