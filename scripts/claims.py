@@ -420,6 +420,26 @@ def training_outcome(run: str) -> str:
             f"loss {last['loss']:.2f} nats)")
 
 
+def batch_accuracy(run: str, steps: list[int]) -> str:
+    """A training run's accuracy on its training batches at some steps (its training.csv, each row the batches
+    since the row before): "A% at step X, B% at Y and C% at Z"."""
+    import pandas as pd
+
+    rows = pd.read_csv(ROOT / "reports" / "trained" / run / "training.csv").set_index("step")
+    return _and([f"{100 * rows.loc[step, 'accuracy']:.1f}%" + (" at step " if i == 0 else " at ") + str(step)
+                 for i, step in enumerate(steps)])
+
+
+def position_accuracy(relative: str, ranges: list[tuple[int, int]]) -> str:
+    """A sweep's accuracy over targets by position (its results.csv): "A% for targets at positions a-b, B% at c-d"."""
+    import pandas as pd
+
+    results = pd.read_csv(ROOT / "reports" / relative / "results.csv")
+    parts = [f"{100 * results[results['target_pos'].between(low, high)]['correct'].mean():.0f}%"
+             + (" for targets at positions " if i == 0 else " at ") + f"{low}-{high}" for i, (low, high) in enumerate(ranges)]
+    return _and(parts)
+
+
 def learned_summary(runs: list[str]) -> str:
     """The sweeps of the runs that reached the 80% bar, in a clause: "at the N seeds that learned: gaps A to B
     points, p from P to Q, the worst residue R at every one" (or the worst residues each had)."""
@@ -464,6 +484,17 @@ def slots_ahead(relative: str, stride: int) -> str:
         parts.append(f"slot {(phase + 1) % stride} {'costs ' if phase == 0 else ''}phase {phase} {-row['d_correct']:.1f}"
                      + (" points" if phase == 0 else "") + ci)
     return _and(parts)
+
+
+def slot_pair_costs(relatives: list[str], stride: int) -> str:
+    """Slot-knockout probes (effects.csv), layer 0: the range of what knocking out slot p costs phase p and phase
+    p - 1 (the phase whose value the slot holds), over every slot of every probe: "A to B points"."""
+    costs = []
+    for relative in relatives:
+        effects = _effects(relative).set_index(["component", "phase"])
+        costs += [-effects.loc[(f"L0P{slot}", phase), "d_correct"] for slot in range(stride)
+                  for phase in (slot, (slot - 1) % stride)]
+    return _span(costs)
 
 
 def largest_knockout(relative: str, layer: str = "L") -> str:
@@ -1051,6 +1082,21 @@ TABLES: dict[str, Callable[[], str]] = {
                                    + gap_of(DS4["ctx256-top4-from-hca"].runs()[1]) + " with it"),
     "ds4-published": published_phrase,
     "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
+    "ds4-64-span": lambda: learned_gap_span(DS4["ctx64"].runs(), 64),
+    "ds4-faithful-span": lambda: _span([s["gap"] for s in learned_sweeps(ds4_runs("faithful"))]),
+    "ds4-faithful-slot-costs": lambda: slot_pair_costs([f"trained/{run}/probes/knockout-slots"
+                                                        for run in DS4["ctx256-top4-from-hca"].runs()], 4),
+    "ds4-faithful-slot0": lambda: _and([f"seed {k}: " + knockout_phrase(f"trained/ds4-ablation/ctx256-top4-from-hca-seed{k}/"
+                                                                         "probes/knockout-slots", 3, ["L0P0"]) for k in (1, 2, 0)]),
+    "ds4-faithful-hca-heads": lambda: _and([largest_knockout(f"trained/ds4-ablation/ctx256-top4-from-hca-seed{k}/probes/knockout",
+                                                             "L1") + f" at seed {k}" for k in range(3)]),
+    "ds4-128-slots": lambda: slots_ahead("trained/ds4-ablation/ctx128-seed0/probes/knockout-slots", 4),
+    "ds4-128-heads": lambda: largest_knockout("trained/ds4-ablation/ctx128-seed0/probes/knockout"),
+    "ds4-stride128-dip": lambda: dip_clause(_reports("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
+                                                     "ctx768-hca-from512-seed0-pairs-S128-L768")),
+    "glm-128-scratch": lambda: heldout_phrase(DS4["glm-ctx128-top4"].runs()) + " held-out, its sweep "
+                               + sweep_reading(f"trained/{DS4['glm-ctx128-top4'].runs()[0]}/sweep"),
+    "glm-128-seed0-batches": lambda: batch_accuracy(DS4["glm-ctx128-top4-from64"].runs()[0], [100, 900]),
     "dense-long": lambda: training_outcome("dense-long-seed0"),
     "dense-long-sweep": lambda: sweep_reading("trained/dense-long-seed0/sweep"),
     "dense-L3": lambda: training_outcome("dense-L3-seed0"),
