@@ -142,6 +142,14 @@ def _reference_agreement(folder: Path) -> str:
     return f"gap {reference['gap']:.1f}, {apart} target{'s' if apart != 1 else ''} apart"
 
 
+def reference_agreements(runs: list[tuple[str, str]]) -> str:
+    """Trained runs' reference sweeps against llama.cpp's (as `_reference_agreement` reads each): "identical
+    per-residue accuracies at N of M files; LABEL: gap G, n target apart; ..."."""
+    readings = [(label, _reference_agreement(ROOT / "reports" / "trained" / run)) for label, run in runs]
+    apart = [f"{label}: {reading}" for label, reading in readings if reading != "identical"]
+    return "; ".join([f"identical per-residue accuracies at {len(readings) - len(apart)} of {len(readings)} files"] + apart)
+
+
 def agreement_phrase(first: str, second: str) -> str:
     """Two sweeps of one plan, target by target: the flags that differ and the log-probability gap."""
     ours, theirs = _by_target(ROOT / "reports" / first, ROOT / "reports" / second)
@@ -1037,6 +1045,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-kpool-plateau": lambda: heldout_phrase(["engine/glm-kpool-seed2"]) + " held-out, its sweep "
                                  + sweep_reading("trained/engine/glm-kpool-seed2/sweep"),
     "glm-dense-engine": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep"),
+    "glm-gates": lambda: "; ".join(f"layer {layer}: " + gate_spread("trained/engine/glm-kpool-seed0/probes/gate-activations",
+                                                                      layer, "kpool-indexer") for layer in (1, 2)),
+    "glm-heads": lambda: largest_knockout("trained/engine/glm-kpool-seed0/probes/knockout"),
+    "glm-flip": lambda: flip_summary("trained/engine/glm-kpool-seed0/probes/flip"),
+    "glm-cycle": lambda: cycle_boundary("trained/engine/glm-kpool-seed0/probes/cycle"),
     "glm-dense-q4": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep-Q4_0"),
     "glm-kpool-top4": lambda: heldout_phrase(["engine/glm-kpool-top4-seed0"]) + " held-out, its sweep "
                               + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
@@ -1057,6 +1070,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "engine-csa-disjoint-learned": lambda: learned_summary([f"engine/csa-disjoint-seed{k}" for k in range(5)]),
     "engine-csa-learned": lambda: learned_summary([f"engine/csa-seed{k}" for k in range(5)]),
     "csa-dense-seed2-heldout": lambda: heldout_phrase(["engine/csa-dense-seed2"]),
+    "csa-dense-seed2-positions": lambda: position_accuracy("trained/engine/csa-dense-seed2/sweep", [(16, 23), (40, 47)]),
+    "csa-dense-seed0-batches": lambda: batch_accuracy("engine/csa-dense-seed0", [300, 400, 500]),
+    "csa-dense-seed2-batches": lambda: batch_accuracy("engine/csa-dense-seed2", [500, 700]),
+    "engine-reference": lambda: reference_agreements(DEEPSEEK4_LAYOUT),
     "engine-plateau": lambda: heldout_phrase([f"engine/csa-disjoint-seed{k}" for k in (1, 4)] + ["engine/csa-seed4"]),
     "engine-quantized": lambda: quantized_shift([f"engine/{d}-seed{k}" for d, n in (("csa-disjoint", 5), ("csa", 5),
                                                                                    ("csa-dense", 3)) for k in range(n)]),
