@@ -142,6 +142,14 @@ def _reference_agreement(folder: Path) -> str:
     return f"gap {reference['gap']:.1f}, {apart} target{'s' if apart != 1 else ''} apart"
 
 
+def reference_agreements(runs: list[tuple[str, str]]) -> str:
+    """Trained runs' reference sweeps against llama.cpp's (as `_reference_agreement` reads each): "identical
+    per-residue accuracies at N of M files; LABEL: gap G, n target apart; ..."."""
+    readings = [(label, _reference_agreement(ROOT / "reports" / "trained" / run)) for label, run in runs]
+    apart = [f"{label}: {reading}" for label, reading in readings if reading != "identical"]
+    return "; ".join([f"identical per-residue accuracies at {len(readings) - len(apart)} of {len(readings)} files"] + apart)
+
+
 def agreement_phrase(first: str, second: str) -> str:
     """Two sweeps of one plan, target by target: the flags that differ and the log-probability gap."""
     ours, theirs = _by_target(ROOT / "reports" / first, ROOT / "reports" / second)
@@ -453,6 +461,31 @@ def training_outcome(run: str) -> str:
             f"loss {last['loss']:.2f} nats)")
 
 
+def _training_curve(run: str):
+    """A training run's training.csv (a pandas frame, one row per logged step)."""
+    import pandas as pd
+
+    return pd.read_csv(ROOT / "reports" / "trained" / run / "training.csv")
+
+
+def batch_accuracy(run: str, steps: list[int]) -> str:
+    """A training run's accuracy on its training batches at some steps (its training.csv, each row the batches
+    since the row before): "A% at step X, B% at Y and C% at Z"."""
+    rows = _training_curve(run).set_index("step")
+    return _and([f"{100 * rows.loc[step, 'accuracy']:.1f}%" + (" at step " if i == 0 else " at ") + str(step)
+                 for i, step in enumerate(steps)])
+
+
+def position_accuracy(relative: str, ranges: list[tuple[int, int]]) -> str:
+    """A sweep's accuracy over targets by position (its results.csv): "A% for targets at positions a-b, B% at c-d"."""
+    import pandas as pd
+
+    results = pd.read_csv(ROOT / "reports" / relative / "results.csv")
+    parts = [f"{100 * results[results['target_pos'].between(low, high)]['correct'].mean():.0f}%"
+             + (" for targets at positions " if i == 0 else " at ") + f"{low}-{high}" for i, (low, high) in enumerate(ranges)]
+    return _and(parts)
+
+
 def learned_summary(runs: list[str]) -> str:
     """The sweeps of the runs that reached the 80% bar, in a clause: "at the N seeds that learned: gaps A to B
     points, p from P to Q, the worst residue R at every one" (or the worst residues each had)."""
@@ -497,6 +530,17 @@ def slots_ahead(relative: str, stride: int) -> str:
         parts.append(f"slot {(phase + 1) % stride} {'costs ' if phase == 0 else ''}phase {phase} {-row['d_correct']:.1f}"
                      + (" points" if phase == 0 else "") + ci)
     return _and(parts)
+
+
+def slot_pair_costs(relatives: list[str], stride: int) -> str:
+    """Slot-knockout probes (effects.csv), layer 0: the range of what knocking out slot p costs phase p and phase
+    p - 1 (the phase whose value the slot holds), over every slot of every probe: "A to B points"."""
+    costs = []
+    for relative in relatives:
+        effects = _effects(relative).set_index(["component", "phase"])
+        costs += [-effects.loc[(f"L0P{slot}", phase), "d_correct"] for slot in range(stride)
+                  for phase in (slot, (slot - 1) % stride)]
+    return _span(costs)
 
 
 def largest_knockout(relative: str, layer: str = "L") -> str:
@@ -964,16 +1008,13 @@ def peak_gaps(runs: list[str]) -> str:
                   for run in runs])
 
 
-def batch_accuracy(runs: list[str], stage: str, later: int = 0) -> str:
+def stage_batch_accuracy(runs: list[str], stage: str, later: int = 0) -> str:
     """The accuracy on the training batches (training.csv) at the step that ends a stage of the runs' schedule (a
     config.json field: `gate_steps`, meanpool's gated start; `copy_steps`, the induction warm-up), or `later` steps
     after it: "A to B% at step N"."""
-    import pandas as pd
-
     accuracies, steps = [], set()
     for run in runs:
-        folder = ROOT / "reports" / "trained" / run
-        step, curve = _read(folder, "config.json")[stage] + later, pd.read_csv(folder / "training.csv")
+        step, curve = _read(ROOT / "reports" / "trained" / run, "config.json")[stage] + later, _training_curve(run)
         accuracies.append(100 * curve.loc[curve["step"] == step, "accuracy"].item())
         steps.add(step)
     (step,) = steps
@@ -1185,6 +1226,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "glm-kpool-plateau": lambda: heldout_phrase(["engine/glm-kpool-seed2"]) + " held-out, its sweep "
                                  + sweep_reading("trained/engine/glm-kpool-seed2/sweep"),
     "glm-dense-engine": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep"),
+    "glm-gates": lambda: "; ".join(f"layer {layer}: " + gate_spread("trained/engine/glm-kpool-seed0/probes/gate-activations",
+                                                                      layer, "kpool-indexer") for layer in (1, 2)),
+    "glm-heads": lambda: largest_knockout("trained/engine/glm-kpool-seed0/probes/knockout"),
+    "glm-flip": lambda: flip_summary("trained/engine/glm-kpool-seed0/probes/flip"),
+    "glm-cycle": lambda: cycle_boundary("trained/engine/glm-kpool-seed0/probes/cycle"),
     "glm-dense-q4": lambda: sweep_reading("trained/engine/glm-dense-seed0/sweep-Q4_0"),
     "glm-kpool-top4": lambda: heldout_phrase(["engine/glm-kpool-top4-seed0"]) + " held-out, its sweep "
                               + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
@@ -1205,6 +1251,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "engine-csa-disjoint-learned": lambda: learned_summary([f"engine/csa-disjoint-seed{k}" for k in range(5)]),
     "engine-csa-learned": lambda: learned_summary([f"engine/csa-seed{k}" for k in range(5)]),
     "csa-dense-seed2-heldout": lambda: heldout_phrase(["engine/csa-dense-seed2"]),
+    "csa-dense-seed2-positions": lambda: position_accuracy("trained/engine/csa-dense-seed2/sweep", [(16, 23), (40, 47)]),
+    "csa-dense-seed0-batches": lambda: batch_accuracy("engine/csa-dense-seed0", [300, 400, 500]),
+    "csa-dense-seed2-batches": lambda: batch_accuracy("engine/csa-dense-seed2", [500, 700]),
+    "engine-reference": lambda: reference_agreements(DEEPSEEK4_LAYOUT),
     "engine-plateau": lambda: heldout_phrase([f"engine/csa-disjoint-seed{k}" for k in (1, 4)] + ["engine/csa-seed4"]),
     "engine-quantized": lambda: quantized_shift([f"engine/{d}-seed{k}" for d, n in (("csa-disjoint", 5), ("csa", 5),
                                                                                    ("csa-dense", 3)) for k in range(n)]),
@@ -1238,8 +1288,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "offsets-random-means": lambda: means_phrase([f"gated-offsets-random-seed{k}" for k in range(3)]),
     "stagger-head-means": lambda: means_phrase([f"gated-stagger-head-seed{k}" for k in range(3)]),
     "meanpool-gated-start-minutes": lambda: training_minutes([f"meanpool-gated-start-seed{k}" for k in range(3)]),
-    "meanpool-gated-start-switch": lambda: batch_accuracy([f"meanpool-gated-start-seed{k}" for k in range(3)], "gate_steps"),
-    "meanpool-gated-start-fall": lambda: batch_accuracy([f"meanpool-gated-start-seed{k}" for k in range(3)], "gate_steps",
+    "meanpool-gated-start-switch": lambda: stage_batch_accuracy([f"meanpool-gated-start-seed{k}" for k in range(3)], "gate_steps"),
+    "meanpool-gated-start-fall": lambda: stage_batch_accuracy([f"meanpool-gated-start-seed{k}" for k in range(3)], "gate_steps",
                                                         100),
     "glm-msa-seed0-learned-by": lambda: learned_by_step(["glm-msa-seed0"]),
     "glm-kpool-heldout": lambda: heldout_phrase([f"engine/glm-kpool-seed{k}" for k in range(3)]),
@@ -1250,6 +1300,21 @@ TABLES: dict[str, Callable[[], str]] = {
     "cowa-offsets-random-sweep": lambda: sweep_reading("trained/cowa-offsets-random-seed0/sweep"),
     "cowa-minutes": lambda: training_minutes([f"cowa-seed{k}" for k in range(3)]
                                              + ["cowa-stagger-head-seed0", "cowa-offsets-random-seed0"]),
+    "ds4-64-span": lambda: learned_gap_span(DS4["ctx64"].runs(), 64),
+    "ds4-faithful-span": lambda: _span([s["gap"] for s in learned_sweeps(ds4_runs("faithful"))]),
+    "ds4-faithful-slot-costs": lambda: slot_pair_costs([f"trained/{run}/probes/knockout-slots"
+                                                        for run in DS4["ctx256-top4-from-hca"].runs()], 4),
+    "ds4-faithful-slot0": lambda: _and([f"seed {k}: " + knockout_phrase(f"trained/ds4-ablation/ctx256-top4-from-hca-seed{k}/"
+                                                                         "probes/knockout-slots", 3, ["L0P0"]) for k in (1, 2, 0)]),
+    "ds4-faithful-hca-heads": lambda: _and([largest_knockout(f"trained/ds4-ablation/ctx256-top4-from-hca-seed{k}/probes/knockout",
+                                                             "L1") + f" at seed {k}" for k in range(3)]),
+    "ds4-128-slots": lambda: slots_ahead("trained/ds4-ablation/ctx128-seed0/probes/knockout-slots", 4),
+    "ds4-128-heads": lambda: largest_knockout("trained/ds4-ablation/ctx128-seed0/probes/knockout"),
+    "ds4-stride128-dip": lambda: dip_clause(_reports("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
+                                                     "ctx768-hca-from512-seed0-pairs-S128-L768")),
+    "glm-128-scratch": lambda: heldout_phrase(DS4["glm-ctx128-top4"].runs()) + " held-out, its sweep "
+                               + sweep_reading(f"trained/{DS4['glm-ctx128-top4'].runs()[0]}/sweep"),
+    "glm-128-seed0-batches": lambda: batch_accuracy(DS4["glm-ctx128-top4-from64"].runs()[0], [100, 900]),
     "dense-long": lambda: training_outcome("dense-long-seed0"),
     "dense-long-sweep": lambda: sweep_reading("trained/dense-long-seed0/sweep"),
     "dense-L3": lambda: training_outcome("dense-L3-seed0"),
@@ -1260,7 +1325,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "dense-copy-L32": lambda: heldout_phrase(["dense-copy-L32-seed0"]),
     "dense-copy-64": lambda: training_outcome("dense-copy-seed0"),
     "dense-copy-64-sweep": lambda: sweep_reading("trained/dense-copy-seed0/sweep"),
-    "dense-copy-64-warmup": lambda: batch_accuracy(["dense-copy-seed0"], "copy_steps"),
+    "dense-copy-64-warmup": lambda: stage_batch_accuracy(["dense-copy-seed0"], "copy_steps"),
     "gated-S8-long-plateau": lambda: means_phrase(["gated-S8-L256-long-seed1"]),
     "gated-256-seed0-gap": lambda: gap_of("gated-L256-seed0"),
     "gated-256-seed0-mean": lambda: means_phrase(["gated-L256-seed0"]),
