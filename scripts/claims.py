@@ -1472,7 +1472,8 @@ ALLOWED = {"80%": "the bar a trained model must reach, and the power a detectabl
            "0%": "the floor of an accuracy", "100%": "the ceiling of an accuracy", "0-100%": "an accuracy's range",
            "90%": "the share of one answer that makes a run degenerate (analysis.DEGENERATE_SHARE)",
            "0.00025": "the smallest p 4,000 permutations give, 1 / 4001",
-           "98%": "the highest base accuracy bench_power.py simulates"}
+           "98%": "the highest base accuracy bench_power.py simulates",
+           "93%": "the coverage under which a report says its mean interval falls short (report.SHORT_COVERAGE)"}
 
 
 def hand_numbers(text: str) -> list[tuple[int, str]]:
@@ -1505,12 +1506,13 @@ def main() -> int:
                         help="the documents to rewrite or check (default: README.md, reports/*.md and docs/)")
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 naming each block that differs")
     parser.add_argument("--hand-numbers", action="store_true",
-                        help="print, as JSON, the measured-looking numbers each document's prose holds outside its blocks "
-                             "(the form of tests/data/hand_numbers.json, the debt tests/test_claims.py lets stand)")
+                        help="list, by document and line, the measured-looking numbers the prose holds outside its "
+                             "blocks (tests/test_claims.py allows none)")
     args = parser.parse_args()
     if args.hand_numbers:
-        print(json.dumps({str(d.relative_to(ROOT)): sorted(n for _, n in hand_numbers(d.read_text()))
-                          for d in HAND_WRITTEN if hand_numbers(d.read_text())}, indent=0))
+        for document in HAND_WRITTEN:
+            for line, number in hand_numbers(document.read_text()):
+                print(f"{document.relative_to(ROOT)}:{line}: {number}")
         return 0
     sys.path.insert(0, str(ROOT))
     stale = []

@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,6 @@ spec = importlib.util.spec_from_file_location("claims", ROOT / "scripts" / "clai
 claims = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(claims)
 MARKED = [d for d in claims.DOCUMENTS if claims.blocks(d.read_text())]
-# numbers the hand-written prose held when the check came in, per document: they may only go (reports/README.md,
-# the index, holds none); `python scripts/claims.py --hand-numbers` prints the documents' numbers in this form
-HAND_NUMBERS_DEBT = ROOT / "tests" / "data" / "hand_numbers.json"
 
 
 def test_the_readme_and_the_study_publish_generated_tables():
@@ -163,19 +159,10 @@ def test_each_file_in_tests_data_is_its_study_folders_model_byte_for_byte(row):
 @pytest.mark.parametrize("document", claims.HAND_WRITTEN, ids=lambda d: str(d.relative_to(ROOT)))
 def test_prose_holds_no_measured_number_of_its_own(document):
     """A measured number outside a generated block drifts from its folder unseen: the prose may hold none but
-    the allowed levels and bars, versions, sizes and dates, and the numbers of the debt list, which only shrinks."""
-    relative = str(document.relative_to(ROOT))
-    debt = Counter(json.loads(HAND_NUMBERS_DEBT.read_text()).get(relative, []))
+    the allowed levels and bars, versions, sizes and dates."""
     found = claims.hand_numbers(document.read_text())
-    new = Counter(number for _, number in found) - debt
-    assert not new, (f"{relative}: a number typed by hand (generate it with a claims phrase, or remove it): "
-                     + "; ".join(f"line {line}: {number}" for line, number in found if number in new))
-    gone = debt - Counter(number for _, number in found)
-    assert not gone, f"{relative}: numbers no longer in the prose; drop them from {HAND_NUMBERS_DEBT.name}: {sorted(gone.elements())}"
-
-
-def test_the_reports_index_has_no_debt():
-    assert "reports/README.md" not in json.loads(HAND_NUMBERS_DEBT.read_text())
+    assert not found, (f"{document.relative_to(ROOT)}: a number typed by hand (generate it with a claims phrase, or "
+                       "remove it): " + "; ".join(f"line {line}: {number}" for line, number in found))
 
 
 @pytest.mark.parametrize("prose, numbers", [

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from kvphase.sweep.stratified import (ALPHA, POWER, Design, Detectable, StratifiedTest, basic_interval,
-                                      bootstrap_gaps, bootstrap_residue_accuracy, design_effect, detectable,
+                                      bootstrap_gaps, design_effect, detectable,
                                       gap_interval, intra_context_correlation, small_sample_widening,
                                       stratified_test)
 
@@ -21,13 +21,13 @@ Z_95 = 1.959963984540054  # two-sided 95% normal quantile
 
 def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float]:
     """Two-sided Wilson score interval for a binomial proportion, as fractions."""
-    if n == 0:
+    if np.ndim(n) == 0 and n == 0:
         return (0.0, 1.0)
     p = correct / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    return (np.maximum(0.0, centre - half), np.minimum(1.0, centre + half))  # each a float, or an array of them
 
 
 def homogeneity_test(correct: np.ndarray, groups: np.ndarray, seed: int = 0) -> StratifiedTest:
@@ -81,7 +81,7 @@ class Summary:
     balanced: bool  # every context holds the same number of targets of each residue it serves
     control: bool  # the model declares no compression: the stride is the user's
     mean_accuracy: float  # mean over residues
-    mean_ci: tuple[float, float]  # 95% interval of the mean (bootstrap over contexts, widened for few contexts)
+    mean_ci: tuple[float, float]  # 95% interval of the mean (contexts the sampled units, widened for few contexts)
     worst_accuracy: float
     worst_residue: int
     best_accuracy: float
@@ -101,6 +101,7 @@ class Summary:
     largest_dip: float | None = None  # points: the most a dip can take (the mean's interval's lower end)
     power_at_floor: float | None = None  # how often a dip that large at the hardest residue would be found (0-1)
     answers: dict | None = None  # AnswerSpread's fields; None when the results hold no answers
+    mean_coverage: float | None = None  # share of runs simulated like this one whose mean interval held the mean
 
     def __post_init__(self) -> None:
         if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
@@ -211,34 +212,83 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def mean_interval(samples: np.ndarray, observed: float, n_contexts: int, n_targets: int) -> tuple[float, float]:
-    """The mean accuracy's 95% interval (%): Wilson's score interval at the effective number of targets
-    the bootstrap's spread implies (n p (1 - p) / variance, at most n; the variance widened for few
-    contexts), which stays within 0-100 and, unlike a symmetric interval, covers near them."""
-    p = observed / 100
-    variance = (float(np.std(samples)) / 100 * small_sample_widening(n_contexts)) ** 2
-    effective = n_targets if variance == 0 or not 0 < p < 1 else min(n_targets, p * (1 - p) / variance)
+def mean_intervals(correct: np.ndarray, design: Design, contexts: np.ndarray) -> np.ndarray:
+    """The mean accuracy's 95% interval (%) of each of R runs on one design, (R, 2) from `correct` (R, N):
+    Wilson's score interval at the effective number of targets (n p (1 - p) / variance, at most n), the
+    variance that of the mean over residues with whole contexts as the sampled units (each context's
+    share of every residue's deviation, squared and summed: what a bootstrap over contexts estimates),
+    widened for few contexts. It stays within 0-100 and, unlike a symmetric interval, covers near them."""
+    from scipy import sparse
+
+    correct = np.atleast_2d(np.asarray(correct, dtype=float))  # (R, N)
+    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
+    n_contexts, n_targets = context_codes.max() + 1, correct.shape[1]
+    if n_contexts < 2:
+        return np.tile([0.0, 100.0], (len(correct), 1))  # one context: the mean's interval is unknown
+    cells = context_codes.ravel() * design.n_groups + design.groups  # (N,)
+    member = sparse.csr_matrix((np.ones(n_targets), (np.arange(n_targets), cells)),
+                               shape=(n_targets, n_contexts * design.n_groups))  # (N, H*G)
+    hits = np.asarray((member.T @ correct.T).T).reshape(len(correct), n_contexts, design.n_groups)  # (R, H, G)
+    sizes = np.asarray(member.sum(axis=0)).reshape(n_contexts, design.n_groups)  # (H, G)
+    per_group = sizes.sum(axis=0)  # (G,)
+    accuracy = hits.sum(axis=1) / per_group  # (R, G)
+    share = ((hits - sizes * accuracy[:, None, :]) / per_group).mean(axis=2)  # (R, H) each context's part of the mean
+    p = accuracy.mean(axis=1)  # (R,)
+    variance = (share**2).sum(axis=1) * small_sample_widening(n_contexts) ** 2  # (R,)
+    settled = (variance == 0) | (p <= 0) | (p >= 1)
+    effective = np.where(settled, n_targets, np.minimum(n_targets, p * (1 - p) / np.where(settled, 1, variance)))
     low, high = wilson_interval(p * effective, effective)
-    return 100 * low, 100 * high
+    return 100 * np.stack([low, high], axis=1)
+
+
+COVERAGE_RUNS = 400  # runs simulated for a mean interval's coverage (its Monte Carlo SE about 1.1 points at 95%)
+
+
+def mean_coverage(correct: np.ndarray, design: Design, contexts: np.ndarray, seed: int = 0,
+                  runs: int = COVERAGE_RUNS) -> float | None:
+    """How often the mean's interval holds the true mean in `runs` runs simulated like this one: its
+    design, its mean accuracy, and contexts as varied as its own (a normal context effect on the logit
+    scale whose SD matches the spread of the contexts' accuracies beyond what chance gives). None when
+    the run is all right or all wrong (nothing to simulate from) or holds one context."""
+    from scipy import special
+
+    correct = np.asarray(correct, dtype=float)  # (N,)
+    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
+    p = correct.mean()
+    if not 0 < p < 1 or context_codes.max() < 1:
+        return None
+    size = np.bincount(context_codes)  # (H,)
+    rate = np.bincount(context_codes, weights=correct) / size  # (H,)
+    beyond_chance = max(float(np.average((rate - p) ** 2, weights=size) - np.mean(p * (1 - p) / size)), 0.0)
+    spread = min(np.sqrt(beyond_chance) / (p * (1 - p)), 3.0)  # logits (delta method), capped at a wide 3
+    intercept = logit_intercept(p, spread)
+    rng = np.random.default_rng(seed)
+    effects = spread * rng.standard_normal((runs, len(size)))  # (R, H)
+    chance = special.expit(intercept + effects[:, context_codes])  # (R, N)
+    simulated = (rng.random(chance.shape) < chance).astype(float)  # (R, N)
+    bounds = mean_intervals(simulated, design, contexts)  # (R, 2)
+    return float(np.mean((bounds[:, 0] <= 100 * p) & (100 * p <= bounds[:, 1])))
+
+
+def logit_intercept(mean: float, spread: float) -> float:
+    """The intercept a whose accuracy averaged over context effects N(0, spread^2) on the logit scale is `mean`."""
+    from scipy import optimize, special
+
+    nodes, weights = np.polynomial.hermite_e.hermegauss(60)  # E f(Z) = sum w f(x) / sqrt(2 pi)
+    weights = weights / weights.sum()
+    return float(optimize.brentq(lambda a: weights @ special.expit(a + spread * nodes) - mean, -30, 30))
 
 
 def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
                       design: Design | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
-    """95% intervals (%) of the mean accuracy over residues (a bootstrap over whole contexts, widened
+    """95% intervals (%) of the mean accuracy over residues (whole contexts the sampled units, widened
     for few contexts) and of the gap (points; simultaneous intervals of the residues' differences
     within contexts, its lower end as computed: 0 or below when the data allow no gap). `design`: the
     residues' and contexts' `Design`, when the caller has it."""
     design = Design.of(residues, contexts) if design is None else design
     gap_ci = tuple(round(v, 2) for v in gap_interval(correct, design, seed=seed))
-    resampled = bootstrap_residue_accuracy(correct, residues, contexts, seed)  # (n', G): bootstrap_gaps's resamples
-    n_contexts = len(np.unique(np.asarray(contexts)))
-    if not len(resampled) or n_contexts < 2:
-        # no resample of contexts held every residue (one context per residue, as at M = 128 with 1 or 2
-        # targets per residue), or one context: the mean's interval is unknown, so it is the whole range
-        return (0.0, 100.0), gap_ci
-    mean = float(np.mean(100 * np.bincount(design.groups, weights=np.asarray(correct, dtype=float))
-                         / np.bincount(design.groups)))
-    return tuple(round(v, 2) for v in mean_interval(resampled.mean(axis=1), mean, n_contexts, len(design.groups))), gap_ci
+    (low, high), = mean_intervals(correct, design, contexts)
+    return (round(float(low), 2), round(float(high), 2)), gap_ci
 
 
 def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
@@ -292,7 +342,12 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         power_at_floor=round(seen.power_at_largest, 4),
         answers=(asdict(answer_spread(results["predicted"], results["answer"]))
                  if {"predicted", "answer"} <= set(results.columns) else None),
+        mean_coverage=_rounded(mean_coverage(correct, design, results["context"].to_numpy(), seed)),
     )
+
+
+def _rounded(share: float | None) -> float | None:
+    return None if share is None else round(share, 4)
 
 
 def with_shifts(results: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:

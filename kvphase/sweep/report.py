@@ -10,7 +10,7 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
-from kvphase.sweep.analysis import Summary, p_text, per_group, summarize, summarize_shifts, with_shifts
+from kvphase.sweep.analysis import COVERAGE_RUNS, Summary, p_text, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
@@ -172,7 +172,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
     ).markdown()
 
 
-FEW_CONTEXTS = 16  # below this many contexts the report points at the intervals' measured coverage
+SHORT_COVERAGE = 0.93  # a mean interval that held the mean less often than this in simulation is said so in prose
 
 
 def _clustering_line(summary: Summary) -> str:
@@ -180,21 +180,27 @@ def _clustering_line(summary: Summary) -> str:
     if summary.icc is None:
         why = ("every context holds one target, so targets are independent" if summary.targets_per_context == 1
                else "correctness never varies, or the run has one context")
-        return f"Intra-context correlation of correctness: not measured ({why})." + _few_contexts_note(summary.n_contexts)
+        return f"Intra-context correlation of correctness: not measured ({why})." + _short_coverage_note(summary)
     independent = summary.n_targets / summary.design_effect
     return (f"Intra-context correlation of correctness {summary.icc:.2g} (design effect {summary.design_effect:.1f}: "
             f"for the mean accuracy, {summary.n_targets} targets carry the information of {independent:.0f} "
             "independent ones); the stratified test compares residues within contexts, so a context effect "
-            "cancels there." + _few_contexts_note(summary.n_contexts))
+            "cancels there." + _short_coverage_note(summary))
 
 
-def _few_contexts_note(n_contexts: int) -> str:
-    """Where the coverage of intervals over few contexts is measured (bench/bench_power.py's table)."""
-    if n_contexts >= FEW_CONTEXTS:
+def _coverage_clause(summary: Summary) -> str:
+    if summary.mean_coverage is None:
         return ""
-    return (f" With {n_contexts} contexts the mean's interval rests on few contexts: docs/statistics.md gives the "
-            "coverage both intervals had in simulation at the planner's designs (bench/bench_power.py); the test is "
-            "not affected.")
+    return f"; it held the true mean in {summary.mean_coverage:.0%} of {COVERAGE_RUNS} runs simulated like this one"
+
+
+def _short_coverage_note(summary: Summary) -> str:
+    """The mean interval's simulated coverage in words, where it falls short of what "95%" says."""
+    if summary.mean_coverage is None or summary.mean_coverage >= SHORT_COVERAGE:
+        return ""
+    return (f" The mean's interval falls short of 95% on this design ({summary.n_contexts} contexts): in {COVERAGE_RUNS} runs "
+            f"simulated like this one it held the true mean {summary.mean_coverage:.0%} of the time, so read it as an "
+            f"interval of about that level; the test, which compares residues within contexts, is not affected.")
 
 
 def _compression_note(plan: SweepPlan) -> str:
@@ -278,7 +284,8 @@ def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
         ("targets scored", f"{summary.n_targets} in {summary.n_contexts} contexts"),
         ("contexts balanced over residues", "yes" if summary.balanced else "no (short contexts or few targets)"),
         ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}% (95% CI {summary.mean_ci[0]:.2f} to "
-                                        f"{summary.mean_ci[1]:.2f}, bootstrap over contexts, t-widened for few)"),
+                                        f"{summary.mean_ci[1]:.2f}, contexts the sampled units, t-widened for few"
+                                        f"{_coverage_clause(summary)})"),
         ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
         ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
         ("gap (best - worst)", f"{summary.gap:.2f} points ({summary.gap_interval_text()}: simultaneous intervals of "
