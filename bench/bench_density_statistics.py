@@ -53,15 +53,9 @@ def placed(modulus: int, per_context: int, n_contexts: int) -> tuple[np.ndarray,
 def intercepts(accuracies: np.ndarray) -> np.ndarray:
     """The logit-scale intercept of each residue (G,) whose accuracy, averaged over context
     effects N(0, CONTEXT_SD^2), is `accuracies` (G,)."""
-    from scipy import optimize, special
+    from kvphase.sweep.analysis import logit_intercept
 
-    nodes, weights = np.polynomial.hermite_e.hermegauss(60)  # E f(Z) = sum w f(x) / sqrt(2 pi)
-    weights = weights / weights.sum()
-
-    def marginal(a: float) -> float:
-        return float(weights @ special.expit(a + CONTEXT_SD * nodes))
-
-    return np.array([optimize.brentq(lambda a: marginal(a) - p, -20, 20) for p in accuracies])
+    return np.array([logit_intercept(p, CONTEXT_SD) for p in accuracies])
 
 
 def simulate(residues: np.ndarray, contexts: np.ndarray, accuracies: np.ndarray, runs: int,
