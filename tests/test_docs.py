@@ -152,7 +152,7 @@ def test_the_project_papers_agree_with_the_project():
     assert project["license"] == "MIT" and (REPO / "LICENSE").read_text().startswith("MIT License")
     citation = yaml.safe_load((REPO / "CITATION.cff").read_text())
     assert citation["version"] == project["version"] and citation["license"] == project["license"]
-    arxiv = re.search(r"arXiv (\d{4}\.\d{5})", (REPO / "docs" / "protocol.md").read_text())[1]
+    arxiv = re.search(r"arXiv[: ](\d{4}\.\d{5})", (REPO / "docs" / "protocol.md").read_text())[1]
     (paper,) = citation["references"]
     assert paper["identifiers"][0]["value"] == f"arXiv:{arxiv}" and paper["url"].endswith(arxiv)
     assert paper["title"] in (REPO / "docs" / "protocol.md").read_text().replace("\n", " ")
