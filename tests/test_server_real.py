@@ -22,7 +22,7 @@ from kvphase.sweep.run import RESULTS_FILE, load_results
 pytestmark = pytest.mark.slow
 # one thread: no spinning on a busy machine; 32 targets of SmolLM2 (each query is its own request)
 SWEEP = ["--context", "512", "--per-residue", "4", "--threads", "1", "-q"]
-TINY_SWEEP = ["--per-residue", "64"]  # 512 targets in 32 contexts: a kill after 16 rows lands mid-run
+TINY_SWEEP = ["--per-residue", "32"]  # 256 targets in 32 contexts: a kill after 16 rows (2 contexts) lands mid-run
 
 
 @pytest.fixture(scope="module")
