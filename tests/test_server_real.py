@@ -20,9 +20,11 @@ from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_op
 from kvphase.sweep.run import RESULTS_FILE, load_results
 
 pytestmark = pytest.mark.slow
-# one thread: no spinning on a busy machine; 32 targets of SmolLM2 (each query is its own request)
-SWEEP = ["--context", "512", "--per-residue", "4", "--threads", "1", "-q"]
-TINY_SWEEP = ["--per-residue", "64"]  # 512 targets in 32 contexts: a kill after 16 rows lands mid-run
+# one thread: no spinning on a busy machine
+SWEEP = ["--threads", "1", "-q"]
+# SmolLM2: 24 targets in the 8 contexts a balanced run takes at least, at 384 tokens (each query is its own request)
+REAL_SWEEP = ["--context", "384", "--contexts", "8"]
+TINY_SWEEP = ["--context", "512", "--per-residue", "32"]  # 256 targets, 32 contexts: a kill after 16 rows lands mid-run
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def one_server(binary, default_model):
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory, default_model):
     out = tmp_path_factory.mktemp("local") / "run"
-    result = CliRunner().invoke(app, ["sweep", str(default_model), *SWEEP, "--out", str(out)])
+    result = CliRunner().invoke(app, ["sweep", str(default_model), *SWEEP, *REAL_SWEEP, "--out", str(out)])
     assert result.exit_code == 0, result.output
     return sorted_results(out)
 
@@ -58,7 +60,7 @@ def sorted_results(out):
 @pytest.fixture(scope="module")
 def one_server_run(tmp_path_factory, default_model, one_server):
     out = tmp_path_factory.mktemp("server") / "run"
-    result = server_sweep(default_model, out, one_server.url)
+    result = server_sweep(default_model, out, one_server.url, extra=REAL_SWEEP)
     assert result.exit_code == 0, result.output
     return sorted_results(out)
 
@@ -118,7 +120,7 @@ def test_a_model_split_over_two_rpc_servers_scores_as_in_process(tmp_path, binar
     as the in-process backend, log-probabilities within the cross-build tolerance of docs/server.md."""
     with rpc_server() as a, rpc_server() as b, llama_server(default_model, binary=binary, threads=1, slots=1,
                                                            n_ctx_per_slot=1024, extra=rpc_options([a.url, b.url])) as server:
-        result = server_sweep(default_model, tmp_path / "run", server.url)
+        result = server_sweep(default_model, tmp_path / "run", server.url, extra=REAL_SWEEP)
         held = [resident_mib(rpc.process) for rpc in (a, b)]
     assert result.exit_code == 0, result.output
     assert min(held) > 20, f"each rpc-server should hold part of the 94 MiB of weights: {held} MiB"
@@ -247,7 +249,7 @@ def test_a_full_disk_mid_run_through_a_server_is_one_line_and_the_resume_complet
     from tests.faults import fill_the_disk_at_every_site, table_rows
 
     with llama_server(tiny, binary=binary, threads=1, slots=1, n_ctx_per_slot=1024) as server:
-        argv = lambda out: ["sweep", tiny, *SWEEP, "--per-residue", "8", "--backend", "server",  # noqa: E731
-                            "--url", server.url, "--out", out]
+        argv = lambda out: ["sweep", tiny, *SWEEP, "--context", "512", "--per-residue", "8",  # noqa: E731
+                            "--backend", "server", "--url", server.url, "--out", out]
         kept = lambda out: table_rows(out / RESULTS_FILE, drop=("logprob",))  # noqa: E731
         fill_the_disk_at_every_site(tmp_path, argv, kept, only={"results.csv"})
