@@ -46,17 +46,12 @@ demo: $(BASE)
 llama-server: $(LLAMA)
 	PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null
 
-# llama-server builds in the background (niced: it takes the CPU the tests leave idle, waiting on
-# servers, signals and subprocesses) while the rest installs and the tests run; the tests that
-# need it wait for it (the build script's lock) and come late in conftest.py's order. Its log:
-# .cache/llama-server/build.log. Then one pytest worker per CPU, each pinned to its own
-# (tests/conftest.py); a module runs whole on one worker, so its module-scoped fixtures (a real
-# model's sweep, a server) are made once; the longest modules first, as conftest.py orders them
-# (xdist would order by number of tests)
+# the extras install (one core, mostly unpacking) beside the server's build; then one pytest
+# worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on one worker,
+# so its module-scoped fixtures (a real model's sweep, a server) are made once; the longest
+# modules first, as conftest.py orders them (xdist would order by number of tests)
 test: $(LLAMA)
-	@mkdir -p .cache/llama-server
-	@PYTHON=$(BIN)/python scripts/build_llama_server.sh >/dev/null 2>.cache/llama-server/build.log &
-	@$(MAKE) --no-print-directory $(STAMP)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power bench_conform
