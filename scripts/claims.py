@@ -75,6 +75,12 @@ def _dip(summary: dict, digits: int = 1) -> str:
     return "-" if summary["detectable_dip"] is None else f"{summary['detectable_dip']:.{digits}f}"
 
 
+def _markdown_rows(page: Path) -> list[list[str]]:
+    """The cells of every table row of a markdown page (header and separator rows included), stripped."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
@@ -164,8 +170,7 @@ REFERENCE_AGREEMENT = ROOT / "reports" / "reference-agreement.md"  # written by 
 def agreement_row(comparison: str) -> str:
     """The result of one comparison of reports/reference-agreement.md (its table's row whose name matches the
     regular expression `comparison` whole), as the report words it."""
-    rows = [line.strip("| ").split(" | ") for line in REFERENCE_AGREEMENT.read_text().splitlines() if line.startswith("| ")]
-    return next(result for label, result in rows if re.fullmatch(comparison, label))
+    return next(result for label, result in _markdown_rows(REFERENCE_AGREEMENT) if re.fullmatch(comparison, label))
 
 
 def agreement_clear_share() -> str:
@@ -780,8 +785,7 @@ def shifted_loss(run: str) -> str:
 def bench_offsets_phrase(bench: Path) -> str:
     """The cost the offsets bench measured (its table in bench.md: model, fix, tokens x plain, wall time x plain),
     each fix's range over the models: "tokens A-Bx for 2 shifts and ..., wall time ..."."""
-    rows = [row for row in (line.strip("| ").split(" | ") for line in bench.read_text().splitlines()
-                            if line.startswith("| ")) if row[0] != "model"]  # the table's rows, not its header
+    rows = _markdown_rows(bench)[2:]  # below the header and its separator
 
     def spread(fix: str, column: int) -> str:
         values = sorted({row[column] for row in rows if row[1] == fix}, key=float)
@@ -1401,8 +1405,7 @@ TABLES: dict[str, Callable[[], str]] = {
 def bench_ratios(output: Path, column: str) -> dict[str, str]:
     """One column of the markdown table a bench's output holds (a page under reports/ quoting its console),
     by the table's first column: {setup: value}."""
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in output.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+    rows = _markdown_rows(output)
     at = rows[0].index(column)
     return {row[0]: row[at] for row in rows[2:]}
 
