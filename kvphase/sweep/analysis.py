@@ -321,6 +321,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
                                                  seed, design)
     per_context = len(results) / results["context"].nunique()
     icc = intra_context_correlation(correct, results["context"].to_numpy())
+    coverage = mean_coverage(correct, design, results["context"].to_numpy(), seed)
     return Summary(
         n_targets=len(results),
         n_contexts=int(results["context"].nunique()),
@@ -347,12 +348,8 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         power_at_floor=round(seen.power_at_largest, 4),
         answers=(asdict(answer_spread(results["predicted"], results["answer"]))
                  if {"predicted", "answer"} <= set(results.columns) else None),
-        mean_coverage=_rounded(mean_coverage(correct, design, results["context"].to_numpy(), seed)),
+        mean_coverage=None if coverage is None else round(coverage, 4),
     )
-
-
-def _rounded(share: float | None) -> float | None:
-    return None if share is None else round(share, 4)
 
 
 def with_shifts(results: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
