@@ -7,7 +7,8 @@ process, the best of `--repeats` for each:
 - the whole report (`build_report`: statistics, summary, figure, markdown) on the example's
   rows and on about `--rows` rows (whole copies of the example),
 - inside it, the two stratified tests (where the time went before the permutations were
-  grouped by context size), the bootstrap and the power.
+  grouped by context size), the bootstrap, the power, and the simulation of the mean interval's
+  coverage (`analysis.mean_coverage`, 400 runs like this one).
 
 Seconds per 1,000 rows at both sizes say whether the report grows linearly.
 
@@ -52,6 +53,7 @@ def large_run(folder: Path, rows: int, seed: int = 0) -> Path:
 
 def main() -> None:
     from bench_reference import best_time  # this folder is on the path when a bench runs as a script
+    from kvphase.sweep.analysis import mean_coverage
     from kvphase.sweep.report import build_report
     from kvphase.sweep.run import load_results
     from kvphase.sweep.stratified import Design, bootstrap_gaps, detectable_dip, stratified_test
@@ -77,6 +79,7 @@ def main() -> None:
                 "test, log-probability (permutations)": best_time(lambda: stratified_test(logprob, design, binary=False), repeats),
                 "bootstrap of the gap": best_time(lambda: bootstrap_gaps(correct, residues, contexts), repeats),
                 "power": best_time(lambda: detectable_dip(correct, design), repeats),
+                "coverage of the mean's interval": best_time(lambda: mean_coverage(correct, design, contexts), repeats),
             }))
     (n_small, small_times), (n_large, large_times) = table
     print(f"kvphase report, best of {repeats}: {n_small} rows against {n_large} rows")
