@@ -1,8 +1,8 @@
 """What reproduces across machines (docs/run-folder.md, "What reproduces across machines").
 
 The plan is not machine-bound: the default sweep's probes hash to a committed fingerprint. The
-numbers are, within stated tolerances: tests/test_default_sweep.py runs `make demo`'s sweep and
-compares it with the committed example.
+numbers are, within stated tolerances: tests/test_default_sweep.py scores a third of `make demo`'s
+sweep again and compares it with the committed example.
 """
 
 from __future__ import annotations
