@@ -62,18 +62,19 @@ def tiny_deepseek4(default_model, tmp_path_factory):
     return write_tiny_model("deepseek4", tmp_path_factory.mktemp("ds4") / "tiny-ds4.gguf", tokenizer_from=default_model)
 
 
-# Modules longest first (a `pytest --durations=0` run, summed per module: 200 s down to 5 s on
-# one CPU), the rest after them: under `pytest -n 2 --dist loadfile` each worker takes the next
-# module when it runs dry, so the last ones to start are short and neither worker waits long for
-# the other at the end (collected alphabetically, test_train_csa.py's minute came last)
-LONGEST_FIRST = ("test_default_sweep.py", "test_docs.py", "test_server_real.py", "test_train.py", "test_train_csa.py",
-                 "test_reference_model.py", "test_cli.py", "test_watchdog.py", "test_tokenizer_fit.py",
-                 "test_train_glm5.py", "test_full_disk_probes.py", "test_full_disk.py", "test_stride_all.py",
-                 "test_knockout_llamacpp.py",
-                 "test_tiny_sweeps.py", "test_calibrate.py", "test_run.py", "test_scoring.py", "test_wheel.py",
-                 "test_offsets.py", "test_density.py", "test_cache_type.py", "test_density_statistics.py",
-                 "test_dry_run.py", "test_server.py", "test_probe_activations.py", "test_fuzz.py",
-                 "test_probe_knockout.py", "test_header_only.py", "test_memory.py", "test_cowa.py", "test_theory.py")
+# Modules longest first (a cold `make test`'s per-module wall time: 160 s down to 5 s on one CPU),
+# the rest after them: under `pytest -n 2 --dist loadfile` each worker takes the next module when it
+# runs dry, so the last ones to start are short and neither worker waits long for the other at the
+# end (collected alphabetically, test_train_csa.py's minute came last)
+LONGEST_FIRST = ("test_train.py", "test_docs.py", "test_server_real.py", "test_train_csa.py", "test_train_glm5.py",
+                 "test_default_sweep.py", "test_reference_model.py", "test_full_disk_probes.py",
+                 "test_tokenizer_fit.py", "test_server.py", "test_full_disk.py", "test_stride_all.py", "test_watchdog.py",
+                 "test_cli.py", "test_run.py", "test_calibrate.py", "test_train_gated_start.py",
+                 "test_knockout_llamacpp.py", "test_tiny_sweeps.py", "test_wheel.py", "test_offsets.py",
+                 "test_scoring.py", "test_train_copy.py", "test_density.py", "test_density_statistics.py",
+                 "test_dry_run.py", "test_probe_knockout.py", "test_cache_type.py", "test_python_api.py", "test_fuzz.py",
+                 "test_header_only.py", "test_claims.py", "test_memory.py", "test_probe_activations.py", "test_cowa.py",
+                 "test_header_remote.py", "test_theory.py")
 
 
 def pytest_collection_modifyitems(config, items):
