@@ -68,7 +68,7 @@ def tiny_deepseek4(default_model, tmp_path_factory):
 # end (collected alphabetically, test_train_csa.py's minute came last)
 LONGEST_FIRST = ("test_train.py", "test_docs.py", "test_server_real.py", "test_train_csa.py", "test_train_glm5.py",
                  "test_default_sweep.py", "test_reference_model.py", "test_full_disk_probes.py",
-                 "test_tokenizer_fit.py", "test_server.py", "test_full_disk.py", "test_stride_all.py", "test_watchdog.py",
+                 "test_tokenizer_fit.py", "test_full_disk.py", "test_stride_all.py", "test_watchdog.py",
                  "test_cli.py", "test_run.py", "test_calibrate.py", "test_train_gated_start.py",
                  "test_knockout_llamacpp.py", "test_tiny_sweeps.py", "test_wheel.py", "test_offsets.py",
                  "test_scoring.py", "test_train_copy.py", "test_density.py", "test_density_statistics.py",

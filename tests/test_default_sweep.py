@@ -23,7 +23,7 @@ from kvphase.cli import app
 runner = CliRunner()
 
 EXAMPLE = Path(__file__).parents[1] / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024"
-SCORED_CONTEXTS = 8  # of the default plan's 24: two rounds of 4, so every residue gets 32 targets
+SCORED_CONTEXTS = 8  # of the default plan's 24: each holds every residue 4 times, so every residue gets 32 targets
 
 
 @pytest.fixture(scope="module")
