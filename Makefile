@@ -50,13 +50,15 @@ llama-server: $(LLAMA)
 # worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on one worker,
 # so its module-scoped fixtures (a real model's sweep, a server) are made once; the longest
 # modules first, as conftest.py orders them (xdist would order by number of tests).
-# $(WAITING) mostly waits for fake servers' timeouts (measured: 41 s of wall time, 5 CPU-s), so it
-# runs in a pytest of its own beside the workers rather than idling one of them; its output follows
-WAITING := tests/test_server.py
+# $(WAITING) mostly wait: for fake servers' timeouts (measured: 41 s of wall time, 5 CPU-s) and for
+# llama-servers (163 s, 130 CPU-s), so they run in a pytest of their own beside the workers, on the
+# first CPU (one llama.cpp thread, as on a worker), rather than idling a worker; their output follows
+WAITING := tests/test_server.py tests/test_server_real.py
+FIRST_CPU := $(shell command -v taskset >/dev/null && echo taskset -c 0)
 test: $(LLAMA)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
-	@log=$$(mktemp); $(BIN)/python -m pytest -q -p no:xdist -p no:cacheprovider $(WAITING) >$$log 2>&1 & waiting=$$!; \
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 --ignore=$(WAITING); \
+	@log=$$(mktemp); $(FIRST_CPU) $(BIN)/python -m pytest -q -p no:xdist -p no:cacheprovider $(WAITING) >$$log 2>&1 & waiting=$$!; \
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 $(addprefix --ignore=,$(WAITING)); \
 	status=$$?; wait $$waiting; waited=$$?; echo "== $(WAITING), beside them:"; cat $$log; rm -f $$log; \
 	[ $$status -eq 0 ] && [ $$waited -eq 0 ]
 

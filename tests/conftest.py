@@ -66,7 +66,7 @@ def tiny_deepseek4(default_model, tmp_path_factory):
 # the rest after them: under `pytest -n 2 --dist loadfile` each worker takes the next module when it
 # runs dry, so the last ones to start are short and neither worker waits long for the other at the
 # end (collected alphabetically, test_train_csa.py's minute came last)
-LONGEST_FIRST = ("test_train.py", "test_docs.py", "test_server_real.py", "test_train_csa.py", "test_train_glm5.py",
+LONGEST_FIRST = ("test_train.py", "test_docs.py", "test_train_csa.py", "test_train_glm5.py",
                  "test_default_sweep.py", "test_reference_model.py", "test_full_disk_probes.py",
                  "test_tokenizer_fit.py", "test_full_disk.py", "test_stride_all.py", "test_watchdog.py",
                  "test_cli.py", "test_run.py", "test_calibrate.py", "test_train_gated_start.py",

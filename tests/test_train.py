@@ -423,9 +423,9 @@ def test_a_training_run_fills_the_compilation_cache(tmp_path):
     assert "jit_step" in kept and "jit_evaluate" in kept, f"the run kept only {kept}"
 
 
-# each kind of stop (SIGINT, SIGTERM) in each half (starting, training) three times: twenty took a minute,
+# each kind of stop (SIGINT, SIGTERM) in each half (starting, training) twice: twenty took a minute,
 # each stop while training a new process that imports JAX and trains up to its next checkpoint
-SIGNALS = 12
+SIGNALS = 8
 INTERRUPTED_ARGS = ["gated", "--layers", "2", "--heads", "2", "--d-model", "16", "--context", "40", "--batch", "8",
                     "--steps", "240", "--eval-every", "10", "-q"]
 
