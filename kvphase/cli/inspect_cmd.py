@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kvphase.cli import app
 from kvphase.cli.text import markup, plain
+from kvphase.gguf.reach import reach_of
 from kvphase.sweep.api import inspect as read_model_info
 
 
@@ -36,6 +37,7 @@ def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its he
         ("context length", f"{info.context_length} tokens"),
         ("tokenizer", f"{info.tokenizer_model}, {info.vocab_size} tokens"),
         ("compression", info.compression.describe()),
+        *(("reach", line) for line in reach_of(info.compression).lines()),
     ]
     for name, value in rows:
         table.add_row(name, markup(value))

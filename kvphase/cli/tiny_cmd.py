@@ -9,7 +9,7 @@ import typer
 
 from kvphase.cli import app
 from kvphase.cli.text import plain
-from kvphase.gguf.tiny import DENSE_TINY_ARCHS, TINY_ARCHS, write_tiny_model
+from kvphase.gguf.tiny import DENSE_TINY_ARCHS, RELEASED_SHAPES, SHAPED_CONTEXT, TINY_ARCHS, write_tiny_model
 
 
 @app.command("make-tiny")
@@ -22,12 +22,19 @@ def make_tiny(
     tokenizer_from: Optional[Path] = typer.Option(None, "--tokenizer-from", "--vocab-from", help="Take this GGUF's tokenizer, so "
                                                   "`kvphase sweep` runs on the tiny model (fast tests); `default`: "
                                                   "the bundled default model's."),
+    shape: Optional[str] = typer.Option(None, help=f"A released model's indexer and window settings: "
+                                                   f"{', '.join(RELEASED_SHAPES)} (the file then declares a "
+                                                   f"{SHAPED_CONTEXT}-token context)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="With --shape: the indexer's top_k instead of the "
+                                                              "released one (the same weights, another reach)."),
 ) -> None:
     """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""
     if tokenizer_from == Path("default") and not tokenizer_from.exists():
         from kvphase.defaults import default_model_path
 
         tokenizer_from = default_model_path()
-    path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor, tokenizer_from=tokenizer_from)
+    path = write_tiny_model(arch, out, seed=seed, yarn_factor=yarn_factor, tokenizer_from=tokenizer_from,
+                            shape=shape, top_k=top_k)
     yarn = f", YaRN x{yarn_factor:g}" if yarn_factor else ""
-    typer.echo(f"wrote {plain(path)} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn})")
+    shaped = f", {shape}'s indexer" if shape else ""
+    typer.echo(f"wrote {plain(path)} ({path.stat().st_size / 1024:,.0f} KiB, {arch}, seed {seed}{yarn}{shaped})")

@@ -122,7 +122,8 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
             stride=compressed[0] if compressed else None,
             layers=tuple(i for i, r in enumerate(ratios) if r > 1),
             params={"compress_ratios": _runs(ratios), "strides": compressed,
-                    "indexer_top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0)},
+                    "indexer_top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0),
+                    "sliding_window": meta.integer(f"{arch}.attention.sliding_window", 0)},
         )
     if arch == "minimax-m3":
         block = meta.integer(f"{arch}.attention.indexer.block_size", 0)

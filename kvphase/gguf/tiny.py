@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -421,6 +421,29 @@ def init_tensor(rng: np.random.Generator, ne: tuple[int, ...], kind: str) -> np.
     return (rng.standard_normal(shape) / np.sqrt(ne[0])).astype(np.float32)  # fan-in scaled weight
 
 
+class ReleasedShape(NamedTuple):
+    """A released model's indexer and window settings, written over a tiny model's (same tensors)."""
+
+    arch: str
+    keys: dict[str, object]  # keys without the architecture prefix
+    source: str  # where the values come from
+
+
+# Each key as the converter vendored in llama-cpp-python 0.3.36 writes it from the released config.json
+# (vendor/llama.cpp/conversion/glm.py:496-498, deepseek.py:665-680, minimax.py:184-189).
+RELEASED_SHAPES: dict[str, ReleasedShape] = {
+    "glm-5.3-flash": ReleasedShape("glm5-next", {
+        "attention.indexer.top_k": 2048, "attention.indexer.kpool": 4, "attention.indexer.kpool_select_tail": True},
+        "GLM-5.3-Flash's config: index_topk 2048, index_kpool 4, the tail pool always selected"),
+    "deepseek-v4-flash": ReleasedShape("deepseek4", {
+        "attention.indexer.top_k": 512, "attention.sliding_window": 128},
+        "DeepSeek-V4-Flash's config: index_topk 512, sliding_window 128 (ratio-4 and ratio-128 layers)"),
+    "minimax-m3": ReleasedShape("minimax-m3", {
+        "attention.indexer.top_k": 16, "attention.indexer.block_size": 128, "attention.indexer.local_blocks": 1},
+        "MiniMax-M3's sparse_attention_config: sparse_topk_blocks 16, sparse_block_size 128, sparse_local_block 1"),
+}
+SHAPED_CONTEXT = 16384  # a shaped file's declared context: room for the plans that reach its indexer
+
 YARN_ARCHS = ("deepseek4",)  # where `validate` models YaRN RoPE
 YARN_ORIGINAL_CONTEXT = 4096  # puts the YaRN ramp mid-way through the tiny deepseek4's 8 rotary pairs
 
@@ -443,14 +466,29 @@ def _take_tokenizer(spec: TinySpec, donor: Path) -> None:
     spec.tensors = [(name, ne[:-1] + (n_vocab,) if name in vocab_rows else ne, kind) for name, ne, kind in spec.tensors]
 
 
+def _released_shape(arch: str, shape: str | None) -> ReleasedShape | None:
+    if shape is None:
+        return None
+    released = RELEASED_SHAPES.get(shape)
+    if released is None:
+        raise PlanError(f"no released shape {shape!r}; expected one of {', '.join(RELEASED_SHAPES)}")
+    if released.arch != arch:
+        raise PlanError(f"shape {shape} is a {released.arch} model, not {arch}")
+    return released
+
+
 def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: float = 0.0,
-                     tokenizer_from: str | Path | None = None, context_length: int = TINY_CONTEXT) -> Path:
+                     tokenizer_from: str | Path | None = None, context_length: int | None = None,
+                     shape: str | None = None, top_k: int | None = None) -> Path:
     """Write a tiny random-weight GGUF of `arch` to `path`; the same seed gives the same bytes.
 
     `yarn_factor` > 0 declares YaRN RoPE scaling by that factor, as DeepSeek-V4 releases do.
     `tokenizer_from` gives the model another GGUF's tokenizer (every `tokenizer.*` key, and
     its vocabulary size), so that `kvphase sweep` can build prompts for it: a sweep through
-    real llama.cpp in a fraction of a second. `context_length` is the context the file declares."""
+    real llama.cpp in a fraction of a second. `context_length` is the context the file declares
+    (TINY_CONTEXT, or SHAPED_CONTEXT for a shape). `shape` (a RELEASED_SHAPES name) writes a released
+    model's indexer and window settings; `top_k` then overrides its indexer's top_k (the same weights
+    with an indexer that keeps more)."""
     specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
     if arch not in specs:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
@@ -459,10 +497,19 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     if not 0 <= yarn_factor <= np.finfo(np.float32).max or (yarn_factor and arch not in YARN_ARCHS):  # NaN fails too
         raise PlanError(f"a YaRN factor must be positive and is offered for {', '.join(YARN_ARCHS)} only; "
                         f"got {yarn_factor} for {arch}")
+    released = _released_shape(arch, shape)
+    if context_length is None:
+        context_length = SHAPED_CONTEXT if released else TINY_CONTEXT
     if not 1 <= context_length <= INT32_MAX:
         raise PlanError(f"a tiny model's context must be from 1 to {INT32_MAX} tokens, got {context_length}")
     spec = specs[arch]()
     spec.key("context_length", int(context_length))
+    for name, value in (released.keys if released else {}).items():
+        spec.key(name, value)
+    if top_k is not None:
+        if not released or not 1 <= top_k <= INT32_MAX:
+            raise PlanError(f"--top-k applies with --shape, as a whole number from 1 to {INT32_MAX}; got {top_k}")
+        spec.key("attention.indexer.top_k", int(top_k))
     if tokenizer_from is not None:
         _take_tokenizer(spec, Path(tokenizer_from))
     if yarn_factor:

@@ -102,6 +102,7 @@ class Summary:
     power_at_floor: float | None = None  # how often a dip that large at the hardest residue would be found (0-1)
     answers: dict | None = None  # AnswerSpread's fields; None when the results hold no answers
     mean_coverage: float | None = None  # share of runs simulated like this one whose mean interval held the mean
+    compressor_inactive: str | None = None  # why no part of the model's compressor touched a target, in words
 
     def __post_init__(self) -> None:
         if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
@@ -118,7 +119,10 @@ class Summary:
         that fits between the accuracy and 0% would be detected with 80% power), then "effect" (the
         accuracy test rejects at alpha), "inconclusive" (it does not, but the gap's interval excludes 0
         or the log-probability test rejects: a larger sample decides), or "no effect at this power"
-        (nothing larger than the detectable dip)."""
+        (nothing larger than the detectable dip). Before all of them, "compressor inactive": at this
+        length the compressor read every target exactly, so the run measured the model without it."""
+        if self.compressor_inactive:
+            return "compressor inactive"
         if self.spread is not None and self.spread.degenerate:
             return "degenerate"
         if self.detectable_dip is None:
@@ -145,6 +149,10 @@ class Summary:
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
         verdict = self.verdict
+        if verdict == "compressor inactive":
+            return (f"Compressor inactive: {self.compressor_inactive}, so every target was read exactly and this run "
+                    f"measured the model without its compressor (mean accuracy {self.mean_accuracy:.1f}%); its accuracy "
+                    f"by residue says nothing about the compressor's phases.")
         if verdict in ("degenerate", "uninformative"):
             return self._silent_headline(verdict)
         numbers = (f"gap {self.gap:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
@@ -188,6 +196,8 @@ class Summary:
 
     def to_json(self) -> dict:
         out = asdict(self)
+        if out["compressor_inactive"] is None:  # summaries of runs whose compressor acted read as they always did
+            del out["compressor_inactive"]
         out["verdict"], out["headline"] = self.verdict, self.headline()
         return out
 
@@ -307,8 +317,10 @@ def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np
     return mean_ci, gap_ci, seen
 
 
-def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False) -> Summary:
-    """The run's statistics from its results frame (one row per scored target)."""
+def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False,
+              compressor_inactive: str | None = None) -> Summary:
+    """The run's statistics from its results frame (one row per scored target). `compressor_inactive`:
+    why the model's compressor touched no target at the run's length (`sweep.reach_check`), or None."""
     by_residue = per_group(results, "residue")
     by_phase = per_group(results, "phase")
     acc = by_residue.set_index("residue")["accuracy"]
@@ -349,6 +361,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         answers=(asdict(answer_spread(results["predicted"], results["answer"]))
                  if {"predicted", "answer"} <= set(results.columns) else None),
         mean_coverage=None if coverage is None else round(coverage, 4),
+        compressor_inactive=compressor_inactive,
     )
 
 

@@ -167,11 +167,11 @@ def harder_levels(plan: SweepPlan, knobs: Sequence[str], longest: int) -> list[L
     return [Level(tasks[0], c) for c in contexts[1:]] + [Level(task, contexts[-1]) for task in tasks[1:]]
 
 
-def easier_levels(plan: SweepPlan, knobs: Sequence[str]) -> list[Level]:
-    """The settings easier than the start, hardest first."""
+def easier_levels(plan: SweepPlan, knobs: Sequence[str], shortest: int = SHORTEST_CONTEXT) -> list[Level]:
+    """The settings easier than the start, hardest first, none shorter than `shortest` tokens."""
     if "context" not in knobs:
         return []
-    return [Level(plan.task, c) for c in (plan.context >> i for i in range(1, 32)) if c >= SHORTEST_CONTEXT]
+    return [Level(plan.task, c) for c in (plan.context >> i for i in range(1, 32)) if c >= max(shortest, SHORTEST_CONTEXT)]
 
 
 def _harder_tasks(name: str) -> list[str]:
@@ -184,11 +184,13 @@ def _harder_tasks(name: str) -> list[str]:
 
 
 def calibrate(plan: SweepPlan, backend: Backend, band: Band, knobs: Sequence[str], longest: int,
-              fit: str | None = "prefix", progress: Callable[[PilotStep], None] = lambda step: None) -> Calibration:
+              fit: str | None = "prefix", progress: Callable[[PilotStep], None] = lambda step: None,
+              shortest: int = SHORTEST_CONTEXT) -> Calibration:
     """Score the start, then walk towards the band on `backend` until a step enters or crosses
     it, or the budget or the settings end; choose the step nearest the band among those the
     budget allows. `fit`: the padding each setting starts from when the padding was not the
-    user's (each may then take the one its tokenizer can lay out); None keeps the plan's."""
+    user's (each may then take the one its tokenizer can lay out); None keeps the plan's.
+    `shortest`: no easier context than this (the shortest at which the model's compressor acts)."""
     first = _measure(plan, Level(plan.task, plan.context), backend, fit, spent=0)
     if first is None:
         raise PlanError(f"--calibrate could not afford a pilot within {100 * PILOT_BUDGET:g}% of the sweep at the "
@@ -199,8 +201,10 @@ def calibrate(plan: SweepPlan, backend: Backend, band: Band, knobs: Sequence[str
     stopped = "in the band"
     if not low <= first.accuracy <= high:
         above = first.accuracy > high
-        onward = harder_levels(plan, knobs, longest) if above else easier_levels(plan, knobs)
+        onward = harder_levels(plan, knobs, longest) if above else easier_levels(plan, knobs, shortest)
         stopped = _walk(plan, onward, backend, band, fit, steps, progress, above)
+        if stopped == "at the settings' end" and not above and shortest > SHORTEST_CONTEXT:
+            stopped = f"at {shortest:,} tokens, the shortest context at which the model's compressor acts"
     return Calibration(band, tuple(steps), _nearest_affordable(steps, band), stopped)
 
 
@@ -289,7 +293,8 @@ def _nearest_affordable(steps: list[PilotStep], band: Band) -> int:
 
 def plan_for_folder(plan: SweepPlan, run_dir: Path, band: Band, knobs: Sequence[str], longest: int,
                     open_backend: Callable[[int], Backend], fit: str | None = "prefix",
-                    progress: Callable[[PilotStep], None] = lambda step: None) -> tuple[SweepPlan, bool]:
+                    progress: Callable[[PilotStep], None] = lambda step: None,
+                    shortest: int = SHORTEST_CONTEXT) -> tuple[SweepPlan, bool]:
     """(the calibrated plan, whether it came from the folder): a folder that holds a calibration
     started from these same options is resumed at its setting with no new pilot (the pilot's
     numbers are machine-bound, so a second one could choose another setting); otherwise the
@@ -299,7 +304,7 @@ def plan_for_folder(plan: SweepPlan, run_dir: Path, band: Band, knobs: Sequence[
         return held, True
     backend = open_backend(longest)
     try:
-        calibration = calibrate(plan, backend, band, knobs, longest, fit, progress)
+        calibration = calibrate(plan, backend, band, knobs, longest, fit, progress, shortest)
         return calibrated_plan(plan, calibration, _request(plan, band, knobs), backend, fit), False
     finally:
         getattr(backend, "close", lambda: None)()

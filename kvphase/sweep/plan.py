@@ -10,6 +10,7 @@ from functools import cache
 from typing import Callable, Optional
 
 from kvphase.errors import PlanError, RecordLayoutError
+from kvphase.gguf.reach import reach_of
 from kvphase.sweep.offsets import OffsetPlan
 from kvphase.sweep.placement import (MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
                                      check_density)
@@ -17,6 +18,7 @@ from kvphase.sweep.tasks import load_task
 
 CONTROL_STRIDE = 4  # the stride of a control run: a model that declares no compression
 QUERY_ROOM = 64  # tokens kept free after the context for the query and its answer
+CONTEXT_STEP = 1024  # a default context lengthened for a compressor's reach is a whole number of these
 DEFAULT_DETECT = 25.0  # points: a run whose size no option sets detects at least this one-residue dip at any accuracy
 
 _FIELD_TYPES = {"str": str, "int": int, "bool": bool, "dict": dict}  # annotation -> the type a value must have
@@ -197,11 +199,22 @@ def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int,
     return plan
 
 
-def default_context(info, default: int) -> int:
-    """The default context, or the longest the model holds beside the query when that is shorter."""
-    if info.context_length and default + query_room(info) > info.context_length > query_room(info):
-        return info.context_length - query_room(info)
-    return default
+def default_context(info, default: int) -> tuple[int, str]:
+    """The default context and why it is not `default` ("" when it is): for a file whose indexer would
+    keep every pool at `default` tokens, long enough that it keeps at most a quarter of them (a
+    whole number of CONTEXT_STEP tokens; `gguf.reach`); then at most the longest the model holds beside
+    the query. A `kvphase train` model is swept at the context it was trained at."""
+    context, why = default, ""
+    reach = reach_of(info.compression) if info.trained is None else None
+    if reach is not None and reach.default_length() > default + 1:
+        context = -(-(reach.default_length() - 1) // CONTEXT_STEP) * CONTEXT_STEP
+        why = (f"contexts of {context} tokens, so that {reach.read_share_text(context + 1)}: at {default} the "
+               "indexer would read every target exactly")
+    if info.context_length and context + query_room(info) > info.context_length > query_room(info):
+        context = info.context_length - query_room(info)
+        why = (f"contexts of {context} tokens, because the model's context is {info.context_length} and the query "
+               f"needs {query_room(info)} more")
+    return context, why
 
 
 def query_room(info) -> int:

@@ -14,6 +14,7 @@ from kvphase.sweep.analysis import COVERAGE_RUNS, Summary, p_text, per_group, su
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.reach_check import recorded_inactive
 from kvphase.runfolder.rows import check_planned_rows
 from kvphase.sweep.run import RESULTS_FILE, load_manifest, load_offsets, load_plan, load_results
 from kvphase.sweep.tasks import load_task
@@ -32,7 +33,9 @@ def build_report(run_dir: Path) -> Summary:
         raise RunFolderError(f"{run_dir} has no scored targets yet; run the sweep first")
     manifest = load_manifest(run_dir)
     check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
-    summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
+    inactive = recorded_inactive(manifest, plan.context, plan.backend, plan.backend_options.get("design"))
+    summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control,
+                        compressor_inactive=inactive)
     shifts = _shift_section(plan, results, load_offsets(run_dir), summary, run_dir)
     write_json(run_dir / SUMMARY_FILE, summary.to_json())
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)

@@ -23,11 +23,13 @@ from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
 from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
+from kvphase.gguf.reach import reach_of
 from kvphase.runfolder import RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
+from kvphase.sweep.reach_check import acting_context, compressor_inactive, reach_notice
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
@@ -250,13 +252,12 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every
     modulus = modulus_for(stride, asked.modulus) if every_stride else asked.modulus
     count, contexts = sample_size(asked.per_residue, asked.detect, stride_and_modulus(info, stride, modulus)[1],
                                   defaults, asked.contexts)
-    context = default_context(info, defaults.context) if asked.context is None else asked.context
+    context, why = default_context(info, defaults.context) if asked.context is None else (asked.context, "")
     plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
                      defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None,
                      density=asked.density, contexts=contexts)
-    if context != defaults.context and asked.context is None:
-        plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, f"contexts of {context} tokens, because "
-                       f"the model's context is {info.context_length} and the query needs {query_room(info)} more"])))
+    if why:
+        plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
     if (asked.backend or defaults.backend) == "reference":
         return with_reference_design(plan, asked.design or defaults.design, parse_options(list(asked.options)),
                                      info.n_layers)
@@ -348,6 +349,9 @@ def plan_notices(info: ModelInfo, plan: SweepPlan, detect: Optional[float]) -> l
     if plan.control:
         said.append(Notice(f"{info.architecture} declares no KV-cache compression: control run with stride "
                            f"{plan.stride}.", "attention"))
+    inactive = compressor_inactive(info.compression, plan.context, plan.backend, plan.backend_options.get("design"))
+    for line in reach_notice(reach_of(info.compression), plan.context, inactive):
+        said.append(Notice(line, "attention" if line.startswith("Compressor inactive") else "note"))
     return said
 
 
@@ -448,12 +452,20 @@ def calibrated(info: ModelInfo, plan: SweepPlan, run_dir: Path, aim: Calibration
                    f"({step.correct}/{step.targets}), {step.tokens:,} tokens"))
 
     chosen, held = plan_for_folder(plan, run_dir, aim.band, aim.knobs, max(longest, plan.context), pilot_backend,
-                                   aim.fit, say_step)
+                                   aim.fit, say_step, shortest_acting_context(info, plan))
     calibration = Calibration.from_json(chosen.calibration)
     say(Notice(f"--calibrate {'(as this folder chose it before) ' if held else ''}chose task {chosen.task} at "
                f"{chosen.context} tokens for {aim.band} (the pilot stopped {calibration.stopped} and cost "
                f"{100 * calibration.pilot_tokens / calibration.choice.sweep_tokens:.1f}% of the sweep)."))
     return chosen
+
+
+def shortest_acting_context(info: ModelInfo, plan: SweepPlan) -> int:
+    """The shortest --context at which the file's indexer acts on every query (0 where it has none, or
+    where the plan's backend does not run it): --calibrate searches no shorter one."""
+    if plan.backend == "reference" and plan.backend_options.get("design") != "trained":
+        return 0
+    return acting_context(reach_of(info.compression))
 
 
 def dry_run_planned(planned: PlannedSweep, say: Say = log_notice) -> list[DryRun]:
