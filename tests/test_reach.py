@@ -130,10 +130,33 @@ def test_past_the_reach_the_indexer_changes_the_answers_and_the_run_is_not_label
     assert abs(logprobs[0] - logprobs[1]) > 1e-3, logprobs
 
 
-def test_minimax_in_process_runs_dense_and_says_so(shaped):
+def test_minimax_runs_its_block_indexer_in_process(default_model, tmp_path):
+    """llama.cpp runs MSA only under flash attention with a cache per sequence: the in-process backend
+    opens minimax-m3 so, its branched query equals the whole text scored as one prompt, and the answers
+    move when the indexer keeps fewer blocks than a query sees (dense attention would not move them)."""
+    from kvphase.backends.base import Query
+    from kvphase.backends.llamacpp import LlamaCppBackend
+
+    tokens = np.random.default_rng(1).integers(100, 20_000, 308).tolist()
+    branched = Query(tuple(tokens[300:304]), tuple(tokens[304:]))
+    whole = Query(tuple(tokens[1:304]), tuple(tokens[304:]))
+    scores = {}
+    for top_k in (3, 1000):  # blocks of 4: 3 kept of the 76 a query sees, or every one
+        model = write_tiny_model("minimax-m3", tmp_path / f"mm-{top_k}.gguf", tokenizer_from=default_model, top_k=top_k)
+        backend = LlamaCppBackend(model, n_ctx=512, n_threads=1)
+        try:
+            scores[top_k] = backend.score(tokens[:300], [branched])[0].logprob, backend.score(tokens[:1], [whole])[0].logprob
+            assert backend.engine_info()["attention"].startswith("block-sparse")
+        finally:
+            backend.close()
+    assert abs(scores[3][0] - scores[3][1]) < 1e-3, scores  # the branch is the whole prompt's answer
+    assert abs(scores[3][0] - scores[1000][0]) > 0.01, scores  # the indexer acted (dense: equal to the last digit)
+
+
+def test_minimax_runs_recorded_dense_are_labelled(shaped):
     spec = read_model_info(shaped["minimax-m3"]).compression
-    assert "ran every layer dense" in compressor_inactive(spec, 8192, "llama.cpp")
-    assert compressor_inactive(spec, 8192, "server") is None  # a server may run MSA: its reach decides
+    assert "ran every layer dense" in compressor_inactive(spec, 8192, "llama.cpp", engine_ran_it=False)
+    assert compressor_inactive(spec, 8192, "llama.cpp") is None
     assert "keeps every block" in compressor_inactive(spec, 1024, "server")
 
 

@@ -24,6 +24,7 @@ from kvphase.backends.base import Query, Score, log_softmax_rows, score_from_log
 from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.reach import BLOCK_SPARSE
 
 CONTEXT_SEQ, QUERY_SEQ = 0, 1
 UNLOADABLE = "unsupported architecture or corrupt file"
@@ -62,9 +63,14 @@ class LlamaCppBackend:
         self.cache_type = cache_type
         self.tap_point = self._tap_point() if head_tap else None
         self._context_tap = None  # the every-decode tap the cached context was decoded under
+        # MiniMax-M3's block indexer runs only under flash attention with a cache per sequence (minimax-m3.cpp:
+        # msa_enabled = fa_on && streams_ok); each of the two sequences then holds n_ctx cells of its own
+        self.block_sparse = engine.model_meta(self._model, "general.architecture") == "minimax-m3"
         try:
-            self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
-                                           n_seq_max=2, flash_attn=flash_attn, kv_unified=True, cache_type=cache_type,
+            self._ctx = engine.new_context(self._model, n_ctx=n_ctx * (2 if self.block_sparse else 1), n_batch=n_batch,
+                                           n_threads=self.n_threads, n_seq_max=2,
+                                           flash_attn=flash_attn or self.block_sparse,
+                                           kv_unified=not self.block_sparse, cache_type=cache_type,
                                            label=str(self.model_path),
                                            cb_eval=self.tap_point.c_callback if head_tap else None)
         except BackendError as exc:
@@ -74,7 +80,7 @@ class LlamaCppBackend:
                 raise
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path} "
                                f"({memory})") from exc
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx) // (2 if self.block_sparse else 1)  # one sequence's
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self._context: tuple[int, ...] = ()
@@ -206,7 +212,8 @@ class LlamaCppBackend:
         """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
         return {"engine": "llama-cpp-python", "version": self._lc.__version__,
                 "system_info": self._lc.llama_print_system_info().decode().strip(),
-                **({"cache_type": self.cache_type} if self.cache_type != "f16" else {})}
+                **({"cache_type": self.cache_type} if self.cache_type != "f16" else {}),
+                **({"attention": BLOCK_SPARSE} if self.block_sparse else {})}
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -25,7 +25,7 @@ def make_tiny(
     shape: Optional[str] = typer.Option(None, help=f"A released model's indexer and window settings: "
                                                    f"{', '.join(RELEASED_SHAPES)} (the file then declares a "
                                                    f"{SHAPED_CONTEXT}-token context)."),
-    top_k: Optional[int] = typer.Option(None, "--top-k", help="With --shape: the indexer's top_k instead of the "
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="The indexer's top_k instead of the tiny or "
                                                               "released one (the same weights, another reach)."),
 ) -> None:
     """Write a tiny random-weight GGUF that llama.cpp loads and runs (for tests, `validate` and the reference model)."""

@@ -47,11 +47,13 @@ def free_port() -> int:
 
 
 def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ctx_per_slot: int = 2048,
-                   threads: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
-    """The command line: `slots` slots of `n_ctx_per_slot` tokens each."""
+                   threads: int = 2, extra: tuple[str, ...] = (), block_sparse: bool = False) -> list[str]:
+    """The command line: `slots` slots of `n_ctx_per_slot` tokens each. `block_sparse`: flash attention on,
+    as MiniMax-M3's block indexer needs (the server's cache is per slot by default), as the in-process
+    backend runs it."""
     return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(slots * n_ctx_per_slot), "-np", str(slots), "-t", str(threads), "-tb", str(threads),
-            "-b", "512", "-ub", "512", "-fa", "off", "--cache-ram", "0", "--no-webui",
+            "-b", "512", "-ub", "512", "-fa", "on" if block_sparse else "off", "--cache-ram", "0", "--no-webui",
             *(() if extra_buffers_safe() else ("--no-repack",)), *extra]
 
 
@@ -70,8 +72,12 @@ def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, thr
     """A llama-server serving `model` on `port` (default a free one); always stopped on exit."""
     binary = binary or find_llama_server()
     port = port or free_port()
+    from kvphase.gguf.header import Metadata, read_gguf_header
+
+    architecture = Metadata(read_gguf_header(model)).text("general.architecture", "")
     command = server_command(binary, model, port, slots=slots, n_ctx_per_slot=n_ctx_per_slot,
-                             threads=threads or default_threads(), extra=extra)
+                             threads=threads or default_threads(), extra=extra,
+                             block_sparse=architecture == "minimax-m3")
     with _running(command, f"http://127.0.0.1:{port}", ready_s) as running:
         yield running
 

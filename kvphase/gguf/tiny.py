@@ -487,8 +487,8 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     its vocabulary size), so that `kvphase sweep` can build prompts for it: a sweep through
     real llama.cpp in a fraction of a second. `context_length` is the context the file declares
     (TINY_CONTEXT, or SHAPED_CONTEXT for a shape). `shape` (a RELEASED_SHAPES name) writes a released
-    model's indexer and window settings; `top_k` then overrides its indexer's top_k (the same weights
-    with an indexer that keeps more)."""
+    model's indexer and window settings; `top_k` overrides the indexer's top_k (the same weights with an
+    indexer that keeps more or fewer)."""
     specs = {**TINY_ARCHS, **DENSE_TINY_ARCHS}
     if arch not in specs:
         raise PlanError(f"no tiny model for architecture {arch!r}; expected one of {', '.join(specs)}")
@@ -507,8 +507,9 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     for name, value in (released.keys if released else {}).items():
         spec.key(name, value)
     if top_k is not None:
-        if not released or not 1 <= top_k <= INT32_MAX:
-            raise PlanError(f"--top-k applies with --shape, as a whole number from 1 to {INT32_MAX}; got {top_k}")
+        if arch not in TINY_ARCHS or not 1 <= top_k <= INT32_MAX:
+            raise PlanError(f"--top-k applies to {', '.join(TINY_ARCHS)}, as a whole number from 1 to {INT32_MAX}; "
+                            f"got {top_k} for {arch}")
         spec.key("attention.indexer.top_k", int(top_k))
     if tokenizer_from is not None:
         _take_tokenizer(spec, Path(tokenizer_from))
