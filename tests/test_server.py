@@ -278,7 +278,7 @@ def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --request-timeout and --deadline apply to --backend server only"),
+    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply to --backend server only"),
     (["--backend", "server"], "--backend server needs --url http://HOST:PORT (once per server)"),
 ])
 def test_cli_server_options_are_checked(default_model, tmp_path, args, message):
