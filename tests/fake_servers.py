@@ -83,8 +83,10 @@ class FakeServer:
                "stalled": "answers no request at all from then on, /health included (SIGSTOP)"}
 
     def __init__(self, engine: str = "llama-server", slots: int = 2, n_ctx: int = 4096, grammar: bool = True,
-                 vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None):
+                 vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None,
+                 meta: dict | None = None):
         self.engine, self.slots, self.n_ctx, self.grammar = engine, slots, n_ctx, grammar
+        self.meta = meta or {}  # llama-server: what /v1/models states of the model besides its vocabulary
         self.vocab = ByteVocab(vocab_shift)
         self.down_after, self.delay_s, self.hostile = down_after, delay_s, hostile
         self._stopped = threading.Event()
@@ -125,7 +127,7 @@ class FakeServer:
         if path == "/v1/models":
             model = {"id": "fake-bytes", "max_model_len": self.n_ctx}
             if self.engine == "llama-server":
-                model["meta"] = {"n_vocab": N_VOCAB, "n_ctx": self.n_ctx, "n_ctx_train": 8192}
+                model["meta"] = {"n_vocab": N_VOCAB, "n_ctx": self.n_ctx, "n_ctx_train": 8192, **self.meta}
             return {"data": [model]}
         if path == "/props" and self.engine == "llama-server":
             return {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": self.slots,

@@ -249,8 +249,9 @@ class Http:
         while response.length is None or response.length > 0:
             if response.length is not None and size + response.length > cap or size > cap:
                 self._drop_connection()
-                raise BackendError(f"{self.url}{path} answered more than {cap >> 20} MiB, the most kvphase reads "
-                                   f"from {path}; not a {'scoring' if path in ANSWER_CAPS else 'server'} answer")
+                most = f"{cap >> 20} MiB" if cap >= 1 << 20 else f"{cap} bytes"
+                raise BackendError(f"{self.url}{path} answered more than {most}, the most kvphase reads from {path}; "
+                                   f"not a {'scoring' if path in ANSWER_CAPS else 'server'} answer")
             chunk = response.read(min(1 << 20, cap + 1 - size))
             if not chunk:  # a read of some bytes returns none when the answer stops short of its length
                 if response.length:
@@ -663,7 +664,7 @@ class ServerBackend:
         if self.model is None:
             return
         if not self.allow_other_model:
-            refuse_served_model(info, self.model, "--allow-model-mismatch")
+            refuse_served_model(info, self.model, "`kvphase sweep --allow-model-mismatch`")
         elif served_model_mismatch(info, self.model):
             self._warn(f"{info.url} serves another model ({info.model}), not {self.model.name}: "
                        f"{served_model_mismatch(info, self.model)}; scored anyway (--allow-model-mismatch)")
