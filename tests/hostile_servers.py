@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 ENDLESS_LIMIT = 256 << 20  # bytes an endless answer sends at most: 4x the largest cap kvphase reads
-GIVE_UP_S = 60.0  # a trickle stops after this long
+GIVE_UP_S = 300.0  # a trickle stops after this long: past twice the longest deadline kvphase sets (120 s, header's)
 TRICKLE_S = 0.2  # seconds between two bytes of a trickle
 HUGE_SIZE = 10**12  # bytes `huge-size` states of its file
 BLOCK = 1 << 20

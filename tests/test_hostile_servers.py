@@ -54,25 +54,21 @@ def facts_line() -> str:
                      if served[key] != ours[key])
 
 
-EXPECTED = {  # (mode, command) -> what the one line says (the server's URL is checked besides)
-    ("endless", "sweep"): "/props answered more than 4 MiB, the most kvphase reads from /props",
-    ("endless", "conform"): "/props answered more than 4 MiB, the most kvphase reads from /props",
-    ("endless", "header"): "the server sent 1048576 and more bytes where 1048576 were asked for",
-    ("endless", "inspect"): "the server sent 1048576 and more bytes where 1048576 were asked for",
-    ("trickle", "sweep"): f"does not answer (no answer within --request-timeout {REQUEST_TIMEOUT_S:g} s) after 2 tries",
-    ("trickle", "conform"): f"does not answer (no answer within --request-timeout {REQUEST_TIMEOUT_S:g} s) after 2 tries",
-    ("trickle", "header"): f"no whole answer within {REQUEST_TIMEOUT_S:g} s (the limit of one request)",
-    ("trickle", "inspect"): f"no whole answer within {REQUEST_TIMEOUT_S:g} s (the limit of one request)",
-    ("redirect-loop", "sweep"): "/props answered HTTP 302, a redirect to /props: give --url the server's own address",
-    ("redirect-loop", "conform"): "/props answered HTTP 302, a redirect to /props",
-    ("redirect-loop", "header"): "model URL redirects in a loop or too often",
-    ("redirect-loop", "inspect"): "model URL redirects in a loop or too often",
-    ("huge-size", "header"): f"the server states a size of {HUGE_SIZE:,} bytes, but its tensor table ends at byte",
-    ("huge-size", "inspect"): f"the server states a size of {HUGE_SIZE:,} bytes, but its tensor table ends at byte",
-    ("wrong-model", "sweep"): "serves another model (/models/csa-top4.gguf), not csa-disjoint.gguf: {facts}; "
-                              "`kvphase sweep --allow-model-mismatch` scores it anyway",
-    ("wrong-model", "conform"): "serves another model (/models/csa-top4.gguf), not csa-disjoint.gguf: {facts}",
+SERVER_LINES = {  # mode -> what sweep's and conform's one line says (the server's URL is checked besides)
+    "endless": "/props answered more than 4 MiB, the most kvphase reads from /props",
+    "trickle": f"does not answer (no answer within --request-timeout {REQUEST_TIMEOUT_S:g} s) after 2 tries",
+    "redirect-loop": "/props answered HTTP 302, a redirect to /props: give --url the server's own address",
+    "wrong-model": "serves another model (/models/csa-top4.gguf), not csa-disjoint.gguf: {facts}; "
+                   "`kvphase sweep --allow-model-mismatch` scores it anyway",
 }
+URL_LINES = {  # mode -> what header's and inspect's one line says
+    "endless": "the server sent 1048576 and more bytes where 1048576 were asked for",
+    "trickle": f"no whole answer within {REQUEST_TIMEOUT_S:g} s (the limit of one request)",
+    "redirect-loop": "model URL redirects in a loop or too often",
+    "huge-size": f"the server states a size of {HUGE_SIZE:,} bytes, but its tensor table ends at byte",
+}
+EXPECTED = {**{(mode, command): line for mode, line in SERVER_LINES.items() for command in ("sweep", "conform")},
+            **{(mode, command): line for mode, line in URL_LINES.items() for command in ("header", "inspect")}}
 
 
 @pytest.mark.time_limit(60)

@@ -5,13 +5,19 @@ the option)."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import kvphase
 from cli_checks import one_line_error
 from kvphase.cli import app
+from kvphase.conform.check import EngineChoice
 from kvphase.errors import PlanError
+from kvphase.sweep.session import SweepOptions
 
 runner = CliRunner()
 URL = "http://127.0.0.1:9"  # nothing listens: a value that got past the checks would fail here, later
@@ -83,3 +89,22 @@ def test_a_command_and_its_api_function_refuse_a_value_with_the_same_line(option
 
 def type_of(keyword: str):
     return int if keyword == "threads" else float
+
+
+ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                      st.text(max_size=6), st.binary(max_size=3), st.lists(st.integers(0, 9), max_size=2),
+                      st.dictionaries(st.text(max_size=2), st.integers(), max_size=1), st.just(print))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_any_values_make_an_options_record_or_a_plan_error(data):
+    """SweepOptions and conform's EngineChoice, given anything in any field: a record or PlanError,
+    never Python's own error."""
+    for record in (SweepOptions, EngineChoice):
+        names = [f.name for f in fields(record) if f.name != "backend" or record is SweepOptions]
+        given = data.draw(st.dictionaries(st.sampled_from(names), ANY_VALUE, max_size=3))
+        try:
+            record(**given) if record is SweepOptions else record("server", **given)
+        except PlanError:
+            pass

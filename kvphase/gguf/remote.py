@@ -257,7 +257,7 @@ class RemoteFile:
         its range, stated or not) a server that does not answer what was asked."""
         try:
             data = response.read(n)
-            more = response is not self.stream and (response.length or 0) + len(response.read(1)) > 0
+            more = len(data) == n and response is not self.stream and (response.length or len(response.read(1))) > 0
         except (OSError, HTTPException) as exc:
             raise self._broken(exc) from None
         finally:
