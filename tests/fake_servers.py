@@ -63,6 +63,24 @@ class _QuietHTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class LocalServer:
+    """A socketserver on 127.0.0.1 (`_listen`), served from a thread of its own inside a `with` block."""
+
+    def _listen(self, server) -> None:
+        self._server = server
+        server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def __enter__(self):
+        # a short poll: shutdown() waits up to one poll interval, 0.5 s by default, in every test
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class FakeServer:
     """A threaded HTTP server on 127.0.0.1 with a free port; use as a context manager.
 

@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.fake_servers import LocalServer
+
 ENDLESS_LIMIT = 256 << 20  # bytes an endless answer sends at most: 4x the largest cap kvphase reads
 GIVE_UP_S = 300.0  # a trickle stops after this long: past twice the longest deadline kvphase sets (120 s, header's)
 TRICKLE_S = 0.2  # seconds between two bytes of a trickle
@@ -48,7 +50,7 @@ def gguf_facts(path: Path) -> dict:
             "size": sum(int(t.n_bytes) for t in reader.tensors)}
 
 
-class HostileServer:
+class HostileServer(LocalServer):
     """One mode of MODES on a free port of 127.0.0.1; use as a context manager. `sent` counts the
     body bytes written."""
 
@@ -75,18 +77,11 @@ class HostileServer:
                 except (OSError, ValueError):
                     pass
 
-        self._tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self._tcp.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._tcp.server_address[1]}"
-
-    def __enter__(self) -> HostileServer:
-        threading.Thread(target=self._tcp.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
-        return self
+        self._listen(socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler))
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._tcp.shutdown()
-        self._tcp.server_close()
+        self._stop.set()  # releases the answers under way
+        super().__exit__(*exc)
 
     # -- one request -------------------------------------------------------------------
 

@@ -430,13 +430,17 @@ def compared_facts(server: ServerInfo, model: ModelFacts) -> dict:
             if key in server.facts and key in model.numbers}
 
 
-def refuse_served_model(server: ServerInfo, model: ModelFacts, override: str = "") -> None:
-    """BackendError in one line when the server serves another model than `model`; `override` names
-    the option that scores it anyway."""
+def served_model_line(server: ServerInfo, model: ModelFacts) -> str:
+    """The line saying a server serves another model than `model`, and what differs ("" when nothing does)."""
     differ = served_model_mismatch(server, model)
-    if differ:
-        raise BackendError(f"{server.url} serves another model ({server.model}), not {model.name}: {differ}"
-                           + (f"; {override} scores it anyway" if override else ""))
+    return f"{server.url} serves another model ({server.model}), not {model.name}: {differ}" if differ else ""
+
+
+def refuse_served_model(server: ServerInfo, model: ModelFacts) -> None:
+    """BackendError in one line when the server serves another model than `model`."""
+    line = served_model_line(server, model)
+    if line:
+        raise BackendError(line)
 
 
 class Engine(Protocol):
@@ -661,13 +665,11 @@ class ServerBackend:
     def _check_model(self, info: ServerInfo) -> None:
         """The model the server states against the file's (MODEL_FACTS): refused, or with
         allow_other_model a warning."""
-        if self.model is None:
-            return
-        if not self.allow_other_model:
-            refuse_served_model(info, self.model, "`kvphase sweep --allow-model-mismatch`")
-        elif served_model_mismatch(info, self.model):
-            self._warn(f"{info.url} serves another model ({info.model}), not {self.model.name}: "
-                       f"{served_model_mismatch(info, self.model)}; scored anyway (--allow-model-mismatch)")
+        line = served_model_line(info, self.model) if self.model is not None else ""
+        if line and not self.allow_other_model:
+            raise BackendError(f"{line}; `kvphase sweep --allow-model-mismatch` scores it anyway")
+        if line:
+            self._warn(f"{line}; scored anyway (--allow-model-mismatch)")
 
     def _warn(self, line: str) -> None:
         if self._tell is None:
