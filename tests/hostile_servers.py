@@ -27,6 +27,7 @@ BLOCK = 1 << 20
 MODES = {
     "endless": "answers 200 (206 with a range to a range request) with no length and a body that goes on",
     "trickle": "answers 200 (206 to a range request) with a length, then its body one byte every 0.2 s",
+    "half-headers": "sends its status line and one header line, then nothing more (until it gives up)",
     "redirect-loop": "answers 302 to the very address it was asked, every time",
     "huge-size": "serves a model file by ranges, stating a size of 10^12 bytes",
     "wrong-model": "a llama-server with the tokenizer of `model` that states the facts of another model, `stated`",
@@ -105,6 +106,9 @@ class HostileServer(LocalServer):
             self._endless(sock, ranged)
         elif self.mode == "trickle":
             self._trickle(sock, ranged)
+        elif self.mode == "half-headers":
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+            self._stop.wait(GIVE_UP_S)
         elif self.mode == "redirect-loop":
             sock.sendall(f"HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n".encode())
             return True

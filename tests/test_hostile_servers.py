@@ -57,6 +57,7 @@ def facts_line() -> str:
 SERVER_LINES = {  # mode -> what sweep's and conform's one line says (the server's URL is checked besides)
     "endless": "/props answered more than 4 MiB, the most kvphase reads from /props",
     "trickle": f"does not answer (no answer within --request-timeout {REQUEST_TIMEOUT_S:g} s) after 2 tries",
+    "half-headers": f"does not answer (no answer within --request-timeout {REQUEST_TIMEOUT_S:g} s) after 2 tries",
     "redirect-loop": "/props answered HTTP 302, a redirect to /props: give --url the server's own address",
     "wrong-model": "serves another model (/models/csa-top4.gguf), not csa-disjoint.gguf: {facts}; "
                    "`kvphase sweep --allow-model-mismatch` scores it anyway",
@@ -64,6 +65,7 @@ SERVER_LINES = {  # mode -> what sweep's and conform's one line says (the server
 URL_LINES = {  # mode -> what header's and inspect's one line says
     "endless": "the server sent 1048576 and more bytes where 1048576 were asked for",
     "trickle": f"no whole answer within {REQUEST_TIMEOUT_S:g} s (the limit of one request)",
+    "half-headers": f"no whole answer within {REQUEST_TIMEOUT_S:g} s (the limit of one request)",
     "redirect-loop": "model URL redirects in a loop or too often",
     "huge-size": f"the server states a size of {HUGE_SIZE:,} bytes, but its tensor table ends at byte",
 }

@@ -231,6 +231,8 @@ class Http:
                                headers={"Content-Type": "application/json"} if payload else {})
             response = connection.getresponse()
             data = self._read_capped(response, path)  # IncompleteRead when the answer stops short of its length
+            if watch.expired or watch.stalled:  # shut mid-header, the answer can look whole: no length, no body
+                raise TimeoutError
             return response.status, data, response.getheader("Location")
         except (OSError, http.client.HTTPException):
             if watch.stalled:

@@ -237,7 +237,7 @@ class RemoteFile:
         request = urllib.request.Request(self.target, headers={
             "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity", "User-Agent": f"kvphase/{__version__}"})
         try:
-            return self.deadline.opener().open(request, timeout=self.timeout)
+            response = self.deadline.opener().open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             reason = (str(exc.reason).splitlines() or ["no reason"])[0]
@@ -251,6 +251,10 @@ class RemoteFile:
             raise ModelFileError(f"cannot reach model URL {self.name}: {reason}") from None
         except (OSError, HTTPException) as exc:
             raise self._broken(exc) from None
+        if self.deadline.passed:  # shut mid-header, an answer can look whole: a status, no length
+            response.close()
+            raise self._broken(TimeoutError())
+        return response
 
     def _body(self, response: HTTPResponse, n: int) -> bytes:
         """`n` bytes of an answer's body; fewer is a cut connection, more (a range answer going on past
