@@ -2,8 +2,11 @@
 
 Damaged GGUF files (truncations, random byte flips, targeted header edits) under
 `inspect` and `sweep`, crafted files and odd paths, damaged tiny models under `validate`,
-damaged run folders under `report`, resume and `compare`, and abusive options. Every trial
-runs `python -m kvphase.cli ...` as its own process and is classified:
+damaged run folders under `report`, resume and `compare`, abusive options, hostile servers
+(`tests/hostile_servers.py`: endless, trickling, looping, oversized, holding another model) under
+`sweep`, `conform`, `header` and `inspect`, and wrong types through the Python API. Every trial
+runs `python -m kvphase.cli ...` (an API trial: `python -c CODE`, which prints the library's error
+in one line) as its own process and is classified:
 
     ok            exit 0
     clean error   exit 1 or 2 (one error line or a usage message), no traceback
