@@ -2,8 +2,11 @@
 
 Damaged GGUF files (truncations, random byte flips, targeted header edits) under
 `inspect` and `sweep`, crafted files and odd paths, damaged tiny models under `validate`,
-damaged run folders under `report`, resume and `compare`, and abusive options. Every trial
-runs `python -m kvphase.cli ...` as its own process and is classified:
+damaged run folders under `report`, resume and `compare`, abusive options, hostile servers
+(`tests/hostile_servers.py`: endless, trickling, looping, oversized, holding another model) under
+`sweep`, `conform`, `header` and `inspect`, and wrong types through the Python API. Every trial
+runs `python -m kvphase.cli ...` (an API trial: `python -c CODE`, which prints the library's error
+in one line) as its own process and is classified:
 
     ok            exit 0
     clean error   exit 1 or 2 (one error line or a usage message), no traceback
@@ -50,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvphase.defaults import default_model_path  # noqa: E402
+from kvphase.gguf.remote import REQUEST_DEADLINE  # noqa: E402
 from kvphase.gguf.tiny import TINY_ARCHS, write_tiny_model  # noqa: E402
 from tests.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, layout, patched,  # noqa: E402
                                u32)
@@ -68,6 +72,8 @@ CATEGORIES = {
     "probes": "damaged probe folders (report, and the probe run again on its folder)",
     "signals": "SIGINT / SIGTERM during training and sweeps",
     "servers": "hostile servers under sweep --backend server",
+    "hostile": "endless, trickling, looping, oversized and wrong-model servers under sweep, header, inspect, conform",
+    "api": "wrong types and values through the Python API's functions",
     "silent": "a llama-server stopped (SIGSTOP) mid-sweep, alone and in a fleet, then the sweep again",
     "disk": "a full disk at every writing command (a tmpfs left 0 B to 64 KiB free)",
     "memory": "too little memory (RLIMIT_AS) under sweep, training, probes and theory",
@@ -84,6 +90,8 @@ fi
 eval "$AFTER"
 exec "$@"
 """
+HOSTILE_SERVER_S = 2 * 2 + 0.25  # what a sweep waits on a server that never answers: 2 tries of --request-timeout 2
+HOSTILE_START_S = 30.0  # a command's own start before its first request, on a machine the campaign keeps busy
 TRAIN = ["--layers", "1", "--heads", "2", "--d-model", "16", "--context", "40", "--batch", "4", "--steps", "4",
          "--eval-every", "2", "-q"]
 
@@ -106,6 +114,7 @@ class Case:
     during: Callable[[int], object] | None = None  # run in a thread while command i runs (a server paused)
     between: Callable[[int], object] | None = None  # before command i (a paused server let go on)
     check: Callable[[], str] | None = None  # after the commands: "" or what differs from a clean run's rows
+    wall: float | None = None  # seconds in all before a hang, when the case states its own bound (a server's deadline)
 
 
 def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
@@ -124,7 +133,8 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, wall: float = 300,
 
     env = {**os.environ, "COLUMNS": "120", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "kvphase.cli", *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    program = argv if argv[0] == "-c" else ["-m", "kvphase.cli", *argv]  # Python code (the API's trials), or the CLI
+    proc = subprocess.Popen([*prefix, sys.executable, *program], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=limit_cpu)
     try:
@@ -180,8 +190,8 @@ def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
             watcher = threading.Thread(target=case.during, args=(i,), daemon=True) if case.during else None
             if watcher:
                 watcher.start()
-            case.results.append(timed(run_cli, argv, case.cpu or timeout, cwd, wall, case.signal_after, case.prefix,
-                                      case.address_space))
+            case.results.append(timed(run_cli, argv, case.cpu or timeout, cwd, case.wall or wall, case.signal_after,
+                                      case.prefix, case.address_space))
         differs = case.check() if case.check and all(o not in BAD for o, *_ in case.results) else ""
         if differs:
             case.results[-1] = ("rows differ", differs, case.results[-1][2])
@@ -191,6 +201,11 @@ def run_case(case: Case, timeout: float, cwd: Path, wall: float) -> Case:
         for path in case.cleanup:
             remove(path)
     return case
+
+
+def _other_outcome(row: bytes) -> bytes:
+    """A results.csv row with its `correct` cell the other way (the same target scored twice)."""
+    return row.replace(b",True,", b",False,", 1) if b",True," in row else row.replace(b",False,", b",True,", 1)
 
 
 def damaged_copy(good: Path, folder: Path, name, content: bytes | None) -> None:
@@ -441,6 +456,7 @@ class Campaign:
             "results a directory": ("results.csv", None),
             "results one huge field": ("results.csv", header + b"\n" + b"9" * 1_000_000 + b"\n"),
             "results nul bytes": ("results.csv", results[:200] + b"\0\0\0" + results[200:]),
+            "results a target twice, the other outcome": ("results.csv", results + _other_outcome(first_row) + b"\n"),
             "report.md a directory": ("report.md", None),
             "figure a directory": ("accuracy_by_residue.png", None),
             "lock file a directory": (".lock", None),
@@ -572,6 +588,65 @@ class Campaign:
                             "--out", str(out), "-q"]
                     cases.append(Case("servers", f"{mode} {engine} {' '.join(waits)}", [argv], cleanup=[out]))
         return cases
+
+    # -- issue 65's servers: an endless answer, a trickle, a redirect loop, a size of 10^12 bytes, another model
+    def hostile(self) -> list[Case]:
+        """Each mode under each command that reads a server or a URL; a case is a hang past twice its
+        deadline (HOSTILE_START_S for the command's start besides). The servers stay up to the end."""
+        from kvphase.conform.references import DEFAULT_REFERENCES
+        from tests.hostile_servers import MODES, HostileServer
+
+        models = {reference.name: reference.model for reference in DEFAULT_REFERENCES}
+        model, other = models["csa-disjoint"], models["csa-top4"]  # one tokenizer, other facts
+        cases = []
+        for mode in MODES:
+            server = HostileServer(mode, model=model, stated=other).__enter__()
+            url = server.url
+            waits = ["--request-timeout", "2"]
+            for engine in ("llama-server", "openai"):
+                for extra in ([], ["--allow-model-mismatch"]):
+                    out = self.path("hostile-run")
+                    cases.append(Case("hostile", f"{mode} sweep {engine} {' '.join(extra)}", [
+                        ["sweep", str(model), "--backend", "server", "--engine", engine, "--url", url, *waits, *extra,
+                         "--out", str(out), "-q"]], cleanup=[out], wall=2 * HOSTILE_SERVER_S + HOSTILE_START_S))
+                out = self.path("hostile-run")
+                cases.append(Case("hostile", f"{mode} conform {engine}", [
+                    ["conform", "--backend", "server", "--engine", engine, "--url", url, "--model", "csa-disjoint",
+                     *waits, "--out", str(out)]], cleanup=[out], wall=2 * HOSTILE_SERVER_S + HOSTILE_START_S))
+            header = self.path("hostile-header") / "h.gguf"
+            cases.append(Case("hostile", f"{mode} header", [["header", f"{url}/m.gguf", str(header)]],
+                              prepare=lambda folder=header.parent: folder.mkdir(), cleanup=[header.parent],
+                              wall=2 * REQUEST_DEADLINE + HOSTILE_START_S))
+            cases.append(Case("hostile", f"{mode} inspect", [["inspect", f"{url}/m.gguf"]],
+                              wall=2 * REQUEST_DEADLINE + HOSTILE_START_S))
+        return cases
+
+    # -- wrong types and values through the Python API, each call in its own process
+    def api(self) -> list[Case]:
+        """Each call prints the library's one line and exits 1 (a KvphaseError), or is a traceback
+        (any other exception)."""
+        m, run = repr(str(self.seed_model)), repr(str(self.path("api-run")))
+        calls = [f"kvphase.sweep({m}, {'' if 'out=' in keywords else f'out={run}, '}{keywords})" for keywords in (
+            "context='x'", "context=2.5", "context=None, seed='1'", "seed=1.5", "threads=True", "threads=0",
+            "threads=float('nan')", "out=5", "out='a\\0b'", "out=b'run'", "url=5", "backend='server', url=5",
+            "backend='server', url=[5]", "backend='server', url='http://127.0.0.1:9', request_timeout=float('nan')",
+            "backend='server', url='http://127.0.0.1:9', request_timeout=0",
+            "backend='server', url='http://127.0.0.1:9', deadline=float('inf')",
+            "backend='server', url='http://127.0.0.1:9', slots='2'", "progress=5", "on_notice='x'",
+            "per_residue='auto', detect=float('nan')", "per_residue=[1]", "design_options=5", "design_options=[5]",
+            "gpu_layers=1.5", "calibrate='yes'", "stride=4.5", "modulus='8'", "engine=5", "padding=5", "task=5",
+            "offsets='2'", "shift=True", "random_offset=1", "cache_type=16", "allow_model_mismatch='no'",
+            "target_accuracy=50", "combine=max", "nonsense=1")] + [
+            "kvphase.sweep(5)", "kvphase.sweep(b'model.gguf')", "kvphase.sweep('a\\0b')",
+            f"kvphase.dry_run({m}, context='x')", f"kvphase.sweep_strides({m}, on_run=5, out={run})",
+            "kvphase.inspect(5)", "kvphase.inspect(None)", f"kvphase.inspect({m}, partial='yes')",
+            "kvphase.load_run(5)", "kvphase.load_run('a\\0b')", "kvphase.report(5)", "kvphase.report([])",
+            "kvphase.compare('path')", "kvphase.compare([5])", "kvphase.compare(5)", "kvphase.compare([], out=5)",
+            "kvphase.compare(['a\\0b'])"]
+        code = ("import sys, kvphase\ntry:\n    {call}\nexcept kvphase.KvphaseError as exc:\n"
+                "    print('Error:', exc)\n    sys.exit(1)")
+        return [Case("api", call.replace(m, "MODEL").replace(run, "RUN"), [["-c", code.format(call=call)]],
+                     cleanup=[self.work / "api-run"]) for call in calls]
 
     # -- a llama-server that stops answering (SIGSTOP) mid-sweep, alone and in a fleet
     def silent(self) -> list[Case]:

@@ -63,6 +63,24 @@ class _QuietHTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class LocalServer:
+    """A socketserver on 127.0.0.1 (`_listen`), served from a thread of its own inside a `with` block."""
+
+    def _listen(self, server) -> None:
+        self._server = server
+        server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def __enter__(self):
+        # a short poll: shutdown() waits up to one poll interval, 0.5 s by default, in every test
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 class FakeServer:
     """A threaded HTTP server on 127.0.0.1 with a free port; use as a context manager.
 
@@ -83,8 +101,10 @@ class FakeServer:
                "stalled": "answers no request at all from then on, /health included (SIGSTOP)"}
 
     def __init__(self, engine: str = "llama-server", slots: int = 2, n_ctx: int = 4096, grammar: bool = True,
-                 vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None):
+                 vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None,
+                 meta: dict | None = None):
         self.engine, self.slots, self.n_ctx, self.grammar = engine, slots, n_ctx, grammar
+        self.meta = meta or {}  # llama-server: what /v1/models states of the model besides its vocabulary
         self.vocab = ByteVocab(vocab_shift)
         self.down_after, self.delay_s, self.hostile = down_after, delay_s, hostile
         self._stopped = threading.Event()
@@ -125,7 +145,7 @@ class FakeServer:
         if path == "/v1/models":
             model = {"id": "fake-bytes", "max_model_len": self.n_ctx}
             if self.engine == "llama-server":
-                model["meta"] = {"n_vocab": N_VOCAB, "n_ctx": self.n_ctx, "n_ctx_train": 8192}
+                model["meta"] = {"n_vocab": N_VOCAB, "n_ctx": self.n_ctx, "n_ctx_train": 8192, **self.meta}
             return {"data": [model]}
         if path == "/props" and self.engine == "llama-server":
             return {"default_generation_settings": {"n_ctx": self.n_ctx}, "total_slots": self.slots,

@@ -138,7 +138,8 @@ def test_a_server_holding_another_model_is_refused(tmp_path):
     from kvphase.backends.server import ServerInfo
 
     served = ServerInfo("http://s", "llama-server", str(CSA_DISJOINT.model.parent / "csa-dense.gguf"), None, 128, 1, "")
-    with pytest.raises(BackendError, match="serves another model .*csa-dense.gguf.*not reference csa-disjoint"):
+    with pytest.raises(BackendError, match="serves another model .*csa-dense.gguf.*not reference csa-disjoint "
+                       r"\(csa-disjoint.gguf\): its file .*csa-dense.gguf holds other bytes"):
         check_served_model(type("Backend", (), {"servers": [served]})(), CSA_DISJOINT)
     same = ServerInfo("http://s", "llama-server", str(CSA_DISJOINT.model), None, 128, 1, "")
     check_served_model(type("Backend", (), {"servers": [same]})(), CSA_DISJOINT)

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli_checks import one_line_error
-from fake_servers import _QuietHTTPServer
+from fake_servers import LocalServer, _QuietHTTPServer
 from kvphase.cli import app
 from kvphase.errors import GGUFError, ModelFileError
 from kvphase.gguf.header import SOURCE_SIZE, read_gguf_header
@@ -28,7 +28,7 @@ runner = CliRunner()
 SEND_CHUNK = 1 << 16  # bytes the server writes at a time, so that it notices a client that hung up
 
 
-class FileServer:
+class FileServer(LocalServer):
     """Files by name on 127.0.0.1, with byte ranges (206) or, `ranges=False`, always the whole
     file (200, as a server that ignores Range does); r/NAME redirects to NAME (as the hub's
     resolve/ addresses do to its CDN); 404 for any other name. `sent` counts the body bytes
@@ -38,17 +38,7 @@ class FileServer:
         self.files, self.ranges = files, ranges
         self.sent, self.requests, self.redirects = 0, [], 0
         self._lock = threading.Lock()
-        self._httpd = _QuietHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def __enter__(self) -> FileServer:
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        self._listen(_QuietHTTPServer(("127.0.0.1", 0), self._handler()))
 
     def _send(self, handler: BaseHTTPRequestHandler, path: Path, start: int, end: int) -> None:
         """Bytes [start, end) of the file, a chunk at a time, until the client hangs up."""

@@ -114,3 +114,25 @@ def test_the_clean_run_passes(clean):
     out, plan, info = clean
     build_report(out)
     check_run_dir(out, plan, info)
+
+
+def _scored_again(frame: pd.DataFrame) -> None:
+    """Row 3 appended again with the other outcome (a second scoring of target 3's target id)."""
+    again = frame.iloc[[3]].copy()
+    again["correct"] = "False" if frame.loc[3, "correct"] == "True" else "True"
+    frame.loc[len(frame)] = again.iloc[0]
+
+
+def test_a_target_scored_twice_is_refused_naming_both_lines(clean, tmp_path):
+    """The second row of a target id with the other outcome was ignored (the first counted)."""
+    out, plan, info = _damaged(clean, tmp_path, _scored_again)
+    rows = pd.read_csv(out / "results.csv", dtype=str)
+    target = rows.loc[3, "target_id"]
+    for check in (lambda: build_report(out), lambda: check_run_dir(out, plan, info)):
+        with pytest.raises(RunFolderError) as error:
+            check()
+        assert str(error.value).startswith(f"{out / 'results.csv'} lines 5 and {len(rows) + 1} both hold target_id "
+                                           f"{target};"), str(error.value)
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    one_line_error(CliRunner().invoke(app, ["report", str(out)]), "lines 5 and", "both hold target_id")
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == before  # nothing rewritten

@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, score_from_logits
-from kvphase.backends.server import ENGINES, MIN_PATIENCE_S, STALL_FACTOR, Pace, Retry, ServerBackend
+from kvphase.backends import server as server_module
+from kvphase.backends.server import ENGINES, MIN_PATIENCE_S, STALL_FACTOR, ModelFacts, Pace, Retry, ServerBackend
 from kvphase.cli import app
 from kvphase.engines.llama_server import free_port
 from kvphase.errors import BackendError, PlanError
@@ -36,9 +37,10 @@ def expected_scores(context, queries):
     return out
 
 
-def backend_for(*servers, vocab=None, slots=None, n_ctx_needed=512):
+def backend_for(*servers, vocab=None, slots=None, n_ctx_needed=512, model=None, allow_other_model=False):
     engines = [ENGINES[s.engine](s.url, QUICK) for s in servers]
-    return ServerBackend(engines, vocab or ByteVocab(), n_ctx_needed=n_ctx_needed, slots=slots)
+    return ServerBackend(engines, vocab or ByteVocab(), n_ctx_needed=n_ctx_needed, slots=slots, model=model,
+                         allow_other_model=allow_other_model)
 
 
 def assert_scores_match(got, want):
@@ -278,7 +280,7 @@ def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --request-timeout and --deadline apply to --backend server only"),
+    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply to --backend server only"),
     (["--backend", "server"], "--backend server needs --url http://HOST:PORT (once per server)"),
 ])
 def test_cli_server_options_are_checked(default_model, tmp_path, args, message):
@@ -440,3 +442,53 @@ def test_cli_the_same_server_twice_is_one_line(default_model, tmp_path):
     assert result.exit_code == 1
     assert result.output.strip() == ("Error: --url 127.0.0.1:1/ names the same server as --url http://127.0.0.1:1; "
                                      "give each server once (--slots sets how many requests each takes at once)")
+
+
+# --------------------------------------------------------------------------- the model behind each server
+
+FILE_FACTS = ModelFacts("fake-bytes.gguf", {"n_vocab": 257, "n_ctx_train": 8192, "n_params": 1000, "size": 4000})
+
+
+def test_a_fleet_server_stating_another_model_is_refused_naming_it_and_what_differs():
+    """Each server of a fleet is checked: the second states other parameter and byte counts."""
+    with FakeServer(meta={"n_params": 1000, "size": 4000}) as same, \
+            FakeServer(meta={"n_params": 999, "size": 3996}) as other:
+        with pytest.raises(BackendError) as error:
+            backend_for(same, other, model=FILE_FACTS)
+    assert str(error.value) == (f"{other.url} serves another model (/models/fake-bytes.gguf), not fake-bytes.gguf: "
+                                "n_params 999 where the file has 1,000, size 3,996 where the file has 4,000; "
+                                "`kvphase sweep --allow-model-mismatch` scores it anyway")
+
+
+def test_allowed_another_model_is_scored_with_a_warning_and_the_manifest_says_what_was_compared():
+    with FakeServer(meta={"n_params": 1000}) as same, FakeServer(meta={"n_params": 999}) as other:
+        backend = backend_for(same, other, model=FILE_FACTS, allow_other_model=True)
+        warned = []
+        backend.on_lost = warned.append
+        got = backend.score(CONTEXT, QUERIES)
+    assert_scores_match(got, expected_scores(CONTEXT, QUERIES))
+    assert warned == [f"{other.url} serves another model (/models/fake-bytes.gguf), not fake-bytes.gguf: n_params "
+                      "999 where the file has 1,000; scored anyway (--allow-model-mismatch)"]
+    checks = [server["model_check"] for server in backend.engine_info()["servers"]]
+    compared = {"n_vocab": {"server": 257, "file": 257}, "n_ctx_train": {"server": 8192, "file": 8192}}
+    assert checks == [
+        {"tokenizer": "same", "facts": {**compared, "n_params": {"server": 1000, "file": 1000}}, "differs": "",
+         "scored_anyway": True},
+        {"tokenizer": "same", "facts": {**compared, "n_params": {"server": 999, "file": 1000}},
+         "differs": "n_params 999 where the file has 1,000", "scored_anyway": True}]
+
+
+def test_a_fact_that_is_not_a_number_is_one_line():
+    with FakeServer(meta={"n_params": "many"}) as server:
+        with pytest.raises(BackendError, match=r"does not look like a llama-server server \(unexpected answer: "
+                                               r"ValueError\(\"/v1/models meta.n_params is 'many'"):
+            backend_for(server, model=FILE_FACTS)
+
+
+def test_a_scoring_answer_past_its_cap_is_one_line_naming_the_cap(monkeypatch):
+    monkeypatch.setitem(server_module.ANSWER_CAPS, "/completion", 100)  # a forced answer takes about 200 bytes
+    with FakeServer(slots=1) as server:
+        with pytest.raises(BackendError) as error:
+            backend_for(server)
+    assert str(error.value) == (f"{server.url}/completion answered more than 100 bytes, the most kvphase reads from "
+                                "/completion; not a scoring answer")

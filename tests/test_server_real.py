@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from cli_checks import one_line_error
+from hostile_servers import gguf_facts
 from kvphase.cli import app
 from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
 from kvphase.sweep.run import RESULTS_FILE, load_results
@@ -107,6 +109,30 @@ def test_a_header_only_file_sweeps_through_a_server_as_the_model_itself(tmp_path
     _, spread = flag_agreement(tiny_server_run, rows)
     # one slot, each context evaluated alone from position 0: the server returns the same numbers
     assert np.array_equal(rows["logprob"], tiny_server_run["logprob"]), spread
+    check = json.loads((tmp_path / "run" / "manifest.json").read_text())["engine"]["servers"][0]["model_check"]
+    facts = gguf_facts(tiny)  # gguf-py's reading of the model the server holds, beside the header's own
+    assert check == {"tokenizer": "same", "facts": {key: {"server": value, "file": value} for key, value in facts.items()},
+                     "differs": "", "scored_anyway": False}
+
+
+def test_a_server_holding_another_model_with_the_same_tokenizer_is_refused_unless_allowed(tmp_path, binary, tiny,
+                                                                                           tiny_deepseek4):
+    """The issue's case: the sweep names the tiny llama, the server holds a tiny deepseek4 with the same
+    tokenizer. Refused in one line, nothing written; --allow-model-mismatch scores it, and says so."""
+    with llama_server(tiny_deepseek4, binary=binary, threads=1, slots=1, n_ctx_per_slot=512) as server:
+        refused = server_sweep(tiny, tmp_path / "run", server.url, extra=["--context", "256", "--per-residue", "1"])
+        allowed = server_sweep(tiny, tmp_path / "allowed", server.url,
+                               extra=["--context", "256", "--per-residue", "1", "--allow-model-mismatch"])
+    served, ours = gguf_facts(tiny_deepseek4), gguf_facts(tiny)
+    differs = ", ".join(f"{key} {served[key]:,} where the file has {ours[key]:,}" for key in served
+                        if served[key] != ours[key])
+    one_line_error(refused, f"{server.url} serves another model ({tiny_deepseek4}), not {tiny.name}: {differs}; "
+                   "`kvphase sweep --allow-model-mismatch` scores it anyway")
+    assert not (tmp_path / "run").exists()
+    assert allowed.exit_code == 0, allowed.output
+    assert f"Warning: {server.url} serves another model" in allowed.output
+    check = json.loads((tmp_path / "allowed" / "manifest.json").read_text())["engine"]["servers"][0]["model_check"]
+    assert check["differs"] == differs and check["scored_anyway"] is True
 
 
 def resident_mib(process) -> float:

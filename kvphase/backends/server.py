@@ -31,11 +31,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from kvphase.backends.base import Query, Score
 from kvphase.errors import BackendError, PlanError
+from kvphase.options_check import check_seconds
 
 # Strings both sides must tokenize alike: words, digits, code, accents, CJK, emoji and
 # whitespace runs, where tokenizers of different models part ways.
@@ -92,6 +94,11 @@ class ServerRefused(BackendError):
 
 
 TRANSIENT_STATUS = (502, 503, 504)  # a proxy hiccup, or llama-server still loading the model
+# The most bytes one answer may hold, by endpoint: a scoring answer grows with its prompt (vLLM's prompt logprobs,
+# about 200 bytes a position: 64 MiB hold 300,000 of them), every other answer is a few kB (llama-server's /props,
+# its chat template included). An endless or huge answer stops at the cap, not at the machine's memory.
+ANSWER_CAPS = {"/completion": 64 << 20, "/v1/completions": 64 << 20}
+OTHER_ANSWER_CAP = 4 << 20
 FIRST_CONTACT_S = 30.0  # a server that has never answered: /props and /tokenize answer at once on a live one
 STALL_FACTOR = 2.0  # a request may take this many times the slowest answered so far before /health is asked
 MIN_PATIENCE_S = 5.0  # ... and at least this long: a tiny model's requests take milliseconds, a loaded CPU stutters
@@ -173,7 +180,7 @@ class Http:
             patience = self.pace.patience(timeout) if self._answered else timeout
             started = time.monotonic()
             try:
-                status, data = self._send(method, path, body, timeout, patience)
+                status, data, location = self._send(method, path, body, timeout, patience)
             except Stalled:
                 self._drop_connection()
                 raise ServerGone(f"{self.url} stopped answering: no answer to {path} within {patience:g} s, and none "
@@ -193,6 +200,9 @@ class Http:
                 continue
             if status >= 400:
                 raise ServerRefused(self.url, status, _error_message(data))
+            if status >= 300:  # llama-server and vLLM answer where they are asked; a redirect is a proxy's or a typo's
+                raise BackendError(f"{self.url}{path} answered HTTP {status}, a redirect to {location or 'nowhere'}: "
+                                   "give --url the server's own address")
             self.pace.record(time.monotonic() - started)
             try:
                 return json.loads(data)
@@ -200,10 +210,12 @@ class Http:
                 raise BackendError(f"{self.url}{path} answered with something that is not JSON: {data[:80]!r}") from None
         raise ServerGone(f"{self.url} does not answer ({problem}) after {attempts} tries")
 
-    def _send(self, method: str, path: str, body: dict | None, timeout: float, patience: float) -> tuple[int, bytes]:
-        """One request and its whole answer within `timeout` seconds (TimeoutError otherwise),
-        however slowly the server trickles its header lines or its body; Stalled when it stays
-        unanswered for `patience` and so does /health. A watch shuts the socket in both cases."""
+    def _send(self, method: str, path: str, body: dict | None, timeout: float,
+              patience: float) -> tuple[int, bytes, str | None]:
+        """One request and its whole answer (status, body, Location) within `timeout` seconds
+        (TimeoutError otherwise), however slowly the server trickles its header lines or its body;
+        Stalled when it stays unanswered for `patience` and so does /health. A watch shuts the socket
+        in both cases. An answer past its endpoint's cap (ANSWER_CAPS) is a BackendError."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = self._connection(timeout)
@@ -218,7 +230,10 @@ class Http:
             connection.request(method, self._parts.path.rstrip("/") + path, body=payload,
                                headers={"Content-Type": "application/json"} if payload else {})
             response = connection.getresponse()
-            return response.status, response.read()  # IncompleteRead when the answer stops short of its length
+            data = self._read_capped(response, path)  # IncompleteRead when the answer stops short of its length
+            if watch.expired or watch.stalled:  # shut mid-header, the answer can look whole: no length, no body
+                raise TimeoutError
+            return response.status, data, response.getheader("Location")
         except (OSError, http.client.HTTPException):
             if watch.stalled:
                 raise Stalled from None
@@ -227,6 +242,26 @@ class Http:
             raise
         finally:
             watch.finish()
+
+    def _read_capped(self, response: http.client.HTTPResponse, path: str) -> bytes:
+        """The answer's body, read a MiB at a time up to its endpoint's cap; past the cap (or when its
+        Content-Length says it will go past) the connection is dropped with one line naming the cap."""
+        cap = ANSWER_CAPS.get(path, OTHER_ANSWER_CAP)
+        parts, size = [], 0
+        while response.length is None or response.length > 0:
+            if response.length is not None and size + response.length > cap or size > cap:
+                self._drop_connection()
+                most = f"{cap >> 20} MiB" if cap >= 1 << 20 else f"{cap} bytes"
+                raise BackendError(f"{self.url}{path} answered more than {most}, the most kvphase reads from {path}; "
+                                   f"not a {'scoring' if path in ANSWER_CAPS else 'server'} answer")
+            chunk = response.read(min(1 << 20, cap + 1 - size))
+            if not chunk:  # a read of some bytes returns none when the answer stops short of its length
+                if response.length:
+                    raise http.client.IncompleteRead(b"".join(parts), response.length)
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        return b"".join(parts)
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         kind = http.client.HTTPSConnection if self._parts.scheme == "https" else http.client.HTTPConnection
@@ -328,6 +363,86 @@ class ServerInfo:
     n_ctx: int  # tokens one slot (or one request) can hold
     slots: int  # requests it evaluates side by side
     build_info: str
+    facts: dict = field(default_factory=dict)  # MODEL_FACTS the engine states of its model (llama-server's meta)
+
+
+# What llama-server states of its model in /v1/models "meta" (tools/server/server-context.cpp,
+# get_res_model_info), each of which the model file answers too: llama.cpp counts the parameters
+# and bytes of every tensor of every shard (llama-model-loader.cpp), as the tensor table lists them.
+MODEL_FACTS = ("n_vocab", "n_ctx_train", "n_embd", "n_params", "size")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model a sweep names, in the terms of MODEL_FACTS, to compare with what a server states.
+    `file`: the server must hold this very file (conform's references, which share every fact but
+    their weights): the same bytes when its path is readable here, else the same file name."""
+
+    name: str  # how a refusal names it
+    numbers: dict  # MODEL_FACTS -> the file's value
+    file: Path | None = None
+
+    @classmethod
+    def of(cls, model_path, n_vocab: int) -> "ModelFacts":
+        """The facts of a model file (every shard of a split one) or a header-only copy of it."""
+        from kvphase.gguf.header import read_gguf_header
+        from kvphase.gguf.header_only import other_shards
+
+        first = read_gguf_header(model_path, partial=True)
+        tensors = [t for shard in [first, *map(read_gguf_header, other_shards(first))] for t in shard.tensors]
+        arch = first.fields.get("general.architecture")
+        numbers = {"n_vocab": n_vocab, "n_ctx_train": first.fields.get(f"{arch}.context_length"),
+                   "n_embd": first.fields.get(f"{arch}.embedding_length"),
+                   "n_params": sum(t.n_elements for t in tensors), "size": sum(t.n_bytes for t in tensors)}
+        return cls(Path(model_path).name, {k: v for k, v in numbers.items() if isinstance(v, int)})
+
+
+def stated_facts(meta: object) -> dict:
+    """MODEL_FACTS a server's /v1/models "meta" states (those it leaves out are not compared);
+    ValueError for one that is not a whole number."""
+    if not isinstance(meta, dict):
+        return {}
+    stated = {key: meta[key] for key in MODEL_FACTS if meta.get(key) is not None}
+    wrong = [key for key, value in stated.items() if not isinstance(value, int) or isinstance(value, bool)]
+    if wrong:
+        raise ValueError(f"/v1/models meta.{wrong[0]} is {str(stated[wrong[0]])[:40]!r}, not a whole number")
+    return stated
+
+
+def served_model_mismatch(server: ServerInfo, model: ModelFacts) -> str:
+    """What differs between the model a server states it serves and `model` ("" when nothing does):
+    every fact both state, and with `model.file` the file itself."""
+    from kvphase.runfolder import file_sha256
+
+    differ = [f"{key} {server.facts[key]:,} where the file has {model.numbers[key]:,}" for key in MODEL_FACTS
+              if key in server.facts and key in model.numbers and server.facts[key] != model.numbers[key]]
+    if model.file is not None:
+        served = Path(server.model)
+        if served.is_file() and served.resolve() != model.file.resolve():
+            if served.stat().st_size != model.file.stat().st_size or file_sha256(served) != file_sha256(model.file):
+                differ.append(f"its file {served} holds other bytes than {model.file}")
+        elif not served.is_file() and served.name != model.file.name:
+            differ.append(f"its file is named {served.name}, not {model.file.name}")
+    return ", ".join(differ)
+
+
+def compared_facts(server: ServerInfo, model: ModelFacts) -> dict:
+    """What the manifest records of a server's model check: each fact compared, the server's and the file's."""
+    return {key: {"server": server.facts[key], "file": model.numbers[key]} for key in MODEL_FACTS
+            if key in server.facts and key in model.numbers}
+
+
+def served_model_line(server: ServerInfo, model: ModelFacts) -> str:
+    """The line saying a server serves another model than `model`, and what differs ("" when nothing does)."""
+    differ = served_model_mismatch(server, model)
+    return f"{server.url} serves another model ({server.model}), not {model.name}: {differ}" if differ else ""
+
+
+def refuse_served_model(server: ServerInfo, model: ModelFacts) -> None:
+    """BackendError in one line when the server serves another model than `model`."""
+    line = served_model_line(server, model)
+    if line:
+        raise BackendError(line)
 
 
 class Engine(Protocol):
@@ -357,10 +472,11 @@ class LlamaServer:
     def info(self) -> ServerInfo:
         props = self.http.get("/props")
         model = self.http.get("/v1/models")["data"][0]
-        meta = model.get("meta") or {}
+        facts = stated_facts(model.get("meta"))
         return ServerInfo(url=self.http.url, engine=self.kind, model=str(props.get("model_path") or model.get("id")),
-                          n_vocab=meta.get("n_vocab"), n_ctx=int(props["default_generation_settings"]["n_ctx"]),
-                          slots=int(props.get("total_slots", 1)), build_info=str(props.get("build_info", "unknown")))
+                          n_vocab=facts.get("n_vocab"), n_ctx=int(props["default_generation_settings"]["n_ctx"]),
+                          slots=int(props.get("total_slots", 1)), build_info=str(props.get("build_info", "unknown")),
+                          facts=facts)
 
     def tokenize(self, text: str) -> list[int]:
         return self.http.post("/tokenize", {"content": text, "add_special": True, "parse_special": False})["tokens"]
@@ -477,6 +593,8 @@ class ServerBackend:
     vocab: Vocab
     n_ctx_needed: int  # context plus the room a query needs
     slots: int | None = None  # workers per server; default: every slot it has
+    model: ModelFacts | None = None  # what each server's model must match (None: the vocabulary only)
+    allow_other_model: bool = False  # a server whose model differs is scored, with a warning, not refused
     servers: list[ServerInfo] = field(init=False)
     tokens_evaluated: int = field(init=False, default=0)
     lost: list[dict] = field(init=False, default_factory=list)  # servers that left: url, when, why
@@ -507,7 +625,8 @@ class ServerBackend:
 
     @property
     def on_lost(self) -> Callable[[str], None]:
-        """Told one line per server that leaves while others remain (those lost at the checks when set)."""
+        """Told one warning line per server that leaves while others remain, or whose model differs
+        and is scored anyway (those of the checks when set)."""
         return self._tell or (lambda line: None)
 
     @on_lost.setter
@@ -535,6 +654,7 @@ class ServerBackend:
             if theirs != ours:
                 raise BackendError(f"{info.url} serves another model ({info.model}): it tokenizes {text[:24]!r} as "
                                    f"{theirs[:6]}..., the model file as {ours[:6]}...")
+        self._check_model(info)
         if info.n_ctx and info.n_ctx < self.n_ctx_needed:
             raise BackendError(f"{info.url} holds {info.n_ctx} tokens per slot, the sweep needs {self.n_ctx_needed}; "
                                f"restart it with a larger -c (times -np slots)")
@@ -543,6 +663,21 @@ class ServerBackend:
             raise BackendError(f"{info.url} has {info.slots} slots, --slots asks for {self.slots}; "
                                f"restart it with -np {self.slots}")
         return info
+
+    def _check_model(self, info: ServerInfo) -> None:
+        """The model the server states against the file's (MODEL_FACTS): refused, or with
+        allow_other_model a warning."""
+        line = served_model_line(info, self.model) if self.model is not None else ""
+        if line and not self.allow_other_model:
+            raise BackendError(f"{line}; `kvphase sweep --allow-model-mismatch` scores it anyway")
+        if line:
+            self._warn(f"{line}; scored anyway (--allow-model-mismatch)")
+
+    def _warn(self, line: str) -> None:
+        if self._tell is None:
+            self._untold.append(line)
+        else:
+            self._tell(line)
 
     def _check_forcing(self, engine) -> None:
         """Score one short query: a server that cannot teacher-force fails here, not mid-sweep."""
@@ -652,11 +787,7 @@ class ServerBackend:
             others = {engine.http.url for engine in self.engines} - self._lost_urls()
         if not others:  # with none left the sweep stops, and its one line says why
             return
-        line = f"{reason}; its contexts go to the other servers"
-        if self._tell is None:
-            self._untold.append(line)
-        else:
-            self._tell(line)
+        self._warn(f"{reason}; its contexts go to the other servers")
 
     def _lost_urls(self) -> set[str]:
         return {entry["url"] for entry in self.lost}
@@ -670,8 +801,16 @@ class ServerBackend:
         """What the manifest records about the engines: their own build, model and slots."""
         return {"engine": self.servers[0].engine if self.servers else "server",
                 "servers": [{"url": s.url, "model": s.model, "build_info": s.build_info, "slots": s.slots,
-                             "n_ctx": s.n_ctx} for s in self.servers],
+                             "n_ctx": s.n_ctx, "model_check": self._model_check(s)} for s in self.servers],
                 "workers": len(self.workers), "lost": self.lost}
+
+    def _model_check(self, server: ServerInfo) -> dict:
+        """What was compared of a server's model with the file's: the tokenizer always, the facts the
+        server states (llama-server's; an OpenAI-compatible engine states none), and what differed."""
+        if self.model is None:
+            return {"tokenizer": "same", "facts": {}}
+        return {"tokenizer": "same", "facts": compared_facts(server, self.model),
+                "differs": served_model_mismatch(server, self.model), "scored_anyway": self.allow_other_model}
 
 
 WORKER_EXIT_S = 5.0  # a worker polls its queue every 0.1 s, so one left working after the last context is a bug
@@ -688,9 +827,9 @@ def _next(done: queue.Queue):
 
 def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kind, urls: Sequence[str] = (),
                         slots: int | None = None, request_timeout_s: float = Retry.timeout_s,
-                        deadline_s: float | None = None) -> ServerBackend:
-    """Servers at `urls` checked against the model file's vocabulary (read locally, no weights);
-    the deadline's clock starts here."""
+                        deadline_s: float | None = None, allow_model_mismatch: bool = False) -> ServerBackend:
+    """Servers at `urls` checked against the model file's vocabulary and the facts of its model
+    (read locally, no weights); the deadline's clock starts here."""
     from kvphase.engines.llamacpp import Vocab
 
     if engine not in ENGINES:
@@ -698,8 +837,8 @@ def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kin
     if not urls:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
     for option, seconds in (("--request-timeout", request_timeout_s), ("--deadline", deadline_s)):
-        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-            raise PlanError(f"{option} expects a number of seconds above 0, got {seconds:g}")
+        if seconds is not None:
+            check_seconds(option, seconds)
     retry = Retry(timeout_s=request_timeout_s, deadline_s=deadline_s)
     engines = [ENGINES[engine](url, retry) for url in urls]
     seen: dict[str, str] = {}
@@ -708,4 +847,6 @@ def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kin
             raise PlanError(f"--url {url} names the same server as --url {seen[one.http.url]}; give each server "
                             "once (--slots sets how many requests each takes at once)")
         seen[one.http.url] = url
-    return ServerBackend(engines, Vocab.load(model_path), n_ctx_needed=n_ctx, slots=slots)
+    vocab = Vocab.load(model_path)
+    return ServerBackend(engines, vocab, n_ctx_needed=n_ctx, slots=slots,
+                         model=ModelFacts.of(model_path, vocab.n_vocab), allow_other_model=allow_model_mismatch)

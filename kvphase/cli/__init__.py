@@ -22,6 +22,13 @@ def _interrupted_while_starting(signum, frame) -> None:
 _signals_received: list[int] = []
 _command_over = [False]
 _INTERRUPTED = "finished results are kept; run the same command again to resume."
+# What a command that does not resume keeps when a signal stops it (the others: _INTERRUPTED)
+KEPT_ON_INTERRUPT = {
+    "inspect": "nothing was written.",
+    "header": "nothing was written (the header-only file is written whole or not at all).",
+    "conform": "nothing was written (conform writes its folder once every model has run); run the same command again.",
+}
+_kept = [_INTERRUPTED]  # the running command's line
 
 
 def _interrupted(signum, frame) -> None:
@@ -32,7 +39,7 @@ def _interrupted(signum, frame) -> None:
     if _command_over[0]:  # its results are written and its exit status decided: a signal now changes nothing
         return
     _signals_received.append(signum)
-    raise Interrupted(_INTERRUPTED, signum)
+    raise Interrupted(_kept[0], signum)
 
 
 def raise_if_interrupted() -> None:
@@ -42,7 +49,7 @@ def raise_if_interrupted() -> None:
     from kvphase.errors import Interrupted
 
     if _signals_received:
-        raise Interrupted(_INTERRUPTED, _signals_received[0])
+        raise Interrupted(_kept[0], _signals_received[0])
 
 
 def _quiet_about_a_swallowed_signal(unraisable) -> None:
@@ -92,9 +99,16 @@ with _starting():
 class KvphaseGroup(TyperGroup):
     """Turns the library's errors into one line on stderr and exit code 1."""
 
+    def resolve_command(self, ctx, args):
+        """The command, and what it keeps when a signal stops it."""
+        name, command, rest = super().resolve_command(ctx, args)
+        _kept[0] = KEPT_ON_INTERRUPT.get(name, _INTERRUPTED)
+        return name, command, rest
+
     def invoke(self, ctx):
         _signals_received.clear()
         _command_over[0] = False
+        _kept[0] = _INTERRUPTED
         previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_about_a_swallowed_signal
         _on_signals(_interrupted)  # from here a signal is an Interrupted the command or this method reports
         try:
@@ -117,7 +131,7 @@ class KvphaseGroup(TyperGroup):
                 raise
             raise typer.Exit(1) from None
         except KeyboardInterrupt as exc:
-            said = str(exc) or "finished results are kept; run the same command again to resume."
+            said = str(exc) or _kept[0]
             typer.echo(f"Interrupted: {said}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 130)) from None
         finally:

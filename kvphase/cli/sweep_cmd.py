@@ -80,6 +80,10 @@ def sweep(
                                                     "server: the longest one request may take; default 300."),
     deadline: Optional[float] = typer.Option(None, "--deadline", metavar="SECONDS", help="--backend server: stop "
                                              "after this long in all (finished contexts are kept); default none."),
+    allow_model_mismatch: bool = typer.Option(False, "--allow-model-mismatch", help="--backend server: score a "
+                                              "server whose model states other facts (parameters, size, "
+                                              "embedding, context) than the model file's, with a warning, instead "
+                                              "of refusing it (docs/server.md)."),
     cache_type: Optional[CacheType] = typer.Option(None, "--cache-type", help="--backend llama.cpp: the K and V "
                                                    "cache type. f16 (default, llama.cpp's own), or q8_0 / q4_0: both "
                                                    "quantized, with flash attention on (llama.cpp needs it for a "
@@ -109,7 +113,8 @@ def sweep(
                    targets_per_context=targets_per_context, detect=detect, padding=padding and padding.value,
                    task=task, seed=seed, out=out, threads=threads, backend=backend and backend.value, design=design,
                    design_options=tuple(option), url=tuple(url), slots=slots, engine=engine.value,
-                   request_timeout=request_timeout, deadline=deadline, cache_type=cache_type and cache_type.value,
+                   request_timeout=request_timeout, deadline=deadline,
+                   allow_model_mismatch=allow_model_mismatch, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,
                    combine=combine, shift=shift, random_offset=random_offset)
     say = Say(quiet)

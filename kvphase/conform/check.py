@@ -18,8 +18,9 @@ import pandas as pd
 
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
 from kvphase.conform.references import Reference
-from kvphase.errors import BackendError, KvphaseError, ModelFileError, RunFolderError
+from kvphase.errors import BackendError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
+from kvphase.options_check import check_record
 from kvphase.runfolder import SUMMARY_FILE, make_folder, read_json_object, write_atomic, write_csv, write_json
 from kvphase.sweep.plan import SweepPlan
 
@@ -41,6 +42,9 @@ class EngineChoice:
     contexts: int = DEFAULT_CONTEXTS  # at most this many of a plan's contexts (whole rounds of residues); 0: all
     margin: float = DEFAULT_MARGIN
     logprob_tolerance: float = DEFAULT_LOGPROB_TOLERANCE
+
+    def __post_init__(self) -> None:
+        check_record(self)  # as sweep checks the options both take (--threads, --request-timeout)
 
 
 @dataclass(frozen=True)
@@ -173,17 +177,18 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
 def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:
     """--backend server without --model: the reference the servers hold (every server the same
     one); BackendError for a server that does not answer, holds no reference, or differs."""
-    from kvphase.backends.server import ENGINES, Retry
+    from kvphase.backends.server import ENGINES, ModelFacts, Retry, served_model_mismatch
 
     retry = Retry() if choice.request_timeout is None else Retry(timeout_s=choice.request_timeout)
     held = set()
     for url in choice.urls:
         try:
-            served = ENGINES[choice.server_engine](url, retry).info().model
+            served = ENGINES[choice.server_engine](url, retry).info()
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise BackendError(f"{url} does not look like a {choice.server_engine} server (unexpected answer: "
                                f"{exc!r})") from None
-        held.add(next((r for r in references if _serves(served, r)), None) or served)
+        held.add(next((r for r in references if not served_model_mismatch(served, ModelFacts(r.name, {}, r.model))),
+                      None) or served.model)
     if len(held) != 1 or not isinstance(next(iter(held)), Reference):
         names = ", ".join(sorted(h.name if isinstance(h, Reference) else str(h) for h in held))
         raise BackendError(f"the servers hold {names}: conform checks one reference model per run through servers "
@@ -191,22 +196,15 @@ def served_references(references: tuple[Reference, ...], choice: EngineChoice) -
     return (next(iter(held)),)
 
 
-def _serves(served: str, reference: Reference) -> bool:
-    """Whether a server's model path is the reference's file: the same bytes when the path is
-    readable here, else the same file name."""
-    from kvphase.runfolder import file_sha256
-
-    path = Path(served)
-    return file_sha256(path) == reference.sha256 if path.is_file() else path.name == reference.model.name
-
-
 def check_served_model(backend, reference: Reference) -> None:
-    """BackendError when a server serves another file than the reference (the vocabulary check a
-    sweep makes cannot tell the reference models apart: they share one tokenizer)."""
+    """BackendError when a server serves another file than the reference: the sweep's check of a
+    served model (`backends.server.refuse_served_model`) with the file itself, since the reference
+    models share their tokenizer and may share every fact a server states."""
+    from kvphase.backends.server import ModelFacts, refuse_served_model
+
+    model = ModelFacts(f"reference {reference.name} ({reference.model.name})", {}, file=reference.model)
     for server in getattr(backend, "servers", ()):
-        if not _serves(server.model, reference):
-            raise BackendError(f"{server.url} serves another model ({server.model}), not reference "
-                               f"{reference.name} ({reference.model.name})")
+        refuse_served_model(server, model)
 
 
 @dataclass(frozen=True)
@@ -227,9 +225,6 @@ def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
             say: Callable[[str], None] = lambda line: None,
             advance: Callable[[int], None] = lambda n: None) -> ConformRun:
     """Prepare every reference (all refusals first), run each, then write the folder."""
-    if choice.margin <= 0 or choice.logprob_tolerance < 0 or choice.contexts < 0:
-        raise KvphaseError(f"--margin must be above 0, --logprob-tolerance and --contexts at least 0; got "
-                           f"{choice.margin:g}, {choice.logprob_tolerance:g} and {choice.contexts}")
     started = time.monotonic()
     prepared = [prepare(reference, choice) for reference in references]
     outcomes = []

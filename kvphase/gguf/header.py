@@ -267,6 +267,9 @@ class _Parser:
             tensors.append(tensor)
         data_end = max((t.data_offset + t.n_bytes for t in tensors), default=0)
         whole_size = -(-data_end // alignment) * alignment  # llama.cpp and gguf-py pad the last tensor too
+        if isinstance(self.path, Url) and self.size > whole_size + alignment:
+            raise ModelFileError(f"cannot read model URL {self.path}: the server states a size of {self.size:,} bytes, "
+                                 f"but its tensor table ends at byte {whole_size:,}; not the file it names")
         return GGUFHeader(self.path, self.size, version, self.fields, tensors, self.types, self.spans,
                           needed_size=whole_size if data_end > self.size else None)
 

@@ -10,15 +10,21 @@ the header's plus at most one block, as with ranges (one connection, no second r
 way the bytes a header may take are bounded (`MAX_FETCH`): a damaged or crafted file cannot make
 the reader download a model.
 
-Errors (not found, refused, no answer, a file that changes between requests) are one
-`ModelFileError` line naming the URL.
+Every request is bounded in time as well as in bytes: `TIMEOUT` for each read, `REQUEST_DEADLINE`
+for a request and its whole answer (a server sending one byte a second never times a read out; the
+deadline shuts the socket), and an answer holds no more bytes than were asked for.
+
+Errors (not found, refused, no answer, a redirect loop, a file that changes between requests) are
+one `ModelFileError` line naming the URL.
 """
 
 from __future__ import annotations
 
+import http.client
 import posixpath
 import re
 import socket
+import threading
 import urllib.error
 import urllib.request
 from http.client import HTTPException, HTTPResponse
@@ -29,7 +35,8 @@ from kvphase.errors import ModelFileError
 
 BLOCK = 1 << 20  # bytes a range request asks for at least (the hub's parsers ask for 2 MB first)
 MAX_FETCH = 256 << 20  # bytes a header may take: a vocabulary of 10^6 tokens and 10^5 tensor records fit
-TIMEOUT = 30.0  # seconds a server may take to answer one request
+TIMEOUT = 30.0  # seconds a server may keep one read of an answer waiting
+REQUEST_DEADLINE = 120.0  # seconds a request and its whole answer may take (a block, or the first one with a redirect)
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -65,11 +72,61 @@ class Url(str):
         return Url(urlunsplit(parts._replace(path=posixpath.join(posixpath.dirname(parts.path), name))))
 
 
+class Deadline:
+    """Shuts the sockets of one request (every hop of its redirects) once `seconds` pass: a read
+    blocked on a server that trickles its answer returns at once. `passed`: it did."""
+
+    def __init__(self, seconds: float, sockets: tuple[socket.socket, ...] = ()):
+        self.seconds, self.sockets, self.passed = seconds, list(sockets), False
+        self._timer = threading.Timer(seconds, self._shut)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def _shut(self) -> None:
+        self.passed = True
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's opener (redirects, proxies) whose connections hand their sockets to this deadline."""
+        deadline = self
+
+        class Watched(http.client.HTTPConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.sockets.append(self.sock)
+
+        class WatchedTLS(http.client.HTTPSConnection):
+            def connect(self) -> None:
+                super().connect()
+                deadline.sockets.append(self.sock)
+
+        class Handler(urllib.request.HTTPHandler):
+            def http_open(self, req):
+                return self.do_open(Watched, req)
+
+        class TLSHandler(urllib.request.HTTPSHandler):
+            def https_open(self, req):
+                return self.do_open(WatchedTLS, req, context=self._context)
+
+        return urllib.request.build_opener(Handler, TLSHandler)
+
+
 class RemoteFile:
     """The read-only, seekable file a URL holds, as `read_gguf_header` reads a local one."""
 
-    def __init__(self, url: Url, timeout: float = TIMEOUT):
-        self.name, self.timeout = url, timeout
+    def __init__(self, url: Url, timeout: float = TIMEOUT, deadline: float | None = None):
+        self.name, self.timeout, self.deadline_s = url, timeout, deadline or REQUEST_DEADLINE
+        self.deadline = Deadline(deadline)  # the request under way's
         self.pos = 0
         self.blocks: dict[int, bytes] = {}  # block index -> its bytes (BLOCK each, the last one shorter)
         self.fetched = 0  # bytes received, for the limit and for a test's count
@@ -106,12 +163,13 @@ class RemoteFile:
     # -- the requests
     def _open(self) -> int:
         """The first block, and the file's size from the answer."""
-        response = self._request(0, BLOCK - 1)
-        self.target = response.geturl() or self.target
-        if response.status == 206:
-            size = self._total(response, 0)
-            self.blocks[0] = self._body(response, min(BLOCK, size))
-            return size
+        with self._new_deadline():
+            response = self._request(0, BLOCK - 1)
+            self.target = response.geturl() or self.target
+            if response.status == 206:
+                size = self._total(response, 0)
+                self.blocks[0] = self._body(response, min(BLOCK, size))
+                return size
         length = response.headers.get("Content-Length")
         if response.status != 200 or not (length or "").isdigit():
             response.close()
@@ -140,17 +198,18 @@ class RemoteFile:
         """Blocks start..last, in one range request."""
         end = min(self.size, (last + 1) * BLOCK)
         self._check_limit(end - start * BLOCK)
-        response = self._request(start * BLOCK, end - 1)
-        if response.status != 206:
-            response.close()
-            raise ModelFileError(f"cannot read model URL {self.name}: the server answered a range request with HTTP "
-                                 f"{response.status} after serving ranges before")
-        total = self._total(response, start * BLOCK)
-        if total != self.size:
-            response.close()
-            raise ModelFileError(f"cannot read model URL {self.name}: it changed while it was read (its size "
-                                 f"was {self.size} bytes, now {total})")
-        body = self._body(response, end - start * BLOCK)
+        with self._new_deadline():
+            response = self._request(start * BLOCK, end - 1)
+            if response.status != 206:
+                response.close()
+                raise ModelFileError(f"cannot read model URL {self.name}: the server answered a range request with "
+                                     f"HTTP {response.status} after serving ranges before")
+            total = self._total(response, start * BLOCK)
+            if total != self.size:
+                response.close()
+                raise ModelFileError(f"cannot read model URL {self.name}: it changed while it was read (its size "
+                                     f"was {self.size} bytes, now {total})")
+            body = self._body(response, end - start * BLOCK)
         for i in range(start, last + 1):
             self.blocks[i] = body[(i - start) * BLOCK:(i - start + 1) * BLOCK]
 
@@ -159,7 +218,8 @@ class RemoteFile:
         while max(self.blocks, default=-1) < last:
             i = max(self.blocks, default=-1) + 1
             self._check_limit(min(BLOCK, self.size - i * BLOCK))
-            self.blocks[i] = self._body(self.stream, min(BLOCK, self.size - i * BLOCK))
+            with self._new_deadline(self.deadline.sockets):
+                self.blocks[i] = self._body(self.stream, min(BLOCK, self.size - i * BLOCK))
 
     def _check_limit(self, n: int) -> None:
         """Before `n` more bytes are asked for: a header past MAX_FETCH is no model's."""
@@ -168,33 +228,50 @@ class RemoteFile:
             raise ModelFileError(f"cannot read model URL {self.name}: its header goes on past {MAX_FETCH >> 20} MiB, "
                                  "more than any model's; a damaged file, or not a model")
 
+    def _new_deadline(self, sockets: list[socket.socket] | tuple = ()) -> Deadline:
+        """The deadline of the next request (or of the next block of a whole-file answer, on its sockets)."""
+        self.deadline = Deadline(self.deadline_s, tuple(sockets))
+        return self.deadline
+
     def _request(self, start: int, end: int) -> HTTPResponse:
         request = urllib.request.Request(self.target, headers={
             "Range": f"bytes={start}-{end}", "Accept-Encoding": "identity", "User-Agent": f"kvphase/{__version__}"})
         try:
-            return urllib.request.urlopen(request, timeout=self.timeout)
+            response = self.deadline.opener().open(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
-            what = "not found" if exc.code == 404 else f"refused ({exc.reason})"
+            reason = (str(exc.reason).splitlines() or ["no reason"])[0]
+            what = ("not found" if exc.code == 404 else "redirects in a loop or too often" if 300 <= exc.code < 400
+                    else f"refused ({reason})")
             raise ModelFileError(f"model URL {what}: {self.name} (HTTP {exc.code})") from None
         except urllib.error.URLError as exc:
+            if self.deadline.passed:
+                raise self._broken(exc) from None
             reason = exc.reason.strerror if isinstance(exc.reason, OSError) and exc.reason.strerror else exc.reason
             raise ModelFileError(f"cannot reach model URL {self.name}: {reason}") from None
         except (OSError, HTTPException) as exc:
             raise self._broken(exc) from None
+        if self.deadline.passed:  # shut mid-header, an answer can look whole: a status, no length
+            response.close()
+            raise self._broken(TimeoutError())
+        return response
 
     def _body(self, response: HTTPResponse, n: int) -> bytes:
-        """`n` bytes of an answer's body; fewer is a cut connection."""
+        """`n` bytes of an answer's body; fewer is a cut connection, more (a range answer going on past
+        its range, stated or not) a server that does not answer what was asked."""
         try:
-            data = response.read(n) if response is self.stream else response.read()
+            data = response.read(n)
+            more = len(data) == n and response is not self.stream and (response.length or len(response.read(1))) > 0
         except (OSError, HTTPException) as exc:
             raise self._broken(exc) from None
         finally:
             if response is not self.stream:
                 response.close()
-        if len(data) != n:
-            raise ModelFileError(f"cannot read model URL {self.name}: the server sent {len(data)} bytes where "
-                                 f"{n} were asked for")
+        if self.deadline.passed:
+            raise self._broken(TimeoutError())
+        if len(data) != n or more:
+            raise ModelFileError(f"cannot read model URL {self.name}: the server sent {len(data)}{' and more' * more} "
+                                 f"bytes where {n} were asked for")
         self.fetched += n
         return data
 
@@ -208,6 +285,9 @@ class RemoteFile:
         return int(match.group(3))
 
     def _broken(self, exc: BaseException) -> ModelFileError:
+        if self.deadline.passed:
+            return ModelFileError(f"cannot read model URL {self.name}: no whole answer within {self.deadline_s:g} s "
+                                  "(the limit of one request)")
         if isinstance(exc, (TimeoutError, socket.timeout)):
             return ModelFileError(f"cannot read model URL {self.name}: no answer within {self.timeout:g} s")
         return ModelFileError(f"cannot read model URL {self.name}: {getattr(exc, 'strerror', None) or exc}")

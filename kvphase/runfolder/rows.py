@@ -52,8 +52,28 @@ def _refuse_first(path: Path, rows: pd.DataFrame, column: str, bad: np.ndarray, 
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         line = int(rows.index[first]) + 2  # the header is line 1, the index is the file's row order
-        value = rows[column].iloc[first]
-        shown = value.item() if hasattr(value, "item") else value  # a numpy number as the file holds it
-        raise RunFolderError(f"{path} line {line}: {column} is {str(shown)[:40]!r}, expected {expected}; "
+        value = _shown(rows[column].iloc[first])
+        raise RunFolderError(f"{path} line {line}: {column} is {value!r}, expected {expected}; "
                              "the run's plan cannot have made this row (a hand-edited or mixed results file): "
                              "move the file away to score the run again")
+
+
+def refuse_repeated_rows(path: Path, rows: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """`rows` (as `read_table` reads them: the file's row order in the index) when no two share
+    `key`; RunFolderError naming the lines of the first two that do (a row scored twice with
+    perhaps two outcomes: neither can be believed over the other)."""
+    repeated = rows.duplicated(key, keep="first").to_numpy()  # (rows,) a later row of a key seen before
+    if repeated.any():
+        second = int(np.flatnonzero(repeated)[0])
+        same = (rows[key] == rows[key].iloc[second]).all(axis=1).to_numpy()  # (rows,)
+        first = int(np.flatnonzero(same)[0])
+        named = ", ".join(f"{column} {_shown(rows[column].iloc[second])}" for column in key)
+        raise RunFolderError(f"{path} lines {int(rows.index[first]) + 2} and {int(rows.index[second]) + 2} both hold "
+                             f"{named}; a run scores each once (a hand-edited or mixed results file): move the file "
+                             "away to score the run again")
+    return rows
+
+
+def _shown(value) -> str:
+    """A cell as the file holds it (a numpy number as a Python one)."""
+    return str(value.item() if hasattr(value, "item") else value)[:40]

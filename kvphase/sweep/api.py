@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from kvphase.errors import PlanError, RunFolderError
+from kvphase.options_check import check_callback, check_path, check_run_list
 from kvphase.runfolder import REPORT_FILE
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import SweepProgress, load_plan, load_results
@@ -83,6 +84,7 @@ def sweep(model: Optional[PathLike] = None, *, progress: Progress = None, on_not
     prints on stderr (default: the "kvphase" logger)."""
     if str(options.get("stride")).strip().lower() == ALL:
         raise PlanError("stride='all' makes one run per stride: call kvphase.sweep_strides")
+    _check_progress(progress)
     return _run_all(_planned(model, options, on_notice), progress, on_notice)[0]
 
 
@@ -93,6 +95,8 @@ def sweep_strides(model: Optional[PathLike] = None, *, progress: Progress = None
     from kvphase.sweep.compare import write_comparison  # scipy: imported when used
     from kvphase.sweep.strides import comparison_dir
 
+    _check_progress(progress)
+    check_callback("on_run", on_run)
     planned = _planned(model, {**options, "stride": "all"}, on_notice)
     runs = _run_all(planned, progress, on_notice, on_run)
     comparison = write_comparison([run.path for run in runs], comparison_dir([run.path for run in runs],
@@ -109,7 +113,7 @@ def dry_run(model: Optional[PathLike] = None, *, on_notice: Optional[Say] = None
 def load_run(path: PathLike) -> Run:
     """The run a `kvphase sweep` folder holds; RunFolderError when it is not one, is damaged, or
     has nothing scored."""
-    path = Path(path)
+    path = check_path("path", path)
     plan = load_plan(path)
     if load_results(path).empty:
         raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
@@ -121,7 +125,7 @@ def report(path: PathLike) -> Run:
     results.csv (`kvphase report RUN_DIR`); RunFolderError as `load_run`."""
     from kvphase.sweep.report import build_report  # scipy: imported when used
 
-    path = Path(path)
+    path = check_path("path", path)
     summary = build_report(path)
     return Run(path, load_plan(path), summary)
 
@@ -132,9 +136,11 @@ def compare(runs: Sequence[Union[Run, PathLike]], out: Optional[PathLike] = None
     from kvphase.sweep.compare import DEFAULT_OUT, write_comparison  # scipy: imported when used
     from kvphase.sweep.session import check_own_folder
 
+    runs = check_run_list("runs", runs, lambda run: isinstance(run, Run))
+    out = check_path("out", out, optional=True)
     check_own_folder(out)
     return write_comparison([run.path if isinstance(run, Run) else Path(run) for run in runs],
-                            DEFAULT_OUT if out is None else Path(out))
+                            DEFAULT_OUT if out is None else out)
 
 
 def inspect(model: PathLike, partial: bool = True):
@@ -143,10 +149,15 @@ def inspect(model: PathLike, partial: bool = True):
     too (its `needed_size` says how far the data runs)."""
     from kvphase.gguf.modelinfo import read_model_info
 
+    check_path("model", model)
+    if not isinstance(partial, bool):
+        raise PlanError(f"partial expects True or False, got {partial!r}")
     return read_model_info(model if isinstance(model, str) else Path(model), partial=partial)
 
 
 def _planned(model, options: dict, on_notice: Optional[Say], dry_run: bool = False):
+    check_path("model", model, optional=True)
+    check_callback("on_notice", on_notice)
     return plan_sweep_runs(None if model is None else Path(model), SweepOptions.from_keywords(options), dry_run,
                            on_notice or log_notice)
 
@@ -161,6 +172,11 @@ def _run_all(planned, progress: Progress, on_notice: Optional[Say],
 
     run_planned(planned, _progress_bar(progress), on_notice or log_notice, finished)
     return runs
+
+
+def _check_progress(progress: Progress) -> None:
+    if not isinstance(progress, SweepProgress):
+        check_callback("progress", progress)
 
 
 def _progress_bar(progress: Progress):

@@ -30,7 +30,7 @@ from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
                                flags_in, make_folder, numbers_in, read_json_object, read_table, write_csv, write_json,
                                writing)
-from kvphase.runfolder.rows import check_planned_rows
+from kvphase.runfolder.rows import check_planned_rows, refuse_repeated_rows
 from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
@@ -146,7 +146,7 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     for column in NUMERIC_COLUMNS:
         frame[column] = numbers_in(path, frame, column, whole=column != "logprob")
     frame["correct"] = flags_in(path, frame, "correct")
-    return frame.drop_duplicates("target_id", keep="first")
+    return refuse_repeated_rows(path, frame, ["target_id"])
 
 
 def load_offsets(run_dir: Path) -> pd.DataFrame:
@@ -159,7 +159,7 @@ def load_offsets(run_dir: Path) -> pd.DataFrame:
         frame[column] = numbers_in(path, frame, column, whole=column != "logprob")
     frame["confidence"] = pd.to_numeric(frame["confidence"], errors="coerce")  # nan: one shift, none computed
     frame["correct"] = flags_in(path, frame, "correct")
-    return frame.drop_duplicates(["target_id", "shift"], keep="first")
+    return refuse_repeated_rows(path, frame, ["target_id", "shift"])
 
 
 class ResultWriter:

@@ -19,8 +19,9 @@ from typing import Callable, ContextManager, NamedTuple, Optional, Union
 
 from kvphase.backends import BACKENDS
 from kvphase.defaults import default_model_path, default_threads, gpu_layer_count
-from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
+from kvphase.engines.llamacpp import CACHE_TYPES, Vocab
 from kvphase.errors import PlanError
+from kvphase.options_check import check_record
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.gguf.reach import reach_of
@@ -81,13 +82,14 @@ class SweepOptions:
     backend: Optional[str] = None  # a name of `kvphase.backends.BACKENDS`
     design: Optional[str] = None  # the reference backend's design
     design_options: Union[dict, tuple[str, ...]] = ()  # the reference design's options: a dict, or KEY=VALUE strings
-    url: tuple[str, ...] = ()  # backend="server": the servers
+    url: Union[str, tuple[str, ...]] = ()  # backend="server": the servers (one: its URL)
     slots: Optional[int] = None
     engine: str = "llama-server"
     request_timeout: Optional[float] = None
     deadline: Optional[float] = None
+    allow_model_mismatch: bool = False  # score servers whose model's facts differ from the file's
     cache_type: Optional[str] = None  # llama.cpp's K and V cache type
-    gpu_layers: int = 0
+    gpu_layers: Union[int, str] = 0  # a count, -1 or "all"
     calibrate: bool = False
     target_accuracy: Optional[str] = None  # with calibrate: "LOW-HIGH" percent
     offsets: Optional[int] = None
@@ -96,6 +98,7 @@ class SweepOptions:
     random_offset: bool = False
 
     def __post_init__(self) -> None:
+        check_record(self)  # types and ranges, as every command's and API function's options are checked
         normal = {"url": (self.url,) if isinstance(self.url, str) else tuple(self.url),
                   "design_options": dict(self.design_options) if isinstance(self.design_options, dict)
                   else tuple(self.design_options),
@@ -110,8 +113,6 @@ class SweepOptions:
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
-        if self.threads is not None:
-            check_threads(self.threads)
         object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))  # a count, -1 or 'all': every layer
         check_own_folder(self.out)
 
@@ -183,7 +184,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     asked = PlanOptions.from_sweep_options(options)
     plans, skipped = plans_that_fit(info, declared_strides(info) if every_stride else [chosen], asked, every_stride)
     connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, list(options.url),
-                                options.slots, options.engine, options.request_timeout, options.deadline)
+                                options.slots, options.engine, options.request_timeout, options.deadline,
+                                options.allow_model_mismatch)
     plans = [with_gpu_layers(with_backend(plan, connect, options.engine, asked.cache_type), options.gpu_layers, say)
              for plan in plans]
     plans = [with_offsets(info, plan, options.offsets, options.combine, options.shift, options.random_offset)
@@ -580,17 +582,22 @@ def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: 
 
 
 def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str,
-                      request_timeout: Optional[float] = None, deadline: Optional[float] = None) -> dict:
-    """Where a server sweep runs and how long it may wait (not part of the plan: a run may
-    resume on other servers); empty for the other backends, which take none of these options."""
+                      request_timeout: Optional[float] = None, deadline: Optional[float] = None,
+                      allow_model_mismatch: bool = False) -> dict:
+    """Where a server sweep runs, how long it may wait and whether a server holding another model
+    may score (not part of the plan: a run may resume on other servers); empty for the other
+    backends, which take none of these options."""
     if backend != "server":
-        if urls or engine != SERVER_ENGINES[0] or any(v is not None for v in (slots, request_timeout, deadline)):
-            raise PlanError("--url, --slots, --engine, --request-timeout and --deadline apply to --backend server only")
+        if urls or engine != SERVER_ENGINES[0] or allow_model_mismatch or any(
+                v is not None for v in (slots, request_timeout, deadline)):
+            raise PlanError("--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply "
+                            "to --backend server only")
         return {}
     if not urls:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    waits = {"request_timeout_s": request_timeout, "deadline_s": deadline}
-    return {"urls": urls, "slots": slots, **{k: v for k, v in waits.items() if v is not None}}
+    given = {"request_timeout_s": request_timeout, "deadline_s": deadline,
+             "allow_model_mismatch": allow_model_mismatch or None}
+    return {"urls": urls, "slots": slots, **{k: v for k, v in given.items() if v is not None}}
 
 
 def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None,
