@@ -104,8 +104,11 @@ def shift_rows(model: str, out: Path) -> list[dict]:
     from kvphase.sweep.analysis import summarize_shifts
     from kvphase.sweep.run import load_offsets, load_plan, load_results
 
+    from kvphase.sweep.report import task_chance
+
     plan = load_plan(out)
-    alone = summarize_shifts(load_results(out), load_offsets(out), plan.stride, plan.modulus, plan.seed)
+    alone = summarize_shifts(load_results(out), load_offsets(out), plan.stride, plan.modulus, plan.seed,
+                             task_chance(plan))
     return [{"model": model, "shift": d, "mean accuracy % (95% CI)": f"{s.mean_accuracy:.1f} ({s.mean_ci[0]:.1f} "
              f"to {s.mean_ci[1]:.1f})", "worst residue": f"{s.worst_residue}: {s.worst_accuracy:.1f}",
              "gap, points (95% CI)": f"{s.gap:.1f} ({s.gap_ci[0]:.1f} to {s.gap_ci[1]:.1f})"}
@@ -123,29 +126,37 @@ def main() -> None:
     if set(args.models) - set(MODELS):
         parser.error(f"unknown models: {', '.join(sorted(set(args.models) - set(MODELS)))}")
     sys.path.insert(0, str(ROOT))
+    listed = [m for m in MODELS if m in args.models or (OUT / f"{m}-plain" / "summary.json").exists()]
+    for model in listed:
+        sweep(model, "plain", args.per_residue)
+        chosen = args.fixes if model in args.models else []
+        for fix in [f for f in FIXES if f in chosen or (OUT / f"{model}-{f}").is_dir()]:
+            sweep(model, fix, args.per_residue)
+            print(f"{model}-{fix}", flush=True)
+    (OUT / "fixes.md").write_text(page())
+
+
+def page() -> str:
+    """fixes.md from the folders under reports/trained/fixes/ alone (nothing is swept): every model with a plain
+    sweep, each fix swept for it, and each shift of its 4-offset ensemble. `scripts/claims.py` rewrites it too."""
     import pandas as pd
 
     from kvphase.runfolder import markdown_table
 
     fixes, shifts = [], []
-    listed = [m for m in MODELS if m in args.models or (OUT / f"{m}-plain" / "summary.json").exists()]
+    listed = [m for m in MODELS if (OUT / f"{m}-plain" / "summary.json").exists()]
     for model in listed:
-        plain = sweep(model, "plain", args.per_residue)
-        chosen = args.fixes if model in args.models else []
-        for fix in [f for f in FIXES if f in chosen or f == "plain" or (OUT / f"{model}-{f}").is_dir()]:
-            out = sweep(model, fix, args.per_residue)
-            fixes.append(row(model, fix, out, plain))
-            print(" | ".join(fixes[-1].values()), flush=True)
+        fixes += [row(model, fix, OUT / f"{model}-{fix}", OUT / f"{model}-plain") for fix in FIXES
+                  if (OUT / f"{model}-{fix}" / "summary.json").exists()]
         shifts += shift_rows(model, OUT / f"{model}-offsets4-mean")
     models = "\n".join(f"- `{name}`: {MODELS[name][1]}" for name in listed)
-    page = (f"# Fixes at inference time\n\nEach model swept plain and under each fix (`kvphase sweep --offsets K "
+    return (f"# Fixes at inference time\n\nEach model swept plain and under each fix (`kvphase sweep --offsets K "
             f"--combine RULE`, `--random-offset`), one sweep after the other by `scripts/fixes_study.py` (one "
             f"thread). Tokens are the manifests' counts; wall times are the sweeps' own, on a machine shared with "
             f"other work (`bench/bench_offsets.py` measures them interleaved).\n\n{models}\n\n"
             f"## Gap and mean accuracy\n\n"
             f"{markdown_table(pd.DataFrame(fixes))}\n\n## Each shift of the 4-offset ensemble alone\n\n"
             f"{markdown_table(pd.DataFrame(shifts))}\n")
-    (OUT / "fixes.md").write_text(page)
 
 
 if __name__ == "__main__":
