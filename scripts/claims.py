@@ -444,22 +444,28 @@ def seed_tally(runs: list[str], learned: bool = False) -> str:
              f"trained/{run}/sweep") for run in kept]
     if not learned:
         return verdict_tally(rows)
-    return f"{len(kept)} of {len(runs)} seeds learned" + (f"; their sweeps read {verdict_tally(rows)}" if kept else "")
+    unit = "seeds" if by_seed else "runs"
+    return f"{len(kept)} of {len(runs)} {unit} learned" + (f"; their sweeps read {verdict_tally(rows)}" if kept else "")
+
+
+# the runs that show a verdict first, where they read it: the default sweep, the front page's figure, the long
+# context SmolLM2 cannot read, post-hoc block selection at 16 targets per residue
+VERDICT_EXAMPLES = ["trained/engine/csa-disjoint-seed0/sweep", "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024",
+                    "long-context/SmolLM2-135M-Instruct.Q4_1-records-S4-L8128", "reference/blocktopk-S4"]
 
 
 def verdict_examples() -> str:
-    """One committed sweep of each verdict the reports print, its headline quoted (the first folder under
-    reports/ in path order that reads it), as a list."""
+    """One committed sweep of each verdict the reports print (the first folder under reports/ in path order that
+    reads it), its headline quoted: a table."""
     seen: dict[str, Path] = {}
-    for path in sorted((ROOT / "reports").rglob("summary.json")):
+    preferred = [ROOT / "reports" / relative / "summary.json" for relative in VERDICT_EXAMPLES]
+    for path in preferred + sorted((ROOT / "reports").rglob("summary.json")):
         summary = json.loads(path.read_text())
         if "verdict" in summary and (path.parent / "config.json").is_file():
             seen.setdefault(summary["verdict"], path.parent)
-    lines = []
-    for word, folder in seen.items():
-        headline = _read(folder, "summary.json")["headline"]
-        lines.append(f"- *{word}*, [{folder.relative_to(ROOT / 'reports')}]({folder.relative_to(ROOT)}/report.md): {headline}")
-    return "\n".join(lines) + "\n"
+    rows = [[_link(word, folder, ROOT), f"`{folder.relative_to(ROOT / 'reports')}`", _read(folder, "summary.json")["headline"]]
+            for word, folder in seen.items()]
+    return _table(["verdict", "run", "its headline"], rows)
 
 
 def verdict_of(relative: str) -> str:
@@ -901,15 +907,15 @@ def residues_phrase(folder: str) -> str:
 
 
 def trained_files_table() -> str:
-    """README's table of the trained files in tests/data/trained/: each is seed 0 of a study
-    folder (the same bytes), shown with that folder's sweep."""
+    """The table of the trained files in tests/data/trained/ (reports/study-highlights.md): each is seed 0 of a
+    study folder (the same bytes), shown with that folder's sweep."""
     rows = []
     for file, layout, what, relative in TRAINED_FILES:
         folder = ROOT / "reports" / "trained" / relative
         s = _read(folder, "summary.json")
         what = f"{what} (residues mod {_read(folder, 'config.json')['modulus']})"
         rows.append([f"`{file}`", layout, what, f"{s['mean_accuracy']:.1f}%", f"{s['worst_residue']}: {s['worst_accuracy']:.1f}%",
-                     _gap(s), _p(s["test"]["p_value"]), _link(verdict(s), folder, ROOT)])
+                     _gap(s), _p(s["test"]["p_value"]), _link(verdict(s), folder, ROOT / "reports")])
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
 
@@ -1247,7 +1253,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long-context": lambda: long_context_table(
         [("SmolLM2-135M Q4_1", "reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "example"), LONG_CONTEXT[0],
          ("Gemma 3 270M Q4_K_M", "reports/calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated", "calibrated"),
-         LONG_CONTEXT[1]]),
+         LONG_CONTEXT[1]], ROOT / "reports"),
     "long-context-study": lambda: long_context_table(LONG_CONTEXT, ROOT / "reports"),
     "calibrated": lambda: calibrated_table([
         ("SmolLM2-135M", "calibrated/SmolLM2-135M-Instruct.Q4_1-records-S4-calibrated"),

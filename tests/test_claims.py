@@ -150,7 +150,7 @@ def test_a_large_modulus_is_read_against_the_stride_that_divides_it(tmp_path, mo
 
 @pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])
 def test_each_file_in_tests_data_is_its_study_folders_model_byte_for_byte(row):
-    """README says the small trained files are seed 0 of their study folders, byte for byte."""
+    """reports/study-highlights.md says the small trained files are seed 0 of their study folders, byte for byte."""
     file, _, _, sweep = row
     model = ROOT / "reports" / "trained" / sweep / ".." / "model.gguf"
     assert (ROOT / "tests" / "data" / "trained" / file).read_bytes() == model.resolve().read_bytes(), file
@@ -263,9 +263,10 @@ def _folders_read_while_generating(monkeypatch) -> set[Path]:
     read, plain = set(), claims._read
 
     def recording(folder, name):
-        if name == "summary.json":
+        data = plain(folder, name)
+        if name == "summary.json" and "per_residue" in data:  # a sweep's, not a training's
             read.add(Path(folder).resolve())
-        return plain(folder, name)
+        return data
 
     monkeypatch.setattr(claims, "_read", recording)
     for document in MARKED:
@@ -329,6 +330,6 @@ def test_every_verdict_in_a_table_is_its_folders_report(document):
 
 def test_the_readme_holds_tables_with_verdicts_of_folders():
     rows = table_verdicts((ROOT / "README.md").read_text(), ROOT)
-    assert len(rows) >= 6, rows
+    assert len(rows) >= 4, rows
     edited = (ROOT / "README.md").read_text().replace(f"[{rows[0][0]}](", "[inconclusive](", 1)
     assert table_verdicts(edited, ROOT)[0][0] == "inconclusive" != rows[0][0]
