@@ -1661,7 +1661,7 @@ def audit(document: Path) -> list[tuple[int, str]]:
     text = BLOCK.sub(lambda m: f"[claims:{m['name']}]" + "\n" * m.group(0).count("\n"), document.read_text())
     text = NOT_PROSE[1].sub(lambda m: "\n" * m.group(0).count("\n"), text)  # code blocks
     found = []
-    for sentence in re.finditer(r"[^.!?\n](?:[^.!?]|\.(?=\w)|\n(?!\n))*[.!?]?", text):
+    for sentence in re.finditer(r"[^.!?\n](?:[^.!?\n]|\.(?=\w)|\n(?![\n#]))*[.!?]?", text):  # a paragraph or heading ends one
         folders = [(document.parent / (m["target"] or "")) if m["target"] else ROOT / "reports" / m["path"].removeprefix("reports/")
                    for m in FOLDER_LINK.finditer(sentence.group(0))]
         if any((folder / "config.json").is_file() for folder in folders):

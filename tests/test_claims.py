@@ -333,3 +333,18 @@ def test_the_readme_holds_tables_with_verdicts_of_folders():
     assert len(rows) >= 4, rows
     edited = (ROOT / "README.md").read_text().replace(f"[{rows[0][0]}](", "[inconclusive](", 1)
     assert table_verdicts(edited, ROOT)[0][0] == "inconclusive" != rows[0][0]
+
+
+def test_the_audit_names_the_sentences_outside_blocks_that_name_a_folder(tmp_path):
+    """`scripts/claims.py --audit` run as the command it is: a sentence that links a run folder is printed with its
+    page and line, its generated phrases shown by name; a sentence naming no folder is not."""
+    (tmp_path / "trained").symlink_to(ROOT / "reports" / "trained")  # the page's links resolve as in reports/
+    page = tmp_path / "study-audit-probe.md"
+    page.write_text("# Probe\n\nThe gated seed reads <!-- claims:gated-tally -->x<!-- /claims:gated-tally --> "
+                    "([`trained/gated-seed0/sweep/`](trained/gated-seed0/sweep/report.md)).\n\nNo folder here.\n")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "claims.py"), "--audit", str(page)],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{page}:3: The gated seed reads [claims:gated-tally] "
+        "([`trained/gated-seed0/sweep/`](trained/gated-seed0/sweep/report.md))."], done.stdout
