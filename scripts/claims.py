@@ -49,10 +49,12 @@ def _read(folder: Path, name: str) -> dict:
 def exact_accuracies(summary: dict) -> dict:
     """A sweep summary whose residue accuracies, mean, worst, best and gap are recomputed unrounded from each
     residue's counts (correct of n): a number printed to one decimal is rounded once, not from two decimals."""
+    from kvphase.sweep.analysis import exact_accuracies as exact
+
     per_residue = [{**row, "accuracy": 100 * row["correct"] / row["n"]} for row in summary["per_residue"]]
-    accuracies = [row["accuracy"] for row in per_residue]
-    return {**summary, "per_residue": per_residue, "mean_accuracy": sum(accuracies) / len(accuracies),
-            "worst_accuracy": min(accuracies), "best_accuracy": max(accuracies), "gap": max(accuracies) - min(accuracies)}
+    found = exact(per_residue)
+    return {**summary, "per_residue": per_residue, "mean_accuracy": found["mean"], "worst_accuracy": found["worst"],
+            "best_accuracy": found["best"], "gap": found["gap"]}
 
 
 def verdict(summary: dict) -> str:
@@ -121,6 +123,8 @@ FIX_NAMES = [("plain", "none"), ("offsets2-mean", "`--offsets 2`"), ("offsets4-m
              ("offsets4-max", "`--offsets 4 --combine max`"), ("random-offset", "`--random-offset`")]
 
 
+CALIBRATED = [("SmolLM2-135M", "calibrated/SmolLM2-135M-Instruct.Q4_1-records-S4-calibrated"),
+              ("Gemma 3 270M", "calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated")]
 LONG_CONTEXT = [("SmolLM2-135M Q4_1", "reports/long-context/SmolLM2-135M-Instruct.Q4_1-records-S4-L8128", "long-context"),
                 ("Gemma 3 270M Q4_K_M", "reports/long-context/gemma-3-270m-q4_k_m-records-S4-L16384", "long-context")]
 
@@ -919,6 +923,11 @@ def trained_files_table() -> str:
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
 
+def headline_list(rows: list[tuple[str, str]]) -> str:
+    """Sweeps' headlines (label, folder under reports/), one list item each, linked to their reports."""
+    return "".join(f"- [{label}]({relative}/report.md): {_reports(relative)['headline']}\n" for label, relative in rows)
+
+
 def headline_quote(relative: str) -> str:
     """A run's headline as its report opens with it (summary.json), quoted in bold."""
     return f"> **{_read(ROOT / 'reports' / relative, 'summary.json')['headline']}**\n"
@@ -1255,9 +1264,10 @@ TABLES: dict[str, Callable[[], str]] = {
          ("Gemma 3 270M Q4_K_M", "reports/calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated", "calibrated"),
          LONG_CONTEXT[1]], ROOT / "reports"),
     "long-context-study": lambda: long_context_table(LONG_CONTEXT, ROOT / "reports"),
-    "calibrated": lambda: calibrated_table([
-        ("SmolLM2-135M", "calibrated/SmolLM2-135M-Instruct.Q4_1-records-S4-calibrated"),
-        ("Gemma 3 270M", "calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated")]),
+    "long-context-headlines": lambda: headline_list([(label, folder.removeprefix("reports/"))
+                                                     for label, folder, _ in LONG_CONTEXT]),
+    "calibrated-headlines": lambda: headline_list(CALIBRATED),
+    "calibrated": lambda: calibrated_table(CALIBRATED),
     "post-hoc": lambda: sweep_table(POST_HOC),
     "post-hoc-verdicts": lambda: verdict_tally(POST_HOC),
     "long-context-verdicts": lambda: verdict_tally([(label, folder.removeprefix("reports/")) for label, folder, _ in LONG_CONTEXT]),

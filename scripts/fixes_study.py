@@ -86,14 +86,17 @@ def sweep(model: str, fix: str, per_residue: int) -> Path:
 
 
 def row(model: str, fix: str, out: Path, plain: Path) -> dict:
+    from kvphase.sweep.analysis import exact_accuracies
+
     summary = json.loads((out / "summary.json").read_text())
+    exact = exact_accuracies(summary["per_residue"])  # rounded once, below
     cost = [json.loads((folder / "manifest.json").read_text()) for folder in (out, plain)]
     per_residue = json.loads((out / "config.json").read_text())["per_residue"]
     return {"model": model, "fix": fix, "targets per residue": str(per_residue),
-            "mean accuracy % (95% CI)": f"{summary['mean_accuracy']:.1f} ({summary['mean_ci'][0]:.1f} to "
+            "mean accuracy % (95% CI)": f"{exact['mean']:.1f} ({summary['mean_ci'][0]:.1f} to "
                                         f"{summary['mean_ci'][1]:.1f})",
-            "worst residue": f"{summary['worst_residue']}: {summary['worst_accuracy']:.1f}",
-            "gap, points (95% CI)": f"{summary['gap']:.1f} ({summary['gap_ci'][0]:.1f} to {summary['gap_ci'][1]:.1f})",
+            "worst residue": f"{summary['worst_residue']}: {exact['worst']:.1f}",
+            "gap, points (95% CI)": f"{exact['gap']:.1f} ({summary['gap_ci'][0]:.1f} to {summary['gap_ci'][1]:.1f})",
             "p": f"{summary['test']['p_value']:.2g}",
             "tokens x plain": f"{cost[0]['tokens_evaluated'] / cost[1]['tokens_evaluated']:.2f}",
             "wall time x plain": f"{cost[0]['wall_time_s'] / cost[1]['wall_time_s']:.2f}"}
@@ -109,9 +112,9 @@ def shift_rows(model: str, out: Path) -> list[dict]:
     plan = load_plan(out)
     alone = summarize_shifts(load_results(out), load_offsets(out), plan.stride, plan.modulus, plan.seed,
                              task_chance(plan))
-    return [{"model": model, "shift": d, "mean accuracy % (95% CI)": f"{s.mean_accuracy:.1f} ({s.mean_ci[0]:.1f} "
-             f"to {s.mean_ci[1]:.1f})", "worst residue": f"{s.worst_residue}: {s.worst_accuracy:.1f}",
-             "gap, points (95% CI)": f"{s.gap:.1f} ({s.gap_ci[0]:.1f} to {s.gap_ci[1]:.1f})"}
+    return [{"model": model, "shift": d, "mean accuracy % (95% CI)": f"{s.exact['mean']:.1f} ({s.mean_ci[0]:.1f} "
+             f"to {s.mean_ci[1]:.1f})", "worst residue": f"{s.worst_residue}: {s.exact['worst']:.1f}",
+             "gap, points (95% CI)": f"{s.exact['gap']:.1f} ({s.gap_ci[0]:.1f} to {s.gap_ci[1]:.1f})"}
             for d, s in alone.items()]
 
 

@@ -392,3 +392,12 @@ def test_a_run_of_one_context_is_uninformative_and_says_why():
     assert summary.headline().startswith("Uninformative, too few targets: at a mean accuracy of 50.0% (95% interval "
                                          "0.0 to 100.0%, from 1 context; chance 0%) the accuracy leaves a dip room")
     assert "targets per residue, in more than one context would detect a 20-point dip" in summary.headline()
+
+
+def test_a_headline_rounds_its_numbers_once():
+    """Residues at 140, 100, 120 and 120 of 210: the gap is 19.0476... points, one decimal 19.0; the summary's
+    two-decimal field (19.05) rounded again would print 19.1."""
+    summary = summarize(_frame([140 / 210, 100 / 210, 120 / 210, 120 / 210], n=210), stride=2, modulus=4)
+    assert f"{summary.gap:.1f}" == "19.1" and summary.exact["gap"] == pytest.approx(400 / 21)
+    assert "(gap 19.0 points," in summary.headline() and "reaches 47.6% against 66.7%" in summary.headline(), (
+        summary.headline())

@@ -74,6 +74,14 @@ def _effective(shares: pd.Series) -> float:
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
+def exact_accuracies(per_residue: list[dict]) -> dict[str, float]:
+    """The mean, worst, best and gap (%, points) from each residue's counts (a summary's `per_residue` rows),
+    unrounded: the two-decimal fields rounded again to one decimal would round twice."""
+    accuracy = [100 * row["correct"] / row["n"] for row in per_residue]
+    return {"mean": sum(accuracy) / len(accuracy), "worst": min(accuracy), "best": max(accuracy),
+            "gap": max(accuracy) - min(accuracy)}
+
+
 AT_THE_FLOOR = "uninformative at the floor"  # no dip that fits above chance would be detected
 TOO_FEW_TARGETS = "uninformative, too few targets"  # the accuracy has room for a dip, the sample does not
 SILENT = ("degenerate", AT_THE_FLOOR, TOO_FEW_TARGETS)  # the verdicts that read no phase and run no test
@@ -123,6 +131,11 @@ class Summary:
             object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
 
     @property
+    def exact(self) -> dict[str, float]:
+        """`exact_accuracies` of this run: what a headline prints, rounded once."""
+        return exact_accuracies(self.per_residue)
+
+    @property
     def spread(self) -> AnswerSpread | None:
         return None if self.answers is None else AnswerSpread(**self.answers)
 
@@ -164,14 +177,15 @@ class Summary:
         verdict = self.verdict
         if verdict in SILENT:
             return self._silent_headline(verdict)
-        numbers = (f"gap {self.gap:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
+        exact = self.exact
+        numbers = (f"gap {exact['gap']:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
                    f"log-probability p {p_text(self.logprob_test)}")
-        claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
-                 f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
+        claim = (f"residue {self.worst_residue} reaches {exact['worst']:.1f}% against "
+                 f"{exact['best']:.1f}% at residue {self.best_residue} ({numbers})")
         if verdict == "inconclusive":
             return (f"Inconclusive: the accuracy test finds no phase effect (p {p_text(self.test)}), but "
                     f"{' and '.join(self._disagreements())}; {claim}; a larger sample decides "
-                    f"(--per-residue auto --detect {max(self.gap, 1.0):.0f}).")
+                    f"(--per-residue auto --detect {max(exact['gap'], 1.0):.0f}).")
         if verdict == "effect":
             if self.control:
                 return (f"Control run: the model declares no KV-cache compression, yet accuracy varies with the "
@@ -192,9 +206,9 @@ class Summary:
             return (f"Degenerate: the model {answer} to {100 * spread.commonest_share:.1f}% of the "
                     f"{self.n_targets} targets ({spread.effective:.1f} distinct answers in effect, where the right ones "
                     f"spread over {spread.truth_effective:.1f}): its answers do not depend on the query, so no phase "
-                    f"can be read from this run (mean accuracy {self.mean_accuracy:.1f}%); {easier}.")
+                    f"can be read from this run (mean accuracy {self.exact['mean']:.1f}%); {easier}.")
         contexts = f"{self.n_contexts} context" + ("" if self.n_contexts == 1 else "s")
-        accuracy = (f"at a mean accuracy of {self.mean_accuracy:.1f}% (95% interval {self.mean_ci[0]:.1f} to "
+        accuracy = (f"at a mean accuracy of {self.exact['mean']:.1f}% (95% interval {self.mean_ci[0]:.1f} to "
                     f"{self.mean_ci[1]:.1f}%, from {contexts}; chance {self.chance:.2g}%)")
         power = "" if not self.power_at_floor or not self.largest_dip else (
             f": the largest, one residue losing {self.largest_dip:.1f} points (down to chance from the lower end of "
