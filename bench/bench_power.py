@@ -6,9 +6,9 @@ accuracies 2, 10, 50, 90 and 98%, each simulated run (a normal context effect of
 bench_density_statistics.py) goes through what a report does:
 
 1. a run without a phase effect is summarized: the detectable dip the report would print
-   (`analysis.what_the_run_can_see`, as `summarize` calls it), or none (the run is
-   *uninformative*: no dip that fits above 0%, down to the lower end of the mean's interval, is
-   found 80% of the time);
+   (`analysis.what_the_run_can_see`, as `summarize` calls it, with chance 0: the simulated task's
+   values are unbounded), or none (the run is *uninformative*: no dip that fits above chance, down
+   to it from the lower end of the mean's interval, is found 80% of the time);
 2. that dip is planted on the residue the report names as hardest, in a fresh run, and the
    report's accuracy test (`stratified_p_values`) is applied: the share that reject is the power
    the printed dip really has (it should be 75-85%). The dip is planted as the report defines it

@@ -7,12 +7,16 @@ A document holds a generated table between two markers:
     <!-- /claims:NAME -->
 
 `python scripts/claims.py` rewrites every such block in README.md, docs/, reports/README.md (the index of
-the studies) and the study pages beside it (reports/study-*.md);
+the studies) and the study pages beside it (reports/study-*.md), and, run without documents, the pages a
+study script derives from run folders (DERIVED: reports/trained/fixes/fixes.md);
 `--check` only compares (exit 1 naming each block that differs); tests/test_claims.py runs the
-check. Every number in a block is read from a summary.json, config.json or manifest.json, and
+check. Every number in a block is read from a summary.json, config.json or manifest.json (a sweep's
+accuracies recomputed from its residues' counts, so that nothing is rounded twice), and
 each row's verdict is the report's own class (`Summary.verdict`, printed as it is: no list of
-verdicts is kept here). Prose around a block is written by hand and must agree with it, and holds
-no measured number of its own (tests/test_claims.py).
+verdicts is kept here). Prose around a block is written by hand and holds no measured number, no
+verdict word and no retired method word of its own (`hand_numbers`, `verdict_words`, tested in
+tests/test_claims.py); `--audit` prints the sentences outside blocks that name a run folder, for a
+reviewer to read against it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,20 @@ FIXES = ROOT / "reports" / "trained" / "fixes"
 
 
 def _read(folder: Path, name: str) -> dict:
-    return json.loads((folder / name).read_text())
+    """A folder's JSON file; a sweep's summary.json with its accuracies exact (`exact_accuracies`)."""
+    data = json.loads((folder / name).read_text())
+    return exact_accuracies(data) if name == "summary.json" and "per_residue" in data else data
+
+
+def exact_accuracies(summary: dict) -> dict:
+    """A sweep summary whose residue accuracies, mean, worst, best and gap are recomputed unrounded from each
+    residue's counts (correct of n): a number printed to one decimal is rounded once, not from two decimals."""
+    from kvphase.sweep.analysis import exact_accuracies as exact
+
+    per_residue = [{**row, "accuracy": 100 * row["correct"] / row["n"]} for row in summary["per_residue"]]
+    found = exact(per_residue)
+    return {**summary, "per_residue": per_residue, "mean_accuracy": found["mean"], "worst_accuracy": found["worst"],
+            "best_accuracy": found["best"], "gap": found["gap"]}
 
 
 def verdict(summary: dict) -> str:
@@ -106,6 +123,8 @@ FIX_NAMES = [("plain", "none"), ("offsets2-mean", "`--offsets 2`"), ("offsets4-m
              ("offsets4-max", "`--offsets 4 --combine max`"), ("random-offset", "`--random-offset`")]
 
 
+CALIBRATED = [("SmolLM2-135M", "calibrated/SmolLM2-135M-Instruct.Q4_1-records-S4-calibrated"),
+              ("Gemma 3 270M", "calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated")]
 LONG_CONTEXT = [("SmolLM2-135M Q4_1", "reports/long-context/SmolLM2-135M-Instruct.Q4_1-records-S4-L8128", "long-context"),
                 ("Gemma 3 270M Q4_K_M", "reports/long-context/gemma-3-270m-q4_k_m-records-S4-L16384", "long-context")]
 
@@ -251,6 +270,7 @@ def profile_table(runs: list[tuple[str, str, str]]) -> str:
     """Trained models' sweeps at residues mod 8 against the published DeepSeek-V4 profile: each run's
     two worst residues, its block-end dip and the correlation of its profile with the published one,
     the published profile itself in the first row."""
+    moduli = sorted({_read(ROOT / "reports" / "trained" / name / sweep, "config.json")["modulus"] for _, name, sweep in runs})
     rows = [["DeepSeek-V4-Flash-Base (published)", "-", "-", ", ".join(f"{a:.1f}" for a in PUBLISHED_DEEPSEEK4),
              f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f}", "-", "-", "3, 7",
              f"{block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}", "1.00"]]
@@ -264,7 +284,8 @@ def profile_table(runs: list[tuple[str, str, str]]) -> str:
                      ", ".join(f"{a:.1f}" for a in accuracies),
                      _gap(s), _p(s["test"]["p_value"]), verdict(s), ", ".join(map(str, sorted(worst))),
                      f"{block_end_dip(accuracies):.1f}", _pearson(accuracies, PUBLISHED_DEEPSEEK4)])
-    return _table(["model", "held-out %", "targets per residue", "per residue % (mod 8)", "gap (95% CI)", "p", "verdict", "worst two residues",
+    return _table(["model", "held-out %", "targets per residue", f"per residue % (mod {' or '.join(map(str, moduli))})",
+                   "gap (95% CI)", "p", "verdict", "worst two residues",
                    "block-end dip (points)", "r with published"], rows)
 
 
@@ -281,6 +302,12 @@ def sweep_table(runs: list[tuple[str, str]], periodicity: bool = False) -> str:
     return _table(["run", "n per residue", "mean % (95% CI)", "worst residue %", "gap (95% CI)"]
                   + (["periodicity"] if periodicity else [])
                   + ["detectable dip", "p (CMH)", "p (log-prob)", "verdict"], rows)
+
+
+def stride_label(relative: str) -> str:
+    """A sweep's stride and modulus as its config.json gives them: "stride S, residues mod M"."""
+    config = _read(ROOT / "reports" / relative, "config.json")
+    return f"stride {config['stride']}, residues mod {config['modulus']}"
 
 
 def calibrated_table(runs: list[tuple[str, str]]) -> str:
@@ -334,7 +361,7 @@ def example_phrase() -> str:
     s, manifest = _read(folder, "summary.json"), _read(folder, "manifest.json")
     return (f"Mean accuracy {s['mean_accuracy']:.1f}%; residues range from {s['worst_accuracy']:.1f}% (residue "
             f"{s['worst_residue']}) to {s['best_accuracy']:.1f}% (residue {s['best_residue']}), a {s['gap']:.1f}-point raw "
-            f"gap whose bias-corrected 95% interval is {s['gap_ci'][0]:.1f} to {s['gap_ci'][1]:.1f} points. The "
+            f"gap whose simultaneous 95% interval is {s['gap_ci'][0]:.1f} to {s['gap_ci'][1]:.1f} points. The "
             f"Cochran-Mantel-Haenszel test stratified by context gives p = {s['test']['p_value']:.2f}, and the same test "
             f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)} ({dip_clause(s)}), in a "
             f"model that has no compression to cause one. Targets of one context agree a little (intra-context correlation "
@@ -386,6 +413,68 @@ def seed_verdicts(folders: list[str]) -> str:
         seed = _read(ROOT / "reports" / "trained" / folder, "config.json")["seed"]
         parts.append(f"{verdict(s)} at seed {seed} (gap {_gap(s)}, p = {_p(s['test']['p_value'])}; {dip_clause(s)})")
     return _and(parts)
+
+
+def verdict_tally(rows: list[tuple[str, str]], named: bool = True) -> str:
+    """How sweeps (label, folder under reports/) read, counted by verdict in the reports' own words, in the
+    order they first appear: "effect (2 of 3): seed 0 and seed 2; no effect at this power (1 of 3): seed 1"
+    (without the labels unless `named`)."""
+    groups: dict[str, list[str]] = {}
+    for label, relative in rows:
+        groups.setdefault(verdict(_reports(relative)), []).append(label)
+    return "; ".join(f"{word} ({len(labels)} of {len(rows)})" + (f": {_and(labels)}" if named else "")
+                     for word, labels in groups.items())
+
+
+def learned_tally_from(runs: list[str], from_context: int) -> str:
+    """How the sweeps of the trained runs (names under reports/trained/) that reached the 80% bar at
+    `from_context` tokens and longer read, counted: "effect (12 of 14); ..."."""
+    kept = [run for run in runs if _read(ROOT / "reports" / "trained" / run, "config.json")["context"] >= from_context
+            and _read(ROOT / "reports" / "trained" / run, "summary.json")["readable"]]
+    return verdict_tally([(run, f"trained/{run}/sweep") for run in kept], named=False)
+
+
+def fix_tally(models: list[tuple[str, str]], fix: str) -> str:
+    """How one fix's sweeps of several models (`fixes_table`'s (folder, label) pairs) read, by model."""
+    return verdict_tally([(label, f"trained/fixes/{model}-{fix}") for model, label in models])
+
+
+def seed_tally(runs: list[str], learned: bool = False) -> str:
+    """`verdict_tally` of trained runs' sweeps (names under reports/trained/), each labelled by its seed;
+    `learned`: only the runs whose training reached the 80% bar, said so."""
+    kept = [run for run in runs if not learned or _read(ROOT / "reports" / "trained" / run, "summary.json")["readable"]]
+    by_seed = len({re.sub(r"seed\d+$", "", run) for run in runs}) == 1  # one design's seeds: "seed k" says which
+    rows = [(f"seed {_read(ROOT / 'reports' / 'trained' / run, 'config.json')['seed']}" if by_seed else run.split("/")[-1],
+             f"trained/{run}/sweep") for run in kept]
+    if not learned:
+        return verdict_tally(rows)
+    unit = "seeds" if by_seed else "runs"
+    return f"{len(kept)} of {len(runs)} {unit} learned" + (f"; their sweeps read {verdict_tally(rows)}" if kept else "")
+
+
+# the runs that show a verdict first, where they read it: the default sweep, the front page's figure, the long
+# context SmolLM2 cannot read, post-hoc block selection at 16 targets per residue
+VERDICT_EXAMPLES = ["trained/engine/csa-disjoint-seed0/sweep", "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024",
+                    "long-context/SmolLM2-135M-Instruct.Q4_1-records-S4-L8128", "reference/blocktopk-S4"]
+
+
+def verdict_examples() -> str:
+    """One committed sweep of each verdict the reports print (the first folder under reports/ in path order that
+    reads it), its headline quoted: a table."""
+    seen: dict[str, Path] = {}
+    preferred = [ROOT / "reports" / relative / "summary.json" for relative in VERDICT_EXAMPLES]
+    for path in preferred + sorted((ROOT / "reports").rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        if "verdict" in summary and (path.parent / "config.json").is_file():
+            seen.setdefault(summary["verdict"], path.parent)
+    rows = [[_link(word, folder, ROOT), f"`{folder.relative_to(ROOT / 'reports')}`", _read(folder, "summary.json")["headline"]]
+            for word, folder in seen.items()]
+    return _table(["verdict", "run", "its headline"], rows)
+
+
+def verdict_of(relative: str) -> str:
+    """A sweep's verdict (a folder under reports/), in its report's words."""
+    return verdict(_reports(relative))
 
 
 def sweep_reading(relative: str) -> str:
@@ -822,15 +911,21 @@ def residues_phrase(folder: str) -> str:
 
 
 def trained_files_table() -> str:
-    """README's table of the trained files in tests/data/trained/: each is seed 0 of a study
-    folder (the same bytes), shown with that folder's sweep."""
+    """The table of the trained files in tests/data/trained/ (reports/study-highlights.md): each is seed 0 of a
+    study folder (the same bytes), shown with that folder's sweep."""
     rows = []
     for file, layout, what, relative in TRAINED_FILES:
         folder = ROOT / "reports" / "trained" / relative
         s = _read(folder, "summary.json")
+        what = f"{what} (residues mod {_read(folder, 'config.json')['modulus']})"
         rows.append([f"`{file}`", layout, what, f"{s['mean_accuracy']:.1f}%", f"{s['worst_residue']}: {s['worst_accuracy']:.1f}%",
-                     _gap(s), _p(s["test"]["p_value"]), _link(verdict(s), folder, ROOT)])
+                     _gap(s), _p(s["test"]["p_value"]), _link(verdict(s), folder, ROOT / "reports")])
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
+
+
+def headline_list(rows: list[tuple[str, str]]) -> str:
+    """Sweeps' headlines (label, folder under reports/), one list item each, linked to their reports."""
+    return "".join(f"- [{label}]({relative}/report.md): {_reports(relative)['headline']}\n" for label, relative in rows)
 
 
 def headline_quote(relative: str) -> str:
@@ -900,7 +995,7 @@ TRAINED_FILES = [
     ("csa-disjoint.gguf", "`deepseek4`", "DeepSeek-V4's compressor, each entry pooling its own 4 tokens", "engine/csa-disjoint-seed0/sweep"),
     ("csa-dense.gguf", "`deepseek4`", "its dense twin: a window over every token, trained with the induction hint", "engine/csa-dense-seed0/sweep"),
     ("csa-top4.gguf", "`deepseek4`", "DeepSeek-V4's overlapped compressor, its lightning indexer reading the top 4 entries, "
-     "128-token context (residues mod 8)", "ds4-ablation/ctx128-top4-seed0/sweep"),
+     "128-token context", "ds4-ablation/ctx128-top4-seed0/sweep"),
     ("glm-dense.gguf", "`glm5-next`", "GLM-5.3's layout, a top-k that keeps every pool: the dense twin", "engine/glm-dense-seed0/sweep"),
     ("gated.gguf", "gpt2 + gate tensors", "kvphase's first trained model (numpy reference only)", "gated-seed0/sweep"),
     ("dense.gguf", "gpt2", "its control, which never learned the retrieval", "dense-seed0/sweep")]
@@ -926,6 +1021,8 @@ DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dens
 GLM5_LAYOUT = [(f"glm-kpool seed {seed} (top-k 8)", f"engine/glm-kpool-seed{seed}") for seed in range(3)] + [
     ("glm-kpool top-k 4, seed 0", "engine/glm-kpool-top4-seed0"), ("glm-dense seed 0 (twin)", "engine/glm-dense-seed0")]
 
+POST_HOC = [("dense (control)", "reference/dense")] + [
+    (f"{design} S={stride}", f"reference/{design}-S{stride}") for design in ("blocktopk", "kpool", "meanpool") for stride in (4, 8)]
 POST_HOC_FIXES = [("blocktopk S=4", "reference/blocktopk-S4"),
                   ("+ offsets staggered across layers", "reference/blocktopk-S4-stagger-layer"),
                   ("+ offsets staggered across KV heads", "reference/blocktopk-S4-stagger-head"),
@@ -1071,9 +1168,20 @@ DS4_ABLATION = [(f"{cell.label}, seed {k}", run, "sweep")
                 for cell in DS4_CELLS for k, run in zip(cell.seeds, cell.runs())] + [
     ("csa, 64 tokens (engine study seed 0)", "engine/csa-seed0", "sweep-mod8"),
     ("csa-disjoint, 64 tokens (engine study seed 0)", "engine/csa-disjoint-seed0", "sweep-mod8")]
+CSA_FIXED = [("csa-seed0", "csa seed 0 (committed)"), *[(f"csa-seed{k}-retrained", f"csa seed {k}, retrained") for k in (1, 2, 3)],
+             ("csa-disjoint-seed0-Q4_0", "csa-disjoint seed 0, Q4_0"), ("csa-seed0-Q4_0", "csa seed 0, Q4_0")]
 SEEDS_FIXED = [(f"csa-disjoint-seed{k}-retrained", f"csa-disjoint seed {k}, retrained") for k in (2, 5, 6)]
 
 OFFSETS4 = [("plain", "none"), ("offsets4-mean", "`--offsets 4`")]  # (fix folder, as the tables name it)
+# the issue-43 models `--offsets 4` was tried on: (fix folder's model, as the tables name it)
+DS4_TOP4_FIXED = ([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
+                  + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")])
+DS4_HCA_FIXED = [("ds4-ctx256-hca-long-seed1", "256 tokens, ratios 4,128, seed 1"),
+                 ("ds4-ctx256-hca-long-seed2", "256 tokens, ratios 4,128, seed 2"),
+                 ("ds4-ctx256-hca-cont-seed0", "256 tokens, ratios 4,128, 6000 steps, seed 0"),
+                 ("ds4-ctx256-hca-long-seed1-Q4_0", "256 tokens, ratios 4,128, seed 1, Q4_0")]
+DS4_FAITHFUL_FIXED = ([(f"ds4-ctx256-top4-from-hca-seed{k}", f"256 tokens, ratios 4,128, top-4, seed {k}") for k in (0, 1, 2)]
+                      + [("ds4-ctx256-top4-from-hca-seed1-Q4_0", "256 tokens, ratios 4,128, top-4, seed 1, Q4_0")])
 BENCH_POWER = ROOT / "reports" / "bench-power" / "output.txt"  # `python bench/bench_power.py > ...`: its stdout
 SERVERS_BENCH = ROOT / "reports" / "servers" / "bench.md"  # `bench/bench_servers.py`'s console, quoted
 
@@ -1119,25 +1227,28 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-64-gaps": lambda: learned_gaps_by_context(DS4["ctx64"].runs()),
     "ds4-copy-64-seed0": lambda: sweep_against_training(DS4["ctx64-copy"].runs()[0]),
     "ds4-faithful-gaps": lambda: learned_gaps_by_context(ds4_runs("faithful")),
-    "ds4-strides": lambda: sweep_table([(f"stride {s}, residues mod {m}", f"trained/ds4-ablation/ctx768-hca-from512-seed0/"
-                                         f"strides/ctx768-hca-from512-seed0-pairs-S{s}-L768") for s, m in ((4, 8), (128, 128))]),
-    "fixes-ds4": lambda: fixes_table([(f"ds4-ctx128-top4-seed{k}", f"128 tokens, top-4, seed {k}") for k in (0, 2, 4, 5)]
-                                     + [("ds4-ctx128-top4-seed0-Q4_0", "128 tokens, top-4, seed 0, Q4_0")],
-                                     OFFSETS4),
-    "fixes-ds4-faithful": lambda: fixes_table(
-        [(f"ds4-ctx256-top4-from-hca-seed{k}", f"256 tokens, ratios 4,128, top-4, seed {k}") for k in (0, 1, 2)]
-        + [("ds4-ctx256-top4-from-hca-seed1-Q4_0", "256 tokens, ratios 4,128, top-4, seed 1, Q4_0")],
-        OFFSETS4),
-    "fixes-ds4-hca": lambda: fixes_table([("ds4-ctx256-hca-long-seed1", "256 tokens, ratios 4,128, seed 1"),
-                                          ("ds4-ctx256-hca-long-seed2", "256 tokens, ratios 4,128, seed 2"),
-                                          ("ds4-ctx256-hca-cont-seed0", "256 tokens, ratios 4,128, 6000 steps, seed 0"),
-                                          ("ds4-ctx256-hca-long-seed1-Q4_0", "256 tokens, ratios 4,128, seed 1, Q4_0")],
-                                         OFFSETS4),
-    "fixes-csa": lambda: fixes_table([("csa-seed0", "csa seed 0 (committed)"),
-                                      *[(f"csa-seed{k}-retrained", f"csa seed {k}, retrained") for k in (1, 2, 3)],
-                                      ("csa-disjoint-seed0-Q4_0", "csa-disjoint seed 0, Q4_0"),
-                                      ("csa-seed0-Q4_0", "csa seed 0, Q4_0")],
-                                     OFFSETS4),
+    "ds4-strides": lambda: sweep_table([(stride_label(folder), folder) for folder in (
+        f"trained/ds4-ablation/ctx768-hca-from512-seed0/strides/ctx768-hca-from512-seed0-pairs-S{s}-L768" for s in (4, 128))]),
+    "fixes-ds4": lambda: fixes_table(DS4_TOP4_FIXED, OFFSETS4),
+    "fixes-ds4-faithful": lambda: fixes_table(DS4_FAITHFUL_FIXED, OFFSETS4),
+    "fixes-ds4-hca": lambda: fixes_table(DS4_HCA_FIXED, OFFSETS4),
+    "fixes-csa": lambda: fixes_table(CSA_FIXED, OFFSETS4),
+    "fixes-csa-tally": lambda: fix_tally(CSA_FIXED, "offsets4-mean"),
+    "fixes-seeds-tally": lambda: fix_tally([("csa-disjoint-seed0", "csa-disjoint seed 0"), *SEEDS_FIXED], "offsets4-mean"),
+    "fixes-csa-disjoint-tally": lambda: fix_tally([("csa-disjoint-seed0", "F32"), ("csa-disjoint-seed0-Q4_0", "Q4_0")],
+                                                  "offsets4-mean"),
+    "gated-tally-256": lambda: seed_tally([f"gated-L256-seed{k}" for k in range(3)], learned=True),
+    "gated-tally-256-long": lambda: seed_tally([f"gated-L256-long-seed{k}" for k in range(3)], learned=True),
+    "meanpool-gated-start-tally": lambda: seed_tally([f"meanpool-gated-start-seed{k}" for k in range(3)]),
+    "dense-tally": lambda: seed_tally([f"dense-seed{k}" for k in range(3)]),
+    "rolling-tally": lambda: seed_tally([f"rolling-seed{k}" for k in range(3)]),
+    "stagger-head-tally": lambda: seed_tally([f"gated-stagger-head-seed{k}" for k in range(3)]),
+    "capacity-h2-tally": lambda: seed_tally([f"gated-stagger-head-h2-seed{k}" for k in range(3)]),
+    "glm-msa-tally": lambda: seed_tally([f"glm-msa-seed{k}" for k in range(3)], learned=True),
+    "csa-dense-tally": lambda: seed_tally([f"engine/csa-dense-seed{k}" for k in range(3)]),
+    "readme-offsets4-verdict": lambda: verdict_of("trained/fixes/csa-disjoint-seed0-offsets4-mean"),
+    "verdict-examples": verdict_examples,
+    "meanpool-seed2-verdict": lambda: verdict_of("trained/meanpool-seed2/sweep"),
     "glm5-layout": lambda: trained_table(GLM5_LAYOUT, quantized=True, reference=True),
     "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
     "reports-contents": lambda: contents(ROOT / "reports" / "README.md"),
@@ -1151,15 +1262,24 @@ TABLES: dict[str, Callable[[], str]] = {
     "long-context": lambda: long_context_table(
         [("SmolLM2-135M Q4_1", "reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "example"), LONG_CONTEXT[0],
          ("Gemma 3 270M Q4_K_M", "reports/calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated", "calibrated"),
-         LONG_CONTEXT[1]]),
+         LONG_CONTEXT[1]], ROOT / "reports"),
     "long-context-study": lambda: long_context_table(LONG_CONTEXT, ROOT / "reports"),
-    "calibrated": lambda: calibrated_table([
-        ("SmolLM2-135M", "calibrated/SmolLM2-135M-Instruct.Q4_1-records-S4-calibrated"),
-        ("Gemma 3 270M", "calibrated/gemma-3-270m-q4_k_m-records-S4-calibrated")]),
-    "post-hoc": lambda: sweep_table([("dense (control)", "reference/dense")] + [
-        (f"{design} S={stride}", f"reference/{design}-S{stride}") for design in ("blocktopk", "kpool", "meanpool")
-        for stride in (4, 8)]),
+    "long-context-headlines": lambda: headline_list([(label, folder.removeprefix("reports/"))
+                                                     for label, folder, _ in LONG_CONTEXT]),
+    "calibrated-headlines": lambda: headline_list(CALIBRATED),
+    "calibrated": lambda: calibrated_table(CALIBRATED),
+    "post-hoc": lambda: sweep_table(POST_HOC),
+    "post-hoc-verdicts": lambda: verdict_tally(POST_HOC),
+    "long-context-verdicts": lambda: verdict_tally([(label, folder.removeprefix("reports/")) for label, folder, _ in LONG_CONTEXT]),
+    "gated-tally": lambda: seed_tally([f"gated-seed{k}" for k in range(3)]),
+    "csa-disjoint-tally": lambda: seed_tally([f"engine/csa-disjoint-seed{k}" for k in range(5)], learned=True),
+    "csa-tally": lambda: seed_tally([f"engine/csa-seed{k}" for k in range(5)], learned=True),
+    "glm-topk-tally": lambda: seed_tally(ds4_runs("glm"), learned=True),
+    "glm-kpool-tally": lambda: seed_tally([f"engine/glm-kpool-seed{k}" for k in range(3)], learned=True),
+    "glm-dense-verdict": lambda: verdict_of("trained/engine/glm-dense-seed0/sweep"),
     "post-hoc-fixes": lambda: sweep_table(POST_HOC_FIXES),
+    "post-hoc-fixes-verdicts": lambda: verdict_tally(POST_HOC_FIXES),
+    "post-hoc-fixes-n64-verdicts": lambda: verdict_tally([(label, f"{folder}-n64") for label, folder in POST_HOC_FIXES]),
     "post-hoc-fixes-n64": lambda: sweep_table([(label, f"{folder}-n64") for label, folder in POST_HOC_FIXES], True),
     "rolling": lambda: trained_table([(f"{design} seed {seed}", f"{design}-seed{seed}")
                                       for design in ("rolling", "gated", "dense") for seed in range(3)], logprob=True),
@@ -1220,6 +1340,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "gated-256-heldout": lambda: heldout_phrase([f"gated-L256-seed{k}" for k in range(3)]),
     "gated-256-long-heldout": lambda: heldout_phrase([f"gated-L256-long-seed{k}" for k in range(3)]),
     "ds4-gaps-from128": lambda: gaps_between(ds4_runs("csa"), 13, 17, 128),
+    "ds4-learned-from128-tally": lambda: learned_tally_from(ds4_runs("csa"), 128),
+    "fixes-ds4-tally": lambda: fix_tally(DS4_TOP4_FIXED, "offsets4-mean"),
+    "fixes-ds4-hca-tally": lambda: fix_tally(DS4_HCA_FIXED, "offsets4-mean"),
+    "fixes-ds4-faithful-tally": lambda: fix_tally(DS4_FAITHFUL_FIXED, "offsets4-mean"),
     "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
     "gates-tiny-glm5": lambda: gate_bias_spread("example-gates-tiny-glm5-next"),
@@ -1388,6 +1512,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
     "fix-csa-disjoint-two": lambda: fix_change("csa-disjoint-seed0", "offsets2-mean"),
+    "fix-csa-disjoint-two-verdict": lambda: verdict_of("trained/fixes/csa-disjoint-seed0-offsets2-mean"),
+    "fix-gated-verdict": lambda: verdict_of("trained/fixes/gated-seed0-offsets4-mean"),
+    "fix-csa-retrained-tally": lambda: verdict_tally([(f"seed {k}", f"trained/fixes/csa-seed{k}-retrained-plain")
+                                                      for k in (1, 2, 3)]),
     "fix-csa-disjoint-max": lambda: fix_change("csa-disjoint-seed0", "offsets4-max"),
     "fix-csa-disjoint-random": lambda: fix_change("csa-disjoint-seed0", "random-offset"),
     "fix-gated-mean": lambda: fix_change("gated-seed0", "offsets4-mean"),
@@ -1465,10 +1593,13 @@ NOT_PROSE = [BLOCK, re.compile(r"^ *```.*?^ *```", re.S | re.M), re.compile(r"`[
              re.compile(r"\b(?:rho|beta|lr|S|K|D)\s?=\s?\d+(?:\.\d+)?\b")]  # a setting of a run, not its result
 _START = r"(?<![\w.\-/^])"
 HAND_NUMBER = re.compile(
-    _START + r"[-+]?\d+(?:\.\d+)?(?:e-?\d+)?(?:-\d+(?:\.\d+)?)?%"  # a percentage or a range of them
+    _START + r"\d+(?:\.\d+)?(?:[x×](?![\w(])| times\b)"  # a ratio, "4x", "13 times"
+    r"|" + _START + r"[-+]?\d+(?:\.\d+)?(?:e-?\d+)?(?:-\d+(?:\.\d+)?)?%"  # a percentage or a range of them
     r"|" + _START + r"[-+]?\d+\.\d+(?:e-?\d+)?(?![\d.])|" + _START + r"\d+e-\d+"  # a decimal, a power of ten
     r"|" + _START + r"\d+ of \d+(?!\w)"  # a count
-    r"|" + _START + r"\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? (?:points|nats|seconds|minutes|min|hours|s)\b")  # an amount
+    r"|" + _START + r"\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)? (?:points|nats|seconds|minutes|min|hours|s)\b"  # an amount
+    r"|" + _START + r"[-−]\d+(?:\.\d+)?(?: to [-−+]?\d+(?:\.\d+)?)?(?![\w.-])"  # a signed number, a range with a minus
+    r"|(?<=within )\d+(?:,\d{3})*(?!\w)|(?<=after )\d+(?:,\d{3})*(?= steps)|(?<=by step )\d+(?:,\d{3})*")  # a count of steps a run took
 ALLOWED = {"80%": "the bar a trained model must reach, and the power a detectable dip is computed at",
            "95%": "the level of every interval", "0.05": "alpha", "5%": "alpha",
            "40-80%": "`--calibrate`'s default band", "30%": "a default budget (the pilot's, the dense steps')",
@@ -1476,16 +1607,91 @@ ALLOWED = {"80%": "the bar a trained model must reach, and the power a detectabl
            "90%": "the share of one answer that makes a run degenerate (analysis.DEGENERATE_SHARE)",
            "0.00025": "the smallest p 4,000 permutations give, 1 / 4001",
            "98%": "the highest base accuracy bench_power.py simulates",
+           "20 points": "the dip a run is planned for and told the targets of (analysis.PLANNED_DIP, `--detect 20`)",
            "93%": "the coverage under which a report says its mean interval falls short (report.SHORT_COVERAGE)"}
+
+
+TABLE_NUMBER = re.compile(r"^[-+~]?\d[\d,]*(?:\.\d+)?\s?(?:%|s|ms|min|x|K|M|points)?$")  # a table cell that is a number
+
+
+def prose(text: str) -> str:
+    """`text` with what is not prose (NOT_PROSE) blanked, its line numbers kept."""
+    for pattern in NOT_PROSE:
+        text = pattern.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    return text
 
 
 def hand_numbers(text: str) -> list[tuple[int, str]]:
     """The measured-looking numbers a document's prose holds outside generated blocks: (line, number),
-    ALLOWED ones left out."""
-    for pattern in NOT_PROSE:
-        text = pattern.sub(lambda m: "\n" * m.group(0).count("\n"), text)
-    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in HAND_NUMBER.finditer(text)
-            if m.group(0) not in ALLOWED]
+    ALLOWED ones left out; and the numbers in the body cells of a table written by hand."""
+    text = prose(text)
+    found = [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in HAND_NUMBER.finditer(text)]
+    lines = [line.strip() for line in text.split("\n")]
+    for number, line in enumerate(lines, 1):
+        header = number == 1 or not lines[number - 2].startswith("|")
+        if line.startswith("|") and not header and not re.fullmatch(r"[|:\- ]+", line):
+            found += [(number, cell.strip()) for cell in line.strip().strip("|").split("|")
+                      if TABLE_NUMBER.match(cell.strip())]
+    return sorted((found for found in found if found[1] not in ALLOWED), key=lambda found: found[0])
+
+
+# Verdict words: a verdict is the report's, so prose names one only inside a generated block, or on the pages that
+# define the classes. Method words the reports no longer use stand only in a sentence that says they are retired.
+DEFINING = {"docs/glossary.md", "docs/statistics.md"}
+VERDICT_WORDS = re.compile(
+    r"\b(?:inconclusive|uninformative(?:\s+at\s+the\s+floor|,\s+too\s+few\s+targets)?|degenerate|no\s+(?:phase\s+)?effect\s+at\s+this\s+power|too\s+few\s+targets|at\s+the\s+floor"
+    r"|accuracy\s+depends\s+on\s+the\s+token\s+phase|no\s+phase\s+effect\s+larger\s+than|control\s+run:"
+    r"|(?:reads?|reading|verdicts?|class(?:es)?|an?)\s+[\"*_]?effect\b(?!\s+of|\s+on|\s+size)"
+    r"|effect\s+at\s+(?:\d+|every|all|one|two|three|seeds?))\b", re.I)
+DEFINITION_LINK = re.compile(r"\[[^\]\n]+\]\((?:[^)\s]*/)?(?:glossary|statistics)\.md#[^)\s]+\)")  # a word sent to its definition
+RETIRED = re.compile(r"\bbias[- ]corrected\b|\bbootstrap\w*\b(?=[^.]*\bgap\b)|\bgap\b[^.]*\bbootstrap\w*\b", re.I)
+# a sentence that says a method is retired, or is about the one bootstrap still used: compare's gap difference
+RETIRING = re.compile(r"\b(?:retired|no longer|replaced|used to|before issue|differences?|minus|compare)\b", re.I)
+
+
+def verdict_words(text: str, page: str = "") -> list[tuple[int, str]]:
+    """Verdict words the prose of `page` names outside generated blocks (none on a DEFINING page), and method
+    words the reports no longer use in a sentence that does not say so: (line, words)."""
+    text = prose(DEFINITION_LINK.sub(lambda m: " " * len(m.group(0)), text))
+    found = [] if page in DEFINING else [(m.start(), m.group(0)) for m in VERDICT_WORDS.finditer(text)]
+    for m in RETIRED.finditer(text):
+        sentence = text[max(text.rfind(".", 0, m.start()), text.rfind("\n\n", 0, m.start())) + 1:
+                        text.find(".", m.end()) % (len(text) + 1)]
+        if not RETIRING.search(sentence):
+            found.append((m.start(), m.group(0)))
+    return [(text.count("\n", 0, at) + 1, " ".join(words.split())) for at, words in sorted(found)]
+
+
+FOLDER_LINK = re.compile(r"\]\((?P<target>[^)#\s]+?)/?(?:report\.md)?\)|`(?P<path>(?:reports/)?trained/[^`\s]+?)/?`")
+
+
+def audit(document: Path) -> list[tuple[int, str]]:
+    """The sentences of a document outside its generated blocks and code that name a run folder (a link to
+    one, or its path in backticks), with their lines: what a reviewer reads against the folder."""
+    text = BLOCK.sub(lambda m: f"[claims:{m['name']}]" + "\n" * m.group(0).count("\n"), document.read_text())
+    text = NOT_PROSE[1].sub(lambda m: "\n" * m.group(0).count("\n"), text)  # code blocks
+    found = []
+    for sentence in re.finditer(r"[^.!?\n](?:[^.!?\n]|\.(?=\w)|\n(?![\n#]))*[.!?]?", text):  # a paragraph or heading ends one
+        folders = [(document.parent / (m["target"] or "")) if m["target"] else ROOT / "reports" / m["path"].removeprefix("reports/")
+                   for m in FOLDER_LINK.finditer(sentence.group(0))]
+        if any((folder / "config.json").is_file() for folder in folders):
+            found.append((text.count("\n", 0, sentence.start()) + 1, " ".join(sentence.group(0).split())))
+    return found
+
+
+def fixes_page() -> str:
+    """reports/trained/fixes/fixes.md as `scripts/fixes_study.py` writes it, from the fix folders alone."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fixes_study", ROOT / "scripts" / "fixes_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.page()
+
+
+# pages a script writes from run folders that prose sends readers to: rewritten (or checked) with the documents,
+# so that a re-report cannot leave them stale
+DERIVED: dict[Path, Callable[[], str]] = {FIXES / "fixes.md": fixes_page}
 
 
 def regenerate(text: str) -> str:
@@ -1511,7 +1717,18 @@ def main() -> int:
     parser.add_argument("--hand-numbers", action="store_true",
                         help="list, by document and line, the measured-looking numbers the prose holds outside its "
                              "blocks (tests/test_claims.py allows none)")
+    parser.add_argument("--audit", action="store_true",
+                        help="print, for each document, the sentences outside its generated blocks that name a run "
+                             "folder, for a reviewer to read against it")
     args = parser.parse_args()
+    if args.audit:
+        for document in args.documents or HAND_WRITTEN:
+            if not document.is_file():
+                parser.error(f"{document}: no such document")
+            for line, sentence in audit(document):
+                print(f"{document.resolve().relative_to(ROOT) if document.resolve().is_relative_to(ROOT) else document}:"
+                      f"{line}: {sentence}")
+        return 0
     if args.hand_numbers:
         for document in HAND_WRITTEN:
             for line, number in hand_numbers(document.read_text()):
@@ -1531,6 +1748,11 @@ def main() -> int:
             stale.append(document.resolve().relative_to(ROOT) if document.resolve().is_relative_to(ROOT) else document)
             if not args.check:
                 document.write_text(new)
+    for page, build in DERIVED.items() if not args.documents else ():
+        if page.read_text() != (new := build()):
+            stale.append(page.relative_to(ROOT))
+            if not args.check:
+                page.write_text(new)
     for document in stale:
         print(f"{document}: {'differs from its run folders' if args.check else 'rewritten'}")
     return 1 if stale and args.check else 0

@@ -86,14 +86,17 @@ def sweep(model: str, fix: str, per_residue: int) -> Path:
 
 
 def row(model: str, fix: str, out: Path, plain: Path) -> dict:
+    from kvphase.sweep.analysis import exact_accuracies
+
     summary = json.loads((out / "summary.json").read_text())
+    exact = exact_accuracies(summary["per_residue"])  # rounded once, below
     cost = [json.loads((folder / "manifest.json").read_text()) for folder in (out, plain)]
     per_residue = json.loads((out / "config.json").read_text())["per_residue"]
     return {"model": model, "fix": fix, "targets per residue": str(per_residue),
-            "mean accuracy % (95% CI)": f"{summary['mean_accuracy']:.1f} ({summary['mean_ci'][0]:.1f} to "
+            "mean accuracy % (95% CI)": f"{exact['mean']:.1f} ({summary['mean_ci'][0]:.1f} to "
                                         f"{summary['mean_ci'][1]:.1f})",
-            "worst residue": f"{summary['worst_residue']}: {summary['worst_accuracy']:.1f}",
-            "gap, points (95% CI)": f"{summary['gap']:.1f} ({summary['gap_ci'][0]:.1f} to {summary['gap_ci'][1]:.1f})",
+            "worst residue": f"{summary['worst_residue']}: {exact['worst']:.1f}",
+            "gap, points (95% CI)": f"{exact['gap']:.1f} ({summary['gap_ci'][0]:.1f} to {summary['gap_ci'][1]:.1f})",
             "p": f"{summary['test']['p_value']:.2g}",
             "tokens x plain": f"{cost[0]['tokens_evaluated'] / cost[1]['tokens_evaluated']:.2f}",
             "wall time x plain": f"{cost[0]['wall_time_s'] / cost[1]['wall_time_s']:.2f}"}
@@ -104,11 +107,14 @@ def shift_rows(model: str, out: Path) -> list[dict]:
     from kvphase.sweep.analysis import summarize_shifts
     from kvphase.sweep.run import load_offsets, load_plan, load_results
 
+    from kvphase.sweep.report import task_chance
+
     plan = load_plan(out)
-    alone = summarize_shifts(load_results(out), load_offsets(out), plan.stride, plan.modulus, plan.seed)
-    return [{"model": model, "shift": d, "mean accuracy % (95% CI)": f"{s.mean_accuracy:.1f} ({s.mean_ci[0]:.1f} "
-             f"to {s.mean_ci[1]:.1f})", "worst residue": f"{s.worst_residue}: {s.worst_accuracy:.1f}",
-             "gap, points (95% CI)": f"{s.gap:.1f} ({s.gap_ci[0]:.1f} to {s.gap_ci[1]:.1f})"}
+    alone = summarize_shifts(load_results(out), load_offsets(out), plan.stride, plan.modulus, plan.seed,
+                             task_chance(plan))
+    return [{"model": model, "shift": d, "mean accuracy % (95% CI)": f"{s.exact['mean']:.1f} ({s.mean_ci[0]:.1f} "
+             f"to {s.mean_ci[1]:.1f})", "worst residue": f"{s.worst_residue}: {s.exact['worst']:.1f}",
+             "gap, points (95% CI)": f"{s.exact['gap']:.1f} ({s.gap_ci[0]:.1f} to {s.gap_ci[1]:.1f})"}
             for d, s in alone.items()]
 
 
@@ -123,29 +129,37 @@ def main() -> None:
     if set(args.models) - set(MODELS):
         parser.error(f"unknown models: {', '.join(sorted(set(args.models) - set(MODELS)))}")
     sys.path.insert(0, str(ROOT))
+    listed = [m for m in MODELS if m in args.models or (OUT / f"{m}-plain" / "summary.json").exists()]
+    for model in listed:
+        sweep(model, "plain", args.per_residue)
+        chosen = args.fixes if model in args.models else []
+        for fix in [f for f in FIXES if f in chosen or (OUT / f"{model}-{f}").is_dir()]:
+            sweep(model, fix, args.per_residue)
+            print(f"{model}-{fix}", flush=True)
+    (OUT / "fixes.md").write_text(page())
+
+
+def page() -> str:
+    """fixes.md from the folders under reports/trained/fixes/ alone (nothing is swept): every model with a plain
+    sweep, each fix swept for it, and each shift of its 4-offset ensemble. `scripts/claims.py` rewrites it too."""
     import pandas as pd
 
     from kvphase.runfolder import markdown_table
 
     fixes, shifts = [], []
-    listed = [m for m in MODELS if m in args.models or (OUT / f"{m}-plain" / "summary.json").exists()]
+    listed = [m for m in MODELS if (OUT / f"{m}-plain" / "summary.json").exists()]
     for model in listed:
-        plain = sweep(model, "plain", args.per_residue)
-        chosen = args.fixes if model in args.models else []
-        for fix in [f for f in FIXES if f in chosen or f == "plain" or (OUT / f"{model}-{f}").is_dir()]:
-            out = sweep(model, fix, args.per_residue)
-            fixes.append(row(model, fix, out, plain))
-            print(" | ".join(fixes[-1].values()), flush=True)
+        fixes += [row(model, fix, OUT / f"{model}-{fix}", OUT / f"{model}-plain") for fix in FIXES
+                  if (OUT / f"{model}-{fix}" / "summary.json").exists()]
         shifts += shift_rows(model, OUT / f"{model}-offsets4-mean")
     models = "\n".join(f"- `{name}`: {MODELS[name][1]}" for name in listed)
-    page = (f"# Fixes at inference time\n\nEach model swept plain and under each fix (`kvphase sweep --offsets K "
+    return (f"# Fixes at inference time\n\nEach model swept plain and under each fix (`kvphase sweep --offsets K "
             f"--combine RULE`, `--random-offset`), one sweep after the other by `scripts/fixes_study.py` (one "
             f"thread). Tokens are the manifests' counts; wall times are the sweeps' own, on a machine shared with "
             f"other work (`bench/bench_offsets.py` measures them interleaved).\n\n{models}\n\n"
             f"## Gap and mean accuracy\n\n"
             f"{markdown_table(pd.DataFrame(fixes))}\n\n## Each shift of the 4-offset ensemble alone\n\n"
             f"{markdown_table(pd.DataFrame(shifts))}\n")
-    (OUT / "fixes.md").write_text(page)
 
 
 if __name__ == "__main__":

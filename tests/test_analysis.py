@@ -97,9 +97,55 @@ def test_a_run_at_the_floor_is_uninformative_whatever_its_log_probabilities_say(
     frame = _frame([0.0] * 8, n=24)  # accuracy at the floor everywhere
     frame["logprob"] = frame["logprob"] - 0.5 * (frame["residue"] == 3)
     summary = summarize(frame, stride=4, modulus=8)
-    assert summary.detectable_dip is None and summary.verdict == "uninformative"
-    assert summary.headline().startswith("Uninformative: at a mean accuracy of 0.0% (95% interval 0.0 to 2.0%, from "
-                                         "24 contexts) no one-residue dip can be said to fit above 0%")
+    assert summary.detectable_dip is None and summary.verdict == "uninformative at the floor"
+    assert summary.headline().startswith(
+        "Uninformative at the floor: at a mean accuracy of 0.0% (95% interval 0.0 to 2.0%, from 24 contexts; chance 0%) "
+        "no one-residue dip that fits above chance would be detected, so no phase can be read from this run; an easier")
+
+
+def test_a_run_barely_above_chance_prints_no_dip_larger_than_its_accuracy_above_chance():
+    """The ds4-ablation case (issue 64): 3.3% correct where a guess among 64 values scores 1.5625%. Counted
+    from 0% the run has room for a dip it can detect; counted from chance it has none, and reads at the floor."""
+    frame = _frame([0.033] * 8, n=1000)
+    from_zero, from_chance = summarize(frame, 4, 8), summarize(frame, 4, 8, chance=1 / 64)
+    assert from_zero.detectable_dip is not None and from_zero.verdict == "no effect at this power"
+    above_chance = from_chance.mean_ci[0] - 100 / 64
+    assert from_chance.largest_dip == pytest.approx(above_chance, abs=0.01), (from_chance.largest_dip, above_chance)
+    assert from_chance.detectable_dip is None and from_chance.verdict == "uninformative at the floor"
+    assert "chance 1.6%" in from_chance.headline()
+
+
+@pytest.mark.parametrize("mean, chance, verdict", [(20.1, 0.0, "uninformative, too few targets"),
+                                                   (19.9, 0.0, "uninformative at the floor"),
+                                                   (21.0, 1.5625, "uninformative at the floor"),
+                                                   (21.6, 1.5625, "uninformative, too few targets")])
+def test_a_run_that_detects_no_dip_is_at_the_floor_below_20_points_above_chance(mean, chance, verdict):
+    from dataclasses import replace
+
+    summary = summarize(_frame([0.5] * 8, n=2), stride=4, modulus=8)
+    assert summary.detectable_dip is None
+    assert replace(summary, mean_accuracy=mean, chance=chance).verdict == verdict
+
+
+def test_too_few_targets_names_what_the_planner_asks_for_a_20_point_dip():
+    """Far from the floor with 2 targets per residue: the headline gives the count `--per-residue auto
+    --detect 20` plans (plan.per_residue_for_detect) at this run's modulus, not advice to find an easier setting."""
+    from kvphase.sweep.plan import per_residue_for_detect
+
+    summary = summarize(_frame([0.5] * 8, n=2), stride=4, modulus=8)
+    needed = per_residue_for_detect(20, 8)
+    assert summary.verdict == "uninformative, too few targets"
+    headline = summary.headline()
+    assert "the accuracy leaves a dip room, but this sample (16 targets, 2 per residue) would detect none" in headline
+    assert headline.endswith(f"; {needed} targets per residue would detect a 20-point dip "
+                             "(`--per-residue auto --detect 20`)."), headline
+    assert "easier setting" not in headline
+
+
+def test_the_gap_is_taken_from_unrounded_residue_accuracies():
+    """Residues at 1/3 and 2/3: rounded first (33.33, 66.67) the gap would read 33.34; exactly it is 33.33."""
+    summary = summarize(_frame([1 / 3, 2 / 3, 0.5, 0.5], n=300), stride=2, modulus=4)
+    assert summary.gap == round(100 / 3, 2) == 33.33
 
 
 def test_detectable_dip_in_a_balanced_run_by_simulation():
@@ -342,6 +388,16 @@ def test_a_run_of_one_context_is_uninformative_and_says_why():
     frame = _frame([0.5] * 8, n=40)
     frame["context"] = 0
     summary = summarize(frame, stride=4, modulus=8)
-    assert summary.verdict == "uninformative"
-    assert summary.headline().startswith("Uninformative: at a mean accuracy of 50.0% (95% interval 0.0 to 100.0%, "
-                                         "from 1 context) no one-residue dip can be said to fit above 0%")
+    assert summary.verdict == "uninformative, too few targets"
+    assert summary.headline().startswith("Uninformative, too few targets: at a mean accuracy of 50.0% (95% interval "
+                                         "0.0 to 100.0%, from 1 context; chance 0%) the accuracy leaves a dip room")
+    assert "targets per residue, in more than one context would detect a 20-point dip" in summary.headline()
+
+
+def test_a_headline_rounds_its_numbers_once():
+    """Residues at 140, 100, 120 and 120 of 210: the gap is 19.0476... points, one decimal 19.0; the summary's
+    two-decimal field (19.05) rounded again would print 19.1."""
+    summary = summarize(_frame([140 / 210, 100 / 210, 120 / 210, 120 / 210], n=210), stride=2, modulus=4)
+    assert f"{summary.gap:.1f}" == "19.1" and summary.exact["gap"] == pytest.approx(400 / 21)
+    assert "(gap 19.0 points," in summary.headline() and "reaches 47.6% against 66.7%" in summary.headline(), (
+        summary.headline())

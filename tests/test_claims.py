@@ -150,7 +150,7 @@ def test_a_large_modulus_is_read_against_the_stride_that_divides_it(tmp_path, mo
 
 @pytest.mark.parametrize("row", claims.TRAINED_FILES, ids=lambda row: row[0])
 def test_each_file_in_tests_data_is_its_study_folders_model_byte_for_byte(row):
-    """README says the small trained files are seed 0 of their study folders, byte for byte."""
+    """reports/study-highlights.md says the small trained files are seed 0 of their study folders, byte for byte."""
     file, _, _, sweep = row
     model = ROOT / "reports" / "trained" / sweep / ".." / "model.gguf"
     assert (ROOT / "tests" / "data" / "trained" / file).read_bytes() == model.resolve().read_bytes(), file
@@ -208,3 +208,143 @@ def test_the_check_command_names_a_missing_document_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "claims.py"), "--check", str(tmp_path / "none.md")],
                             capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
     assert result.returncode == 2 and "none.md: no such document" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("document", claims.HAND_WRITTEN, ids=lambda d: str(d.relative_to(ROOT)))
+def test_prose_names_no_verdict_and_no_retired_method(document):
+    """A verdict word outside a generated block drifts when the verdicts change (issue 64: five such words were
+    wrong after a re-report); a retired method word describes an interval the reports no longer print."""
+    found = claims.verdict_words(document.read_text(), str(document.relative_to(ROOT)))
+    assert not found, (f"{document.relative_to(ROOT)}: a verdict or retired method word written by hand (generate it "
+                       "with a claims phrase, or reword): " + "; ".join(f"line {line}: {words}" for line, words in found))
+
+
+def test_the_old_gemma_sentence_fails_the_lint():
+    """The sentence reports/README.md held before issue 64, put back: the lint names its verdict word."""
+    page = ROOT / "reports" / "README.md"
+    planted = page.read_text() + ("\nGemma's report is\ninconclusive: the gap's interval excludes 0 while the test does "
+                                  "not reach significance, so a\nlarger sample would decide.\n")
+    assert claims.verdict_words(page.read_text(), "reports/README.md") == []
+    line = planted[:planted.index("inconclusive: the gap")].count("\n") + 1
+    assert claims.verdict_words(planted, "reports/README.md") == [(line, "inconclusive")]
+
+
+@pytest.mark.parametrize("prose, page, words", [
+    ("kpool S = 4 reads inconclusive; dense reads no effect at\nthis power", "reports/README.md",
+     ["inconclusive", "no effect at this power"]),
+    ("One flat-at-chance sweep reads an effect; an effect at every seed; Uninformative at the floor", "x.md",
+     ["an effect", "an effect", "Uninformative at the floor"]),
+    ("the design effect of a context, a phase effect, the effect of the gate", "x.md", []),
+    ("<!-- claims:x -->inconclusive<!-- /claims:x -->, [no effect at this power](statistics.md#verdicts)", "x.md", []),
+    ("a run that reads inconclusive", "docs/statistics.md", []),
+    ("CIs are the bootstrap-over-contexts gap intervals. Its bias-corrected 95% interval.", "docs/statistics.md",
+     ["bootstrap", "bias-corrected"]),
+    ("every seed reads effect at 2 of 3 seeds", "x.md", ["reads effect"]),
+    ("The gap's interval is no longer a bootstrap (retired). compare gives a gap difference with a bootstrap.",
+     "x.md", []),
+])
+def test_what_counts_as_a_verdict_or_retired_method_word(prose, page, words):
+    assert [found for _, found in claims.verdict_words(prose, page)] == words
+
+
+@pytest.mark.parametrize("prose, numbers", [
+    ("at 32 both learned within 500, and by step 1250; after 3000 steps", ["500", "1250", "3000"]),
+    ("smaller losses elsewhere (-3 to -28 on average), a bias of -4", ["-3 to -28", "-4"]),
+    ("`meanpool` trained 6000 steps (4x its default), 2.5x faster", ["4x", "2.5x"]),
+    ("| model | tokens |\n|---|---|\n| llama | 900 |\n| glm | `6` |\n", ["900"]),
+    ("2 x observed - upper quantile, top-4, 1500 steps, `--queries 16`", []),
+])
+def test_the_widened_hand_number_rule(prose, numbers):
+    assert [number for _, number in claims.hand_numbers(prose)] == numbers
+
+
+def _folders_read_while_generating(monkeypatch) -> set[Path]:
+    """The sweep folders whose summary.json some generated block reads, found by regenerating every document."""
+    read, plain = set(), claims._read
+
+    def recording(folder, name):
+        data = plain(folder, name)
+        if name == "summary.json" and "per_residue" in data:  # a sweep's, not a training's
+            read.add(Path(folder).resolve())
+        return data
+
+    monkeypatch.setattr(claims, "_read", recording)
+    for document in MARKED:
+        claims.regenerate(document.read_text())
+    return {folder for folder in read if (folder / "results.csv").is_file()}
+
+
+@pytest.mark.slow
+def test_every_generated_accuracy_equals_its_results_recomputed_without_rounding(monkeypatch):
+    """Every sweep a generated block reads: its residue accuracies, mean, worst, best and gap as the blocks
+    take them (`claims._read`) equal the ones recomputed from results.csv in one step, unrounded (issue 64:
+    17 folders printed a gap 0.1 off, taken from accuracies already rounded)."""
+    import pandas as pd
+
+    folders = _folders_read_while_generating(monkeypatch)
+    assert len(folders) > 100, len(folders)
+    differing = []
+    for folder in sorted(folders):
+        results = pd.read_csv(folder / "results.csv", usecols=["residue", "correct"])
+        accuracy = 100 * results.groupby("residue")["correct"].mean().to_numpy()  # (M,)
+        want = {"mean_accuracy": accuracy.mean(), "worst_accuracy": accuracy.min(), "best_accuracy": accuracy.max(),
+                "gap": accuracy.max() - accuracy.min()}
+        got = claims._read(folder, "summary.json")
+        shown = np.array([row["accuracy"] for row in got["per_residue"]])  # (M,)
+        errors = [abs(got[key] - value) for key, value in want.items()] + list(np.abs(shown - accuracy))
+        if max(errors) > 1e-9:
+            differing.append((str(folder.relative_to(ROOT)), max(errors), float(np.mean(errors))))
+    assert not differing, (f"{len(differing)} of {len(folders)} folders differ from their results.csv (folder, max and "
+                           f"mean difference, points): {differing[:5]}")
+
+
+def table_verdicts(text: str, base: Path) -> list[tuple[str, Path]]:
+    """(verdict cell, folder) for every row of a markdown table with a verdict column whose row links to a
+    run folder's report.md (the first such link of the row)."""
+    found, header = [], None
+    for line in text.splitlines():
+        row = line.strip()
+        if not row.startswith("|"):
+            header = None
+            continue
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set(row) <= set("|-: ") and "verdict" in header:
+            links = re.findall(r"\]\(([^)\s]+?)/report\.md\)", row)
+            if links:
+                found.append((re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cells[header.index("verdict")]), base / links[0]))
+    return found
+
+
+@pytest.mark.parametrize("document", [ROOT / "README.md", *sorted((ROOT / "reports").glob("*.md"))],
+                         ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_verdict_in_a_table_is_its_folders_report(document):
+    """A reviewer's check kept (issue 64): a table's verdict word is the one its folder's summary.json holds, read
+    here without scripts/claims.py."""
+    rows = table_verdicts(document.read_text(), document.parent)
+    wrong = [(str(folder.relative_to(ROOT)), cell, json.loads((folder / "summary.json").read_text())["verdict"])
+             for cell, folder in rows if cell != json.loads((folder / "summary.json").read_text())["verdict"]]
+    assert not wrong, f"{document.name}: (folder, the table's verdict, its report's): {wrong[:5]}"
+
+
+def test_the_readme_holds_tables_with_verdicts_of_folders():
+    rows = table_verdicts((ROOT / "README.md").read_text(), ROOT)
+    assert len(rows) >= 4, rows
+    edited = (ROOT / "README.md").read_text().replace(f"[{rows[0][0]}](", "[inconclusive](", 1)
+    assert table_verdicts(edited, ROOT)[0][0] == "inconclusive" != rows[0][0]
+
+
+def test_the_audit_names_the_sentences_outside_blocks_that_name_a_folder(tmp_path):
+    """`scripts/claims.py --audit` run as the command it is: a sentence that links a run folder is printed with its
+    page and line, its generated phrases shown by name; a sentence naming no folder is not."""
+    (tmp_path / "trained").symlink_to(ROOT / "reports" / "trained")  # the page's links resolve as in reports/
+    page = tmp_path / "study-audit-probe.md"
+    page.write_text("# Probe\n\nThe gated seed reads <!-- claims:gated-tally -->x<!-- /claims:gated-tally --> "
+                    "([`trained/gated-seed0/sweep/`](trained/gated-seed0/sweep/report.md)).\n\nNo folder here.\n")
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "claims.py"), "--audit", str(page)],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{page}:3: The gated seed reads [claims:gated-tally] "
+        "([`trained/gated-seed0/sweep/`](trained/gated-seed0/sweep/report.md))."], done.stdout

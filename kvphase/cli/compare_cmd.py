@@ -13,6 +13,8 @@ from kvphase.cli import app
 from kvphase.cli.options import own_folder
 from kvphase.cli.text import markup, plain
 
+VERDICT_WIDTH = 16  # characters: the longest verdict word, "uninformative,", on a line of its own
+
 
 @app.command()
 def compare(
@@ -29,7 +31,9 @@ def compare(
     frame = display_table(comparison.runs)
     table = Table(title="Accuracy by residue, run by run")
     for column in frame.columns:
-        table.add_column(column, justify="right" if column in {"S", "L", "n"} else "left", overflow="fold")
+        # a long verdict ("uninformative, too few targets") wraps at its words rather than squeezing the run's names
+        table.add_column(column, justify="right" if column in {"S", "L", "n"} else "left", overflow="fold",
+                         max_width=VERDICT_WIDTH if column == "verdict" else None)
     for row in frame.itertuples(index=False):
         table.add_row(*(markup(v) for v in row))
     Console().print(table)

@@ -6,6 +6,7 @@ intra-context correlation and design effect). Prints nothing."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -13,7 +14,8 @@ import pandas as pd
 
 from kvphase.sweep.stratified import (ALPHA, POWER, Design, Detectable, StratifiedTest, basic_interval,
                                       bootstrap_gaps, design_effect, detectable,
-                                      gap_interval, intra_context_correlation, small_sample_widening,
+                                      gap_interval, intra_context_correlation, per_residue_for_dip,
+                                      small_sample_widening,
                                       stratified_test)
 
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -72,6 +74,26 @@ def _effective(shares: pd.Series) -> float:
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
+def exact_accuracies(per_residue: list[dict]) -> dict[str, float]:
+    """The mean, worst, best and gap (%, points) from each residue's counts (a summary's `per_residue` rows),
+    unrounded: the two-decimal fields rounded again to one decimal would round twice."""
+    accuracy = [100 * row["correct"] / row["n"] for row in per_residue]
+    return {"mean": sum(accuracy) / len(accuracy), "worst": min(accuracy), "best": max(accuracy),
+            "gap": max(accuracy) - min(accuracy)}
+
+
+AT_THE_FLOOR = "uninformative at the floor"  # no dip that fits above chance would be detected
+TOO_FEW_TARGETS = "uninformative, too few targets"  # the accuracy has room for a dip, the sample does not
+SILENT = ("degenerate", AT_THE_FLOOR, TOO_FEW_TARGETS)  # the verdicts that read no phase and run no test
+PLANNED_DIP = 20.0  # points above chance a run needs to be sized for more targets, and the dip it is sized for
+
+
+@functools.lru_cache(maxsize=None)
+def targets_for_planned_dip(modulus: int) -> int:
+    """Targets per residue that detect a PLANNED_DIP at any accuracy: the planner's own rule."""
+    return per_residue_for_dip(PLANNED_DIP / 100, modulus)
+
+
 @dataclass(frozen=True)
 class Summary:
     """What a report says, as numbers (accuracies in percent, two decimals)."""
@@ -103,10 +125,16 @@ class Summary:
     answers: dict | None = None  # AnswerSpread's fields; None when the results hold no answers
     mean_coverage: float | None = None  # share of runs simulated like this one whose mean interval held the mean
     compressor_inactive: str | None = None  # why no part of the model's compressor touched a target, in words
+    chance: float = 0.0  # percent: the accuracy of a guess among the task's values (0: unknown)
 
     def __post_init__(self) -> None:
         if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
             object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
+
+    @property
+    def exact(self) -> dict[str, float]:
+        """`exact_accuracies` of this run: what a headline prints, rounded once."""
+        return exact_accuracies(self.per_residue)
 
     @property
     def spread(self) -> AnswerSpread | None:
@@ -115,18 +143,20 @@ class Summary:
     @property
     def verdict(self) -> str:
         """The report's class, decided first from the rows and only then from the tests:
-        "degenerate" (the answers do not depend on the query), "uninformative" (no one-residue dip
-        that fits between the accuracy and 0% would be detected with 80% power), then "effect" (the
-        accuracy test rejects at alpha), "inconclusive" (it does not, but the gap's interval excludes 0
-        or the log-probability test rejects: a larger sample decides), or "no effect at this power"
-        (nothing larger than the detectable dip). Before all of them, "compressor inactive": at this
-        length the compressor read every target exactly, so the run measured the model without it."""
+        "degenerate" (the answers do not depend on the query); when no one-residue dip that fits
+        between the accuracy and chance would be detected with 80% power, "uninformative at the floor"
+        (the accuracy leaves less than a PLANNED_DIP above chance) or "uninformative, too few targets"
+        (it leaves room, the sample does not); then "effect" (the accuracy test rejects at alpha),
+        "inconclusive" (it does not, but the gap's interval excludes 0 or the log-probability test
+        rejects: a larger sample decides), or "no effect at this power" (nothing larger than the
+        detectable dip). Before all of them, "compressor inactive": at this length the
+        compressor read every target exactly, so the run measured the model without it."""
         if self.compressor_inactive:
             return "compressor inactive"
         if self.spread is not None and self.spread.degenerate:
             return "degenerate"
         if self.detectable_dip is None:
-            return "uninformative"
+            return TOO_FEW_TARGETS if self.mean_accuracy - self.chance >= PLANNED_DIP else AT_THE_FLOOR
         if self.test.p_value < ALPHA:
             return "effect"
         if self._disagreements():
@@ -153,16 +183,17 @@ class Summary:
             return (f"Compressor inactive: {self.compressor_inactive}, so every target was read exactly and this run "
                     f"measured the model without its compressor (mean accuracy {self.mean_accuracy:.1f}%); its accuracy "
                     f"by residue says nothing about the compressor's phases.")
-        if verdict in ("degenerate", "uninformative"):
+        if verdict in SILENT:
             return self._silent_headline(verdict)
-        numbers = (f"gap {self.gap:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
+        exact = self.exact
+        numbers = (f"gap {exact['gap']:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
                    f"log-probability p {p_text(self.logprob_test)}")
-        claim = (f"residue {self.worst_residue} reaches {self.worst_accuracy:.1f}% against "
-                 f"{self.best_accuracy:.1f}% at residue {self.best_residue} ({numbers})")
+        claim = (f"residue {self.worst_residue} reaches {exact['worst']:.1f}% against "
+                 f"{exact['best']:.1f}% at residue {self.best_residue} ({numbers})")
         if verdict == "inconclusive":
             return (f"Inconclusive: the accuracy test finds no phase effect (p {p_text(self.test)}), but "
                     f"{' and '.join(self._disagreements())}; {claim}; a larger sample decides "
-                    f"(--per-residue auto --detect {max(self.gap, 1.0):.0f}).")
+                    f"(--per-residue auto --detect {max(exact['gap'], 1.0):.0f}).")
         if verdict == "effect":
             if self.control:
                 return (f"Control run: the model declares no KV-cache compression, yet accuracy varies with the "
@@ -173,8 +204,9 @@ class Summary:
                 f"dip of that size would be detected {POWER:.0%} of the time; {numbers}).")
 
     def _silent_headline(self, verdict: str) -> str:
-        """The headline of a run whose data cannot speak of the phase: what the model did, and what to do."""
-        advice = ("an easier setting (`kvphase sweep --calibrate` chooses one), another task, or a model that "
+        """The headline of a run whose data cannot speak of the phase: what the model did, why the run
+        cannot speak, and what to do."""
+        easier = ("an easier setting (`kvphase sweep --calibrate` chooses one), another task, or a model that "
                   "retrieves is needed before a phase can be read")
         if verdict == "degenerate":
             spread = self.spread
@@ -182,17 +214,23 @@ class Summary:
             return (f"Degenerate: the model {answer} to {100 * spread.commonest_share:.1f}% of the "
                     f"{self.n_targets} targets ({spread.effective:.1f} distinct answers in effect, where the right ones "
                     f"spread over {spread.truth_effective:.1f}): its answers do not depend on the query, so no phase "
-                    f"can be read from this run (mean accuracy {self.mean_accuracy:.1f}%); {advice}.")
-        if self.largest_dip == 0:
-            contexts = f"{self.n_contexts} context" + ("" if self.n_contexts == 1 else "s")
-            return (f"Uninformative: at a mean accuracy of {self.mean_accuracy:.1f}% (95% interval {self.mean_ci[0]:.1f} "
-                    f"to {self.mean_ci[1]:.1f}%, from {contexts}) no one-residue dip can be said to fit above 0%, so no "
-                    f"phase can be read from this run; {advice}.")
-        power = "" if self.power_at_floor is None or self.largest_dip is None else (
-            f": the largest, one residue losing {self.largest_dip:.1f} points (down to the lower end of the mean's "
-            f"95% interval), would be detected only {100 * self.power_at_floor:.0f}% of the time ({POWER:.0%} needed)")
-        return (f"Uninformative: at a mean accuracy of {self.mean_accuracy:.1f}% no one-residue dip that fits above 0% "
-                f"is detectable at this sample size{power}, so no phase can be read from this run; {advice}.")
+                    f"can be read from this run (mean accuracy {self.exact['mean']:.1f}%); {easier}.")
+        contexts = f"{self.n_contexts} context" + ("" if self.n_contexts == 1 else "s")
+        accuracy = (f"at a mean accuracy of {self.exact['mean']:.1f}% (95% interval {self.mean_ci[0]:.1f} to "
+                    f"{self.mean_ci[1]:.1f}%, from {contexts}; chance {self.chance:.2g}%)")
+        power = "" if not self.power_at_floor or not self.largest_dip else (
+            f": the largest, one residue losing {self.largest_dip:.1f} points (down to chance from the lower end of "
+            f"the mean's 95% interval), would be detected only {100 * self.power_at_floor:.0f}% of the time "
+            f"({POWER:.0%} needed)")
+        if verdict == AT_THE_FLOOR:
+            return (f"Uninformative at the floor: {accuracy} no one-residue dip that fits above chance would be "
+                    f"detected{power}, so no phase can be read from this run; {easier}.")
+        needed = targets_for_planned_dip(len(self.per_residue))
+        more_contexts = "" if self.n_contexts > 1 else ", in more than one context"
+        return (f"Uninformative, too few targets: {accuracy} the accuracy leaves a dip room, but this sample "
+                f"({self.n_targets} targets, {self.n_targets / len(self.per_residue):.0f} per residue) would detect "
+                f"none that fits{power}; {needed} targets per residue{more_contexts} would detect a "
+                f"{PLANNED_DIP:.0f}-point dip (`--per-residue auto --detect {PLANNED_DIP:.0f}`).")
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -307,30 +345,32 @@ def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.nd
 
 
 def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
-                         design: Design | None = None) -> tuple[tuple[float, float], tuple[float, float], Detectable]:
-    """The mean's and the gap's intervals, and the dip the run detects: a dip fits under the lower end
-    of the mean's interval, so a run at its floor whose accuracy came out high by chance does not
-    print a dip the model cannot have."""
+                         design: Design | None = None, chance: float = 0.0,
+                         ) -> tuple[tuple[float, float], tuple[float, float], Detectable]:
+    """The mean's and the gap's intervals, and the dip the run detects: a dip fits between the lower end
+    of the mean's interval and `chance` (a fraction: what guessing scores), so a run at its floor whose
+    accuracy came out high by chance does not print a dip the model cannot have."""
     design = Design.of(residues, contexts) if design is None else design
     mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed, design)
-    seen = detectable(correct, design, seed=seed, room=mean_ci[0] / 100)
+    seen = detectable(correct, design, seed=seed, room=mean_ci[0] / 100 - chance)
     return mean_ci, gap_ci, seen
 
 
 def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False,
-              compressor_inactive: str | None = None) -> Summary:
-    """The run's statistics from its results frame (one row per scored target). `compressor_inactive`:
-    why the model's compressor touched no target at the run's length (`sweep.reach_check`), or None."""
+              chance: float = 0.0, compressor_inactive: str | None = None) -> Summary:
+    """The run's statistics from its results frame (one row per scored target); `chance`: the accuracy
+    (a fraction) of a guess among the task's values; `compressor_inactive`: why the model's compressor
+    touched no target at the run's length (`sweep.reach_check`), or None."""
     by_residue = per_group(results, "residue")
     by_phase = per_group(results, "phase")
-    acc = by_residue.set_index("residue")["accuracy"]
+    acc = 100 * results.groupby("residue")["correct"].mean()  # unrounded: the gap and mean are rounded once, at the end
     periodicity = None
     if modulus == 2 * stride and all(r in acc.index for r in range(modulus)):
         periodicity = round(float(np.mean([abs(acc[r] - acc[r + stride]) for r in range(stride)])), 2)
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
     design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
     mean_ci, gap_ci, seen = what_the_run_can_see(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
-                                                 seed, design)
+                                                 seed, design, chance)
     per_context = len(results) / results["context"].nunique()
     icc = intra_context_correlation(correct, results["context"].to_numpy())
     coverage = mean_coverage(correct, design, results["context"].to_numpy(), seed)
@@ -341,9 +381,9 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         control=control,
         mean_accuracy=round(float(acc.mean()), 2),
         mean_ci=mean_ci,
-        worst_accuracy=float(acc.min()),
+        worst_accuracy=round(float(acc.min()), 2),
         worst_residue=int(acc.idxmin()),
-        best_accuracy=float(acc.max()),
+        best_accuracy=round(float(acc.max()), 2),
         best_residue=int(acc.idxmax()),
         gap=round(float(acc.max() - acc.min()), 2),
         gap_ci=gap_ci,
@@ -362,6 +402,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
                  if {"predicted", "answer"} <= set(results.columns) else None),
         mean_coverage=None if coverage is None else round(coverage, 4),
         compressor_inactive=compressor_inactive,
+        chance=round(100 * chance, 4),
     )
 
 
@@ -373,10 +414,10 @@ def with_shifts(results: pd.DataFrame, offsets: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize_shifts(results: pd.DataFrame, offsets: pd.DataFrame, stride: int, modulus: int,
-                     seed: int = 0) -> dict[int, Summary]:
+                     seed: int = 0, chance: float = 0.0) -> dict[int, Summary]:
     """Each fixed shift's own summary (every target scored under it): what one shift alone gives."""
     shifted = with_shifts(results, offsets)
-    return {int(d): summarize(frame.drop(columns="shift"), stride, modulus, seed)
+    return {int(d): summarize(frame.drop(columns="shift"), stride, modulus, seed, chance=chance)
             for d, frame in shifted.groupby("shift", sort=True)}
 
 

@@ -17,7 +17,7 @@ from kvphase.runfolder import check_writable, make_folder, markdown_table, write
 from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, p_text, summarize
 from kvphase.sweep.nested import NestedReading, inner_stride, read_nested
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.report import plot_accuracy
+from kvphase.sweep.report import plot_accuracy, task_chance
 from kvphase.sweep.run import load_plan, load_results
 
 DEFAULT_OUT = Path("reports") / "comparison"
@@ -85,7 +85,7 @@ def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
         results = load_results(path)
         if results.empty:
             raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
-        summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control)
+        summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan))
         runs.append(ComparedRun(label, path, plan, summary, results))
     # the first run is the baseline: did a fix change the gap?
     runs = runs[:1] + [replace(run, versus_first=gap_difference(runs[0].results, run.results, run.plan.seed))

@@ -10,7 +10,7 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
-from kvphase.sweep.analysis import COVERAGE_RUNS, Summary, p_text, per_group, summarize, summarize_shifts, with_shifts
+from kvphase.sweep.analysis import COVERAGE_RUNS, PLANNED_DIP, Summary, p_text, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
@@ -34,13 +34,21 @@ def build_report(run_dir: Path) -> Summary:
     manifest = load_manifest(run_dir)
     check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
     inactive = recorded_inactive(manifest, plan.context, plan.backend, plan.backend_options.get("design"))
-    summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control,
+    summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
                         compressor_inactive=inactive)
     shifts = _shift_section(plan, results, load_offsets(run_dir), summary, run_dir)
     write_json(run_dir / SUMMARY_FILE, summary.to_json())
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
     write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts))
     return summary
+
+
+def task_chance(plan: SweepPlan) -> float:
+    """What guessing among the task's values scores (a fraction); 0 when the task's file is gone."""
+    try:
+        return load_task(plan.task).chance
+    except PlanError:
+        return 0.0
 
 
 def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame, summary: Summary,
@@ -56,7 +64,7 @@ def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame
         drawn = per_group(with_shifts(results, offsets), "shift")[["shift", "n", "correct", "accuracy", "ci_low",
                                                                    "ci_high"]]
         return ("Phase shifts", prose, markdown_table(drawn))
-    alone = summarize_shifts(results, offsets, plan.stride, plan.modulus, plan.seed)
+    alone = summarize_shifts(results, offsets, plan.stride, plan.modulus, plan.seed, task_chance(plan))
     rows = [(f"shift {d}", s) for d, s in alone.items()] + [(f"combined ({offset_plan.combine})", summary)]
     check_writable(run_dir, [SHIFT_FIGURE_FILE])
     plot_accuracy(rows, plan.stride, run_dir / SHIFT_FIGURE_FILE)
@@ -234,8 +242,9 @@ def _difficulty_warning(plan: SweepPlan, summary: Summary) -> str:
                   "of 40-80% where a dip shows best")
     else:
         advice = f"task `{plan.task}` has no difficulty calibration can turn (a trained model is swept as it learned)"
+    reading = f'reads "{summary.verdict}", which' if summary.verdict != "effect" else "shows an effect, but its size"
     return (f"**This task is too {side} for this model to show a weak spot at its hardest**: mean accuracy "
-            f"{mean:.1f}% leaves a dip little room, so \"no phase effect\" here says little about a harder task; "
+            f"{mean:.1f}% leaves a dip little room, so this run {reading} says little about a harder task; "
             f"{advice}.")
 
 
@@ -262,8 +271,10 @@ def _calibration_knobs(task: str) -> tuple[str, ...]:
 
 STATISTICS_NOTE = (
     "a run whose answers do not depend on the query (one answer for nearly every target) is degenerate, and one "
-    "where no one-residue dip that fits between its accuracy and 0% would be detected is uninformative: neither "
-    "is tested further. Targets that share a context are not independent, so residues are compared within "
+    "where no one-residue dip that fits between its accuracy and chance (a guess among the task's values) would "
+    f"be detected is uninformative: at the floor when its accuracy leaves less than {PLANNED_DIP:.0f} points above "
+    "chance, for too few targets when it leaves more; neither is tested further. Targets that share a context are "
+    "not independent, so residues are compared within "
     "contexts: the Cochran-Mantel-Haenszel test stratified by context (residue x correct, and the same statistic "
     "on the answer log-probability, whose p comes from permutations of residue labels within contexts); the "
     "gap's interval joins simultaneous intervals of every difference between residues, from the variance within "

@@ -45,6 +45,11 @@ class Task:
     harder: str = ""  # the next harder task of the difficulty chain; "" at its end
 
     @property
+    def chance(self) -> float:
+        """The accuracy of a guess among the values (a fraction): a dip cannot take a residue below it."""
+        return 1 / len(self.values) if self.values else 10.0 ** -self.value_digits
+
+    @property
     def filler_text(self) -> str:
         """The filler as it is tokenized for padding: stripped, with the space that joins it to
         the next token (its tokens repeat without merging across the seam)."""
