@@ -1639,7 +1639,7 @@ def hand_numbers(text: str) -> list[tuple[int, str]]:
 # define the classes. Method words the reports no longer use stand only in a sentence that says they are retired.
 DEFINING = {"docs/glossary.md", "docs/statistics.md"}
 VERDICT_WORDS = re.compile(
-    r"\b(?:inconclusive|uninformative(?:\s+at\s+the\s+floor|,\s+too\s+few\s+targets)?|degenerate|no\s+(?:phase\s+)?effect\s+at\s+this\s+power|too\s+few\s+targets|at\s+the\s+floor"
+    r"\b(?:compressor\s+inactive|inconclusive|uninformative(?:\s+at\s+the\s+floor|,\s+too\s+few\s+targets)?|degenerate|no\s+(?:phase\s+)?effect\s+at\s+this\s+power|too\s+few\s+targets|at\s+the\s+floor"
     r"|accuracy\s+depends\s+on\s+the\s+token\s+phase|no\s+phase\s+effect\s+larger\s+than|control\s+run:"
     r"|(?:reads?|reading|verdicts?|class(?:es)?|an?)\s+[\"*_]?effect\b(?!\s+of|\s+on|\s+size)"
     r"|effect\s+at\s+(?:\d+|every|all|one|two|three|seeds?))\b", re.I)

@@ -7,7 +7,7 @@ intra-context correlation and design effect). Prints nothing."""
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -180,9 +180,10 @@ class Summary:
         """One plain sentence on what the numbers say."""
         verdict = self.verdict
         if verdict == "compressor inactive":
+            without = replace(self, compressor_inactive=None).headline()
             return (f"Compressor inactive: {self.compressor_inactive}, so every target was read exactly and this run "
-                    f"measured the model without its compressor (mean accuracy {self.mean_accuracy:.1f}%); its accuracy "
-                    f"by residue says nothing about the compressor's phases.")
+                    f"measured the model without its compressor; it says nothing about the compressor's phases. Read as "
+                    f"that model: {without}")
         if verdict in SILENT:
             return self._silent_headline(verdict)
         exact = self.exact
