@@ -4,7 +4,9 @@ bench, studies).
 The binary comes from `scripts/build_llama_server.sh`, built from the llama.cpp that
 llama-cpp-python vendors; `find_llama_server` runs that script, which returns at once
 when the build is cached. The flags match the in-process backend where numbers depend
-on them: n_batch = n_ubatch = 512 and no flash attention.
+on them: n_batch = n_ubatch = 512 and no flash attention, except for an architecture whose sparse
+attention llama.cpp runs only under it (minimax-m3: `SPARSE_NEEDS_FLASH_ONE_STREAM`); `-np` given
+explicitly leaves the cache one stream per slot, which that attention needs too.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from pathlib import Path
 from typing import Iterator
 
 from kvphase.defaults import default_threads
-from kvphase.engines.llamacpp import extra_buffers_safe
-from kvphase.errors import BackendError
+from kvphase.engines.llamacpp import SPARSE_NEEDS_FLASH_ONE_STREAM, extra_buffers_safe
+from kvphase.errors import BackendError, ModelFileError
+from kvphase.gguf.header import read_gguf_header
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_server.sh"
 
@@ -51,8 +54,17 @@ def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ct
     """The command line: `slots` slots of `n_ctx_per_slot` tokens each."""
     return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(slots * n_ctx_per_slot), "-np", str(slots), "-t", str(threads), "-tb", str(threads),
-            "-b", "512", "-ub", "512", "-fa", "off", "--cache-ram", "0", "--no-webui",
+            "-b", "512", "-ub", "512", "-fa", _flash_attention(model), "--cache-ram", "0", "--no-webui",
             *(() if extra_buffers_safe() else ("--no-repack",)), *extra]
+
+
+def _flash_attention(model: Path) -> str:
+    """"on" where the model's sparse attention needs it (else llama.cpp runs it dense), else "off"."""
+    try:
+        architecture = read_gguf_header(model).fields.get("general.architecture")
+    except ModelFileError:  # no file to read (a test's command line): the server reports it itself
+        return "off"
+    return "on" if architecture in SPARSE_NEEDS_FLASH_ONE_STREAM else "off"
 
 
 def rpc_options(endpoints: list[str]) -> tuple[str, ...]:
