@@ -1,0 +1,135 @@
+"""The engine paths where compressed-attention engines were found broken, each checked against the
+same text scored as one prompt in one batch (issue 62).
+
+Every path scores one answer after a context of random token ids, and must give the answer's
+log-probabilities that the whole text gives when it is decoded as its own prompt in one batch:
+
+- `branch`: kvphase's own scoring, a first query on a copy of the context's sequence (llama.cpp)
+  or after the context's cached prefix (the reference), removed again, then the query checked on
+  what is left, as every query after a context's first is scored; after a context that ends at
+  every residue mod the stride (and at the lengths `extra` names, around deepseek4's 128-token HCA
+  block), so the query starts mid-block at every phase. Breaks where a copy or a reused prefix
+  drops a compressor's incomplete block (llama.cpp #25259, #26063; jundot/omlx #1888);
+- `token by token`: the prompt in one decode, then each answer token in a decode of its own, as
+  generation runs, so a block completes inside a one-token decode (vLLM #55927);
+- `micro-batch cut`: the query decoded in two parts cut inside a block (llama.cpp #26471, #26509).
+
+Random weights make the comparison sharp: nothing but the path changes the numbers, so the
+tolerance is rounding's (flash attention's F16 products and kernel choice by batch shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from kvphase.backends.base import Query
+
+PATHS = ("branch", "token by token", "micro-batch cut")
+PROMPT_TOKENS = ANSWER_TOKENS = 4
+BASE_CONTEXT = 64  # the shortest context: several blocks of every reference's stride before the query
+# nats per answer token: the largest rounding difference between paths measured on the tiny
+# models (3e-3, minimax-m3 under flash attention) with room to spare, far below a path defect's
+PATH_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class PathCheck:
+    """One path's result: the context where it differed most from one prompt, and by how much."""
+
+    path: str
+    length: int  # the context's length there (the query starts at this position)
+    stride: int
+    max_difference: float  # nats, over the answer tokens of every context tried
+    mean_difference: float
+    tolerance: float
+    failed_lengths: tuple[int, ...] = ()  # the contexts where the path moved beyond the tolerance
+    tried: int = 0  # contexts tried
+    reason: str = ""  # why the path cannot run here ("" when it ran)
+
+    @property
+    def status(self) -> str:
+        if self.reason:
+            return "cannot run"
+        return "FAIL" if self.failed_lengths else "PASS"
+
+    @property
+    def about_residues(self) -> bool:
+        """A failure at some context ends and not others: a residue to name."""
+        return 0 < len(self.failed_lengths) < self.tried
+
+    def line(self) -> str:
+        """The console's line: PASS / FAIL naming the path, where, and the largest difference."""
+        if self.reason:
+            return f"{self.path}: cannot run: {self.reason}"
+        where = (f"after a {self.length}-token context (residue {self.length % self.stride} mod {self.stride})"
+                 if self.about_residues or not self.failed_lengths else "after every context tried")
+        said = (f"{self.path}: {self.status} {where}: largest log-probability difference from one prompt "
+                f"{self.max_difference:.3g} nats (mean {self.mean_difference:.2g}; tolerance {self.tolerance:g})")
+        if self.about_residues:
+            said += f"; beyond it after {len(self.failed_lengths)} of {self.tried} contexts"
+        return said
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "status": self.status, "length": self.length, "stride": self.stride,
+                "max_difference": self.max_difference, "mean_difference": self.mean_difference,
+                "tolerance": self.tolerance, "failed_lengths": list(self.failed_lengths), "reason": self.reason}
+
+
+def context_lengths(stride: int, base: int = BASE_CONTEXT, extra: Sequence[int] = ()) -> list[int]:
+    """A context ending at every residue mod `stride` from `base` on, then the `extra` lengths."""
+    return sorted({base + r for r in range(stride)} | set(extra))
+
+
+def path_cuts(path: str, length: int, stride: int) -> list[int]:
+    """Where the query's rows (prompt + answer[:-1]) are cut into decodes on `path`."""
+    n_rows = PROMPT_TOKENS + ANSWER_TOKENS - 1
+    if path == "token by token":  # the prompt at once, then one row per decode
+        return list(range(PROMPT_TOKENS, n_rows))
+    if path == "micro-batch cut":  # the row whose position lies nearest the middle of its block
+        return [min(range(1, n_rows), key=lambda c: abs((length + c) % stride - stride // 2))]
+    return []
+
+
+def answer_rows(backend, tokens: list[int], length: int, path: Optional[str], stride: int = 1) -> np.ndarray:
+    """The answer tokens' log-probabilities (n_answer,) after `tokens[:length]`; path None: the
+    whole text as one prompt in one batch."""
+    prompt = tuple(tokens[length:length + PROMPT_TOKENS])
+    answer = tuple(tokens[length + PROMPT_TOKENS:])
+    if path is None:
+        queries, context, cuts = [Query(tuple(tokens[:length]) + prompt, answer)], (), []
+    else:
+        queries, context, cuts = [Query(prompt, answer)], tokens[:length], path_cuts(path, length, stride)
+    if path == "branch":  # another query first, scored and removed
+        queries.insert(0, Query(answer, prompt))
+    rows = backend.answer_logprobs(context, queries, cuts=cuts)[-1]  # (n_answer, n_vocab)
+    return rows[np.arange(len(answer)), list(answer)]
+
+
+def check_paths(backend, n_vocab: int, stride: int, extra: Sequence[int] = (), tolerance: float = PATH_TOLERANCE,
+                seed: int = 0, paths: Sequence[str] = PATHS, base: int = BASE_CONTEXT) -> list[PathCheck]:
+    """Every path after every context length, each compared with the whole text as one prompt,
+    scored again before each path (so each path starts from a cleared cache)."""
+    lengths = context_lengths(stride, base, extra)
+    rng = np.random.default_rng(seed)
+    differences: dict[str, dict[int, np.ndarray]] = {path: {} for path in paths}
+    for length in lengths:
+        tokens = rng.integers(0, n_vocab, length + PROMPT_TOKENS + ANSWER_TOKENS).tolist()
+        for path in paths:
+            one_prompt = answer_rows(backend, tokens, length, None)  # (n_answer,)
+            differences[path][length] = np.abs(answer_rows(backend, tokens, length, path, stride) - one_prompt)
+    return [_summarise(path, differences[path], stride, tolerance) for path in paths]
+
+
+def _summarise(path: str, by_length: dict[int, np.ndarray], stride: int, tolerance: float) -> PathCheck:
+    worst = max(by_length, key=lambda length: by_length[length].max())
+    every = np.concatenate(list(by_length.values()))
+    failed = tuple(length for length, d in by_length.items() if d.max() > tolerance)
+    return PathCheck(path, worst, stride, float(every.max()), float(every.mean()), tolerance, failed, len(by_length))
+
+
+def cannot_run(reason: str, paths: Sequence[str] = PATHS) -> list[PathCheck]:
+    """Every path reported as not run, with the engine's reason."""
+    return [PathCheck(path, 0, 1, 0.0, 0.0, 0.0, reason=reason) for path in paths]
