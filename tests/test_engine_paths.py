@@ -17,10 +17,9 @@ import numpy as np
 import pytest
 
 from kvphase.backends.base import Query
-from kvphase.conform.paths import PATHS, check_paths
+from kvphase.conform.paths import AROUND_HCA, PATHS, check_paths
 from kvphase.gguf.tiny import TINY_VOCAB, write_tiny_model
 
-AROUND_HCA = (127, 128, 129, 255, 256, 257)  # deepseek4's 128-token HCA block boundaries
 SETTINGS = {"deepseek4": AROUND_HCA, "glm5-next": (), "minimax-m3": ()}  # tiny.py: glm5-next's k-pool keeps 2 of its pools
 
 

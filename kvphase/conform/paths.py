@@ -133,3 +133,18 @@ def _summarise(path: str, by_length: dict[int, np.ndarray], stride: int, toleran
 def cannot_run(reason: str, paths: Sequence[str] = PATHS) -> list[PathCheck]:
     """Every path reported as not run, with the engine's reason."""
     return [PathCheck(path, 0, 1, 0.0, 0.0, 0.0, reason=reason) for path in paths]
+
+
+# deepseek4's HCA blocks are 128 tokens: contexts ending just before, on and after two of them
+AROUND_HCA = (127, 128, 129, 255, 256, 257)
+
+
+def model_paths(backend, architecture: str, stride: int, n_vocab: int, n_ctx: int) -> list[PathCheck]:
+    """Every path on a model through `backend`: contexts from 64 tokens (fewer for a model that
+    holds fewer positions), deepseek4's around its HCA blocks where they fit."""
+    room = n_ctx - PROMPT_TOKENS - ANSWER_TOKENS
+    base = min(BASE_CONTEXT, room - stride + 1)
+    if base < 1:
+        return cannot_run(f"the model holds {n_ctx} positions, too few for a context of every residue and a query")
+    extra = [n for n in AROUND_HCA if n <= room] if architecture == "deepseek4" else []
+    return check_paths(backend, n_vocab, stride, extra, base=base)
