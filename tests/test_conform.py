@@ -66,6 +66,9 @@ def test_a_random_weight_reference_fails_on_log_probabilities_beyond_the_toleran
     check = compare_rows("m", "logprobs", committed, engine, {}, logprob_tolerance=0.01)
     assert check.verdict == "FAIL" and check.reason.startswith("residue 3 moved"), check.reason
     assert check.max_logprob_difference == pytest.approx(0.5), check.max_logprob_difference
+    everywhere = engine.assign(logprob=engine["logprob"] + 0.5)
+    said = compare_rows("m", "logprobs", committed, everywhere, {}, logprob_tolerance=0.01).reason
+    assert said.startswith("every residue moved") and "residue 3" not in said, said
 
 
 def conform_reference(tmp_path, *extra: str):

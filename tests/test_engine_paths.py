@@ -116,3 +116,20 @@ def test_a_failure_at_every_context_names_no_residue():
     some = PathCheck("branch", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(65,), tried=4)
     assert "residue" not in everywhere.line() and "after every context tried" in everywhere.line()
     assert "residue 1 mod 4" in some.line()
+
+
+def test_a_server_of_minimax_m3_is_warned_of_the_settings_its_props_hide():
+    from types import SimpleNamespace
+
+    from kvphase.backends.server import ServerInfo
+    from kvphase.backends.server_paths import path_warnings
+
+    def server(slots):
+        return ServerInfo("http://h:1", "llama-server", "m.gguf", 64, 2048, slots, "b1")
+
+    [one] = path_warnings(SimpleNamespace(architecture="minimax-m3"), [server(1)])
+    assert one.startswith("http://h:1: ") and "-fa on" in one and "dense" in one and "-np auto" not in one
+    [auto] = path_warnings(SimpleNamespace(architecture="minimax-m3"), [server(4)])
+    assert "its 4 slots are what -np auto gives" in auto
+    assert path_warnings(SimpleNamespace(architecture="deepseek4"), [server(4)]) == []
+    assert path_warnings(SimpleNamespace(), [server(1)]) == []  # a test's vocabulary names no architecture

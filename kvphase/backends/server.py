@@ -35,6 +35,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from kvphase.backends.base import Query, Score
+from kvphase.backends.server_paths import path_warnings
 from kvphase.errors import BackendError, PlanError
 
 # Strings both sides must tokenize alike: words, digits, code, accents, CJK, emoji and
@@ -503,6 +504,7 @@ class ServerBackend:
         if not checked:
             raise self._every_server_gone()
         self.servers = [info for _, info in checked]
+        self._untold += path_warnings(self.vocab, self.servers)  # issue 62: kvphase.backends.server_paths
         self.workers = [(engine, slot) for engine, info in checked for slot in range(self.slots or info.slots)]
 
     @property

@@ -162,6 +162,10 @@ class Vocab:
         return self._lc.llama_model_n_ctx_train(self._model)
 
     @property
+    def architecture(self) -> str:
+        return model_meta(self._model, "general.architecture")
+
+    @property
     def prefix_ids(self) -> list[int]:
         if self._lc.llama_vocab_get_add_bos(self._vocab):
             return [self._lc.llama_vocab_bos(self._vocab)]
