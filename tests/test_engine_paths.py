@@ -13,6 +13,8 @@ answer by tenths of a nat (the planted defects below).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -133,3 +135,22 @@ def test_a_server_of_minimax_m3_is_warned_of_the_settings_its_props_hide():
     assert "its 4 slots are what -np auto gives" in auto
     assert path_warnings(SimpleNamespace(architecture="deepseek4"), [server(4)]) == []
     assert path_warnings(SimpleNamespace(), [server(1)]) == []  # a test's vocabulary names no architecture
+
+
+@pytest.mark.slow
+@pytest.mark.time_limit(180)
+def test_llama_server_paths_give_the_fresh_answer_on_minimax_m3_with_two_slots():
+    """kvphase's launcher (-fa on for minimax-m3, -np 2: one cache stream per slot): the answer after
+    a prefix-cache hit at every residue, and with two slots decoding at once, equals the text
+    evaluated with nothing cached (the same tolerance as in process)."""
+    from kvphase.backends.server import LlamaServer
+    from kvphase.conform.paths import SERVER_PATHS, server_paths
+    from kvphase.engines.llama_server import find_llama_server, llama_server
+
+    model = "tests/data/conform/minimax-m3-random.gguf"
+    with llama_server(Path(model), binary=find_llama_server(), threads=1, slots=2, n_ctx_per_slot=512) as server:
+        engine = LlamaServer(server.url)
+        info = engine.info()
+        checks = server_paths(engine, "minimax-m3", 4, 864, info.n_ctx, info.slots)
+    assert [c.path for c in checks] == list(SERVER_PATHS)
+    assert all(c.status == "PASS" and c.tried == 4 for c in checks), _failures(checks)

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
-from kvphase.conform.paths import PathCheck, cannot_run, model_paths
+from kvphase.conform.paths import SERVER_PATHS, PathCheck, cannot_run, model_paths, server_paths
 from kvphase.conform.references import Reference
 from kvphase.errors import BackendError, KvphaseError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
@@ -175,11 +175,14 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
 
 def engine_paths(backend, prepared: Prepared, choice: EngineChoice) -> list[PathCheck]:
     """The model's engine paths (`conform.paths`), each against the same text as one prompt."""
-    if choice.backend == "server":
-        return cannot_run("kvphase scores no path of its own through a server yet (a prefix-cache hit at each "
-                          "residue and two slots interleaved are issue 62's next step)")
     info = prepared.info
-    return model_paths(backend, info.architecture, prepared.plan.stride, info.vocab_size, info.context_length)
+    if choice.backend != "server":
+        return model_paths(backend, info.architecture, prepared.plan.stride, info.vocab_size, info.context_length)
+    engine, server = backend.engines[0], backend.servers[0]
+    if engine.kind != "llama-server":
+        return cannot_run(f"a {engine.kind} server has no slots or prompt cache kvphase can address", SERVER_PATHS)
+    return server_paths(engine, info.architecture, prepared.plan.stride, info.vocab_size,
+                        min(server.n_ctx, info.context_length), server.slots)
 
 
 def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:

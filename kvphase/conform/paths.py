@@ -148,3 +148,72 @@ def model_paths(backend, architecture: str, stride: int, n_vocab: int, n_ctx: in
         return cannot_run(f"the model holds {n_ctx} positions, too few for a context of every residue and a query")
     extra = [n for n in AROUND_HCA if n <= room] if architecture == "deepseek4" else []
     return check_paths(backend, n_vocab, stride, extra, base=base)
+
+
+# --------------------------------------------------------------------------- through llama-server
+
+SERVER_PATHS = ("prefix-cache hit", "two slots interleaved")
+
+
+def server_paths(engine, architecture: str, stride: int, n_vocab: int, n_ctx: int, slots: int,
+                 tolerance: float = PATH_TOLERANCE, seed: int = 0) -> list[PathCheck]:
+    """llama-server's paths (`engine`: a `backends.server.LlamaServer`), each against the same text
+    evaluated with nothing cached, the answer forced as kvphase's server scoring forces it:
+    `prefix-cache hit`, the context evaluated on its own, then context + query reusing it (how a
+    sweep scores through a server); `two slots interleaved`, slot 0 and slot 1 scoring the texts
+    at the same time (in opposite orders), as two sweep workers do, so the server decodes both
+    slots in one batch."""
+    room = n_ctx - PROMPT_TOKENS - ANSWER_TOKENS
+    base = min(BASE_CONTEXT, room - stride)
+    if base < 1:
+        return cannot_run(f"the server's slots hold {n_ctx} tokens, too few for a context of every residue "
+                          "and a query", SERVER_PATHS)
+    extra = [n for n in AROUND_HCA if n < room] if architecture == "deepseek4" else []
+    lengths = context_lengths(stride, base, extra)
+    rng = np.random.default_rng(seed)
+    texts = {length: rng.integers(0, n_vocab, length + PROMPT_TOKENS + ANSWER_TOKENS).tolist() for length in lengths}
+    fresh = {length: _forced(engine, 0, texts[length], length, prime=[_unlike(texts[length], n_vocab)])
+             for length in lengths}
+    cached, reason = {}, ""
+    for length in lengths:
+        cached[length], evaluated = _forced(engine, 0, texts[length], length, prime=texts[length][:length],
+                                            counted=True)
+        if evaluated > PROMPT_TOKENS + 1:  # the prompt's tail only, when the context's cache was reused
+            reason = (f"the server evaluated {evaluated} prompt tokens after a {length}-token context it had just "
+                      "evaluated: no prefix-cache hit (its prompt cache is off, or the model's memory cannot reuse "
+                      "a prefix)")
+            break
+    checks = [cannot_run(reason, ("prefix-cache hit",))[0] if reason else
+              _summarise("prefix-cache hit", {n: np.abs(cached[n] - fresh[n]) for n in lengths}, stride, tolerance)]
+    if slots < 2:
+        return checks + cannot_run(f"the server has {slots} slot (llama-server -np 2 gives two)", SERVER_PATHS[1:])
+    both = _two_slots(engine, texts, lengths)
+    moved = {n: np.maximum(np.abs(both[n, 0] - fresh[n]), np.abs(both[n, 1] - fresh[n])) for n in lengths}
+    return checks + [_summarise("two slots interleaved", moved, stride, tolerance)]
+
+
+def _unlike(text: list[int], n_vocab: int) -> int:
+    """A token other than the text's first, so a slot holding it shares no prefix with the text."""
+    return (text[0] + 1) % n_vocab
+
+
+def _forced(engine, slot: int, text: list[int], length: int, prime: list[int], counted: bool = False):
+    """The answer's per-token log-probabilities after the slot evaluated `prime` on its own (with
+    `counted`, also the prompt tokens the server evaluated for the answer's request)."""
+    engine.http.post("/completion", {"prompt": prime, "n_predict": 0, "id_slot": slot, "cache_prompt": False})
+    response = engine._forced(slot, text[:length + PROMPT_TOKENS], text[length + PROMPT_TOKENS:])
+    steps = np.array([float(step["logprob"]) for step in response["completion_probabilities"]])  # (n_answer,)
+    return (steps, int((response.get("timings") or {}).get("prompt_n", 0))) if counted else steps
+
+
+def _two_slots(engine, texts: dict[int, list[int]], lengths: list[int]) -> dict:
+    """Slot 0 scores every text in order and slot 1 in reverse, at the same time, as two sweep
+    workers do: (length, slot) -> the answer's per-token log-probabilities."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def worker(slot: int, order: list[int]) -> dict:
+        return {(n, slot): _forced(engine, slot, texts[n], n, prime=texts[n][:n]) for n in order}
+
+    with ThreadPoolExecutor(2) as pool:
+        results = [pool.submit(worker, 0, lengths), pool.submit(worker, 1, lengths[::-1])]
+        return {**results[0].result(), **results[1].result()}
