@@ -1399,6 +1399,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "fix-cost": lambda: bench_offsets_phrase(FIXES / "bench.md"),
     "conform-engine-bugs": lambda: conform_table("engine-bugs"),
     "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
+    "conform-paths": lambda: conform_paths_table("paths"),
+    "conform-paths-time": lambda: conform_time("paths/unpatched-llama.cpp"),
 }
 
 
@@ -1440,6 +1442,27 @@ def conform_table(study: str) -> str:
                          model["reason"] or "-"])
     return _table(["build and backend", "model", "verdict", "flags differing", "largest log-prob difference", "why"],
                   rows)
+
+
+def conform_paths_table(study: str) -> str:
+    """Each engine path of each model in a study's conform runs (their conform.json `paths`): one row
+    per backend, model and path, its verdict, where it differed most, and by how much."""
+    rows = []
+    base = ROOT / "reports" / "conform" / study
+    for folder in sorted(base.rglob("conform.json"), key=lambda f: (f.parent.relative_to(base).parts[0], str(f))):
+        run = json.loads(folder.read_text())
+        link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")  # the table's page is in docs/
+        for model in run["models"]:
+            for path in model.get("paths", []):
+                ran = path["status"] != "cannot run"
+                where = (f"{path['length']}-token context (residue {path['length'] % path['stride']})"
+                         if ran else "-")
+                rows.append([f"[{folder.parent.relative_to(base).parts[0]}]({link})", model["name"], path["path"],
+                             path["status"], where if ran else "-",
+                             f"{path['max_difference']:.3g}" if ran else "-",
+                             f"{len(path['failed_lengths'])}" if ran else "-", path["reason"] or "-"])
+    return _table(["backend", "model", "path", "verdict", "largest difference after", "nats",
+                   "contexts beyond the tolerance", "why"], rows)
 
 
 def conform_time(relative: str) -> str:

@@ -22,6 +22,7 @@ from kvphase.backends.base import Query
 from kvphase.conform.paths import AROUND_HCA, PATHS, check_paths
 from kvphase.gguf.tiny import TINY_VOCAB, write_tiny_model
 
+WORDS = " the grass is green and the sky is blue while a river runs past seven old houses"
 SETTINGS = {"deepseek4": AROUND_HCA, "glm5-next": (), "minimax-m3": ()}  # tiny.py: glm5-next's k-pool keeps 2 of its pools
 
 
@@ -151,6 +152,6 @@ def test_llama_server_paths_give_the_fresh_answer_on_minimax_m3_with_two_slots()
     with llama_server(Path(model), binary=find_llama_server(), threads=1, slots=2, n_ctx_per_slot=512) as server:
         engine = LlamaServer(server.url)
         info = engine.info()
-        checks = server_paths(engine, "minimax-m3", 4, 864, info.n_ctx, info.slots)
+        checks = server_paths(engine, "minimax-m3", 4, engine.tokenize(WORDS)[1:], info.n_ctx, info.slots)
     assert [c.path for c in checks] == list(SERVER_PATHS)
     assert all(c.status == "PASS" and c.tried == 4 for c in checks), _failures(checks)

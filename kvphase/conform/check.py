@@ -181,7 +181,8 @@ def engine_paths(backend, prepared: Prepared, choice: EngineChoice) -> list[Path
     engine, server = backend.engines[0], backend.servers[0]
     if engine.kind != "llama-server":
         return cannot_run(f"a {engine.kind} server has no slots or prompt cache kvphase can address", SERVER_PATHS)
-    return server_paths(engine, info.architecture, prepared.plan.stride, info.vocab_size,
+    words = sorted({int(t) for context in prepared.contexts for t in context.tokens} - set(backend.prefix_ids))
+    return server_paths(engine, info.architecture, prepared.plan.stride, words,
                         min(server.n_ctx, info.context_length), server.slots)
 
 

@@ -155,14 +155,25 @@ def model_paths(backend, architecture: str, stride: int, n_vocab: int, n_ctx: in
 SERVER_PATHS = ("prefix-cache hit", "two slots interleaved")
 
 
-def server_paths(engine, architecture: str, stride: int, n_vocab: int, n_ctx: int, slots: int,
+def server_paths(engine, architecture: str, stride: int, words: Sequence[int], n_ctx: int, slots: int,
                  tolerance: float = PATH_TOLERANCE, seed: int = 0) -> list[PathCheck]:
     """llama-server's paths (`engine`: a `backends.server.LlamaServer`), each against the same text
     evaluated with nothing cached, the answer forced as kvphase's server scoring forces it:
     `prefix-cache hit`, the context evaluated on its own, then context + query reusing it (how a
     sweep scores through a server); `two slots interleaved`, slot 0 and slot 1 scoring the texts
     at the same time (in opposite orders), as two sweep workers do, so the server decodes both
-    slots in one batch."""
+    slots in one batch. The texts are drawn from `words`, token ids of ordinary text (a forced
+    answer cannot hold a control token: llama-server's grammar refuses it)."""
+    from kvphase.backends.server import ServerRefused
+
+    try:
+        return _server_paths(engine, architecture, stride, words, n_ctx, slots, tolerance, seed)
+    except ServerRefused as exc:
+        return cannot_run(f"the server refused a request ({exc.message})", SERVER_PATHS)
+
+
+def _server_paths(engine, architecture: str, stride: int, words: Sequence[int], n_ctx: int, slots: int,
+                  tolerance: float, seed: int) -> list[PathCheck]:
     room = n_ctx - PROMPT_TOKENS - ANSWER_TOKENS
     base = min(BASE_CONTEXT, room - stride)
     if base < 1:
@@ -171,8 +182,9 @@ def server_paths(engine, architecture: str, stride: int, n_vocab: int, n_ctx: in
     extra = [n for n in AROUND_HCA if n < room] if architecture == "deepseek4" else []
     lengths = context_lengths(stride, base, extra)
     rng = np.random.default_rng(seed)
-    texts = {length: rng.integers(0, n_vocab, length + PROMPT_TOKENS + ANSWER_TOKENS).tolist() for length in lengths}
-    fresh = {length: _forced(engine, 0, texts[length], length, prime=[_unlike(texts[length], n_vocab)])
+    texts = {length: rng.choice(np.asarray(words), length + PROMPT_TOKENS + ANSWER_TOKENS).tolist()
+             for length in lengths}
+    fresh = {length: _forced(engine, 0, texts[length], length, prime=[_unlike(texts[length], words)])
              for length in lengths}
     cached, reason = {}, ""
     for length in lengths:
@@ -192,9 +204,9 @@ def server_paths(engine, architecture: str, stride: int, n_vocab: int, n_ctx: in
     return checks + [_summarise("two slots interleaved", moved, stride, tolerance)]
 
 
-def _unlike(text: list[int], n_vocab: int) -> int:
+def _unlike(text: list[int], words: Sequence[int]) -> int:
     """A token other than the text's first, so a slot holding it shares no prefix with the text."""
-    return (text[0] + 1) % n_vocab
+    return next(int(w) for w in words if w != text[0])
 
 
 def _forced(engine, slot: int, text: list[int], length: int, prime: list[int], counted: bool = False):
