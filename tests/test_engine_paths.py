@@ -155,3 +155,27 @@ def test_llama_server_paths_give_the_fresh_answer_on_minimax_m3_with_two_slots()
         checks = server_paths(engine, "minimax-m3", 4, engine.tokenize(WORDS)[1:], info.n_ctx, info.slots)
     assert [c.path for c in checks] == list(SERVER_PATHS)
     assert all(c.status == "PASS" and c.tried == 4 for c in checks), _failures(checks)
+
+
+class _NoPrefixCache:
+    """A llama-server stand-in that evaluates every prompt whole (no prefix-cache hit), one slot."""
+
+    kind = "llama-server"
+
+    def __init__(self):
+        self.http = self
+
+    def post(self, path, body):
+        return {}
+
+    def _forced(self, slot, prompt, answer):
+        return {"completion_probabilities": [{"logprob": -1.0} for _ in answer], "timings": {"prompt_n": len(prompt)}}
+
+
+def test_a_server_without_prefix_reuse_or_a_second_slot_cannot_run_those_paths():
+    from kvphase.conform.paths import server_paths
+
+    hit, slots = server_paths(_NoPrefixCache(), "minimax-m3", 4, list(range(10, 60)), 512, 1)
+    assert hit.status == "cannot run" and "no prefix-cache hit" in hit.reason, hit.line()
+    assert slots.status == "cannot run" and "1 slot" in slots.reason, slots.line()
+    assert hit.line().startswith("prefix-cache hit: cannot run: the server evaluated")
