@@ -130,12 +130,18 @@ def test_a_server_of_minimax_m3_is_warned_of_the_settings_its_props_hide():
     def server(slots):
         return ServerInfo("http://h:1", "llama-server", "m.gguf", 64, 2048, slots, "b1")
 
-    [one] = path_warnings(SimpleNamespace(architecture="minimax-m3"), [server(1)])
+    def warned(architecture, slots, workers=None):
+        vocab = SimpleNamespace(architecture=architecture) if architecture else SimpleNamespace()
+        return path_warnings(SimpleNamespace(vocab=vocab, servers=[server(slots)], slots=workers))
+
+    [one] = warned("minimax-m3", 1)
     assert one.startswith("http://h:1: ") and "-fa on" in one and "dense" in one and "-np auto" not in one
-    [auto] = path_warnings(SimpleNamespace(architecture="minimax-m3"), [server(4)])
+    [auto] = warned("minimax-m3", 4)
     assert "its 4 slots are what -np auto gives" in auto
-    assert path_warnings(SimpleNamespace(architecture="deepseek4"), [server(4)]) == []
-    assert path_warnings(SimpleNamespace(), [server(1)]) == []  # a test's vocabulary names no architecture
+    assert warned("deepseek4", 4) == [] and warned("", 1) == []  # a test's vocabulary names no architecture
+    [glm] = warned("glm5-next", 2)
+    assert "2 of its slots score at once" in glm and "--slots 1" in glm
+    assert warned("glm5-next", 2, workers=1) == [] and warned("glm5-next", 1) == []
 
 
 @pytest.mark.slow
