@@ -10,9 +10,14 @@ log-probabilities that the whole text gives when it is decoded as its own prompt
   every residue mod the stride (and at the lengths `extra` names, around deepseek4's 128-token HCA
   block), so the query starts mid-block at every phase. Breaks where a copy or a reused prefix
   drops a compressor's incomplete block (llama.cpp #25259, #26063; jundot/omlx #1888);
-- `token by token`: the prompt in one decode, then each answer token in a decode of its own, as
-  generation runs, so a block completes inside a one-token decode (vLLM #55927);
-- `micro-batch cut`: the query decoded in two parts cut inside a block (llama.cpp #26471, #26509).
+- `token by token`: the whole text up to the answer in one decode, then each answer token in a
+  decode of its own, as generation runs, so a block completes inside a one-token decode (vLLM
+  #55927);
+- `micro-batch cut`: the whole text in two decodes cut inside a block of the query, at least two
+  tokens on each side (llama.cpp #26471, #26509).
+
+The branch has a decode boundary where the context ends as well as the copy; the other two paths
+copy nothing.
 
 Random weights make the comparison sharp: nothing but the path changes the numbers, so the
 tolerance is rounding's (flash attention's F16 products and kernel choice by batch shape).
@@ -84,26 +89,26 @@ def context_lengths(stride: int, base: int = BASE_CONTEXT, extra: Sequence[int] 
 
 
 def path_cuts(path: str, length: int, stride: int) -> list[int]:
-    """Where the query's rows (prompt + answer[:-1]) are cut into decodes on `path`."""
-    n_rows = PROMPT_TOKENS + ANSWER_TOKENS - 1
-    if path == "token by token":  # the prompt at once, then one row per decode
-        return list(range(PROMPT_TOKENS, n_rows))
-    if path == "micro-batch cut":  # the row whose position lies nearest the middle of its block
-        return [min(range(1, n_rows), key=lambda c: abs((length + c) % stride - stride // 2))]
+    """Where the whole text's rows (context + prompt + answer[:-1]) are cut into decodes on `path`."""
+    n_rows = length + PROMPT_TOKENS + ANSWER_TOKENS - 1
+    if path == "token by token":  # context and prompt at once, then one row per decode
+        return list(range(length + PROMPT_TOKENS, n_rows))
+    if path == "micro-batch cut":  # inside the query, at the row nearest the middle of its block; two rows after it
+        return [min(range(length + 1, n_rows - 1), key=lambda c: abs(c % stride - stride // 2))]
     return []
 
 
 def answer_rows(backend, tokens: list[int], length: int, path: Optional[str], stride: int = 1) -> np.ndarray:
-    """The answer tokens' log-probabilities (n_answer,) after `tokens[:length]`; path None: the
-    whole text as one prompt in one batch."""
+    """The answer tokens' log-probabilities (n_answer,) after `tokens[:length]`: on the branch, a
+    query after the context's sequence; otherwise the whole text as one prompt, in one batch (path
+    None) or in the decodes `path_cuts` makes, so each path differs from one prompt in one way."""
     prompt = tuple(tokens[length:length + PROMPT_TOKENS])
     answer = tuple(tokens[length + PROMPT_TOKENS:])
-    if path is None:
-        queries, context, cuts = [Query(tuple(tokens[:length]) + prompt, answer)], (), []
-    else:
-        queries, context, cuts = [Query(prompt, answer)], tokens[:length], path_cuts(path, length, stride)
     if path == "branch":  # another query first, scored and removed
-        queries.insert(0, Query(answer, prompt))
+        queries, context, cuts = [Query(answer, prompt), Query(prompt, answer)], tokens[:length], []
+    else:
+        queries, context = [Query(tuple(tokens[:length]) + prompt, answer)], ()
+        cuts = path_cuts(path, length, stride) if path else []
     rows = backend.answer_logprobs(context, queries, cuts=cuts)[-1]  # (n_answer, n_vocab)
     return rows[np.arange(len(answer)), list(answer)]
 
