@@ -37,7 +37,7 @@ def residues_table(check) -> str:
 
 def paths_table(run) -> str:
     rows = [{"model": o.name, "path": p.path, "verdict": p.status,
-             "where": p.line().split(": ", 2)[1] if p.status != "cannot run" else "",
+             "where": p.where if not p.reason else "",
              "largest difference (nats)": f"{p.max_difference:.3g}" if not p.reason else "",
              "mean": f"{p.mean_difference:.2g}" if not p.reason else "", "why": p.reason}
             for o in run.outcomes for p in o.paths]

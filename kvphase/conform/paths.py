@@ -17,7 +17,8 @@ log-probabilities that the whole text gives when it is decoded as its own prompt
   tokens on each side (llama.cpp #26471, #26509).
 
 The branch has a decode boundary where the context ends as well as the copy; the other two paths
-copy nothing.
+copy nothing. Through llama-server (`server_paths`): a prefix-cache hit after a context ending at
+every residue, and two slots scoring at once (llama.cpp #26741).
 
 Random weights make the comparison sharp: nothing but the path changes the numbers, so the
 tolerance is rounding's (flash attention's F16 products and kernel choice by batch shape).
@@ -65,13 +66,18 @@ class PathCheck:
         """A failure at some context ends and not others: a residue to name."""
         return 0 < len(self.failed_lengths) < self.tried
 
+    @property
+    def where(self) -> str:
+        """The context where the path differed most, or none for a failure after every context."""
+        if self.about_residues or not self.failed_lengths:
+            return f"after a {self.length}-token context (residue {self.length % self.stride} mod {self.stride})"
+        return "after every context tried"
+
     def line(self) -> str:
         """The console's line: PASS / FAIL naming the path, where, and the largest difference."""
         if self.reason:
             return f"{self.path}: cannot run: {self.reason}"
-        where = (f"after a {self.length}-token context (residue {self.length % self.stride} mod {self.stride})"
-                 if self.about_residues or not self.failed_lengths else "after every context tried")
-        said = (f"{self.path}: {self.status} {where}: largest log-probability difference from one prompt "
+        said = (f"{self.path}: {self.status} {self.where}: largest log-probability difference from one prompt "
                 f"{self.max_difference:.3g} nats (mean {self.mean_difference:.2g}; tolerance {self.tolerance:g})")
         if self.about_residues:
             said += f"; beyond it after {len(self.failed_lengths)} of {self.tried} contexts"
