@@ -1401,6 +1401,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
     "conform-paths": lambda: conform_paths_table("paths"),
     "conform-paths-time": lambda: conform_time("paths/unpatched-llama.cpp"),
+    "conform-path-bugs": lambda: conform_path_bugs_table("path-bugs"),
 }
 
 
@@ -1463,6 +1464,28 @@ def conform_paths_table(study: str) -> str:
                              f"{len(path['failed_lengths'])}" if ran else "-", path["reason"] or "-"])
     return _table(["backend", "model", "path", "verdict", "largest difference after", "nats",
                    "contexts beyond the tolerance", "why"], rows)
+
+
+def conform_path_bugs_table(study: str) -> str:
+    """Each build of a planted-defect study by engine path: the models that PASS it, and each one that
+    FAILs with where and by how much (the models' own verdicts beside: a path defect moves the sweep's
+    scoring too when the sweep rides on that path)."""
+    rows = []
+    base = ROOT / "reports" / "conform" / study
+    for folder in sorted(base.glob("*/conform.json"), key=lambda f: (not f.parent.name.startswith("unpatched"),
+                                                                     f.parent.name)):
+        run = json.loads(folder.read_text())
+        link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")
+        models = run["models"]
+        failed_models = ", ".join(m["name"] for m in models if m["status"] == "FAIL") or "-"
+        for name in dict.fromkeys(p["path"] for m in models for p in m.get("paths", [])):
+            checks = [(m["name"], p) for m in models for p in m.get("paths", []) if p["path"] == name]
+            fails = [f"{model} ({'residue ' + str(p['length'] % p['stride']) if len(p['failed_lengths']) < p.get('tried', 0) else 'every context'}, "
+                     f"{p['max_difference']:.3g} nats)" for model, p in checks if p["status"] == "FAIL"]
+            rows.append([f"[{folder.parent.name}]({link})", name, str(sum(p["status"] == "PASS" for _, p in checks)),
+                         "; ".join(fails) or "-", failed_models])
+    return _table(["build", "path", "models passing", "models failing it (where, largest difference)",
+                   "models failing the profile check"], rows)
 
 
 def conform_time(relative: str) -> str:

@@ -86,7 +86,8 @@ class PathCheck:
     def to_json(self) -> dict:
         return {"path": self.path, "status": self.status, "length": self.length, "stride": self.stride,
                 "max_difference": self.max_difference, "mean_difference": self.mean_difference,
-                "tolerance": self.tolerance, "failed_lengths": list(self.failed_lengths), "reason": self.reason}
+                "tolerance": self.tolerance, "failed_lengths": list(self.failed_lengths), "tried": self.tried,
+                "reason": self.reason}
 
 
 def context_lengths(stride: int, base: int = BASE_CONTEXT, extra: Sequence[int] = ()) -> list[int]:
