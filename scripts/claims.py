@@ -1472,20 +1472,29 @@ def conform_path_bugs_table(study: str) -> str:
     scoring too when the sweep rides on that path)."""
     rows = []
     base = ROOT / "reports" / "conform" / study
-    for folder in sorted(base.glob("*/conform.json"), key=lambda f: (not f.parent.name.startswith("unpatched"),
-                                                                     f.parent.name)):
-        run = json.loads(folder.read_text())
-        link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")
-        models = run["models"]
+    # a run of every model (in process), or one per model (llama-server: each its own server and folder)
+    for build in sorted((d for d in base.iterdir() if d.is_dir()),
+                        key=lambda d: (not d.name.startswith("unpatched"), d.name.endswith("server"), d.name)):
+        runs = sorted(build.rglob("conform.json"))
+        link = os.path.relpath(runs[0].parent / "report.md", ROOT / "docs")
+        models = [model for run in runs for model in json.loads(run.read_text())["models"]]
         failed_models = ", ".join(m["name"] for m in models if m["status"] == "FAIL") or "-"
         for name in dict.fromkeys(p["path"] for m in models for p in m.get("paths", [])):
             checks = [(m["name"], p) for m in models for p in m.get("paths", []) if p["path"] == name]
-            fails = [f"{model} ({'residue ' + str(p['length'] % p['stride']) if len(p['failed_lengths']) < p.get('tried', 0) else 'every context'}, "
-                     f"{p['max_difference']:.3g} nats)" for model, p in checks if p["status"] == "FAIL"]
-            rows.append([f"[{folder.parent.name}]({link})", name, str(sum(p["status"] == "PASS" for _, p in checks)),
-                         "; ".join(fails) or "-", failed_models])
-    return _table(["build", "path", "models passing", "models failing it (where, largest difference)",
-                   "models failing the profile check"], rows)
+            fails = [f"{model} ({_path_where(p)}, {p['max_difference']:.3g} nats)"
+                     for model, p in checks if p["status"] == "FAIL"]
+            count = {status: str(sum(p["status"] == status for _, p in checks)) for status in ("PASS", "cannot run")}
+            rows.append([f"[{build.name}]({link})", name, count["PASS"], count["cannot run"], "; ".join(fails) or "-",
+                         failed_models])
+    return _table(["build", "path", "models passing", "cannot run", "models failing it (where, largest difference)",
+                   "models failing their own check"], rows)
+
+
+def _path_where(path: dict) -> str:
+    """The residue a failing path names, or none when it failed after every context it tried."""
+    if len(path["failed_lengths"]) < path.get("tried", 0):
+        return f"residue {path['length'] % path['stride']}"
+    return "every context"
 
 
 def conform_time(relative: str) -> str:
