@@ -36,8 +36,8 @@ from kvphase.backends.base import Query
 PATHS = ("branch", "token by token", "micro-batch cut")
 PROMPT_TOKENS = ANSWER_TOKENS = 4
 BASE_CONTEXT = 64  # the shortest context: several blocks of every reference's stride before the query
-# nats per answer token: the largest rounding difference between paths measured on the tiny
-# models (3e-3, minimax-m3 under flash attention) with room to spare, far below a path defect's
+# nats per answer token: several times the largest rounding difference between right paths measured
+# (1.5e-3, minimax-m3 under flash attention), far below a planted path defect's (tenths of a nat)
 PATH_TOLERANCE = 0.01
 
 
