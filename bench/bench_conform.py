@@ -60,6 +60,9 @@ def main() -> int:
             counts = {s: sum(o.status == s for o in outcomes) for s in ("PASS", "FAIL", "cannot run")}
             print(f"{name}: {len(outcomes)} models, {counts['PASS']} PASS, {counts['FAIL']} FAIL, "
                   f"{counts['cannot run']} cannot run in {seconds:.1f} s wall ({contexts} contexts per model)")
+            paths = [p.status for o in outcomes for p in o.paths]  # issue 62's engine paths, each model's
+            print(f"  engine paths: {paths.count('PASS')} PASS, {paths.count('FAIL')} FAIL, "
+                  f"{paths.count('cannot run')} cannot run (docs/conform.md: what llama.cpp 0.3.36 does on each)")
             failed |= counts["FAIL"] > 0
     return 1 if failed else 0
 

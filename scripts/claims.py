@@ -1527,6 +1527,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "fix-cost": lambda: bench_offsets_phrase(FIXES / "bench.md"),
     "conform-engine-bugs": lambda: conform_table("engine-bugs"),
     "conform-time": lambda: conform_time("engine-bugs/unpatched-llama.cpp"),
+    "conform-paths": lambda: conform_paths_table("paths"),
+    "conform-paths-time": lambda: conform_time("paths/unpatched-llama.cpp"),
+    "conform-path-bugs": lambda: conform_path_bugs_table("path-bugs"),
 }
 
 
@@ -1568,6 +1571,58 @@ def conform_table(study: str) -> str:
                          model["reason"] or "-"])
     return _table(["build and backend", "model", "verdict", "flags differing", "largest log-prob difference", "why"],
                   rows)
+
+
+def conform_paths_table(study: str) -> str:
+    """Each engine path of each model in a study's conform runs (their conform.json `paths`): one row
+    per backend, model and path, its verdict, where it differed most, and by how much."""
+    rows = []
+    base = ROOT / "reports" / "conform" / study
+    for folder in sorted(base.rglob("conform.json"), key=lambda f: (f.parent.relative_to(base).parts[0], str(f))):
+        run = json.loads(folder.read_text())
+        link = os.path.relpath(folder.parent / "report.md", ROOT / "docs")  # the table's page is in docs/
+        for model in run["models"]:
+            for path in model.get("paths", []):
+                ran = path["status"] != "cannot run"
+                where = (f"{path['length']}-token context (residue {path['length'] % path['stride']})"
+                         if ran else "-")
+                rows.append([f"[{folder.parent.relative_to(base).parts[0]}]({link})", model["name"], path["path"],
+                             path["status"], where if ran else "-",
+                             f"{path['max_difference']:.3g}" if ran else "-",
+                             f"{len(path['failed_lengths'])}" if ran else "-", path["reason"] or "-"])
+    return _table(["backend", "model", "path", "verdict", "largest difference after", "nats",
+                   "contexts beyond the tolerance", "why"], rows)
+
+
+def conform_path_bugs_table(study: str) -> str:
+    """Each build of a planted-defect study by engine path: the models that PASS it, and each one that
+    FAILs with where and by how much (the models' own verdicts beside: a path defect moves the sweep's
+    scoring too when the sweep rides on that path)."""
+    rows = []
+    base = ROOT / "reports" / "conform" / study
+    # a run of every model (in process), or one per model (llama-server: each its own server and folder)
+    for build in sorted((d for d in base.iterdir() if d.is_dir()),
+                        key=lambda d: (not d.name.startswith("unpatched"), d.name.endswith("server"), d.name)):
+        runs = sorted(build.rglob("conform.json"))
+        link = os.path.relpath(runs[0].parent / "report.md", ROOT / "docs")
+        models = [model for run in runs for model in json.loads(run.read_text())["models"]]
+        failed_models = ", ".join(m["name"] for m in models if m["status"] == "FAIL") or "-"
+        for name in dict.fromkeys(p["path"] for m in models for p in m.get("paths", [])):
+            checks = [(m["name"], p) for m in models for p in m.get("paths", []) if p["path"] == name]
+            fails = [f"{model} ({_path_where(p)}, {p['max_difference']:.3g} nats)"
+                     for model, p in checks if p["status"] == "FAIL"]
+            count = {status: str(sum(p["status"] == status for _, p in checks)) for status in ("PASS", "cannot run")}
+            rows.append([f"[{build.name}]({link})", name, count["PASS"], count["cannot run"], "; ".join(fails) or "-",
+                         failed_models])
+    return _table(["build", "path", "models passing", "cannot run", "models failing it (where, largest difference)",
+                   "models failing their own check"], rows)
+
+
+def _path_where(path: dict) -> str:
+    """The residue a failing path names, or none when it failed after every context it tried."""
+    if len(path["failed_lengths"]) < path.get("tried", 0):
+        return f"residue {path['length'] % path['stride']}"
+    return "every context"
 
 
 def conform_time(relative: str) -> str:

@@ -2,10 +2,12 @@
 # Proof that `kvphase conform` catches real engine bugs: llama.cpp's libllama built from the sources
 # vendored in the llama-cpp-python sdist kvphase pins, once as it is and once per patch in
 # scripts/conform_patches/ (each plants one defect: the deepseek4 compressor's block boundary one token
-# early, glm5-next's k-pool pooling a plain mean), and `kvphase conform` run against each build through
+# early, glm5-next's k-pool pooling a plain mean; and, for the engine paths of issue 62, deepseek4's
+# compressor state dropped by a sequence copy, a block completed in a one-token decode pooled one token
+# early, a block begun in an earlier micro-batch re-pooled one row late), and `kvphase conform` run against each build through
 # llama.cpp in process (llama-cpp-python loads libllama from LLAMA_CPP_LIB_PATH) and, when a llama-server
 # binary is built (scripts/build_llama_server.sh), through llama-server (its libllama from LD_LIBRARY_PATH).
-# The unpatched build must PASS, each patched one FAIL naming the moved residue.
+# The unpatched build must PASS, each patched one FAIL naming the moved residue or the path it breaks.
 #
 # Only libllama is compiled (its ggml kernels are llama-cpp-python's installed libraries): every
 # source once, then each patch recompiles the one file it touches and relinks. Objects are kept in

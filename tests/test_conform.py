@@ -66,6 +66,9 @@ def test_a_random_weight_reference_fails_on_log_probabilities_beyond_the_toleran
     check = compare_rows("m", "logprobs", committed, engine, {}, logprob_tolerance=0.01)
     assert check.verdict == "FAIL" and check.reason.startswith("residue 3 moved"), check.reason
     assert check.max_logprob_difference == pytest.approx(0.5), check.max_logprob_difference
+    everywhere = engine.assign(logprob=engine["logprob"] + 0.5)
+    said = compare_rows("m", "logprobs", committed, everywhere, {}, logprob_tolerance=0.01).reason
+    assert said.startswith("every residue moved") and "residue 3" not in said, said
 
 
 def conform_reference(tmp_path, *extra: str):
@@ -80,6 +83,24 @@ def test_the_reference_backend_reproduces_csa_disjoint(tmp_path):
     saved = json.loads((tmp_path / "run" / "conform.json").read_text())
     assert [m["status"] for m in saved["models"]] == ["PASS"] and not saved["failed"]
     assert len(pd.read_csv(tmp_path / "run" / "csa-disjoint" / "results.csv")) == 64
+    for path in ("branch", "token by token", "micro-batch cut"):
+        assert f"csa-disjoint {path}: PASS" in result.output, result.output
+    assert [p["status"] for p in saved["models"][0]["paths"]] == ["PASS"] * 3
+
+
+def test_a_planted_prefix_reuse_defect_fails_the_branch_path_naming_its_residue(tmp_path, monkeypatch):
+    """The reference's cache rolled back to a context also drops the context's incomplete block:
+    the branch path FAILs at a residue other than 0, the other paths PASS, exit 1."""
+    from kvphase.reference.deepseek4 import TokenCache
+
+    rolled_back = TokenCache.truncate
+    monkeypatch.setattr(TokenCache, "truncate", lambda self, n: rolled_back(self, n - n % 4))
+    result = conform_reference(tmp_path)
+    assert result.exit_code == 1, result.output
+    branch = next(line for line in result.output.splitlines() if "csa-disjoint branch:" in line)
+    assert "FAIL after a" in branch and "(residue 0 mod 4)" not in branch and "mod 4)" in branch, result.output
+    assert "csa-disjoint token by token: PASS" in result.output, result.output
+    assert "csa-disjoint micro-batch cut: PASS" in result.output, result.output
 
 
 def test_a_planted_block_boundary_defect_fails_naming_the_moved_residue(tmp_path, monkeypatch):

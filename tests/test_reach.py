@@ -146,7 +146,7 @@ def test_minimax_runs_its_block_indexer_in_process(default_model, tmp_path):
         backend = LlamaCppBackend(model, n_ctx=512, n_threads=1)
         try:
             scores[top_k] = backend.score(tokens[:300], [branched])[0].logprob, backend.score(tokens[:1], [whole])[0].logprob
-            assert backend.engine_info()["attention"].startswith("block-sparse")
+            assert backend.engine_info()["flash_attn"]
         finally:
             backend.close()
     assert abs(scores[3][0] - scores[3][1]) < 1e-3, scores  # the branch is the whole prompt's answer

@@ -66,6 +66,13 @@ def engine_info(backend: Backend) -> dict:
     return describe() if describe is not None else {"engine": type(backend).__name__}
 
 
+def cut_at(n_rows: int, cuts: Sequence[int] = ()) -> list[range]:
+    """Rows [0, n_rows) split before each offset of `cuts` that falls inside: the parts a query is
+    decoded in, one decode each (no cuts: one batch)."""
+    edges = [0, *sorted({int(c) for c in cuts if 0 < c < n_rows}), n_rows]
+    return [range(a, b) for a, b in zip(edges, edges[1:])]
+
+
 def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
     """Each row's log-softmax in float64: (n_rows, n_vocab) -> (n_rows, n_vocab)."""
     logits = np.asarray(logits, dtype=np.float64)  # (n_rows, n_vocab)

@@ -5,12 +5,19 @@ gets a copy of that sequence (`llama_memory_seq_cp`: metadata only in a unified 
 cache, a state copy for recurrent layers), is decoded with logits requested only at the
 rows that predict answer tokens, and its sequence is removed again. That leaves the
 context untouched for the next query, also for models whose recurrent layers cannot
-roll back part of a sequence.
+roll back part of a sequence. minimax-m3 is the exception: llama.cpp runs its sparse attention
+only under flash attention with one KV stream per sequence (dense attention otherwise), so it
+gets a one-sequence context, flash attention, and each query decoded after the context in its
+own sequence and removed again (`engines.llamacpp.SPARSE_NEEDS_FLASH_ONE_STREAM`).
 
 One query per decode: with several queries' sequences in one batch, llama.cpp 0.3.36
 gave some queries log-probabilities up to 0.19 away from the same query scored as its
-own prompt (tests/test_scoring.py checks the equality). The session itself (load,
-context, batches, decode, logits) is `kvphase.engines.llamacpp`.
+own prompt (tests/test_scoring.py checks the equality). scripts/batched_queries_repro.py
+narrows it: without flash attention in a unified cache, every sequence of the batch but the
+first moves (the default model); with flash attention, or one stream per sequence, none does;
+and one batch saved under a tenth of the queries' decode time there (their decode is compute-
+bound on a CPU), so the queries stay one per decode. The session itself (load, context,
+batches, decode, logits) is `kvphase.engines.llamacpp`.
 """
 
 from __future__ import annotations
@@ -20,11 +27,10 @@ from typing import Sequence
 
 import numpy as np
 
-from kvphase.backends.base import Query, Score, log_softmax_rows, score_from_logits
+from kvphase.backends.base import Query, Score, cut_at, log_softmax_rows, score_from_logits
 from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
-from kvphase.gguf.reach import BLOCK_SPARSE
 
 CONTEXT_SEQ, QUERY_SEQ = 0, 1
 UNLOADABLE = "unsupported architecture or corrupt file"
@@ -58,19 +64,20 @@ class LlamaCppBackend:
         self.vocab = engine.Vocab(self._model)
         self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
-        # n_seq_max 2: the context, and the query scored on a copy of it
+        # n_seq_max 2: the context, and the query scored on a copy of it; an architecture whose
+        # sparse attention needs one KV stream scores the query on the context's own sequence and
+        # removes it again (rollback: its cache is attention only)
+        self.one_sequence = engine.model_meta(self._model, "general.architecture") in \
+            engine.SPARSE_NEEDS_FLASH_ONE_STREAM
+        self.flash_attn = flash_attn or self.one_sequence
         self.n_threads = n_threads or default_threads()  # recorded in a run's manifest
         self.cache_type = cache_type
         self.tap_point = self._tap_point() if head_tap else None
         self._context_tap = None  # the every-decode tap the cached context was decoded under
-        # MiniMax-M3's block indexer runs only under flash attention with a cache per sequence (minimax-m3.cpp:
-        # msa_enabled = fa_on && streams_ok); each of the two sequences then holds n_ctx cells of its own
-        self.block_sparse = engine.model_meta(self._model, "general.architecture") == "minimax-m3"
         try:
-            self._ctx = engine.new_context(self._model, n_ctx=n_ctx * (2 if self.block_sparse else 1), n_batch=n_batch,
-                                           n_threads=self.n_threads, n_seq_max=2,
-                                           flash_attn=flash_attn or self.block_sparse,
-                                           kv_unified=not self.block_sparse, cache_type=cache_type,
+            self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
+                                           n_seq_max=1 if self.one_sequence else 2, flash_attn=self.flash_attn,
+                                           kv_unified=not self.one_sequence, cache_type=cache_type,
                                            label=str(self.model_path),
                                            cb_eval=self.tap_point.c_callback if head_tap else None)
         except BackendError as exc:
@@ -80,7 +87,7 @@ class LlamaCppBackend:
                 raise
             raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path} "
                                f"({memory})") from exc
-        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx) // (2 if self.block_sparse else 1)  # one sequence's
+        self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self._context: tuple[int, ...] = ()
@@ -108,7 +115,7 @@ class LlamaCppBackend:
         self._lc.llama_memory_clear(self._memory, True)
         self._context, self.tap_point.tap = (), finder
         try:
-            self._decode([(self.prefix_ids[0] if self.prefix_ids else 0, 0, QUERY_SEQ, True)], query=True)
+            self._decode([(self.prefix_ids[0] if self.prefix_ids else 0, 0, self._query_seq, True)], query=True)
         finally:
             self.tap_point.tap = kept
             self._lc.llama_memory_clear(self._memory, True)
@@ -138,10 +145,12 @@ class LlamaCppBackend:
         self._check_and_load(context, queries)
         return [score_from_logits(self._query_logits(len(context), query), query.answer) for query in queries]
 
-    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query]) -> list[np.ndarray]:
-        """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab)."""
+    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query],
+                        cuts: Sequence[int] = ()) -> list[np.ndarray]:
+        """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab); `cuts`:
+        offsets into the query's rows (prompt + answer[:-1]) where a new decode starts."""
         self._check_and_load(context, queries)
-        return [log_softmax_rows(self._query_logits(len(context), query)) for query in queries]
+        return [log_softmax_rows(self._query_logits(len(context), query, cuts)) for query in queries]
 
     def _check_and_load(self, context: Sequence[int], queries: Sequence[Query]) -> None:
         if any(not q.prompt or not q.answer for q in queries):
@@ -174,18 +183,28 @@ class LlamaCppBackend:
             self._decode([(t, start + i, CONTEXT_SEQ, False) for i, t in enumerate(chunk)])
         self._context = context
 
-    def _query_logits(self, n_context: int, query: Query) -> np.ndarray:
-        """Decode the query on a copy of the context's sequence, then drop the copy; the logit
-        rows that predict the answer tokens: (n_answer, n_vocab)."""
-        self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, QUERY_SEQ, -1, -1)
+    def _query_logits(self, n_context: int, query: Query, cuts: Sequence[int] = ()) -> np.ndarray:
+        """Decode the query on a copy of the context's sequence (in one batch, or in the parts
+        `cuts` makes), then drop the copy; the logit rows that predict the answer tokens:
+        (n_answer, n_vocab)."""
+        if not self.one_sequence:
+            self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, QUERY_SEQ, -1, -1)
         first_scored = len(query.prompt) - 1
-        rows = [(t, n_context + i, QUERY_SEQ, i >= first_scored)
+        rows = [(t, n_context + i, self._query_seq, i >= first_scored)
                 for i, t in enumerate(query.prompt + query.answer[:-1])]
         try:
-            self._decode(rows, query=True)
-            return self._requested_logits(rows)
+            return np.concatenate([self._decoded(rows[part.start:part.stop]) for part in cut_at(len(rows), cuts)])
         finally:
-            self._lc.llama_memory_seq_rm(self._memory, QUERY_SEQ, -1, -1)
+            self._lc.llama_memory_seq_rm(self._memory, self._query_seq, n_context if self.one_sequence else -1, -1)
+
+    @property
+    def _query_seq(self) -> int:
+        return CONTEXT_SEQ if self.one_sequence else QUERY_SEQ
+
+    def _decoded(self, rows: list[tuple[int, int, int, bool]]) -> np.ndarray:
+        """Decode query rows as one batch; the logits of those that asked: (n_requested, n_vocab)."""
+        self._decode(rows, query=True)
+        return self._requested_logits(rows)
 
     def _decode(self, rows: list[tuple[int, int, int, bool]], query: bool = False) -> None:
         """Decode (token, position, sequence, wants logits) rows as one batch; the tap, if any,
@@ -212,8 +231,8 @@ class LlamaCppBackend:
         """llama-cpp-python's version and the CPU features its llama.cpp was built with."""
         return {"engine": "llama-cpp-python", "version": self._lc.__version__,
                 "system_info": self._lc.llama_print_system_info().decode().strip(),
-                **({"cache_type": self.cache_type} if self.cache_type != "f16" else {}),
-                **({"attention": BLOCK_SPARSE} if self.block_sparse else {})}
+                **({"flash_attn": True} if self.flash_attn else {}),
+                **({"cache_type": self.cache_type} if self.cache_type != "f16" else {})}
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):

@@ -13,7 +13,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from kvphase.backends.base import Query, Score, log_softmax_rows, score_from_logits
+from kvphase.backends.base import Query, Score, cut_at, log_softmax_rows, score_from_logits
 from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
 from kvphase.gguf.header import read_gguf_header
@@ -98,11 +98,14 @@ class ReferenceBackend:
         return [score_from_logits(logits, query.answer)
                 for logits, query in zip(self._answer_logits(context, queries), queries)]
 
-    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query]) -> list[np.ndarray]:
-        """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab)."""
-        return [log_softmax_rows(logits) for logits in self._answer_logits(context, queries)]
+    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query],
+                        cuts: Sequence[int] = ()) -> list[np.ndarray]:
+        """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab); `cuts`:
+        offsets into the query's rows (prompt + answer[:-1]) where a new forward pass starts."""
+        return [log_softmax_rows(logits) for logits in self._answer_logits(context, queries, cuts)]
 
-    def _answer_logits(self, context: Sequence[int], queries: Sequence[Query]) -> Iterator[np.ndarray]:
+    def _answer_logits(self, context: Sequence[int], queries: Sequence[Query],
+                       cuts: Sequence[int] = ()) -> Iterator[np.ndarray]:
         """Each query's logit rows that predict its answer tokens, (n_answer, n_vocab), one at a time."""
         if any(not q.prompt or not q.answer for q in queries):
             raise PlanError("every query needs a non-empty prompt and answer")
@@ -112,7 +115,9 @@ class ReferenceBackend:
             tokens = tuple(query.prompt) + tuple(query.answer[:-1])
             first_scored = len(query.prompt) - 1
             try:
-                yield self._forward(tokens, range(first_scored, len(tokens)))  # (n_answer, n_vocab)
+                yield np.concatenate([self._forward(tokens[part.start:part.stop],
+                                                    [i - part.start for i in part if i >= first_scored])
+                                      for part in cut_at(len(tokens), cuts)])  # (n_answer, n_vocab)
             finally:
                 self._cache.truncate(n)
 

@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 from kvphase.backends.base import Query, Score
+from kvphase.backends.server_paths import path_warnings
 from kvphase.errors import BackendError, PlanError
 from kvphase.options_check import check_seconds
 
@@ -621,6 +622,7 @@ class ServerBackend:
         if not checked:
             raise self._every_server_gone()
         self.servers = [info for _, info in checked]
+        self._untold += path_warnings(self)  # issue 62: kvphase.backends.server_paths
         self.workers = [(engine, slot) for engine, info in checked for slot in range(self.slots or info.slots)]
 
     @property

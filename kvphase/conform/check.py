@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
+from kvphase.conform.paths import SERVER_PATHS, PathCheck, cannot_run, model_paths, server_paths
 from kvphase.conform.references import Reference
 from kvphase.errors import BackendError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
@@ -69,10 +70,11 @@ class Outcome:
     seconds: float
     check: Optional[ModelCheck] = None
     rows: Optional[pd.DataFrame] = None  # the engine's rows (results.csv columns)
+    paths: tuple[PathCheck, ...] = ()  # each engine path against one prompt (kvphase.conform.paths)
 
     def to_json(self) -> dict:
         return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2),
-                "check": self.check.to_json() if self.check else None}
+                "check": self.check.to_json() if self.check else None, "paths": [p.to_json() for p in self.paths]}
 
 
 def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
@@ -166,12 +168,26 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
             context = prepared.contexts[index]
             rows += [_result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
             advance(len(context.targets))
+        paths = engine_paths(backend, prepared, choice)
     finally:
         getattr(backend, "close", lambda: None)()
     engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
     check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,
                          choice.margin, choice.logprob_tolerance, seed=prepared.plan.seed)
-    return Outcome(name, check.verdict, check.reason, time.monotonic() - started, check, engine)
+    return Outcome(name, check.verdict, check.reason, time.monotonic() - started, check, engine, tuple(paths))
+
+
+def engine_paths(backend, prepared: Prepared, choice: EngineChoice) -> list[PathCheck]:
+    """The model's engine paths (`conform.paths`), each against the same text as one prompt."""
+    info = prepared.info
+    if choice.backend != "server":
+        return model_paths(backend, info.architecture, prepared.plan.stride, info.vocab_size, info.context_length)
+    engine, server = backend.engines[0], backend.servers[0]
+    if engine.kind != "llama-server":
+        return cannot_run(f"a {engine.kind} server has no slots or prompt cache kvphase can address", SERVER_PATHS)
+    words = sorted({int(t) for context in prepared.contexts for t in context.tokens} - set(backend.prefix_ids))
+    return server_paths(engine, info.architecture, prepared.plan.stride, words,
+                        min(server.n_ctx, info.context_length), server.slots)
 
 
 def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:
@@ -218,7 +234,7 @@ class ConformRun:
 
     @property
     def failed(self) -> bool:
-        return any(o.status == "FAIL" for o in self.outcomes)
+        return any(o.status == "FAIL" or any(p.status == "FAIL" for p in o.paths) for o in self.outcomes)
 
 
 def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
@@ -231,6 +247,8 @@ def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
     for item in prepared:
         outcome = run_reference(item, choice, advance)
         say(table_line(outcome))
+        for path in outcome.paths:
+            say(f"  {outcome.name} {path.line()}")
         outcomes.append(outcome)
     run = ConformRun(describe_engine(choice), outcomes, out, time.monotonic() - started)
     write_folder(run, choice)

@@ -110,7 +110,10 @@ def _verdict(check: str, residues: list[ResidueCheck], margin: float, tolerance:
     if check == "logprobs":
         worst = max(residues, key=lambda r: r.max_logprob_difference)
         if worst.max_logprob_difference > tolerance:
-            return "FAIL", (f"residue {worst.residue} moved: its answers' log-probabilities by up to "
+            # moved at every residue: a fault of the whole model, not of a phase, so no residue is named
+            where = "every residue moved" if all(r.max_logprob_difference > tolerance for r in residues) \
+                else f"residue {worst.residue} moved"
+            return "FAIL", (f"{where}: its answers' log-probabilities by up to "
                             f"{worst.max_logprob_difference:.3g} nats (mean {worst.mean_logprob_difference:.3g}; "
                             f"tolerance {tolerance:g})")
         return "PASS", ""

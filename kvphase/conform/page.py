@@ -35,8 +35,19 @@ def residues_table(check) -> str:
     return markdown_table(pd.DataFrame(rows))
 
 
+def paths_table(run) -> str:
+    rows = [{"model": o.name, "path": p.path, "verdict": p.status,
+             "where": p.where if not p.reason else "",
+             "largest difference (nats)": f"{p.max_difference:.3g}" if not p.reason else "",
+             "mean": f"{p.mean_difference:.2g}" if not p.reason else "", "why": p.reason}
+            for o in run.outcomes for p in o.paths]
+    return markdown_table(pd.DataFrame(rows))
+
+
 def conform_page(run, choice) -> ReportPage:
     sections = [("Models", models_table(run))]
+    if any(o.paths for o in run.outcomes):
+        sections.append(("Engine paths against one prompt", paths_table(run)))
     sections += [(f"{o.name}: residue by residue", residues_table(o.check)) for o in run.outcomes if o.check]
     return ReportPage(
         title=f"Conformance of {run.engine}",

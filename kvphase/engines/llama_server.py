@@ -4,7 +4,9 @@ bench, studies).
 The binary comes from `scripts/build_llama_server.sh`, built from the llama.cpp that
 llama-cpp-python vendors; `find_llama_server` runs that script, which returns at once
 when the build is cached. The flags match the in-process backend where numbers depend
-on them: n_batch = n_ubatch = 512 and no flash attention.
+on them: n_batch = n_ubatch = 512 and no flash attention, except for an architecture whose sparse
+attention llama.cpp runs only under it (minimax-m3: `SPARSE_NEEDS_FLASH_ONE_STREAM`); `-np` given
+explicitly leaves the cache one stream per slot, which that attention needs too.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from pathlib import Path
 from typing import Iterator
 
 from kvphase.defaults import default_threads
-from kvphase.engines.llamacpp import extra_buffers_safe
-from kvphase.errors import BackendError
+from kvphase.engines.llamacpp import SPARSE_NEEDS_FLASH_ONE_STREAM, extra_buffers_safe
+from kvphase.errors import BackendError, ModelFileError
+from kvphase.gguf.header import read_gguf_header
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_server.sh"
 
@@ -47,14 +50,21 @@ def free_port() -> int:
 
 
 def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ctx_per_slot: int = 2048,
-                   threads: int = 2, extra: tuple[str, ...] = (), block_sparse: bool = False) -> list[str]:
-    """The command line: `slots` slots of `n_ctx_per_slot` tokens each. `block_sparse`: flash attention on,
-    as MiniMax-M3's block indexer needs (the server's cache is per slot by default), as the in-process
-    backend runs it."""
+                   threads: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
+    """The command line: `slots` slots of `n_ctx_per_slot` tokens each."""
     return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-c", str(slots * n_ctx_per_slot), "-np", str(slots), "-t", str(threads), "-tb", str(threads),
-            "-b", "512", "-ub", "512", "-fa", "on" if block_sparse else "off", "--cache-ram", "0", "--no-webui",
+            "-b", "512", "-ub", "512", "-fa", _flash_attention(model), "--cache-ram", "0", "--no-webui",
             *(() if extra_buffers_safe() else ("--no-repack",)), *extra]
+
+
+def _flash_attention(model: Path) -> str:
+    """"on" where the model's sparse attention needs it (else llama.cpp runs it dense), else "off"."""
+    try:
+        architecture = read_gguf_header(model).fields.get("general.architecture")
+    except ModelFileError:  # no file to read (a test's command line): the server reports it itself
+        return "off"
+    return "on" if architecture in SPARSE_NEEDS_FLASH_ONE_STREAM else "off"
 
 
 def rpc_options(endpoints: list[str]) -> tuple[str, ...]:
@@ -72,12 +82,8 @@ def llama_server(model: Path, *, slots: int = 1, n_ctx_per_slot: int = 2048, thr
     """A llama-server serving `model` on `port` (default a free one); always stopped on exit."""
     binary = binary or find_llama_server()
     port = port or free_port()
-    from kvphase.gguf.header import Metadata, read_gguf_header
-
-    architecture = Metadata(read_gguf_header(model)).text("general.architecture", "")
     command = server_command(binary, model, port, slots=slots, n_ctx_per_slot=n_ctx_per_slot,
-                             threads=threads or default_threads(), extra=extra,
-                             block_sparse=architecture == "minimax-m3")
+                             threads=threads or default_threads(), extra=extra)
     with _running(command, f"http://127.0.0.1:{port}", ready_s) as running:
         yield running
 

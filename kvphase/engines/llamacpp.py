@@ -31,6 +31,12 @@ CACHE_BLOCK = 32  # values per q8_0 / q4_0 block: every head's K and V width mus
 # (token, position, sequence, wants logits): one row of a llama_batch
 Row = tuple[int, int, int, bool]
 
+# Architectures whose compressed attention llama.cpp 0.3.36 builds only under flash attention and
+# with one KV stream per sequence (`msa_enabled` in src/models/minimax-m3.cpp: flash_attn and
+# n_seq_max == 1 or no unified cache); anywhere else it runs dense attention over every cached token
+# and only logs a warning, a different model (scripts/engine_paths_repro.py: 1.4-1.8 nats per answer)
+SPARSE_NEEDS_FLASH_ONE_STREAM = frozenset({"minimax-m3"})
+
 
 def silence_llama_logs() -> None:
     """Drop llama.cpp's log, which it writes to stderr from C on every load."""
@@ -154,6 +160,10 @@ class Vocab:
     @property
     def n_ctx_train(self) -> int:
         return self._lc.llama_model_n_ctx_train(self._model)
+
+    @property
+    def architecture(self) -> str:
+        return model_meta(self._model, "general.architecture")
 
     @property
     def prefix_ids(self) -> list[int]:

@@ -130,7 +130,6 @@ class Reach(NamedTuple):
                          f"{s.units} ({100 * s.kept_share(tokens):.0f}%)" for s in self.selection)
 
 
-BLOCK_SPARSE = "block-sparse (flash attention, a cache per sequence)"  # how an engine ran MSA, as its manifest says
 MSA_CONDITION = ("llama.cpp runs MiniMax-M3's block indexer only under flash attention with one sequence or "
                  "per-sequence caches; otherwise every layer is dense")
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 from kvphase.errors import GGUFError
 from kvphase.gguf.modelinfo import CompressionSpec
-from kvphase.gguf.reach import BLOCK_SPARSE, Reach, reach_of
+from kvphase.gguf.reach import Reach, reach_of
 
 QUERY_TOKENS_MOST = 64  # the query and its answer fit in plan.QUERY_ROOM tokens: an answer is predicted before this
 
@@ -19,7 +19,7 @@ def compressor_inactive(compression: CompressionSpec, context: int, backend: str
     file's own compressor (the reference under a design of its own). Every answer is predicted with
     fewer than QUERY_TOKENS_MOST more tokens in the sequence, so "inactive" holds for every target.
     `engine_ran_it`: False when the engine is known to have skipped a compressor that needs conditions
-    of its own (kvphase's llama.cpp backend ran minimax-m3 dense before it opened it block-sparse)."""
+    of its own (kvphase's llama.cpp backend ran minimax-m3 dense before it opened it under flash attention)."""
     if backend == "reference" and design != "trained":
         return None
     reach = reach_of(compression)
@@ -40,7 +40,7 @@ def recorded_inactive(manifest: dict, context: int, backend: str, design: Option
     recorded = manifest.get("compression")
     if not recorded:
         return None
-    ran = backend != "llama.cpp" or manifest.get("engine", {}).get("attention") == BLOCK_SPARSE
+    ran = backend != "llama.cpp" or bool(manifest.get("engine", {}).get("flash_attn"))  # MSA needs it (backends.llamacpp)
     try:
         spec = CompressionSpec(**recorded)
         return compressor_inactive(spec, context, backend, design, engine_ran_it=ran)

@@ -1,0 +1,187 @@
+"""Every engine path kvphase scores on gives the answer the whole text gives as one prompt in one
+batch (issue 62), on tiny random-weight models of each compressed architecture through llama.cpp.
+
+The paths (`kvphase.conform.paths`): kvphase's branch (a first query on a copy of the context's
+sequence, removed, then the query checked) after a context ending at every residue mod 4 and, for
+deepseek4, at 127/128/129 and 255/256/257 around its 128-token HCA blocks; the answer decoded one
+token per decode; the query cut into two decodes inside a block. Tolerance: 0.01 nats per answer
+token. Random weights leave nothing but the path to change the numbers, so only rounding separates
+them: flash attention's F16 products and kernels chosen by batch shape (the largest measured here,
+1e-3, is minimax-m3's under flash attention), while a path that loses or re-pools a block moves an
+answer by tenths of a nat (the planted defects below).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvphase.backends.base import Query
+from kvphase.conform.paths import AROUND_HCA, PATHS, check_paths
+from kvphase.gguf.tiny import TINY_VOCAB, write_tiny_model
+
+WORDS = " the grass is green and the sky is blue while a river runs past seven old houses"
+SETTINGS = {"deepseek4": AROUND_HCA, "glm5-next": (), "minimax-m3": ()}  # tiny.py: glm5-next's k-pool keeps 2 of its pools
+
+
+@pytest.fixture(scope="module")
+def tiny_backends(tmp_path_factory):
+    from kvphase.backends.llamacpp import LlamaCppBackend
+
+    folder = tmp_path_factory.mktemp("paths")
+    backends = {arch: LlamaCppBackend(write_tiny_model(arch, folder / f"{arch}.gguf"), n_ctx=1024, n_threads=1)
+                for arch in SETTINGS}
+    yield backends
+    for backend in backends.values():
+        backend.close()
+
+
+def _failures(checks) -> str:
+    return "\n".join(c.line() for c in checks if c.status != "PASS")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(SETTINGS))
+def test_every_path_gives_the_one_prompt_answer(tiny_backends, arch):
+    checks = check_paths(tiny_backends[arch], TINY_VOCAB, 4, SETTINGS[arch])
+    assert [c.path for c in checks] == list(PATHS)
+    assert all(c.tried == 4 + len(SETTINGS[arch]) for c in checks)
+    assert all(c.status == "PASS" for c in checks), _failures(checks)
+
+
+@pytest.mark.slow
+def test_minimax_m3_is_scored_with_its_sparse_attention(tiny_backends):
+    """llama.cpp runs minimax-m3's block-sparse attention only under flash attention with one KV
+    stream per sequence, and dense attention otherwise; the backend must score what a hand-made
+    context of the sparse setting gives, and the dense one must be far from it (else this test
+    could not tell them apart)."""
+    from kvphase.engines import llamacpp as engine
+
+    backend = tiny_backends["minimax-m3"]
+    tokens = np.random.default_rng(1).integers(0, TINY_VOCAB, 200).tolist()
+    context, prompt, answer = tokens[:192], tuple(tokens[192:196]), tuple(tokens[196:])
+    ours = backend.answer_logprobs(context, [Query(prompt, answer)])[0][np.arange(4), list(answer)]
+    sparse, dense = (_one_batch(backend._model, tokens, flash) for flash in (True, False))
+    near, far = np.abs(ours - sparse), np.abs(dense - sparse)
+    assert near.max() <= 0.01, f"against the sparse path: max {near.max():.3g}, mean {near.mean():.3g} nats"
+    assert far.max() > 0.1, f"dense and sparse attention agree: max {far.max():.3g}, mean {far.mean():.3g} nats"
+
+
+def _one_batch(model, tokens: list[int], flash_attn: bool) -> np.ndarray:
+    """The last 4 tokens' log-probabilities, the text decoded in one batch in a one-sequence context."""
+    import llama_cpp
+
+    from kvphase.backends.base import log_softmax_rows
+    from kvphase.engines import llamacpp as engine
+
+    ctx = engine.new_context(model, n_ctx=512, n_batch=len(tokens), n_threads=1, flash_attn=flash_attn)
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    rows = [(t, i, 0, i >= len(tokens) - 5) for i, t in enumerate(tokens[:-1])]
+    try:
+        assert engine.decode(ctx, batch, rows) == 0
+        logprobs = log_softmax_rows(engine.logits(ctx, rows, TINY_VOCAB))  # (4, n_vocab)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+    return logprobs[np.arange(4), tokens[-4:]]
+
+
+def test_a_prefix_reuse_that_drops_the_incomplete_block_fails_the_branch_at_its_residues(monkeypatch):
+    """The reference backend (deepseek4 trained model) with a planted path defect: rolling the cache
+    back to a context also drops the context's incomplete block (llama.cpp #26063's class). Only the
+    branch reuses a rolled-back context, and only contexts that end mid-block lose tokens."""
+    from kvphase.backends.reference import ReferenceBackend
+    from kvphase.reference.deepseek4 import TokenCache
+
+    rolled_back = TokenCache.truncate
+    monkeypatch.setattr(TokenCache, "truncate", lambda self, n: rolled_back(self, n - n % 4))
+    backend = ReferenceBackend("tests/data/trained/csa-disjoint.gguf")
+    branch, *others = check_paths(backend, 64, 4, base=48)  # the model holds 72 positions
+    assert branch.status == "FAIL" and branch.about_residues, branch.line()
+    assert sorted(length % 4 for length in branch.failed_lengths) == [1, 2, 3]
+    assert "residue" in branch.line() and "FAIL" in branch.line()
+    assert all(c.status == "PASS" for c in others), _failures(others)
+
+
+def test_the_unplanted_reference_passes_every_path():
+    from kvphase.backends.reference import ReferenceBackend
+
+    checks = check_paths(ReferenceBackend("tests/data/trained/csa-disjoint.gguf"), 64, 4, base=48)
+    assert all(c.status == "PASS" for c in checks), _failures(checks)
+
+
+def test_a_failure_at_every_context_names_no_residue():
+    from kvphase.conform.paths import PathCheck
+
+    everywhere = PathCheck("token by token", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(64, 65, 66, 67), tried=4)
+    some = PathCheck("branch", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(65,), tried=4)
+    assert "residue" not in everywhere.line() and "after every context tried" in everywhere.line()
+    assert "residue 1 mod 4" in some.line()
+
+
+def test_a_server_of_minimax_m3_is_warned_of_the_settings_its_props_hide():
+    from types import SimpleNamespace
+
+    from kvphase.backends.server import ServerInfo
+    from kvphase.backends.server_paths import path_warnings
+
+    def server(slots):
+        return ServerInfo("http://h:1", "llama-server", "m.gguf", 64, 2048, slots, "b1")
+
+    def warned(architecture, slots, workers=None):
+        vocab = SimpleNamespace(architecture=architecture) if architecture else SimpleNamespace()
+        return path_warnings(SimpleNamespace(vocab=vocab, servers=[server(slots)], slots=workers))
+
+    [one] = warned("minimax-m3", 1)
+    assert one.startswith("http://h:1: ") and "-fa on" in one and "dense" in one and "-np auto" not in one
+    [auto] = warned("minimax-m3", 4)
+    assert "its 4 slots are what -np auto gives" in auto
+    assert warned("deepseek4", 4) == [] and warned("", 1) == []  # a test's vocabulary names no architecture
+    [glm] = warned("glm5-next", 2)
+    assert "2 of its slots score at once" in glm and "--slots 1" in glm
+    assert warned("glm5-next", 2, workers=1) == [] and warned("glm5-next", 1) == []
+
+
+@pytest.mark.slow
+@pytest.mark.time_limit(180)
+def test_llama_server_paths_give_the_fresh_answer_on_minimax_m3_with_two_slots():
+    """kvphase's launcher (-fa on for minimax-m3, -np 2: one cache stream per slot): the answer after
+    a prefix-cache hit at every residue, and with two slots decoding at once, equals the text
+    evaluated with nothing cached (the same tolerance as in process)."""
+    from kvphase.backends.server import LlamaServer
+    from kvphase.conform.paths import SERVER_PATHS, server_paths
+    from kvphase.engines.llama_server import find_llama_server, llama_server
+
+    model = "tests/data/conform/minimax-m3-random.gguf"
+    with llama_server(Path(model), binary=find_llama_server(), threads=1, slots=2, n_ctx_per_slot=512) as server:
+        engine = LlamaServer(server.url)
+        info = engine.info()
+        checks = server_paths(engine, "minimax-m3", 4, engine.tokenize(WORDS)[1:], info.n_ctx, info.slots)
+    assert [c.path for c in checks] == list(SERVER_PATHS)
+    assert all(c.status == "PASS" and c.tried == 4 for c in checks), _failures(checks)
+
+
+class _NoPrefixCache:
+    """A llama-server stand-in that evaluates every prompt whole (no prefix-cache hit), one slot."""
+
+    kind = "llama-server"
+
+    def __init__(self):
+        self.http = self
+
+    def post(self, path, body):
+        return {}
+
+    def _forced(self, slot, prompt, answer):
+        return {"completion_probabilities": [{"logprob": -1.0} for _ in answer], "timings": {"prompt_n": len(prompt)}}
+
+
+def test_a_server_without_prefix_reuse_or_a_second_slot_cannot_run_those_paths():
+    from kvphase.conform.paths import server_paths
+
+    hit, slots = server_paths(_NoPrefixCache(), "minimax-m3", 4, list(range(10, 60)), 512, 1)
+    assert hit.status == "cannot run" and "no prefix-cache hit" in hit.reason, hit.line()
+    assert slots.status == "cannot run" and "1 slot" in slots.reason, slots.line()
+    assert hit.line().startswith("prefix-cache hit: cannot run: the server evaluated")
