@@ -51,7 +51,7 @@ llama-server: $(LLAMA)
 # so its module-scoped fixtures (a real model's sweep, a server) are made once; the longest
 # modules first, as conftest.py orders them (xdist would order by number of tests).
 # $(WAITING) mostly wait: for fake servers' timeouts (measured: 41 s of wall time, 5 CPU-s), for
-# hostile servers' deadlines (34 s, 13 CPU-s) and for llama-servers (163 s, 130 CPU-s), so they run in
+# hostile servers' deadlines (59 s, 16 CPU-s) and for llama-servers (163 s, 130 CPU-s), so they run in
 # a pytest of their own beside the workers, on the first CPU (one llama.cpp thread, as on a worker),
 # rather than idling a worker; their output follows
 WAITING := tests/test_server.py tests/test_hostile_servers.py tests/test_server_real.py
