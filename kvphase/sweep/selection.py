@@ -1,0 +1,184 @@
+"""Selection records (`kvphase sweep --selection`): whether the indexer chose each target's pool.
+
+An indexer keeps a few pools of a long context and the query reads only those, so a target can
+be lost at selection (its pool was not chosen) or after it (chosen, and the answer still wrong).
+For every target this module records, at the position whose logits predict the answer's first
+token (the query's last token), which indexer layers selected the unit holding the target:
+glm5-next's k-pool pools of `kpool` tokens, deepseek4's lightning-indexer entries of 4 tokens on
+its CSA layers (the entry whose own block holds the target: entry b pools positions 4b to 4b+3).
+llama.cpp's selection is read from its graph (`engines.selection`); the numpy reference's from
+its glm5-next and deepseek4 models (`reference.deepseek4.WholeSequence.selections`).
+
+A row's columns: `indexer_layers` and `selected_layers` (layer numbers joined by ";"),
+`selected_share` (the share of indexer layers that selected the target) and `selected_all`
+(every one did). A target inside deepseek4's raw window is read raw whatever the indexer chose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvphase.backends.base import Query, Score
+from kvphase.errors import PlanError, RunFolderError
+
+SELECTION_COLUMNS = ["indexer_layers", "selected_layers", "selected_share", "selected_all"]
+CSA_ENTRY = 4  # deepseek4's lightning indexer scores the ratio-4 (CSA) entries only
+
+
+@dataclass(frozen=True)
+class Indexer:
+    """What an indexer selects: units of `unit` consecutive positions from position 0."""
+
+    unit: int
+    name: str  # "pool" or "compressed entry"
+
+
+def indexer_of(info) -> Indexer:
+    """The indexer a model file declares; PlanError naming the file when it has none kvphase reads."""
+    spec, where = info.compression, f"{info.path.name} ({info.architecture})"
+    if spec.family == "kpool" and spec.params.get("kpool", 0) > 1:
+        return Indexer(spec.params["kpool"], "pool")
+    if spec.family == "dsv4" and spec.params.get("indexer_top_k", 0) > 0 and CSA_ENTRY in spec.params.get("strides", ()):
+        return Indexer(CSA_ENTRY, "compressed entry")
+    if spec.family == "msa":
+        raise PlanError(f"--selection: {where}: reading minimax-m3's block selection is not built yet")
+    raise PlanError(f"--selection needs a model with an indexer (glm5-next's k-pool, deepseek4's lightning "
+                    f"indexer); {where} has none")
+
+
+def check_selection_plan(info, backend: str, offsets: dict, design: str = "") -> Indexer:
+    """The model's indexer, when a sweep with this backend can record its selection; else PlanError."""
+    indexer = indexer_of(info)
+    if backend == "server":
+        raise PlanError("--selection reads the indexer inside the engine: use --backend llama.cpp or reference")
+    if backend == "reference" and design != "trained":
+        raise PlanError("--selection with --backend reference needs the file's own indexer (--design trained)")
+    if offsets:
+        raise PlanError("--selection records plain scoring; run it without --offsets, --shift or --random-offset")
+    return indexer
+
+
+class SelectionReader:
+    """Reads the selection of one query's decode from a llama.cpp backend (through a graph tap)
+    or the numpy reference (through its model's `selections`)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.model = getattr(backend, "model", None)
+        if getattr(self.model, "selections", False) is None:  # a reference model that runs an indexer
+            return
+        point = getattr(backend, "tap_point", None)
+        if point is None:
+            raise PlanError("--selection needs the llama.cpp backend opened with a graph tap, or the numpy "
+                            "reference of a glm5-next or deepseek4 file")
+        from kvphase.engines.selection import SelectionTap
+
+        point.tap = SelectionTap(backend.architecture)
+        self.model = None
+
+    def score(self, context: Sequence[int], query: Query) -> tuple[Score, dict[int, np.ndarray]]:
+        """The query's score and each indexer layer's selected units where the answer's first token
+        is predicted (ascending unit numbers)."""
+        position = len(context) + len(query.prompt) - 1
+        if self.model is not None:
+            self.model.selections = {}
+            score = self.backend.score(context, [query])[0]
+            chosen = {layer: np.unique(top[position][top[position] >= 0]) for layer, top in self.model.selections.items()}
+            self.model.selections = None
+            return score, chosen
+        tap = self.backend.tap_point.tap
+        tap.position = position
+        score = self.backend.score(context, [query])[0]
+        return score, tap.take()
+
+
+def score_selected(reader: SelectionReader, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]
+                   ) -> Iterator[tuple[int, list[Score], list[dict[int, np.ndarray]]]]:
+    """(job index, scores, selections) for each (context, queries) job, one query at a time."""
+    for index, (context, queries) in enumerate(jobs):
+        pairs = [reader.score(context, query) for query in queries]
+        yield index, [score for score, _ in pairs], [chosen for _, chosen in pairs]
+
+
+def selection_row(target_pos: int, chosen: dict[int, np.ndarray], unit: int) -> dict:
+    """A target's selection columns from each indexer layer's selected units."""
+    if not chosen:
+        raise RunFolderError("the engine reported no indexer layer for this query; no selection to record")
+    layers = sorted(chosen)
+    hit = [layer for layer in layers if target_pos // unit in set(chosen[layer].tolist())]
+    return {"indexer_layers": ";".join(map(str, layers)), "selected_layers": ";".join(map(str, hit)),
+            "selected_share": round(len(hit) / len(layers), 4), "selected_all": len(hit) == len(layers)}
+
+
+def has_selection(results: pd.DataFrame) -> bool:
+    return set(SELECTION_COLUMNS) <= set(results.columns)
+
+
+def selection_by_residue(results: pd.DataFrame) -> pd.DataFrame:
+    """Per residue: targets, accuracy, the share selected by every indexer layer and the mean share
+    of layers that selected them, accuracy among the selected and among the rest (percent)."""
+    frame = _typed(results)
+    rows = []
+    for residue, group in frame.groupby("residue", sort=True):
+        chosen, rest = group[group["selected_all"]], group[~group["selected_all"]]
+        rows.append({"residue": int(residue), "n": len(group), "accuracy": _percent(group["correct"]),
+                     "selected in all layers": _percent(group["selected_all"]),
+                     "mean share of layers": round(100 * float(group["selected_share"].mean()), 2),
+                     "accuracy if selected": _percent(chosen["correct"]),
+                     "accuracy if not": _percent(rest["correct"])})
+    return pd.DataFrame(rows)
+
+
+def where_lost(results: pd.DataFrame, residue: int) -> str:
+    """One sentence: were the weakest residue's missed targets lost at selection or after it?"""
+    group = _typed(results)
+    group = group[group["residue"] == residue]
+    missed = group[~group["correct"]]
+    if missed.empty:
+        return f"Residue {residue} missed no target."
+    unselected = int((~missed["selected_all"]).sum())
+    chosen, rest = group[group["selected_all"]], group[~group["selected_all"]]
+    where = ("at selection: most of its misses are targets whose unit the indexer did not choose in every layer"
+             if 2 * unselected > len(missed) else
+             "after selection: most of its misses are targets the indexer chose in every layer, and the answer was "
+             "still wrong" if 2 * unselected < len(missed) else "as often at selection as after it")
+    return (f"At residue {residue}, the weakest, {unselected} of its {len(missed)} missed targets were not selected "
+            f"by every indexer layer (accuracy {_percent_text(chosen['correct'])} among the {len(chosen)} selected, "
+            f"{_percent_text(rest['correct'])} among the {len(rest)} others): it lost them {where}.")
+
+
+def selection_section(results: pd.DataFrame, worst_residue: int) -> tuple:
+    """The report's section on the indexer's selection; () for a run without selection records."""
+    if not has_selection(results):
+        return ()
+    layers = sorted({layer for text in results["indexer_layers"] for layer in str(text).split(";") if layer})
+    prose = (f"Whether the indexer selected each target's unit (glm5-next: its pool; deepseek4: its compressed "
+             f"entry) when the answer's first token was predicted, in indexer layer(s) {', '.join(layers)}; "
+             f"percent of targets. {where_lost(results, worst_residue)}")
+    return ("Indexer selection", prose, _markdown(selection_by_residue(results)))
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    from kvphase.runfolder import markdown_table
+
+    return markdown_table(frame.fillna("-"))
+
+
+def _typed(results: pd.DataFrame) -> pd.DataFrame:
+    frame = results.copy()
+    frame["selected_all"] = frame["selected_all"].astype(str).str.lower() == "true"
+    frame["selected_share"] = pd.to_numeric(frame["selected_share"], errors="coerce")
+    frame["correct"] = frame["correct"].astype(str).str.lower() == "true"
+    return frame
+
+
+def _percent(flags: pd.Series) -> float:
+    return round(100 * float(flags.mean()), 2) if len(flags) else float("nan")
+
+
+def _percent_text(flags: pd.Series) -> str:
+    return f"{_percent(flags):.1f}%" if len(flags) else "n/a"
