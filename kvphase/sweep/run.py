@@ -35,7 +35,8 @@ from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.selection import SELECTION_COLUMNS, SelectionReader, indexer_of, score_selected, selection_row
+from kvphase.sweep.selection import (SELECTION_COLUMNS, SelectionReader, answer_position, indexer_of, score_selected,
+                                     selection_row)
 from kvphase.sweep.tasks import load_task
 
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
@@ -255,7 +256,8 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
     if plan.selection:
         unit = indexer_of(info).unit
         for index, scores, chosen in score_selected(SelectionReader(backend), jobs):
-            yield index, scores, [selection_row(t.position, c, unit) for t, c in zip(pending[index][1], chosen)]
+            context, todo = pending[index]
+            yield index, scores, [selection_row(answer_position(context.tokens, t), c, unit) for t, c in zip(todo, chosen)]
         return
     if not offsets.active:
         for index, scores in score_contexts(backend, jobs):

@@ -3,13 +3,14 @@
 An indexer keeps a few pools of a long context and the query reads only those, so a target can
 be lost at selection (its pool was not chosen) or after it (chosen, and the answer still wrong).
 For every target this module records, at the position whose logits predict the answer's first
-token (the query's last token), which indexer layers selected the unit holding the target:
+token (the query's last token), which indexer layers selected the unit that holds the first
+token of the target record's answer in the context (`answer_pos`; the record starts at `target_pos`):
 glm5-next's k-pool pools of `kpool` tokens, deepseek4's lightning-indexer entries of 4 tokens on
 its CSA layers (the entry whose own block holds the target: entry b pools positions 4b to 4b+3).
 llama.cpp's selection is read from its graph (`engines.selection`); the numpy reference's from
 its glm5-next and deepseek4 models (`reference.deepseek4.WholeSequence.selections`).
 
-A row's columns: `indexer_layers` and `selected_layers` (layer numbers joined by ";"),
+A row's columns: `answer_pos`, `indexer_layers` and `selected_layers` (layer numbers joined by ";"),
 `selected_share` (the share of indexer layers that selected the target) and `selected_all`
 (every one did). A target inside deepseek4's raw window is read raw whatever the indexer chose.
 """
@@ -25,7 +26,7 @@ import pandas as pd
 from kvphase.backends.base import Query, Score
 from kvphase.errors import PlanError, RunFolderError
 
-SELECTION_COLUMNS = ["indexer_layers", "selected_layers", "selected_share", "selected_all"]
+SELECTION_COLUMNS = ["answer_pos", "indexer_layers", "selected_layers", "selected_share", "selected_all"]
 CSA_ENTRY = 4  # deepseek4's lightning indexer scores the ratio-4 (CSA) entries only
 
 
@@ -104,13 +105,27 @@ def score_selected(reader: SelectionReader, jobs: Sequence[tuple[Sequence[int], 
         yield index, [score for score, _ in pairs], [chosen for _, chosen in pairs]
 
 
-def selection_row(target_pos: int, chosen: dict[int, np.ndarray], unit: int) -> dict:
-    """A target's selection columns from each indexer layer's selected units."""
+def answer_position(context: Sequence[int], target) -> int:
+    """Where the target record holds the first token of its answer: the answer's tokens as the query
+    scores them, first found from the record's first token on (segments are tokenized on their own,
+    so the record holds the same ids)."""
+    answer = list(target.query.answer)
+    for position in range(target.position, len(context) - len(answer) + 1):
+        if list(context[position:position + len(answer)]) == answer:
+            return position
+    raise PlanError(f"target {target.target_id}: its answer's tokens are not in its context after position "
+                    f"{target.position}")
+
+
+def selection_row(answer_pos: int, chosen: dict[int, np.ndarray], unit: int) -> dict:
+    """A target's selection columns from each indexer layer's selected units: is the unit that holds
+    the answer's first token in the context among them?"""
     if not chosen:
         raise RunFolderError("the engine reported no indexer layer for this query; no selection to record")
     layers = sorted(chosen)
-    hit = [layer for layer in layers if target_pos // unit in set(chosen[layer].tolist())]
-    return {"indexer_layers": ";".join(map(str, layers)), "selected_layers": ";".join(map(str, hit)),
+    hit = [layer for layer in layers if answer_pos // unit in set(chosen[layer].tolist())]
+    return {"answer_pos": answer_pos, "indexer_layers": ";".join(map(str, layers)),
+            "selected_layers": ";".join(map(str, hit)),
             "selected_share": round(len(hit) / len(layers), 4), "selected_all": len(hit) == len(layers)}
 
 
@@ -119,46 +134,47 @@ def has_selection(results: pd.DataFrame) -> bool:
 
 
 def selection_by_residue(results: pd.DataFrame) -> pd.DataFrame:
-    """Per residue: targets, accuracy, the share selected by every indexer layer and the mean share
-    of layers that selected them, accuracy among the selected and among the rest (percent)."""
-    frame = _typed(results)
+    """Per residue (percent of its targets): accuracy, selected by each indexer layer, by every one and
+    by none, and accuracy among the targets some layer selected and among those none did."""
+    frame, layers = _typed(results)
     rows = []
     for residue, group in frame.groupby("residue", sort=True):
-        chosen, rest = group[group["selected_all"]], group[~group["selected_all"]]
+        read, unread = group[group["selected_share"] > 0], group[group["selected_share"] == 0]
         rows.append({"residue": int(residue), "n": len(group), "accuracy": _percent(group["correct"]),
-                     "selected in all layers": _percent(group["selected_all"]),
-                     "mean share of layers": round(100 * float(group["selected_share"].mean()), 2),
-                     "accuracy if selected": _percent(chosen["correct"]),
-                     "accuracy if not": _percent(rest["correct"])})
+                     **{f"layer {layer}": _percent(group[f"layer {layer}"]) for layer in layers},
+                     "every layer": _percent(group["selected_all"]), "no layer": _percent(group["selected_share"] == 0),
+                     "accuracy if some layer": _percent(read["correct"]),
+                     "accuracy if none": _percent(unread["correct"])})
     return pd.DataFrame(rows)
 
 
 def where_lost(results: pd.DataFrame, residue: int) -> str:
-    """One sentence: were the weakest residue's missed targets lost at selection or after it?"""
-    group = _typed(results)
-    group = group[group["residue"] == residue]
+    """One sentence: were the residue's missed targets lost at selection (no indexer layer chose their
+    unit, so the query never read them) or after it?"""
+    frame, _ = _typed(results)
+    group = frame[frame["residue"] == residue]
     missed = group[~group["correct"]]
     if missed.empty:
         return f"Residue {residue} missed no target."
-    unselected = int((~missed["selected_all"]).sum())
-    chosen, rest = group[group["selected_all"]], group[~group["selected_all"]]
-    where = ("at selection: most of its misses are targets whose unit the indexer did not choose in every layer"
-             if 2 * unselected > len(missed) else
-             "after selection: most of its misses are targets the indexer chose in every layer, and the answer was "
-             "still wrong" if 2 * unselected < len(missed) else "as often at selection as after it")
-    return (f"At residue {residue}, the weakest, {unselected} of its {len(missed)} missed targets were not selected "
-            f"by every indexer layer (accuracy {_percent_text(chosen['correct'])} among the {len(chosen)} selected, "
-            f"{_percent_text(rest['correct'])} among the {len(rest)} others): it lost them {where}.")
+    unread = int((missed["selected_share"] == 0).sum())
+    read, rest = group[group["selected_share"] > 0], group[group["selected_share"] == 0]
+    where = ("at selection (most of its misses are targets no indexer layer chose)" if 2 * unread > len(missed) else
+             "after selection (most of its misses are targets some indexer layer chose)" if 2 * unread < len(missed)
+             else "as often at selection as after it")
+    return (f"At residue {residue}, the weakest, {unread} of its {len(missed)} missed targets were selected by no "
+            f"indexer layer (accuracy {_percent_text(read['correct'])} among the {len(read)} targets some layer "
+            f"selected, {_percent_text(rest['correct'])} among the {len(rest)} none did): it lost them {where}.")
 
 
 def selection_section(results: pd.DataFrame, worst_residue: int) -> tuple:
     """The report's section on the indexer's selection; () for a run without selection records."""
     if not has_selection(results):
         return ()
-    layers = sorted({layer for text in results["indexer_layers"] for layer in str(text).split(";") if layer})
-    prose = (f"Whether the indexer selected each target's unit (glm5-next: its pool; deepseek4: its compressed "
-             f"entry) when the answer's first token was predicted, in indexer layer(s) {', '.join(layers)}; "
-             f"percent of targets. {where_lost(results, worst_residue)}")
+    _, layers = _typed(results)
+    prose = (f"Whether the indexer selected each target's unit (glm5-next: the pool of its answer's first "
+             f"token; deepseek4: the compressed entry of that token's own block) when the answer's first token "
+             f"was predicted, in indexer layer(s) {', '.join(map(str, layers))}; percent of targets. A unit no layer selected is never read "
+             f"through the indexer (deepseek4 still reads its raw window). {where_lost(results, worst_residue)}")
     return ("Indexer selection", prose, _markdown(selection_by_residue(results)))
 
 
@@ -168,12 +184,17 @@ def _markdown(frame: pd.DataFrame) -> str:
     return markdown_table(frame.fillna("-"))
 
 
-def _typed(results: pd.DataFrame) -> pd.DataFrame:
+def _typed(results: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
+    """The rows with boolean flags, a numeric share and a flag per indexer layer; the layers."""
     frame = results.copy()
     frame["selected_all"] = frame["selected_all"].astype(str).str.lower() == "true"
     frame["selected_share"] = pd.to_numeric(frame["selected_share"], errors="coerce")
     frame["correct"] = frame["correct"].astype(str).str.lower() == "true"
-    return frame
+    layers = sorted({int(layer) for text in frame["indexer_layers"] for layer in str(text).split(";") if layer})
+    chosen = frame["selected_layers"].astype(str).str.split(";")
+    for layer in layers:
+        frame[f"layer {layer}"] = chosen.apply(lambda found, layer=layer: str(layer) in found)
+    return frame, layers
 
 
 def _percent(flags: pd.Series) -> float:
