@@ -181,7 +181,7 @@ def selection_section(results: pd.DataFrame, worst_residue: int) -> tuple:
 def _markdown(frame: pd.DataFrame) -> str:
     from kvphase.runfolder import markdown_table
 
-    return markdown_table(frame.fillna("-"))
+    return markdown_table(frame.astype(object).where(frame.notna(), "-"))
 
 
 def _typed(results: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
