@@ -44,6 +44,18 @@ def test_llamacpp_selects_what_the_reference_selects_in_each_layer(path, n_conte
             assert ours[layer].tolist() == chosen.tolist(), f"layer {layer}: llama.cpp {ours[layer]}, reference {chosen}"
             assert 0 < len(chosen) < n_units  # the indexer drops units: the selection is in play
         assert any(ours[a].tolist() != ours[b].tolist() for a in ours for b in ours)  # layers differ: a mix-up shows
+        assert {layer: chosen.tolist() for layer, chosen in theirs.items()} == \
+            selection_at(reference, context, query, n_context + len(query.prompt) - 1)
+
+
+def selection_at(reference, context: list[int], query: Query, row: int) -> dict[int, list[int]]:
+    """Each layer's pools or entries the reference selected at `row` (the query's last token: its
+    logits predict the answer's first token), read from the reference model as it scores."""
+    reference.model.selections = {}
+    reference.score(context, [query])
+    found = {layer: sorted(int(u) for u in top[row] if u >= 0) for layer, top in reference.model.selections.items()}
+    reference.model.selections = None
+    return found
 
 
 def test_a_sweep_records_the_selection_and_llamacpp_and_the_reference_agree(tmp_path):
