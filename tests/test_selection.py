@@ -117,3 +117,11 @@ def test_the_weak_residue_is_said_lost_where_most_of_its_misses_were():
     assert table.loc[0, columns].tolist() == [2, 100.0, 50.0, 100.0, 50.0, 0.0, 100.0]
     assert np.isnan(table.loc[0, "accuracy if none"])
     assert table.loc[3, columns + ["accuracy if none"]].tolist() == [4, 25.0, 25.0, 50.0, 25.0, 50.0, 50.0, 0.0]
+
+
+def test_a_damaged_selection_column_is_one_line(tmp_path):
+    folder = shutil.copytree(GLM_TOP4.parent / "sweep-selection", tmp_path / "run")
+    rows_text = (folder / "results.csv").read_text().splitlines()
+    rows_text[1] = rows_text[1].rsplit(",", 1)[0] + ",maybe"  # selected_all
+    (folder / "results.csv").write_text("\n".join(rows_text) + "\n")
+    one_line_error(CliRunner().invoke(app, ["report", str(folder)]), "results.csv: selected_all is 'maybe'")

@@ -35,7 +35,7 @@ from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.selection import (SELECTION_COLUMNS, SelectionReader, answer_position, indexer_of, score_selected,
+from kvphase.sweep.selection import (SELECTION_COLUMNS, SelectionReader, answer_position, indexer_unit, score_selected,
                                      selection_row)
 from kvphase.sweep.tasks import load_task
 
@@ -254,7 +254,7 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
     offsets = plan.offset_plan
     jobs = [(c.tokens, [t.query for t in todo]) for c, todo in pending]
     if plan.selection:
-        unit = indexer_of(info).unit
+        unit = indexer_unit(info)
         for index, scores, chosen in score_selected(SelectionReader(backend), jobs):
             context, todo = pending[index]
             yield index, scores, [selection_row(answer_position(context.tokens, t), c, unit) for t, c in zip(todo, chosen)]

@@ -17,50 +17,42 @@ A row's columns: `answer_pos`, `indexer_layers` and `selected_layers` (layer num
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
 
 from kvphase.backends.base import Query, Score
-from kvphase.errors import PlanError, RunFolderError
+from kvphase.errors import BackendError, PlanError, RunFolderError
 
 SELECTION_COLUMNS = ["answer_pos", "indexer_layers", "selected_layers", "selected_share", "selected_all"]
 CSA_ENTRY = 4  # deepseek4's lightning indexer scores the ratio-4 (CSA) entries only
 
 
-@dataclass(frozen=True)
-class Indexer:
-    """What an indexer selects: units of `unit` consecutive positions from position 0."""
-
-    unit: int
-    name: str  # "pool" or "compressed entry"
-
-
-def indexer_of(info) -> Indexer:
-    """The indexer a model file declares; PlanError naming the file when it has none kvphase reads."""
+def indexer_unit(info) -> int:
+    """How many consecutive positions, from position 0, one unit of the file's indexer holds (a
+    glm5-next pool, a deepseek4 CSA entry); PlanError naming the file when it has no indexer kvphase reads."""
     spec, where = info.compression, f"{info.path.name} ({info.architecture})"
     if spec.family == "kpool" and spec.params.get("kpool", 0) > 1:
-        return Indexer(spec.params["kpool"], "pool")
+        return spec.params["kpool"]
     if spec.family == "dsv4" and spec.params.get("indexer_top_k", 0) > 0 and CSA_ENTRY in spec.params.get("strides", ()):
-        return Indexer(CSA_ENTRY, "compressed entry")
+        return CSA_ENTRY
     if spec.family == "msa":
         raise PlanError(f"--selection: {where}: reading minimax-m3's block selection is not built yet")
     raise PlanError(f"--selection needs a model with an indexer (glm5-next's k-pool, deepseek4's lightning "
                     f"indexer); {where} has none")
 
 
-def check_selection_plan(info, backend: str, offsets: dict, design: str = "") -> Indexer:
-    """The model's indexer, when a sweep with this backend can record its selection; else PlanError."""
-    indexer = indexer_of(info)
+def check_selection_plan(info, backend: str, offsets: dict, design: str = "") -> int:
+    """The unit of the model's indexer, when a sweep with this backend can record its selection; else PlanError."""
+    unit = indexer_unit(info)
     if backend == "server":
         raise PlanError("--selection reads the indexer inside the engine: use --backend llama.cpp or reference")
     if backend == "reference" and design != "trained":
         raise PlanError("--selection with --backend reference needs the file's own indexer (--design trained)")
     if offsets:
         raise PlanError("--selection records plain scoring; run it without --offsets, --shift or --random-offset")
-    return indexer
+    return unit
 
 
 class SelectionReader:
@@ -121,7 +113,7 @@ def selection_row(answer_pos: int, chosen: dict[int, np.ndarray], unit: int) -> 
     """A target's selection columns from each indexer layer's selected units: is the unit that holds
     the answer's first token in the context among them?"""
     if not chosen:
-        raise RunFolderError("the engine reported no indexer layer for this query; no selection to record")
+        raise BackendError("the engine reported no indexer layer for this query; no selection to record")
     layers = sorted(chosen)
     hit = [layer for layer in layers if answer_pos // unit in set(chosen[layer].tolist())]
     return {"answer_pos": answer_pos, "indexer_layers": ";".join(map(str, layers)),
@@ -187,8 +179,14 @@ def _markdown(frame: pd.DataFrame) -> str:
 def _typed(results: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
     """The rows with boolean flags, a numeric share and a flag per indexer layer; the layers."""
     frame = results.copy()
+    for column, pattern in (("indexer_layers", r"\d+(;\d+)*"), ("selected_layers", r"(\d+(;\d+)*)?"),
+                            ("selected_all", r"(?i)true|false"), ("selected_share", r"[01]|0?\.\d+|1\.0+")):
+        bad = ~frame[column].astype(str).str.fullmatch(pattern)
+        if bad.any():
+            raise RunFolderError(f"results.csv: {column} is {str(frame[column][bad].iloc[0])[:40]!r} in a row; "
+                                 "expected what `kvphase sweep --selection` writes")
     frame["selected_all"] = frame["selected_all"].astype(str).str.lower() == "true"
-    frame["selected_share"] = pd.to_numeric(frame["selected_share"], errors="coerce")
+    frame["selected_share"] = pd.to_numeric(frame["selected_share"])
     frame["correct"] = frame["correct"].astype(str).str.lower() == "true"
     layers = sorted({int(layer) for text in frame["indexer_layers"] for layer in str(text).split(";") if layer})
     chosen = frame["selected_layers"].astype(str).str.split(";")
