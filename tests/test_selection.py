@@ -97,6 +97,15 @@ def test_selection_without_an_indexer_is_one_line_and_leaves_no_folder(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+def test_selection_on_minimax_m3_says_llamacpp_runs_it_dense(tmp_path, default_model):
+    from kvphase.gguf.tiny import write_tiny_model
+
+    model = write_tiny_model("minimax-m3", tmp_path / "mm3.gguf", tokenizer_from=default_model)
+    result = CliRunner().invoke(app, ["sweep", str(model), "--selection", "--out", str(tmp_path / "run")])
+    one_line_error(result, "--selection", "runs it with dense attention")
+    assert not (tmp_path / "run").exists()
+
+
 def rows(residue: int, outcomes: list[tuple[bool, float]]) -> pd.DataFrame:
     """(correct, share of layers that selected it) per target, two indexer layers."""
     return pd.DataFrame([{"residue": residue, "correct": correct, "indexer_layers": "1;2",

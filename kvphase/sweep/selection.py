@@ -37,8 +37,10 @@ def indexer_unit(info) -> int:
         return spec.params["kpool"]
     if spec.family == "dsv4" and spec.params.get("indexer_top_k", 0) > 0 and CSA_ENTRY in spec.params.get("strides", ()):
         return CSA_ENTRY
-    if spec.family == "msa":
-        raise PlanError(f"--selection: {where}: reading minimax-m3's block selection is not built yet")
+    if spec.family == "msa":  # src/models/minimax-m3.cpp: msa_enabled = flash_attn && (n_seq_max == 1 || !kv_unified)
+        raise PlanError(f"--selection: {where} selects blocks in llama.cpp only under flash attention with a KV "
+                        "cache per sequence, and kvphase's llama.cpp backend (one cache for a context and its "
+                        "query, no flash attention) runs it with dense attention: there is no selection to record")
     raise PlanError(f"--selection needs a model with an indexer (glm5-next's k-pool, deepseek4's lightning "
                     f"indexer); {where} has none")
 

@@ -27,7 +27,7 @@ from kvphase.runfolder import RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
-from kvphase.sweep.selection import check_selection_plan
+from kvphase.sweep.selection import check_selection_plan, indexer_unit
 from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
@@ -178,6 +178,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     before any weights load. `say` hears the strides --stride all skips and each stride's power."""
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
+    if options.selection:
+        indexer_unit(info)  # a file without an indexer is refused before its plans are built
     chosen = parse_stride(options.stride)  # None (the file's own), S, or ALL
     every_stride = chosen == ALL
     asked = PlanOptions.from_sweep_options(options)
