@@ -41,7 +41,7 @@ def test_llamacpp_selects_what_the_reference_selects_in_each_layer(path, n_conte
         _, theirs = SelectionReader(reference).score(context, query)
         assert sorted(ours) == sorted(theirs) and len(theirs) == 2, (sorted(ours), sorted(theirs))
         for layer, chosen in theirs.items():
-            assert ours[layer].tolist() == chosen.tolist(), f"layer {layer}: llama.cpp {ours[layer]}, reference {chosen}"
+            assert ours[layer].tolist() == chosen.tolist(), f"layer {layer}: llama.cpp {ours[layer]}, ref {chosen}"
             assert 0 < len(chosen) < n_units  # the indexer drops units: the selection is in play
         assert any(ours[a].tolist() != ours[b].tolist() for a in ours for b in ours)  # layers differ: a mix-up shows
         assert {layer: chosen.tolist() for layer, chosen in theirs.items()} == \

@@ -134,7 +134,8 @@ def _depth_sentence(summary: Summary) -> str:
             "confounded within that range; a trend with depth can read as a phase effect.")
 
 
-def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = (), selection: tuple = ()) -> str:
+def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = (),
+                    selection: tuple = ()) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
     return ReportPage(

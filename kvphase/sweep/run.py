@@ -257,7 +257,8 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
         unit = indexer_unit(info)
         for index, scores, chosen in score_selected(SelectionReader(backend), jobs):
             context, todo = pending[index]
-            yield index, scores, [selection_row(answer_position(context.tokens, t), c, unit) for t, c in zip(todo, chosen)]
+            yield index, scores, [selection_row(answer_position(context.tokens, t), layers, unit)
+                                  for t, layers in zip(todo, chosen)]
         return
     if not offsets.active:
         for index, scores in score_contexts(backend, jobs):

@@ -31,13 +31,14 @@ CSA_ENTRY = 4  # deepseek4's lightning indexer scores the ratio-4 (CSA) entries 
 
 def indexer_unit(info) -> int:
     """How many consecutive positions, from position 0, one unit of the file's indexer holds (a
-    glm5-next pool, a deepseek4 CSA entry); PlanError naming the file when it has no indexer kvphase reads."""
-    spec, where = info.compression, f"{info.path.name} ({info.architecture})"
-    if spec.family == "kpool" and spec.params.get("kpool", 0) > 1:
-        return spec.params["kpool"]
-    if spec.family == "dsv4" and spec.params.get("indexer_top_k", 0) > 0 and CSA_ENTRY in spec.params.get("strides", ()):
+    glm5-next pool, a deepseek4 CSA entry); PlanError naming the file when it has no indexer
+    kvphase reads."""
+    spec, params, where = info.compression, info.compression.params, f"{info.path.name} ({info.architecture})"
+    if spec.family == "kpool" and params.get("kpool", 0) > 1:
+        return params["kpool"]
+    if spec.family == "dsv4" and params.get("indexer_top_k", 0) > 0 and CSA_ENTRY in params.get("strides", ()):
         return CSA_ENTRY
-    if spec.family == "msa":  # src/models/minimax-m3.cpp: msa_enabled = flash_attn && (n_seq_max == 1 || !kv_unified)
+    if spec.family == "msa":  # minimax-m3.cpp: msa_enabled = flash_attn && (n_seq_max == 1 || !kv_unified)
         raise PlanError(f"--selection: {where} selects blocks in llama.cpp only under flash attention with a KV "
                         "cache per sequence, and kvphase's llama.cpp backend (one cache for a context and its "
                         "query, no flash attention) runs it with dense attention: there is no selection to record")
@@ -46,7 +47,8 @@ def indexer_unit(info) -> int:
 
 
 def check_selection_plan(info, backend: str, offsets: dict, design: str = "") -> int:
-    """The unit of the model's indexer, when a sweep with this backend can record its selection; else PlanError."""
+    """The unit of the model's indexer, when a sweep with this backend can record its selection;
+    else PlanError."""
     unit = indexer_unit(info)
     if backend == "server":
         raise PlanError("--selection reads the indexer inside the engine: use --backend llama.cpp or reference")
@@ -82,7 +84,8 @@ class SelectionReader:
         if self.model is not None:
             self.model.selections = {}
             score = self.backend.score(context, [query])[0]
-            chosen = {layer: np.unique(top[position][top[position] >= 0]) for layer, top in self.model.selections.items()}
+            rows = {layer: top[position] for layer, top in self.model.selections.items()}  # (k,) each
+            chosen = {layer: np.unique(row[row >= 0]) for layer, row in rows.items()}
             self.model.selections = None
             return score, chosen
         tap = self.backend.tap_point.tap
@@ -167,8 +170,8 @@ def selection_section(results: pd.DataFrame, worst_residue: int) -> tuple:
     _, layers = _typed(results)
     prose = (f"Whether the indexer selected each target's unit (glm5-next: the pool of its answer's first "
              f"token; deepseek4: the compressed entry of that token's own block) when the answer's first token "
-             f"was predicted, in indexer layer(s) {', '.join(map(str, layers))}; percent of targets. A unit no layer selected is never read "
-             f"through the indexer (deepseek4 still reads its raw window). {where_lost(results, worst_residue)}")
+             f"was predicted, in indexer layer(s) {', '.join(map(str, layers))}; percent of targets. A unit no "
+             f"layer selected is never read through the indexer (deepseek4 still reads its raw window). {where_lost(results, worst_residue)}")
     return ("Indexer selection", prose, _markdown(selection_by_residue(results)))
 
 
