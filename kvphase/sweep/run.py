@@ -47,7 +47,8 @@ RESULTS_FILE = "results.csv"
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
     """reports/<model>-<task>-S<stride>-L<context>, plus the reference design and its options,
-    the server engine, or llama.cpp's cache type where it is not the default f16."""
+    the server engine, or llama.cpp's cache type where it is not the default f16, and the phase
+    shifts and selection records where the run has them."""
     name = f"{info.short_name}-{plan.task}-S{plan.stride}-L{plan.context}"
     if plan.backend == "llama.cpp" and plan.backend_options.get("cache_type", "f16") != "f16":
         name += f"-cache-{plan.backend_options['cache_type']}"
@@ -57,7 +58,7 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
             f"{k}{v}" for k, v in sorted(options.items()) if k in ("stagger", "randomize", "local_window") and v])
     if plan.backend == "server":
         name += "-" + str(plan.backend_options.get("engine", "server"))
-    return Path("reports") / (name + plan.offset_plan.folder_suffix())
+    return Path("reports") / (name + plan.offset_plan.folder_suffix() + ("-selection" if plan.selection else ""))
 
 
 def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
