@@ -64,6 +64,7 @@ class SelectionTap:
         if architecture not in INDEXER_NODES:
             raise BackendError(f"llama.cpp's {architecture} graph has no indexer node kvphase reads")
         self.nodes = INDEXER_NODES[architecture]
+        self.name_prefixes = tuple(f"{node}-".encode() for node in self.nodes)  # `taps.Tap`
         self.position = -1  # the token whose selection is recorded
         self._arrays: dict[tuple[str, int], np.ndarray] = {}
 

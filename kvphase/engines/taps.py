@@ -30,15 +30,21 @@ context again under it).
 
 from __future__ import annotations
 
+import ctypes
 import re
 from typing import Hashable, NamedTuple, Protocol
 
 import numpy as np
 
 from kvphase.engines.capture import (
-    _EVAL_CALLBACK, GgmlTensor, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
+    GgmlTensor, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
 )
 from kvphase.errors import BackendError
+
+# the eval callback as llama.cpp calls it, the tensor as a plain address: cheaper per call than a
+# pointer object, and the callback runs for every node of every decode
+_ADDRESS_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)
+_NAME_OFFSET = GgmlTensor.name.offset
 
 HEAD_OUTPUT = "kqv_out"
 HEAD_OUTPUT_BY_ARCH = {"deepseek4": "attn_derope"}
@@ -69,6 +75,8 @@ def head_output_node(architecture: str) -> str:
 
 class Tap(Protocol):
     every_decode: bool  # False: query decodes only
+    # optional `name_prefixes: tuple[bytes, ...]`: select is asked only about nodes whose raw name starts
+    # with one of them (the callback runs for every node of every decode: the check spares Python work)
 
     def select(self, name: str, layer: int, t: GgmlTensor) -> Hashable | None:
         """A key for a node the tap wants (its layer; (layer, gate number) for gates), else None;
@@ -121,13 +129,16 @@ class TapPoint:
         self.active = False
         self.positions = np.zeros(0, np.int64)  # of the decode running now
         self.errors: list[BaseException] = []
-        self.c_callback = _EVAL_CALLBACK(self._callback)  # the context keeps a pointer: lives as long as self
+        self.c_callback = _ADDRESS_CALLBACK(self._callback)  # the context keeps a pointer: lives as long as self
 
-    def _callback(self, t_ptr, ask, user_data):  # noqa: ARG002
+    def _callback(self, address, ask, user_data):  # noqa: ARG002
         try:
             if not self.active or self.tap is None:
                 return not ask
-            t = t_ptr.contents
+            prefixes = getattr(self.tap, "name_prefixes", None)
+            if prefixes is not None and not ctypes.string_at(address + _NAME_OFFSET).startswith(prefixes):
+                return not ask
+            t = GgmlTensor.from_address(address)
             key = self.tap.select(*split_name(tensor_name(t)), t)
             if key is None or ask:
                 return key is not None if ask else True
