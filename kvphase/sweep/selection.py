@@ -6,13 +6,15 @@ For every target this module records, at the position whose logits predict the a
 token (the query's last token), which indexer layers selected the unit that holds the first
 token of the target record's answer in the context (`answer_pos`; the record starts at `target_pos`):
 glm5-next's k-pool pools of `kpool` tokens, deepseek4's lightning-indexer entries of 4 tokens on
-its CSA layers (the entry whose own block holds the target: entry b pools positions 4b to 4b+3).
+its CSA layers (the entry of that token's own block: entry b pools positions 4b to 4b+3 in half of
+its channels and the block before in the other half, so the token also reaches entry b + 1).
 llama.cpp's selection is read from its graph (`engines.selection`); the numpy reference's from
 its glm5-next and deepseek4 models (`reference.deepseek4.WholeSequence.selections`).
 
 A row's columns: `answer_pos`, `indexer_layers` and `selected_layers` (layer numbers joined by ";"),
-`selected_share` (the share of indexer layers that selected the target) and `selected_all`
-(every one did). A target inside deepseek4's raw window is read raw whatever the indexer chose.
+`selected_share` (the share of indexer layers that selected that unit) and `selected_all`
+(every one did). deepseek4 also reads a token through the next entry and, inside its raw window,
+raw, whatever the indexer chose for its own entry.
 """
 
 from __future__ import annotations
@@ -171,7 +173,9 @@ def selection_section(results: pd.DataFrame, worst_residue: int) -> tuple:
     prose = (f"Whether the indexer selected each target's unit (glm5-next: the pool of its answer's first "
              f"token; deepseek4: the compressed entry of that token's own block) when the answer's first token "
              f"was predicted, in indexer layer(s) {', '.join(map(str, layers))}; percent of targets. A unit no "
-             f"layer selected is never read through the indexer (deepseek4 still reads its raw window). {where_lost(results, worst_residue)}")
+             "layer selected is never read through the indexer (deepseek4 can still read the token through the "
+             "next entry, or raw inside its sliding window). "
+             + where_lost(results, worst_residue))
     return ("Indexer selection", prose, _markdown(selection_by_residue(results)))
 
 
