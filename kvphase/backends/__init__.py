@@ -19,11 +19,13 @@ def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | Non
                      options: dict | None = None) -> Backend:
     """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`). Options, each recorded by a
     plan only when it is not llama.cpp's default: `cache_type` (q8_0 or q4_0: the K and V cache
-    type) and `gpu_layers` (layers offloaded to a GPU, 0: none)."""
+    type) and `gpu_layers` (layers offloaded to a GPU, 0: none); `selection` True (not recorded in
+    backend_options: a plan's own field) installs the graph tap that selection records read."""
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.engines.llamacpp import CACHE_TYPES
 
     options = dict(options or {})
+    selection = options.pop("selection", False)
     cache_type = options.pop("cache_type", "f16")
     gpu_layers = options.pop("gpu_layers", 0)
     if options:
@@ -32,7 +34,8 @@ def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | Non
         raise PlanError(f"gpu_layers must be a count of layers (0 or more, -1 for all), got {str(gpu_layers)[:40]!r}")
     if not isinstance(cache_type, str) or cache_type not in CACHE_TYPES:
         raise PlanError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {str(cache_type)[:40]!r}")
-    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type, n_gpu_layers=gpu_layers)
+    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type, n_gpu_layers=gpu_layers,
+                           head_tap=selection)
 
 
 def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
@@ -43,6 +46,7 @@ def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | No
     from kvphase.reference.policy import make_policy
 
     options = dict(options or {})
+    options.pop("selection", None)  # the file's own reference model records its selection when asked
     if options.get("design") == "trained":  # the compressor the file declares (kvphase train models)
         return ReferenceBackend(model_path, policy=None)
     return ReferenceBackend(model_path, policy=make_policy(**options))

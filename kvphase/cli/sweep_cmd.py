@@ -107,6 +107,9 @@ def sweep(
                                         "compressor's windows."),
     random_offset: bool = typer.Option(False, "--random-offset", help="One shift per context drawn at random in "
                                        "[0, S) (seeded by --seed; offsets.csv records it)."),
+    selection: bool = typer.Option(False, "--selection", help="Record whether the indexer (glm5-next's k-pool, "
+                                   "deepseek4's lightning indexer) selected each target's pool or entry when the "
+                                   "answer's first token was predicted; the report adds selection by residue."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     options = dict(stride=stride, modulus=modulus, context=context, per_residue=per_residue, contexts=contexts,
@@ -116,7 +119,7 @@ def sweep(
                    request_timeout=request_timeout, deadline=deadline,
                    allow_model_mismatch=allow_model_mismatch, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,
-                   combine=combine, shift=shift, random_offset=random_offset)
+                   combine=combine, shift=shift, random_offset=random_offset, selection=selection)
     say = Say(quiet)
     if dry_run:
         for planned in api.dry_run(model, on_notice=say, **options):

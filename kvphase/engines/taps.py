@@ -30,15 +30,23 @@ context again under it).
 
 from __future__ import annotations
 
+import ctypes
 import re
+import sys
 from typing import Hashable, NamedTuple, Protocol
 
 import numpy as np
 
 from kvphase.engines.capture import (
-    _EVAL_CALLBACK, GgmlTensor, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
+    GgmlTensor, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
 )
 from kvphase.errors import BackendError
+
+# the eval callback as llama.cpp calls it, the tensor as a plain address: cheaper per call than a
+# pointer object, and the callback runs for every node of every decode
+_ADDRESS_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)
+_NAME_OFFSET = GgmlTensor.name.offset
+_NAME_HEAD = ctypes.c_uint64  # a name's first 8 bytes, read as one integer in the machine's byte order
 
 HEAD_OUTPUT = "kqv_out"
 HEAD_OUTPUT_BY_ARCH = {"deepseek4": "attn_derope"}
@@ -69,6 +77,9 @@ def head_output_node(architecture: str) -> str:
 
 class Tap(Protocol):
     every_decode: bool  # False: query decodes only
+    # optional `name_prefixes: tuple[bytes, ...]`, each 8 bytes or longer: select is asked only about nodes
+    # whose raw name starts with one of them (the callback runs for every node of every decode, and the
+    # first 8 bytes of a name are read as one integer: a fraction of a microsecond a node)
 
     def select(self, name: str, layer: int, t: GgmlTensor) -> Hashable | None:
         """A key for a node the tap wants (its layer; (layer, gate number) for gates), else None;
@@ -121,13 +132,22 @@ class TapPoint:
         self.active = False
         self.positions = np.zeros(0, np.int64)  # of the decode running now
         self.errors: list[BaseException] = []
-        self.c_callback = _EVAL_CALLBACK(self._callback)  # the context keeps a pointer: lives as long as self
+        self._filtered: Tap | None = None  # the tap `_prefixes` and `_heads` were read from
+        self._prefixes: tuple[bytes, ...] | None = None
+        self._heads: set[int] | None = None
+        self.c_callback = _ADDRESS_CALLBACK(self._callback)  # the context keeps a pointer: lives as long as self
 
-    def _callback(self, t_ptr, ask, user_data):  # noqa: ARG002
+    def _callback(self, address, ask, user_data):  # noqa: ARG002
         try:
-            if not self.active or self.tap is None:
+            tap = self.tap
+            if not self.active or tap is None:
                 return not ask
-            t = t_ptr.contents
+            if tap is not self._filtered:
+                self._filter(tap)
+            if self._heads is not None and (_NAME_HEAD.from_address(address + _NAME_OFFSET).value not in self._heads
+                                            or not ctypes.string_at(address + _NAME_OFFSET).startswith(self._prefixes)):
+                return not ask
+            t = GgmlTensor.from_address(address)
             key = self.tap.select(*split_name(tensor_name(t)), t)
             if key is None or ask:
                 return key is not None if ask else True
@@ -139,6 +159,13 @@ class TapPoint:
         except BaseException as exc:  # an exception must not unwind through C
             self.errors.append(exc)
             return True
+
+    def _filter(self, tap: Tap) -> None:
+        """The tap's name prefixes, and their first 8 bytes as integers (None: the tap sees every node)."""
+        self._filtered, self._prefixes = tap, getattr(tap, "name_prefixes", None)
+        if self._prefixes is not None and min(map(len, self._prefixes)) < 8:
+            raise BackendError(f"a tap's name prefixes must be 8 bytes or longer, got {self._prefixes}")
+        self._heads = None if self._prefixes is None else {int.from_bytes(p[:8], sys.byteorder) for p in self._prefixes}
 
     def raise_errors(self) -> None:
         if self.errors:

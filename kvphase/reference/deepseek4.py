@@ -137,6 +137,9 @@ class WholeSequence:
 
     policy = None  # the file's own compressor; no post-hoc policy applies
     arch = ""
+    # when a dict: each indexer layer's selection of the last forward, layer -> (T, k) pools or entries
+    # by descending score, -1 padding (`sweep.selection` reads the query's row)
+    selections: dict[int, np.ndarray] | None = None
 
     def __init__(self, config, weights: dict[str, np.ndarray]):
         self.config, self.w = config, weights
@@ -213,7 +216,10 @@ class DeepSeek4(WholeSequence):
                                       w[p + "attn_compressor_ape.weight"], w[p + "attn_compressor_norm.weight"], c.norm_eps,
                                       turn)  # (n_blocks, hd)
             index = self.indexer_scores(il, a, qr, design, pos) if design.is_csa else None  # (T, n_blocks)
-            chosen = design.select(pos, t, len(entries), index).block_visible  # (T, n_blocks)
+            selection = design.select(pos, t, len(entries), index)
+            if design.is_csa and self.selections is not None:
+                self.selections[il] = selection.top_blocks  # (T, k)
+            chosen = selection.block_visible  # (T, n_blocks)
             keys = np.concatenate([entries, kv])  # (n_blocks + T, hd)
             seen = np.concatenate([chosen, seen], axis=1)  # (T, n_blocks + T)
         scores = np.einsum("thd,kd->htk", q, keys) / np.sqrt(hd)  # (H, T, n_keys)

@@ -120,6 +120,8 @@ class Glm5Next(WholeSequence):
         weights = design.scale_weights(a @ w[p + "indexer.proj.weight"].T, queries.shape[-1])  # (T, H_idx)
         selection = design.forward(queries, weights, keys, a @ w[p + "indexer_compressor_gate.weight"].T,
                                    w[p + "indexer_compressor_ape.weight"], np.arange(t))
+        if self.selections is not None:
+            self.selections[il] = selection.top_pools  # (T, n_top)
         return selection.visible & causal_mask(np.arange(t), t)  # (T, T)
 
     def attention(self, il: int, a: np.ndarray) -> np.ndarray:

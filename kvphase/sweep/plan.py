@@ -49,6 +49,7 @@ class SweepPlan:
     # fewest whole rounds of contexts holding `least_per_residue`; re-sized where calibration changes the context
     contexts: int = 0
     least_per_residue: int = 0
+    selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""

@@ -17,6 +17,7 @@ from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.reach_check import recorded_inactive
 from kvphase.runfolder.rows import check_planned_rows
 from kvphase.sweep.run import RESULTS_FILE, load_manifest, load_offsets, load_plan, load_results
+from kvphase.sweep.selection import selection_section
 from kvphase.sweep.tasks import load_task
 
 FIGURE_FILE = "accuracy_by_residue.png"
@@ -37,9 +38,10 @@ def build_report(run_dir: Path) -> Summary:
     summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
                         compressor_inactive=inactive)
     shifts = _shift_section(plan, results, load_offsets(run_dir), summary, run_dir)
+    selection = selection_section(results, summary.worst_residue)
     write_json(run_dir / SUMMARY_FILE, summary.to_json())
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
-    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts))
+    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts, selection))
     return summary
 
 
@@ -143,7 +145,8 @@ def _depth_sentence(summary: Summary) -> str:
             "confounded within that range; a trend with depth can read as a phase effect.")
 
 
-def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = ()) -> str:
+def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = (),
+                    selection: tuple = ()) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
     return ReportPage(
@@ -159,6 +162,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
              markdown_table(pd.DataFrame(summary.per_residue))),
             (f"Per phase (position mod {plan.stride})", markdown_table(pd.DataFrame(summary.per_phase))),
             *([shifts] if shifts else []),
+            *([selection] if selection else []),
         ],
         measured=[
             f"Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "

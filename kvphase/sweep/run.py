@@ -35,6 +35,8 @@ from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.selection import (SELECTION_COLUMNS, SelectionReader, answer_position, indexer_unit, score_selected,
+                                     selection_row)
 from kvphase.sweep.tasks import load_task
 
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
@@ -45,7 +47,8 @@ RESULTS_FILE = "results.csv"
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
     """reports/<model>-<task>-S<stride>-L<context>, plus the reference design and its options,
-    the server engine, or llama.cpp's cache type where it is not the default f16."""
+    the server engine, or llama.cpp's cache type where it is not the default f16, and the phase
+    shifts and selection records where the run has them."""
     name = f"{info.short_name}-{plan.task}-S{plan.stride}-L{plan.context}"
     if plan.backend == "llama.cpp" and plan.backend_options.get("cache_type", "f16") != "f16":
         name += f"-cache-{plan.backend_options['cache_type']}"
@@ -55,7 +58,7 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
             f"{k}{v}" for k, v in sorted(options.items()) if k in ("stagger", "randomize", "local_window") and v])
     if plan.backend == "server":
         name += "-" + str(plan.backend_options.get("engine", "server"))
-    return Path("reports") / (name + plan.offset_plan.folder_suffix())
+    return Path("reports") / (name + plan.offset_plan.folder_suffix() + ("-selection" if plan.selection else ""))
 
 
 def check_run_dir(run_dir: Path, plan: SweepPlan, info: ModelInfo) -> None:
@@ -99,6 +102,8 @@ def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
     config = asdict(plan)
     if not plan.offsets:  # a plain sweep's config.json stays what it was before offsets existed
         del config["offsets"]
+    if not plan.selection:  # and before selection records existed
+        del config["selection"]
     write_json(run_dir / CONFIG_FILE, config)
 
 
@@ -217,7 +222,7 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done))  # every finished row is a planned target, checked above
-    writer = ResultWriter(run_dir / RESULTS_FILE)
+    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + (SELECTION_COLUMNS if plan.selection else []))
     tokens_before = getattr(backend, "tokens_evaluated", 0)
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
@@ -229,9 +234,9 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
                          getattr(backend, "n_threads", None), fingerprint)
 
     try:
-        for index, scores in _scored_contexts(plan, backend, pending, run_dir):  # in the order contexts finish
+        for index, scores, chosen in _scored_contexts(plan, backend, pending, run_dir, info):  # as contexts finish
             context, todo = pending[index]
-            writer.write(_result_row(t, s, len(context.tokens), backend) for t, s in zip(todo, scores))
+            writer.write(_result_row(t, s, len(context.tokens), backend) | c for t, s, c in zip(todo, scores, chosen))
             progress.advance(len(todo))
     except BaseException:
         with suppress(RunFolderError):  # a full disk fails the manifest too: the first failure is the one to report
@@ -242,13 +247,23 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
 
 
 def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[ProbeContext, list[Target]]],
-                     run_dir: Path) -> Iterator[tuple[int, list]]:
-    """(index into `pending`, its targets' scores) as contexts finish; under an offset plan each
-    target's score under each shift goes to offsets.csv first (so a row in results.csv always has
-    its shifts' rows), and the score is the combined one. `query_pos` stays the unshifted plan's."""
+                     run_dir: Path, info: ModelInfo) -> Iterator[tuple[int, list, list[dict]]]:
+    """(index into `pending`, its targets' scores, their selection columns) as contexts finish;
+    under an offset plan each target's score under each shift goes to offsets.csv first (so a row
+    in results.csv always has its shifts' rows), and the score is the combined one. `query_pos`
+    stays the unshifted plan's. Selection columns ({} without --selection): `sweep.selection`."""
     offsets = plan.offset_plan
+    jobs = [(c.tokens, [t.query for t in todo]) for c, todo in pending]
+    if plan.selection:
+        unit = indexer_unit(info)
+        for index, scores, chosen in score_selected(SelectionReader(backend), jobs):
+            context, todo = pending[index]
+            yield index, scores, [selection_row(answer_position(context.tokens, t), layers, unit)
+                                  for t, layers in zip(todo, chosen)]
+        return
     if not offsets.active:
-        yield from score_contexts(backend, [(c.tokens, [t.query for t in todo]) for c, todo in pending])
+        for index, scores in score_contexts(backend, jobs):
+            yield index, scores, [{}] * len(scores)
         return
     filler = backend.tokenize(load_task(plan.task).filler_text)
     scorer = ShiftedScorer(backend, offsets, filler, plan.seed, plan.stride)
@@ -259,7 +274,7 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
         for index, combined, each in score_shifted(scorer, jobs):
             shift_writer.write(_offset_row(t, shifted, backend) for t, per_target in zip(pending[index][1], each)
                                for shifted in per_target)
-            yield index, combined
+            yield index, combined, [{}] * len(combined)
     finally:
         shift_writer.close()
 

@@ -29,6 +29,7 @@ from kvphase.runfolder import RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
+from kvphase.sweep.selection import check_selection_plan, indexer_unit
 from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.reach_check import acting_context, compressor_inactive, reach_notice
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
@@ -96,6 +97,7 @@ class SweepOptions:
     combine: Optional[str] = None
     shift: Optional[int] = None
     random_offset: bool = False
+    selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
 
     def __post_init__(self) -> None:
         check_record(self)  # types and ranges, as every command's and API function's options are checked
@@ -179,6 +181,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     before any weights load. `say` hears the strides --stride all skips and each stride's power."""
     info = read_model_info(model if model is not None else default_model_path())
     check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
+    if options.selection:
+        indexer_unit(info)  # a file without an indexer is refused before its plans are built
     chosen = parse_stride(options.stride)  # None (the file's own), S, or ALL
     every_stride = chosen == ALL
     asked = PlanOptions.from_sweep_options(options)
@@ -190,6 +194,7 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
              for plan in plans]
     plans = [with_offsets(info, plan, options.offsets, options.combine, options.shift, options.random_offset)
              for plan in plans]
+    plans = [with_selection(info, plan) for plan in plans] if options.selection else plans
     aim = calibration_aim(info, plans[0], asked, options.calibrate, options.target_accuracy, dry_run)
     runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
     for stride, reason in skipped:
@@ -319,6 +324,13 @@ def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combi
                         f"context, the contexts take {plan.context} and the query needs "
                         f"{1 if info.trained is not None else room} more; use a shorter --context or fewer --offsets")
     return replace(plan, offsets=chosen.to_json())
+
+
+def with_selection(info: ModelInfo, plan: SweepPlan) -> SweepPlan:
+    """The plan with selection records (`sweep.selection`); PlanError for a model without an indexer,
+    a server backend, a reference design other than the file's own, or phase shifts."""
+    check_selection_plan(info, plan.backend, plan.offsets, plan.backend_options.get("design", ""))
+    return replace(plan, selection=True)
 
 
 def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
@@ -611,8 +623,9 @@ def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], conne
         warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
         if warning:
             say(Notice(warning, "warning"))
+    selection = {"selection": True} if plan.selection else {}
     backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
-                                     options={**plan.backend_options, **(connect or {})})
+                                     options={**plan.backend_options, **(connect or {}), **selection})
     if hasattr(backend, "on_lost"):  # a server that leaves mid-run: the others take its contexts
         backend.on_lost = lambda line: say(Notice(line, "warning"))
     return backend

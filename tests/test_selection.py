@@ -1,0 +1,136 @@
+"""Selection records (`kvphase sweep --selection`): which pool or compressed entry the indexer chose.
+
+The selection llama.cpp's graph holds (`engines.selection`) must be the one the numpy reference
+makes from the same weights, layer by layer, on the committed trained models whose indexers keep
+fewer units than a query sees: csa-top4 (deepseek4, 4 of 32 entries at 128 tokens) and
+glm-kpool-top4 (glm5-next, 4 of 16 pools at 64 tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from kvphase.backends import llamacpp_backend, reference_backend
+from kvphase.backends.base import Query
+from kvphase.cli import app
+from kvphase.sweep.selection import SelectionReader, selection_by_residue, where_lost
+from tests.cli_checks import one_line_error
+
+REPO = Path(__file__).resolve().parents[1]
+CSA_TOP4 = REPO / "tests" / "data" / "trained" / "csa-top4.gguf"
+GLM_TOP4 = REPO / "reports" / "trained" / "engine" / "glm-kpool-top4-seed0" / "model.gguf"
+OLD_RUN = GLM_TOP4.parent / "sweep"  # a run folder written before selection records existed
+
+
+@pytest.mark.parametrize("path, n_context, n_units", [(CSA_TOP4, 128, 32), (GLM_TOP4, 64, 16)])
+def test_llamacpp_selects_what_the_reference_selects_in_each_layer(path, n_context, n_units):
+    rng = np.random.default_rng(0)
+    engine = llamacpp_backend(path, n_ctx=n_context + 8, options={"selection": True})
+    reference = reference_backend(path, n_ctx=n_context + 8, options={"design": "trained"})
+    for _ in range(4):
+        context = [int(t) for t in rng.integers(10, 800, n_context)]
+        query = Query(tuple(int(t) for t in rng.integers(10, 800, 2)), tuple(int(t) for t in rng.integers(10, 800, 2)))
+        _, ours = SelectionReader(engine).score(context, query)
+        _, theirs = SelectionReader(reference).score(context, query)
+        assert sorted(ours) == sorted(theirs) and len(theirs) == 2, (sorted(ours), sorted(theirs))
+        for layer, chosen in theirs.items():
+            assert ours[layer].tolist() == chosen.tolist(), f"layer {layer}: llama.cpp {ours[layer]}, ref {chosen}"
+            assert 0 < len(chosen) < n_units  # the indexer drops units: the selection is in play
+        assert any(ours[a].tolist() != ours[b].tolist() for a in ours for b in ours)  # layers differ: a mix-up shows
+        assert {layer: chosen.tolist() for layer, chosen in theirs.items()} == \
+            selection_at(reference, context, query, n_context + len(query.prompt) - 1)
+
+
+def selection_at(reference, context: list[int], query: Query, row: int) -> dict[int, list[int]]:
+    """Each layer's pools or entries the reference selected at `row` (the query's last token: its
+    logits predict the answer's first token), read from the reference model as it scores."""
+    reference.model.selections = {}
+    reference.score(context, [query])
+    found = {layer: sorted(int(u) for u in top[row] if u >= 0) for layer, top in reference.model.selections.items()}
+    reference.model.selections = None
+    return found
+
+
+def test_a_sweep_records_the_selection_and_llamacpp_and_the_reference_agree(tmp_path):
+    from kvphase.sweep.api import sweep
+
+    result = CliRunner().invoke(app, ["sweep", str(GLM_TOP4), "--selection", "--per-residue", "8", "--threads", "1",
+                                      "--out", str(tmp_path / "engine"), "-q"])
+    assert result.exit_code == 0, result.output
+    sweep(GLM_TOP4, selection=True, per_residue="8", backend="reference", design="trained", out=tmp_path / "reference")
+    engine, reference = (pd.read_csv(tmp_path / name / "results.csv") for name in ("engine", "reference"))
+    columns = ["target_id", "answer_pos", "indexer_layers", "selected_layers", "selected_share", "selected_all"]
+    pd.testing.assert_frame_equal(engine[columns], reference[columns])
+    assert (engine["answer_pos"] == engine["target_pos"] + 1).all()  # pairs: " key", " value", one token each
+    assert (engine["indexer_layers"] == "1;2").all()  # the file's MLA layers; layer 0 is KDA
+    assert 0 < engine["selected_share"].mean() < 1
+    assert json.loads((tmp_path / "engine" / "config.json").read_text())["selection"] is True
+    report = (tmp_path / "engine" / "report.md").read_text()
+    assert "## Indexer selection" in report and "| residue | n | accuracy | layer 1 | layer 2 |" in report
+
+
+def test_an_old_run_folder_reports_byte_for_byte_as_before(tmp_path):
+    from kvphase.sweep.report import build_report
+
+    folder = shutil.copytree(OLD_RUN, tmp_path / "old")
+    build_report(folder)
+    for name in ("report.md", "summary.json"):
+        assert (folder / name).read_bytes() == (OLD_RUN / name).read_bytes(), name
+    assert "selection" not in json.loads((folder / "config.json").read_text())
+
+
+@pytest.mark.parametrize("model, fragment", [
+    (REPO / "tests" / "data" / "trained" / "dense.gguf", "needs a model with an indexer"),
+    (GLM_TOP4, "needs the file's own indexer"),
+])
+def test_selection_without_an_indexer_is_one_line_and_leaves_no_folder(tmp_path, model, fragment):
+    extra = ["--backend", "reference", "--design", "dense"] if model == GLM_TOP4 else []
+    result = CliRunner().invoke(app, ["sweep", str(model), "--selection", "--out", str(tmp_path / "run"), *extra])
+    one_line_error(result, "--selection", fragment)
+    assert not (tmp_path / "run").exists()
+
+
+def test_selection_on_minimax_m3_is_refused_in_one_line(tmp_path, default_model):
+    from kvphase.gguf.tiny import write_tiny_model
+
+    model = write_tiny_model("minimax-m3", tmp_path / "mm3.gguf", tokenizer_from=default_model)
+    result = CliRunner().invoke(app, ["sweep", str(model), "--selection", "--out", str(tmp_path / "run")])
+    one_line_error(result, "--selection", "does not read", "block selection yet")
+    assert not (tmp_path / "run").exists()
+
+
+def rows(residue: int, outcomes: list[tuple[bool, float]]) -> pd.DataFrame:
+    """(correct, share of layers that selected it) per target, two indexer layers."""
+    return pd.DataFrame([{"residue": residue, "correct": correct, "indexer_layers": "1;2",
+                          "selected_layers": {0: "", 0.5: "2", 1: "1;2"}[share], "selected_share": share,
+                          "selected_all": share == 1} for correct, share in outcomes])
+
+
+def test_the_weak_residue_is_said_lost_where_most_of_its_misses_were():
+    at_selection = rows(3, [(False, 0), (False, 0), (False, 0.5), (True, 1)])
+    assert "2 of its 3 missed targets were selected by no indexer layer" in where_lost(at_selection, 3)
+    assert "(accuracy 50.0% among the 2 targets some layer selected, 0.0% among the 2 none did)" in \
+        where_lost(at_selection, 3)
+    assert "lost them at selection" in where_lost(at_selection, 3)
+    after = rows(3, [(False, 1), (False, 0.5), (True, 0), (True, 1)])
+    assert "lost them after selection" in where_lost(after, 3)
+    table = selection_by_residue(pd.concat([at_selection, rows(0, [(True, 1), (True, 0.5)])])).set_index("residue")
+    columns = ["n", "accuracy", "layer 1", "layer 2", "every layer", "no layer", "accuracy if some layer"]
+    assert table.loc[0, columns].tolist() == [2, 100.0, 50.0, 100.0, 50.0, 0.0, 100.0]
+    assert np.isnan(table.loc[0, "accuracy if none"])
+    assert table.loc[3, columns + ["accuracy if none"]].tolist() == [4, 25.0, 25.0, 50.0, 25.0, 50.0, 50.0, 0.0]
+
+
+def test_a_damaged_selection_column_is_one_line(tmp_path):
+    folder = shutil.copytree(GLM_TOP4.parent / "sweep-selection", tmp_path / "run")
+    rows_text = (folder / "results.csv").read_text().splitlines()
+    rows_text[1] = rows_text[1].rsplit(",", 1)[0] + ",maybe"  # selected_all
+    (folder / "results.csv").write_text("\n".join(rows_text) + "\n")
+    one_line_error(CliRunner().invoke(app, ["report", str(folder)]), "results.csv: selected_all is 'maybe'")
