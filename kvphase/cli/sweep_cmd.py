@@ -103,6 +103,10 @@ def sweep(
                                         "compressor's windows."),
     random_offset: bool = typer.Option(False, "--random-offset", help="One shift per context drawn at random in "
                                        "[0, S) (seeded by --seed; offsets.csv records it)."),
+    query_phases: Optional[bool] = typer.Option(None, "--query-phases/--no-query-phases", help="Each context's "
+                                                "query at its own phase mod M (up to M-1 filler tokens before the "
+                                                "footer; targets stay put). Default on for a file that declares "
+                                                "compression where every context holds every residue, else off."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     options = dict(stride=stride, modulus=modulus, context=context, per_residue=per_residue, contexts=contexts,
@@ -111,7 +115,7 @@ def sweep(
                    design_options=tuple(option), url=tuple(url), slots=slots, engine=engine.value,
                    request_timeout=request_timeout, deadline=deadline, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,
-                   combine=combine, shift=shift, random_offset=random_offset)
+                   combine=combine, shift=shift, random_offset=random_offset, query_phases=query_phases)
     say = Say(quiet)
     if dry_run:
         for planned in api.dry_run(model, on_notice=say, **options):

@@ -99,6 +99,8 @@ def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
     config = asdict(plan)
     if not plan.offsets:  # a plain sweep's config.json stays what it was before offsets existed
         del config["offsets"]
+    if not plan.query_phases:  # and before query phases existed
+        del config["query_phases"]
     write_json(run_dir / CONFIG_FILE, config)
 
 

@@ -94,6 +94,7 @@ class SweepOptions:
     combine: Optional[str] = None
     shift: Optional[int] = None
     random_offset: bool = False
+    query_phases: Optional[bool] = None  # each context's query at its own phase; None: on where it costs no target
 
     def __post_init__(self) -> None:
         normal = {"url": (self.url,) if isinstance(self.url, str) else tuple(self.url),
@@ -215,6 +216,7 @@ class PlanOptions:
     cache_type: Optional[str]
     density: str = AUTO_DENSITY  # --targets-per-context
     contexts: Optional[int] = None
+    query_phases: Optional[bool] = None  # --query-phases / --no-query-phases
 
     @classmethod
     def from_sweep_options(cls, options: SweepOptions) -> "PlanOptions":
@@ -223,7 +225,7 @@ class PlanOptions:
             pairs = tuple(f"{key}={json.dumps(value)}" for key, value in pairs.items())
         return cls(options.modulus, options.context, options.per_residue, options.detect, options.padding,
                    options.task, options.seed, options.backend, options.design, pairs, options.cache_type,
-                   options.targets_per_context, options.contexts)
+                   options.targets_per_context, options.contexts, options.query_phases)
 
 
 def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOptions,
@@ -255,7 +257,7 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every
     context, why = default_context(info, defaults.context) if asked.context is None else (asked.context, "")
     plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
                      defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None,
-                     density=asked.density, contexts=contexts)
+                     density=asked.density, contexts=contexts, query_phases=asked.query_phases)
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
     if (asked.backend or defaults.backend) == "reference":
@@ -612,5 +614,5 @@ def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], conne
 
 
 def backend_context(info: ModelInfo, plan: SweepPlan) -> int:
-    """The tokens a plan's backend holds: the context, its query and the shifts' filler."""
-    return plan.context + query_room(info) + shift_room(info, plan)
+    """The tokens a plan's backend holds: the context, its query phase's filler, its query and the shifts' filler."""
+    return plan.context + plan.query_shift_room + query_room(info) + shift_room(info, plan)
