@@ -109,7 +109,7 @@ def test_a_fixed_phase_folder_reports_as_before(tmp_path):
     assert "query" not in json.loads((folder / "config.json").read_text())
 
 
-def _sweep(model: Path, out: Path, *extra: str, per_residue: int = 32):
+def _sweep(model: Path, out: Path, *extra: str, per_residue: int = 16):
     return CliRunner().invoke(app, ["sweep", str(model), "--context", "512", "--per-residue", str(per_residue),
                                     "--quiet", "--out", str(out), *extra])
 
@@ -125,7 +125,7 @@ def test_a_compressed_model_sweeps_every_query_phase_by_default(tiny_deepseek4, 
     assert set(counts) == set(range(M)) and len(set(counts.values())) == 1, counts
     assert "## Per query residue" in (out / "report.md").read_text()
     summary = json.loads((out / "summary.json").read_text())["query_phases"]
-    assert [row["n"] for row in summary["per_query_residue"]] == [32] * M
+    assert [row["n"] for row in summary["per_query_residue"]] == [16] * M
     refused = _sweep(tiny_deepseek4, out, "--no-query-phases")
     assert refused.exit_code != 0 and "query_phases" in refused.output and "Traceback" not in refused.output
     control = tmp_path / "llama"
