@@ -95,9 +95,10 @@ def test_the_interaction_test_finds_a_cell_and_not_a_depth_trend():
     assert sum(p < 0.05 for p in depth_only) <= 3, depth_only
 
 
-def test_one_round_has_no_interaction_p():
-    summary = summarize_query_phases(_simulated(rounds=1, seed=0), M)
-    assert summary.interaction_test.p_value is None and "one round" in summary.interaction_test.note
+def test_one_round_gives_no_p_where_no_permutation_moves_the_statistic():
+    summary = summarize_query_phases(_simulated(rounds=1, seed=0, query_dip=3.0), M)
+    for test in (summary.query_test, summary.interaction_test):
+        assert test.p_value is None and "one round" in test.note, test
 
 
 def test_a_fixed_phase_folder_reports_as_before(tmp_path):
@@ -128,6 +129,13 @@ def test_a_compressed_model_sweeps_every_query_phase_by_default(tiny_deepseek4, 
     assert [row["n"] for row in summary["per_query_residue"]] == [16] * M
     refused = _sweep(tiny_deepseek4, out, "--no-query-phases")
     assert refused.exit_code != 0 and "query_phases" in refused.output and "Traceback" not in refused.output
+    fixed = tmp_path / "fixed"  # a folder written with one query phase, as before the option, resumes as one
+    assert _sweep(tiny_deepseek4, fixed, "--no-query-phases").exit_code == 0
+    config = (fixed / "config.json").read_bytes()
+    assert b"query_phases" not in config
+    resumed = _sweep(tiny_deepseek4, fixed)
+    assert resumed.exit_code == 0, resumed.output
+    assert (fixed / "config.json").read_bytes() == config
     control = tmp_path / "llama"
     assert _sweep(tiny_llama, control).exit_code == 0
     assert "query_phases" not in json.loads((control / "config.json").read_text())

@@ -154,13 +154,19 @@ def _permutation_test(name: str, units: ContextUnits, statistic, strata: np.ndar
                                       "query phases (one round of M contexts); a run of two rounds or more tests it")
     rng = np.random.default_rng([seed, 61])
     order = np.argsort(strata, kind="stable")  # (C,) contexts grouped by stratum
-    reached = 0
+    reached, moved = 0, False
     for start in range(0, QUERY_PERMUTATIONS, _CHUNK):
         b = min(_CHUNK, QUERY_PERMUTATIONS - start)
         shuffled = np.argsort(strata[order][None, :] + rng.random((b, len(order))), axis=1)  # (b, C) within strata
         labels = np.empty((b, len(order)), dtype=int)
         labels[:, order] = units.labels[order][shuffled]
-        reached += int((statistic(labels) >= observed * (1 - 1e-9) - 1e-12).sum())
+        permuted = statistic(labels)  # (b,)
+        reached += int((permuted >= observed * (1 - 1e-9) - 1e-12).sum())
+        moved = moved or bool(np.abs(permuted - observed).max() > 1e-9 * max(1.0, abs(observed)))
+    if not moved:  # one context per query residue: relabelling them leaves the statistic as it was
+        return ContextPermutationTest(name, observed, None, QUERY_PERMUTATIONS, "no permutation moves the "
+                                      "statistic (one context per query residue: one round of M contexts); a run of "
+                                      "two rounds or more tests it")
     return ContextPermutationTest(name, observed, (reached + 1) / (QUERY_PERMUTATIONS + 1), QUERY_PERMUTATIONS,
                                   f"p from {QUERY_PERMUTATIONS} permutations of whole contexts' query-phase labels")
 

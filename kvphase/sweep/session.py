@@ -20,11 +20,11 @@ from typing import Callable, ContextManager, NamedTuple, Optional, Union
 from kvphase.backends import BACKENDS
 from kvphase.defaults import default_model_path, default_threads, gpu_layer_count
 from kvphase.engines.llamacpp import CACHE_TYPES, Vocab, check_threads
-from kvphase.errors import PlanError
+from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.gguf.reach import reach_of
-from kvphase.runfolder import RunLock
+from kvphase.runfolder import CONFIG_FILE, RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
@@ -32,7 +32,7 @@ from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.reach_check import acting_context, compressor_inactive, reach_notice
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
-from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep, load_plan
 from kvphase.sweep.strides import ALL, LARGE_STRIDE, declared_strides, modulus_for, parse_stride, planned_dip
 from kvphase.sweep.tasks import load_task
 
@@ -191,6 +191,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
              for plan in plans]
     aim = calibration_aim(info, plans[0], asked, options.calibrate, options.target_accuracy, dry_run)
     runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
+    if options.query_phases is None:
+        runs = [(held_query_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
     for stride, reason in skipped:
         say(Notice(f"--stride all: stride {stride} is not swept: {reason}", "attention"))
     if every_stride:
@@ -319,6 +321,18 @@ def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combi
                         f"context, the contexts take {plan.context} and the query needs "
                         f"{1 if info.trained is not None else room} more; use a shorter --context or fewer --offsets")
     return replace(plan, offsets=chosen.to_json())
+
+
+def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
+    """The plan with the query-phase setting of the folder it resumes, where the option was not given:
+    a folder a compressed model's sweep wrote before query phases existed resumes as one query phase."""
+    if not (run_dir / CONFIG_FILE).is_file():
+        return plan
+    try:
+        held = load_plan(run_dir).query_phases
+    except RunFolderError:  # a damaged config.json is named where the folder is checked
+        return plan
+    return replace(plan, query_phases=held)
 
 
 def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
