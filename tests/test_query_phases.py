@@ -56,10 +56,12 @@ def test_contexts_that_do_not_hold_every_residue_refuse_query_phases():
         _contexts(True, per_residue=4, context=256)
 
 
-def _simulated(rounds: int, seed: int, query_dip: float = 0.0, cell_dip: float = 0.0, lanes: int = 32) -> pd.DataFrame:
+def _simulated(rounds: int, seed: int, query_dip: float = 0.0, cell_dip: float = 0.0, lanes: int = 32,
+               depth: float = 1.5) -> pd.DataFrame:
     """Rows of a query-phase plan's design (placement.plan_contexts, query_phase): context c of a round
     holds residue (l + c) mod M in lane l; a context effect of 1 logit SD and a depth trend; a dip
-    of `query_dip` logits at query residue 5 and of `cell_dip` at (query residue 5, target residue 3)."""
+    trend of `depth` logits from the first lane to the last; a dip of `query_dip` logits at query residue 5
+    and of `cell_dip` at (query residue 5, target residue 3)."""
     from kvphase.sweep.placement import query_phase
 
     rng = np.random.default_rng(seed)
@@ -68,7 +70,7 @@ def _simulated(rounds: int, seed: int, query_dip: float = 0.0, cell_dip: float =
         q, difficulty = query_phase(index, M), rng.normal()
         for lane in range(lanes):
             r = (lane + index) % M
-            logit = 0.5 + difficulty - 1.5 * lane / lanes - query_dip * (q == 5) - cell_dip * (q == 5 and r == 3)
+            logit = 0.5 + difficulty - depth * lane / lanes - query_dip * (q == 5) - cell_dip * (q == 5 and r == 3)
             rows.append({"context": index, "residue": r, "query_pos": 1024 + q, "target_pos": 40 + 30 * lane + r,
                          "correct": rng.random() < 1 / (1 + np.exp(-logit)), "logprob": 0.0})
     return pd.DataFrame(rows)
@@ -91,7 +93,10 @@ def test_the_query_phase_test_takes_contexts_as_its_units():
 def test_the_interaction_test_finds_a_cell_and_not_a_depth_trend():
     planted = summarize_query_phases(_simulated(rounds=8, seed=2, cell_dip=4.0, lanes=64), M)
     assert planted.interaction_test.p_value < 0.01, planted.interaction_test
-    depth_only = [summarize_query_phases(_simulated(rounds=3, seed=s), M).interaction_test.p_value for s in range(20)]
+    # one target of each residue a context: residue r sits in lane r - c at place c of the round, so a
+    # depth trend is a residue x place pattern; with no interaction the test must stay at its level
+    depth_only = [summarize_query_phases(_simulated(rounds=4, seed=s, lanes=M, depth=3.0), M).interaction_test.p_value
+                  for s in range(20)]
     assert sum(p < 0.05 for p in depth_only) <= 3, depth_only
 
 

@@ -14,10 +14,13 @@ targets.
   query phase's main effect alike); the statistic is the squared distance of each (query phase,
   residue) cell's centred sum from what the residue's overall profile predicts. Within a context
   residue r sits at the lanes its place in the round decides (`placement.plan_contexts`), so a
-  depth effect looks like an interaction between residue and place; labels therefore move only
-  among contexts at the same place in their round (`placement.query_phase` gives those contexts
-  different phases from round to round), which keeps that confound in the null distribution. A run
-  of one round has no two such contexts, and the test says so instead of giving a p-value.
+  depth effect is a pattern of residue and place; labels therefore move only among contexts at the
+  same place in their round (`placement.query_phase` gives those contexts different phases from
+  round to round), which keeps that pattern in the null distribution. (Under the Latin square it is
+  small anyway: a query residue's contexts take consecutive places, and a depth trend summed over
+  consecutive lanes varies about as much as over random ones; permuting across places too kept the
+  level in the tests' simulations.) A run of one round has no two such contexts, and the test says
+  so instead of giving a p-value.
 """
 
 from __future__ import annotations
