@@ -70,7 +70,7 @@ LONGEST_FIRST = ("test_train.py", "test_docs.py", "test_train_csa.py", "test_tra
                  "test_default_sweep.py", "test_reference_model.py", "test_full_disk_probes.py",
                  "test_tokenizer_fit.py", "test_full_disk.py", "test_stride_all.py", "test_watchdog.py",
                  "test_cli.py", "test_run.py", "test_calibrate.py", "test_train_gated_start.py",
-                 "test_knockout_llamacpp.py", "test_tiny_sweeps.py", "test_wheel.py", "test_offsets.py",
+                 "test_knockout_llamacpp.py", "test_query_phases.py", "test_tiny_sweeps.py", "test_wheel.py", "test_offsets.py",
                  "test_scoring.py", "test_train_copy.py", "test_density.py", "test_density_statistics.py",
                  "test_dry_run.py", "test_probe_knockout.py", "test_cache_type.py", "test_selection.py",
                  "test_python_api.py", "test_fuzz.py", "test_header_only.py", "test_claims.py", "test_memory.py",

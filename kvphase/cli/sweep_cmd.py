@@ -110,6 +110,10 @@ def sweep(
     selection: bool = typer.Option(False, "--selection", help="Record whether the indexer (glm5-next's k-pool, "
                                    "deepseek4's lightning indexer) selected each target's pool or entry when the "
                                    "answer's first token was predicted; the report adds selection by residue."),
+    query_phases: Optional[bool] = typer.Option(None, "--query-phases/--no-query-phases", help="Each context's "
+                                                "query at its own phase mod M (up to M-1 filler tokens before the "
+                                                "footer; targets stay put). Default on for a file that declares "
+                                                "compression where every context holds every residue, else off."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     options = dict(stride=stride, modulus=modulus, context=context, per_residue=per_residue, contexts=contexts,
@@ -119,7 +123,8 @@ def sweep(
                    request_timeout=request_timeout, deadline=deadline,
                    allow_model_mismatch=allow_model_mismatch, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,
-                   combine=combine, shift=shift, random_offset=random_offset, selection=selection)
+                   combine=combine, shift=shift, random_offset=random_offset, selection=selection,
+                   query_phases=query_phases)
     say = Say(quiet)
     if dry_run:
         for planned in api.dry_run(model, on_notice=say, **options):

@@ -19,6 +19,11 @@ class PlannedRun(Protocol):
     modulus: int
     context: int
     per_residue: int
+    query_phases: bool
+
+    def query_positions(self, contexts: np.ndarray) -> np.ndarray:
+        """Where the plan starts the query of each of `contexts` (context indices)."""
+        ...
 
 
 def check_planned_rows(path: Path, rows: pd.DataFrame, plan: PlannedRun) -> None:
@@ -37,7 +42,9 @@ def check_planned_rows(path: Path, rows: pd.DataFrame, plan: PlannedRun) -> None
         ("target_pos", position >= plan.context, f"below the plan's context of {plan.context} tokens"),
         ("residue", rows["residue"].to_numpy() != position % plan.modulus, f"target_pos mod {plan.modulus}"),
         ("phase", rows["phase"].to_numpy() != position % plan.stride, f"target_pos mod {plan.stride}"),
-        ("query_pos", rows["query_pos"].to_numpy() != plan.context, f"{plan.context}, the plan's context"),
+        ("query_pos", rows["query_pos"].to_numpy() != plan.query_positions(rows["context"].to_numpy()),
+         f"{plan.context}, the plan's context" if not plan.query_phases else
+         f"{plan.context} plus the context's query phase"),
         ("context", rows["context"].to_numpy() >= targets, f"below {targets} (every context holds a target)"),
     ]
     for column, bad, expected in checks:

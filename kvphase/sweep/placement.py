@@ -18,7 +18,8 @@ those positions, in one of the two padding modes:
   `kvphase train` models learn on).
 
 All contexts have exactly `context_length` tokens, so every query starts at the same
-position.
+position; with `query_phases` a context gets `query_phase(index, M)` more filler tokens before its
+footer, so its query starts at that phase and its targets stay where they are.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class ProbeSettings:
     padding: str  # "prefix" or "in-sequence"
     seed: int
     targets_per_context: str = TASK_DENSITY  # TASK_DENSITY, AUTO_DENSITY, or a whole number: the most one context holds
+    query_phases: bool = False  # each context's query at its own phase (`query_phase`); False: all at context_length
 
     def __post_init__(self) -> None:
         if self.context_length < 1:
@@ -179,6 +181,8 @@ def checked_lanes(settings: ProbeSettings, layout: "Layout") -> int:
     """The lanes a plan's rounds have (`lanes_for`), checked to fill MIN_CONTEXTS contexts at least
     (but for TASK_DENSITY's plans, which every earlier run made)."""
     lanes = lanes_for(layout.density, settings, layout.lanes)
+    if settings.query_phases:
+        check_query_phases_fit(settings, lanes)
     if layout.density == TASK_DENSITY:
         return lanes
     contexts = len(_round_sizes(settings.per_residue, settings.modulus, lanes)) * settings.modulus
@@ -187,6 +191,25 @@ def checked_lanes(settings: ProbeSettings, layout: "Layout") -> int:
                         f"contexts; the intervals resample contexts and need at least {MIN_CONTEXTS}: use a larger "
                         "--per-residue, fewer --targets-per-context, or auto")
     return lanes
+
+
+def query_phase(index: int, modulus: int) -> int:
+    """The filler tokens context `index` adds before its footer under `query_phases`: the query's
+    phase moves one step per context and one more per round of M contexts (a Latin square), so every
+    phase gets one context of every round, and contexts of one place in the round (the same residue
+    in each lane) hold different phases from round to round: what the interaction test permutes."""
+    return (index % modulus + index // modulus) % modulus
+
+
+def check_query_phases_fit(settings: ProbeSettings, lanes: int) -> None:
+    """PlanError unless every context holds every residue equally (every round's lanes a multiple of
+    M): a context holding some residues only would tie its residues to its query's phase."""
+    sizes = _round_sizes(settings.per_residue, settings.modulus, lanes)
+    if any(t % settings.modulus for t in sizes):
+        raise PlanError(f"query phases need every context to hold every residue equally (targets per context a "
+                        f"multiple of the modulus {settings.modulus}); this plan's contexts hold {min(sizes)}: "
+                        "use a longer --context, a --per-residue that is a multiple of the targets per context, "
+                        "or --no-query-phases")
 
 
 def lanes_for(density: str, settings: ProbeSettings, most: int) -> int:
@@ -779,15 +802,20 @@ class Layout:
             body += item.ids
         demos = self._demonstrations(distractors, rng)
         footer = list(self.footer) + [t for d in demos for t in d.ids]
-        body += self._filler(self.settings.context_length - len(footer) - len(body), rng)[1]
+        length = self.settings.context_length + self.query_shift(index)
+        body += self._filler(length - len(footer) - len(body), rng)[1]
         tokens = tuple(body + footer)
-        if len(tokens) != self.settings.context_length or [p for p, _ in targets] != chosen:
+        if len(tokens) != length or [p for p, _ in targets] != chosen:
             raise AssertionError("probe layout broke its own invariants")  # a bug, not a user error
         m, s = self.settings.modulus, self.settings.stride
         return ProbeContext(index, tokens, tuple(
             Target(first_target_id + i, index, p, p % m, p % s, r.key, r.value, r.query)
             for i, (p, r) in enumerate(targets)
         ))
+
+    def query_shift(self, index: int) -> int:
+        """Filler tokens context `index` adds before its footer: its query's phase (0 without query phases)."""
+        return query_phase(index, self.settings.modulus) if self.settings.query_phases else 0
 
     def _demonstrations(self, distractors: list[Record], rng: np.random.Generator) -> list[Record]:
         n = min(self.task.demonstrations, len(distractors))

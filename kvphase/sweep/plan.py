@@ -9,11 +9,13 @@ from pathlib import Path
 from functools import cache
 from typing import Callable, Optional
 
+import numpy as np
+
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.gguf.reach import reach_of
 from kvphase.sweep.offsets import OffsetPlan
 from kvphase.sweep.placement import (MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
-                                     check_density)
+                                     check_density, query_phase)
 from kvphase.sweep.tasks import load_task
 
 CONTROL_STRIDE = 4  # the stride of a control run: a model that declares no compression
@@ -50,6 +52,9 @@ class SweepPlan:
     contexts: int = 0
     least_per_residue: int = 0
     selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
+    # each context's query at its own phase mod M (placement.query_phase); False, as every run before the
+    # option: every query at `context`
+    query_phases: bool = False
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
@@ -76,7 +81,17 @@ class SweepPlan:
     @property
     def probe_settings(self) -> ProbeSettings:
         return ProbeSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed,
-                             self.targets_per_context)
+                             self.targets_per_context, self.query_phases)
+
+    def query_positions(self, contexts) -> np.ndarray:
+        """Where each of `contexts` (context indices) starts its query: (n,)."""
+        contexts = np.asarray(contexts, dtype=np.int64)  # (n,)
+        return self.context + (query_phase(contexts, self.modulus) if self.query_phases else np.zeros_like(contexts))
+
+    @property
+    def query_shift_room(self) -> int:
+        """Tokens the longest context adds after `context` for its query's phase (0 without query phases)."""
+        return self.modulus - 1 if self.query_phases else 0
 
     def comparable(self) -> dict:
         """The fields that must match for a folder to resume this plan."""
@@ -163,12 +178,14 @@ def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:
 
 
 def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int, per_residue: Optional[int], padding: str,
-              task: str, seed: int, fit: bool = True, density: str = TASK_DENSITY, contexts: int = 0) -> SweepPlan:
+              task: str, seed: int, fit: bool = True, density: str = TASK_DENSITY, contexts: int = 0,
+              query_phases: Optional[bool] = False) -> SweepPlan:
     """The run's plan from the options and the model's metadata; PlanError when impossible. `fit`:
     the padding was not the user's, so kvphase may change it to one the tokenizer can lay out.
     `density`: targets per context (AUTO_DENSITY, a number, TASK_DENSITY). `per_residue` None sizes the
     run at that density (`sized`): for `contexts` contexts, else the fewest rounds of contexts that
-    detect a DEFAULT_DETECT-point dip at any accuracy."""
+    detect a DEFAULT_DETECT-point dip at any accuracy. `query_phases`: each context's query at its own
+    phase (None: where `default_query_phases` finds it costs nothing)."""
     from kvphase.engines.llamacpp import Vocab  # llama_cpp: loaded when a plan is made, not at import
 
     if info.tokenizer_model in ("none", "unknown"):
@@ -197,7 +214,39 @@ def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int,
     plan = sized(plan, open_tokenizer()) if sized_later else plan
     if plan.targets_per_context != TASK_DENSITY:  # a density that cannot be, refused before anything is written
         check_density(load_task(task), open_tokenizer(), plan.probe_settings)
-    return plan
+    return with_query_phases(info, plan, query_phases, open_tokenizer)
+
+
+def with_query_phases(info, plan: SweepPlan, asked: Optional[bool], open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:
+    """The plan with its queries at every phase when asked (True), or by default (None) for a file that
+    declares compression where that costs no target (`default_query_phases`); PlanError when asked for
+    a plan that cannot take it."""
+    if asked is False or (asked is None and not default_query_phases(info, plan, open_tokenizer)):
+        return plan
+    if info.trained is not None:
+        raise PlanError("--query-phases does not apply to a `kvphase train` model: it learned its questions at "
+                        "exactly one position")
+    chosen = replace(plan, query_phases=True)
+    room = query_room(info)
+    if info.context_length and plan.context + chosen.query_shift_room + room > info.context_length:
+        raise PlanError(f"--query-phases does not fit: {info.path.name} has a {info.context_length}-token context, "
+                        f"the contexts take up to {plan.context + chosen.query_shift_room} and the query needs {room} "
+                        "more; use a shorter --context or --no-query-phases")
+    check_density(load_task(plan.task), open_tokenizer(), chosen.probe_settings)  # every context holds every residue
+    return chosen
+
+
+def default_query_phases(info, plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> bool:
+    """Queries at every phase by default for a file that declares compression (not a `kvphase train`
+    model, whose questions sit at one learned position), when every context holds every residue (the
+    phase then costs no target, only up to M - 1 filler tokens) and the longest context still fits."""
+    if not info.compression.compressed or info.trained is not None:
+        return False
+    try:
+        with_query_phases(info, plan, True, open_tokenizer)
+    except PlanError:
+        return False
+    return True
 
 
 def default_context(info, default: int) -> tuple[int, str]:

@@ -10,10 +10,11 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
-from kvphase.sweep.analysis import COVERAGE_RUNS, PLANNED_DIP, Summary, p_text, per_group, summarize, summarize_shifts, with_shifts
+from kvphase.sweep.analysis import COVERAGE_RUNS, PLANNED_DIP, Summary, format_p, p_text, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.query_phases import QueryPhaseSummary, summarize_query_phases
 from kvphase.sweep.reach_check import recorded_inactive
 from kvphase.runfolder.rows import check_planned_rows
 from kvphase.sweep.run import RESULTS_FILE, load_manifest, load_offsets, load_plan, load_results
@@ -39,9 +40,11 @@ def build_report(run_dir: Path) -> Summary:
                         compressor_inactive=inactive)
     shifts = _shift_section(plan, results, load_offsets(run_dir), summary, run_dir)
     selection = selection_section(results, summary.worst_residue)
-    write_json(run_dir / SUMMARY_FILE, summary.to_json())
+    query = summarize_query_phases(results, plan.modulus, plan.seed)
+    write_json(run_dir / SUMMARY_FILE, {**summary.to_json(), **({"query_phases": query.to_json()} if query else {})})
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
-    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts, selection))
+    write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts, selection,
+                                                        query_phase_section(query)))
     return summary
 
 
@@ -76,6 +79,21 @@ def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame
                            "p": p_text(s.test).removeprefix("= "), "verdict": s.verdict} for label, s in rows])
     return ("Phase shifts", prose, markdown_table(table),
             figure_link(SHIFT_FIGURE_FILE, "accuracy by residue under each shift"))
+
+
+def query_phase_section(query: QueryPhaseSummary | None) -> tuple:
+    """The report's section on the query's phase (`sweep.query_phases`); () for a run whose queries
+    all sit at one residue."""
+    if query is None:
+        return ()
+    tests = pd.DataFrame([{"test": t.name, "statistic": f"{t.statistic:.4g}",
+                           "p": "not computed" if t.p_value is None else format_p(t.p_value), "how": t.note}
+                          for t in (query.query_test, query.interaction_test)])
+    return ("Per query residue",
+            "Each context's query starts at its own residue (query_pos mod M); accuracy in percent with a 95% Wilson "
+            "interval (targets counted as independent). The query's phase is a property of the context, so both "
+            "tests permute whole contexts' labels; the interaction test compares residue profiles within contexts.",
+            markdown_table(pd.DataFrame(query.per_query)), markdown_table(tests))
 
 
 def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
@@ -146,7 +164,7 @@ def _depth_sentence(summary: Summary) -> str:
 
 
 def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = (),
-                    selection: tuple = ()) -> str:
+                    selection: tuple = (), query: tuple = ()) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
     return ReportPage(
@@ -163,11 +181,12 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
             (f"Per phase (position mod {plan.stride})", markdown_table(pd.DataFrame(summary.per_phase))),
             *([shifts] if shifts else []),
             *([selection] if selection else []),
+            *([query] if query else []),
         ],
         measured=[
             f"Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
             f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.describe_backend()}.",
-            f"Task `{plan.task}`; contexts of {plan.context} tokens, every query starts at position {plan.context}; "
+            f"Task `{plan.task}`; contexts of {plan.context} tokens, {_query_start(plan)}; "
             f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
             f"in {summary.n_contexts} contexts of {summary.targets_per_context:g} targets on average; {plan.padding} "
             f"padding; seed {plan.seed}.",
@@ -185,6 +204,13 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
         files="Files: `config.json` (the plan), `results.csv` (one row per target), `summary.json`, `manifest.json`. "
               "`kvphase report <this folder>` rebuilds this page from the first two.",
     ).markdown()
+
+
+def _query_start(plan: SweepPlan) -> str:
+    if plan.query_phases:
+        return (f"each query starts at position {plan.context} plus its context's query phase (0 to "
+                f"{plan.modulus - 1} filler tokens before the footer)")
+    return f"every query starts at position {plan.context}"
 
 
 SHORT_COVERAGE = 0.93  # a mean interval that held the mean less often than this in simulation is said so in prose

@@ -104,6 +104,8 @@ def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
         del config["offsets"]
     if not plan.selection:  # and before selection records existed
         del config["selection"]
+    if not plan.query_phases:  # and before query phases existed
+        del config["query_phases"]
     write_json(run_dir / CONFIG_FILE, config)
 
 

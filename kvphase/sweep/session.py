@@ -20,12 +20,12 @@ from typing import Callable, ContextManager, NamedTuple, Optional, Union
 from kvphase.backends import BACKENDS
 from kvphase.defaults import default_model_path, default_threads, gpu_layer_count
 from kvphase.engines.llamacpp import CACHE_TYPES, Vocab
-from kvphase.errors import PlanError
+from kvphase.errors import PlanError, RunFolderError
 from kvphase.options_check import check_record
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.gguf.reach import reach_of
-from kvphase.runfolder import RunLock
+from kvphase.runfolder import CONFIG_FILE, RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
@@ -34,7 +34,7 @@ from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.reach_check import acting_context, compressor_inactive, reach_notice
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
-from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep
+from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep, load_plan
 from kvphase.sweep.strides import ALL, LARGE_STRIDE, declared_strides, modulus_for, parse_stride, planned_dip
 from kvphase.sweep.tasks import load_task
 
@@ -98,6 +98,7 @@ class SweepOptions:
     shift: Optional[int] = None
     random_offset: bool = False
     selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
+    query_phases: Optional[bool] = None  # each context's query at its own phase; None: on where it costs no target
 
     def __post_init__(self) -> None:
         check_record(self)  # types and ranges, as every command's and API function's options are checked
@@ -197,6 +198,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     plans = [with_selection(info, plan) for plan in plans] if options.selection else plans
     aim = calibration_aim(info, plans[0], asked, options.calibrate, options.target_accuracy, dry_run)
     runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
+    if options.query_phases is None:
+        runs = [(held_query_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
     for stride, reason in skipped:
         say(Notice(f"--stride all: stride {stride} is not swept: {reason}", "attention"))
     if every_stride:
@@ -222,6 +225,7 @@ class PlanOptions:
     cache_type: Optional[str]
     density: str = AUTO_DENSITY  # --targets-per-context
     contexts: Optional[int] = None
+    query_phases: Optional[bool] = None  # --query-phases / --no-query-phases
 
     @classmethod
     def from_sweep_options(cls, options: SweepOptions) -> "PlanOptions":
@@ -230,7 +234,7 @@ class PlanOptions:
             pairs = tuple(f"{key}={json.dumps(value)}" for key, value in pairs.items())
         return cls(options.modulus, options.context, options.per_residue, options.detect, options.padding,
                    options.task, options.seed, options.backend, options.design, pairs, options.cache_type,
-                   options.targets_per_context, options.contexts)
+                   options.targets_per_context, options.contexts, options.query_phases)
 
 
 def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOptions,
@@ -262,7 +266,7 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every
     context, why = default_context(info, defaults.context) if asked.context is None else (asked.context, "")
     plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
                      defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None,
-                     density=asked.density, contexts=contexts)
+                     density=asked.density, contexts=contexts, query_phases=asked.query_phases)
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
     if (asked.backend or defaults.backend) == "reference":
@@ -331,6 +335,18 @@ def with_selection(info: ModelInfo, plan: SweepPlan) -> SweepPlan:
     a server backend, a reference design other than the file's own, or phase shifts."""
     check_selection_plan(info, plan.backend, plan.offsets, plan.backend_options.get("design", ""))
     return replace(plan, selection=True)
+
+
+def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
+    """The plan with the query-phase setting of the folder it resumes, where the option was not given:
+    a folder a compressed model's sweep wrote before query phases existed resumes as one query phase."""
+    if not (run_dir / CONFIG_FILE).is_file():
+        return plan
+    try:
+        held = load_plan(run_dir).query_phases
+    except RunFolderError:  # a damaged config.json is named where the folder is checked
+        return plan
+    return replace(plan, query_phases=held)
 
 
 def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
@@ -632,5 +648,5 @@ def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], conne
 
 
 def backend_context(info: ModelInfo, plan: SweepPlan) -> int:
-    """The tokens a plan's backend holds: the context, its query and the shifts' filler."""
-    return plan.context + query_room(info) + shift_room(info, plan)
+    """The tokens a plan's backend holds: the context, its query phase's filler, its query and the shifts' filler."""
+    return plan.context + plan.query_shift_room + query_room(info) + shift_room(info, plan)
