@@ -21,7 +21,7 @@ from kvphase.errors import PlanError, RunFolderError
 from kvphase.options_check import check_callback, check_path, check_run_list
 from kvphase.runfolder import REPORT_FILE
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.run import SweepProgress, load_plan, load_results
+from kvphase.sweep.run import SweepProgress, load_manifest, load_plan, load_results
 from kvphase.sweep.strides import ALL
 from kvphase.sweep.session import (DryRun, Notice, Say, SweepOptions, dry_run_planned, log_notice, plan_sweep_runs,
                                    run_planned)
@@ -42,10 +42,9 @@ class Run:
     def summary(self):
         """The report's numbers (`sweep.analysis.Summary`: mean_accuracy, gap, test.p_value, headline())."""
         if self._summary is None:
-            from kvphase.sweep.analysis import summarize  # scipy: imported when used
+            from kvphase.sweep.report import run_summary  # scipy: imported when used
 
-            plan = self.plan
-            self._summary = summarize(self.results, plan.stride, plan.modulus, plan.seed, control=plan.control)
+            self._summary = run_summary(self.plan, self.results, load_manifest(self.path))
         return self._summary
 
     @property

@@ -14,11 +14,11 @@ import pandas as pd
 
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import check_writable, make_folder, markdown_table, write_atomic, write_csv
-from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, p_text, summarize
+from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, p_text
 from kvphase.sweep.nested import NestedReading, inner_stride, read_nested
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.report import plot_accuracy, task_chance
-from kvphase.sweep.run import load_plan, load_results
+from kvphase.sweep.report import plot_accuracy, run_summary
+from kvphase.sweep.run import load_manifest, load_plan, load_results
 
 DEFAULT_OUT = Path("reports") / "comparison"
 MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "comparison.csv"
@@ -85,7 +85,7 @@ def load_runs(run_dirs: Sequence[Path]) -> list[ComparedRun]:
         results = load_results(path)
         if results.empty:
             raise RunFolderError(f"{path} has no scored targets yet; run the sweep first")
-        summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan))
+        summary = run_summary(plan, results, load_manifest(path))
         runs.append(ComparedRun(label, path, plan, summary, results))
     # the first run is the baseline: did a fix change the gap?
     runs = runs[:1] + [replace(run, versus_first=gap_difference(runs[0].results, run.results, run.plan.seed))

@@ -35,9 +35,7 @@ def build_report(run_dir: Path) -> Summary:
         raise RunFolderError(f"{run_dir} has no scored targets yet; run the sweep first")
     manifest = load_manifest(run_dir)
     check_writable(run_dir, [SUMMARY_FILE, FIGURE_FILE, REPORT_FILE])
-    inactive = recorded_inactive(manifest, plan.context, plan.backend, plan.backend_options.get("design"))
-    summary = summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
-                        compressor_inactive=inactive)
+    summary = run_summary(plan, results, manifest)
     shifts = _shift_section(plan, results, load_offsets(run_dir), summary, run_dir)
     selection = selection_section(results, summary.worst_residue)
     query = summarize_query_phases(results, plan.modulus, plan.seed)
@@ -54,6 +52,14 @@ def task_chance(plan: SweepPlan) -> float:
         return load_task(plan.task).chance
     except PlanError:
         return 0.0
+
+
+def run_summary(plan: SweepPlan, results: pd.DataFrame, manifest: dict) -> Summary:
+    """A run folder's statistics as its report states them: the task's chance, and whether its compressor
+    touched a target (from the manifest). Every reader of a folder's summary computes it here."""
+    inactive = recorded_inactive(manifest, plan.context, plan.backend, plan.backend_options.get("design"))
+    return summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
+                     compressor_inactive=inactive)
 
 
 def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame, summary: Summary,
