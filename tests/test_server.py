@@ -351,7 +351,7 @@ def test_a_deadline_that_passes_between_requests_is_named():
 
 @pytest.mark.parametrize("args, message", [
     (["--request-timeout", "0.3"], "{url} does not answer (no answer within --request-timeout 0.3 s) after 2 tries"),
-    (["--deadline", "0.5"], "the --deadline of 0.5 s passed while waiting for {url}/props to answer; "
+    (["--deadline", "5"], "the --deadline of 5 s passed while waiting for {url}/props to answer; "
                             "finished contexts are kept: run the command again (a later --deadline) to resume"),
     (["--request-timeout", "0"], "--request-timeout expects a number of seconds above 0, got 0"),
     (["--deadline", "inf"], "--deadline expects a number of seconds above 0, got inf"),
