@@ -63,7 +63,7 @@ test: $(LLAMA)
 	status=$$?; wait $$waiting; waited=$$?; echo "== $(WAITING), beside them:"; cat $$log; rm -f $$log; \
 	[ $$status -eq 0 ] && [ $$waited -eq 0 ]
 
-BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power bench_conform bench_selection
+BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power bench_conform bench_selection bench_query_phases
 
 bench: $(STAMP) llama-server
 	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python bench/$$b.py || exit 1; done

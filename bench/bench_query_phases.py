@@ -13,7 +13,7 @@ the wall time of a query-phase plan against the fixed-phase plan, in one run.
    (`gguf.tiny.write_tiny_model`): the ratio of their wall times.
 
 Run: `python bench/bench_query_phases.py [--runs 200] [--context 1024] [--contexts 8] [--repeats 3]`
-(`--runs 0`: the wall time only; `--skip-time`: the simulation only).
+(`--runs 0`: the wall time only; `--skip-time`: the simulation only; `--quick`: small sizes, for CI).
 """
 
 from __future__ import annotations
@@ -106,7 +106,10 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="20 simulated runs, 8 contexts of 512 tokens once (CI)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.context, args.contexts, args.repeats = 20, 512, 8, 1
     if args.runs:
         print(false_positive_rates(args.runs).to_string(index=False))
     if not args.skip_time:
