@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional
 
 from kvphase.errors import GGUFError
+from kvphase.gguf.modelinfo import _ranges  # one writer of layer ranges
 
 QUARTER = 4  # a measuring length keeps at most 1/QUARTER of what the indexer could select (docs/sweep.md)
 
@@ -112,9 +113,9 @@ class Reach(NamedTuple):
 
     def lines(self) -> list[str]:
         """The reach in words, one line per part (inspect, dry run)."""
-        said = [f"{p.name} pool every {p.stride} tokens (layers {_layer_text(p.layers)}) from {p.stride} tokens on"
+        said = [f"{p.name} pool every {p.stride} tokens (layers {_ranges(tuple(p.layers))}) from {p.stride} tokens on"
                 for p in self.pooling]
-        said += [f"{s.name} (layers {_layer_text(s.layers)}) keeps {s.keeps:,} {s.units} of {s.unit_tokens} tokens: "
+        said += [f"{s.name} (layers {_ranges(tuple(s.layers))}) keeps {s.keeps:,} {s.units} of {s.unit_tokens} tokens: "
                  f"it selects from {s.acts_from:,} tokens on (below that it keeps every {s.unit} and every target "
                  f"is read through it); it keeps a quarter of what it sees from {s.quarter_length():,} tokens on"
                  for s in self.selection]
@@ -195,7 +196,3 @@ def _expand_runs(text: str) -> list[int]:
     return out
 
 
-def _layer_text(layers: tuple[int, ...]) -> str:
-    from kvphase.gguf.modelinfo import _ranges  # one writer of layer ranges
-
-    return _ranges(tuple(layers))

@@ -8,42 +8,52 @@ from typing import Optional
 from kvphase.errors import GGUFError
 from kvphase.gguf.modelinfo import CompressionSpec
 from kvphase.gguf.reach import Reach, reach_of
+from kvphase.sweep.plan import QUERY_ROOM
 
-QUERY_TOKENS_MOST = 64  # the query and its answer fit in plan.QUERY_ROOM tokens: an answer is predicted before this
+
+def backend_reach(compression: CompressionSpec, backend: str, design: Optional[str] = None) -> Reach:
+    """The reach of the compressor a run's backend runs: the file's own, or none for the reference
+    under a design of its own."""
+    if backend == "reference" and design != "trained":
+        return Reach(compression.family)
+    return reach_of(compression)
 
 
-def compressor_inactive(compression: CompressionSpec, context: int, backend: str,
-                        design: Optional[str] = None, engine_ran_it: bool = True) -> Optional[str]:
+def compressor_inactive(compression: CompressionSpec, context: int, backend: str, design: Optional[str] = None,
+                        engine_ran_it: bool = True, query_room: int = QUERY_ROOM) -> Optional[str]:
     """Why no part of the compressor touched a target of a run with `context` tokens before its
     queries, in words for a headline; None when a part did, or when the run's backend does not run the
-    file's own compressor (the reference under a design of its own). Every answer is predicted with
-    fewer than QUERY_TOKENS_MOST more tokens in the sequence, so "inactive" holds for every target.
+    file's own compressor. Every answer is predicted within `query_room` more tokens (the query, its
+    answer and a query phase's filler), so "inactive" holds for every target.
     `engine_ran_it`: False when the engine is known to have skipped a compressor that needs conditions
     of its own (kvphase's llama.cpp backend ran minimax-m3 dense before it opened it under flash attention)."""
-    if backend == "reference" and design != "trained":
-        return None
-    reach = reach_of(compression)
+    reach = backend_reach(compression, backend, design)
     if not reach.declared:
         return None
     if reach.engine_condition and not engine_ran_it:
         return (f"llama.cpp ran every layer dense ({reach.engine_condition}; kvphase's in-process backend then "
                 "scored a query on a second sequence in one unified cache without flash attention)")
-    idle = reach.idle_at(context + QUERY_TOKENS_MOST)
+    idle = reach.idle_at(context + query_room)
     if idle is None:
         return None
     return f"at {context:,} tokens {idle}"
 
 
-def recorded_inactive(manifest: dict, context: int, backend: str, design: Optional[str]) -> Optional[str]:
-    """`compressor_inactive` from a run folder's manifest (its `compression`); None where the manifest
+def plan_inactive(compression: CompressionSpec, plan, engine_ran_it: bool = True) -> Optional[str]:
+    """`compressor_inactive` of a plan (`sweep.plan.SweepPlan`): its length, backend and query phases."""
+    return compressor_inactive(compression, plan.context, plan.backend, plan.backend_options.get("design"),
+                               engine_ran_it, QUERY_ROOM + plan.query_shift_room)
+
+
+def recorded_inactive(manifest: dict, plan) -> Optional[str]:
+    """`plan_inactive` from a run folder's manifest (its `compression`); None where the manifest
     predates it or declares settings no engine would run."""
     recorded = manifest.get("compression")
     if not recorded:
         return None
-    ran = backend != "llama.cpp" or bool(manifest.get("engine", {}).get("flash_attn"))  # MSA needs it (backends.llamacpp)
+    ran = plan.backend != "llama.cpp" or bool(manifest.get("engine", {}).get("flash_attn"))  # MSA needs it
     try:
-        spec = CompressionSpec(**recorded)
-        return compressor_inactive(spec, context, backend, design, engine_ran_it=ran)
+        return plan_inactive(CompressionSpec(**recorded), plan, engine_ran_it=ran)
     except (GGUFError, TypeError):
         return None
 

@@ -57,9 +57,8 @@ def task_chance(plan: SweepPlan) -> float:
 def run_summary(plan: SweepPlan, results: pd.DataFrame, manifest: dict) -> Summary:
     """A run folder's statistics as its report states them: the task's chance, and whether its compressor
     touched a target (from the manifest). Every reader of a folder's summary computes it here."""
-    inactive = recorded_inactive(manifest, plan.context, plan.backend, plan.backend_options.get("design"))
     return summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
-                     compressor_inactive=inactive)
+                     compressor_inactive=recorded_inactive(manifest, plan))
 
 
 def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame, summary: Summary,

@@ -24,14 +24,13 @@ from kvphase.errors import PlanError, RunFolderError
 from kvphase.options_check import check_record
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
-from kvphase.gguf.reach import reach_of
 from kvphase.runfolder import CONFIG_FILE, RunLock
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
 from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.selection import check_selection_plan, indexer_unit
 from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
-from kvphase.sweep.reach_check import acting_context, compressor_inactive, reach_notice
+from kvphase.sweep.reach_check import acting_context, backend_reach, plan_inactive, reach_notice
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
 from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, execute_sweep, load_plan
@@ -379,8 +378,8 @@ def plan_notices(info: ModelInfo, plan: SweepPlan, detect: Optional[float]) -> l
     if plan.control:
         said.append(Notice(f"{info.architecture} declares no KV-cache compression: control run with stride "
                            f"{plan.stride}.", "attention"))
-    inactive = compressor_inactive(info.compression, plan.context, plan.backend, plan.backend_options.get("design"))
-    for line in reach_notice(reach_of(info.compression), plan.context, inactive):
+    reach = backend_reach(info.compression, plan.backend, plan.backend_options.get("design"))
+    for line in reach_notice(reach, plan.context, plan_inactive(info.compression, plan)):
         said.append(Notice(line, "attention" if line.startswith("Compressor inactive") else "note"))
     return said
 
@@ -493,9 +492,7 @@ def calibrated(info: ModelInfo, plan: SweepPlan, run_dir: Path, aim: Calibration
 def shortest_acting_context(info: ModelInfo, plan: SweepPlan) -> int:
     """The shortest --context at which the file's indexer acts on every query (0 where it has none, or
     where the plan's backend does not run it): --calibrate searches no shorter one."""
-    if plan.backend == "reference" and plan.backend_options.get("design") != "trained":
-        return 0
-    return acting_context(reach_of(info.compression))
+    return acting_context(backend_reach(info.compression, plan.backend, plan.backend_options.get("design")))
 
 
 def dry_run_planned(planned: PlannedSweep, say: Say = log_notice) -> list[DryRun]:
