@@ -10,9 +10,12 @@ the wall time of a query-phase plan against the fixed-phase plan, in one run.
    trend (neither an interaction).
 2. Wall time: the first `--contexts` contexts of a plan scored through llama.cpp with and without
    query phases, alternating context by context, on a tiny deepseek4 file with SmolLM2's vocabulary
-   (`gguf.tiny.write_tiny_model`): the ratio of their wall times.
+   (`gguf.tiny.write_tiny_model`), or with `--model default` on SmolLM2 itself (its default plan is a
+   control run and leaves query phases off; this is what `--query-phases` costs it): the ratio of
+   their wall times. A `kvphase train` deepseek4 cannot take query phases (its questions sit at the
+   one position it learned), so the tiny file stands in for it.
 
-Run: `python bench/bench_query_phases.py [--runs 200] [--context 1024] [--contexts 8] [--repeats 3]`
+Run: `python bench/bench_query_phases.py [--runs 200] [--context 1024] [--contexts 8] [--repeats 3] [--model default]`
 (`--runs 0`: the wall time only; `--skip-time`: the simulation only; `--quick`: small sizes, for CI).
 """
 
@@ -71,15 +74,16 @@ def rejected(p_values: list) -> str:
     return f"{np.mean([p < 0.05 for p in given]):.1%}" if given else "not computed"
 
 
-def wall_time_ratio(context: int, n_contexts: int, repeats: int) -> tuple[float, float]:
+def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "tiny-deepseek4") -> tuple[float, float]:
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path, default_threads
     from kvphase.gguf.tiny import write_tiny_model
     from kvphase.sweep.tasks import load_task
 
     with tempfile.TemporaryDirectory() as folder:
-        model = write_tiny_model("deepseek4", Path(folder) / "tiny-ds4.gguf", tokenizer_from=default_model_path())
-        backend = LlamaCppBackend(model, n_ctx=context + M + 64, n_threads=default_threads())
+        path = default_model_path() if model == "default" else write_tiny_model(
+            "deepseek4", Path(folder) / "tiny-ds4.gguf", tokenizer_from=default_model_path())
+        backend = LlamaCppBackend(path, n_ctx=context + M + 64, n_threads=default_threads())
         plans = {}
         for varied in (False, True):
             settings = ProbeSettings(context, 4, M, 32, "prefix", 0, "auto", varied)
@@ -106,6 +110,8 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--model", choices=("tiny-deepseek4", "default"), default="tiny-deepseek4",
+                        help="the file timed: a tiny deepseek4, or the bundled default model (SmolLM2)")
     parser.add_argument("--quick", action="store_true", help="20 simulated runs, 8 contexts of 512 tokens once (CI)")
     args = parser.parse_args()
     if args.quick:
@@ -113,9 +119,9 @@ def main() -> None:
     if args.runs:
         print(false_positive_rates(args.runs).to_string(index=False))
     if not args.skip_time:
-        ratio, fixed = wall_time_ratio(args.context, args.contexts, args.repeats)
-        print(f"\nwall time, query phases / fixed phase: {ratio:.3f} ({args.contexts} contexts of {args.context} "
-              f"tokens x {args.repeats}, fixed phase {fixed:.1f} s in all)")
+        ratio, fixed = wall_time_ratio(args.context, args.contexts, args.repeats, args.model)
+        print(f"\nwall time on {args.model}, query phases / fixed phase: {ratio:.3f} ({args.contexts} contexts of "
+              f"{args.context} tokens x {args.repeats}, fixed phase {fixed:.1f} s in all)")
 
 
 if __name__ == "__main__":

@@ -184,3 +184,41 @@ def test_contradictory_indexer_settings_get_one_line(default_model, tmp_path, to
     one_line_error(runner.invoke(app, ["sweep", str(model), "--dry-run", "--out", str(tmp_path / "r")]),
                    "glm5-next.attention.indexer.top_k")
     assert not (tmp_path / "r").exists()
+
+
+def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
+    """DeepSeek-V4-Flash reads its last 128 tokens raw: a task whose records run up to the query (pairs)
+    keeps its targets before them; the default task's demonstrations already do, so its plans stay put."""
+    from dataclasses import replace
+
+    from kvphase.engines.llamacpp import Vocab
+    from kvphase.sweep.placement import Layout, RecordMaker, build_probes
+    from kvphase.sweep.plan import make_plan
+    from kvphase.sweep.tasks import load_task
+
+    info = read_model_info(shaped["deepseek-v4-flash"])
+    plan = make_plan(info, None, None, 2048, 64, "in-sequence", "pairs", 0, fit=False, density="auto")
+    assert plan.raw_window == 128
+    vocab, task = Vocab.load(info.path), load_task("pairs")
+    record_max = Layout.of(task, vocab, plan.probe_settings, RecordMaker(task, vocab)).record_max
+
+    def last_record_end(p):
+        return max(t.position for c in build_probes(task, vocab, p.probe_settings) for t in c.targets) + record_max
+
+    assert last_record_end(plan) <= 2048 - 128
+    assert last_record_end(replace(plan, raw_window=0)) > 2048 - 128  # without it, targets sit in the window
+    assert make_plan(info, None, None, 2048, 8, "in-sequence", "records", 0, fit=False).raw_window == 0
+
+
+def test_a_window_as_long_as_the_context_gets_one_line(shaped, tmp_path):
+    result = runner.invoke(app, ["sweep", str(shaped["deepseek-v4-flash"]), "--context", "128", "--task", "pairs",
+                                 "--dry-run", "--out", str(tmp_path / "r")])
+    one_line_error(result, "deepseek4.attention.sliding_window", "--context 128")
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_dry_run_says_where_targets_end(shaped, tmp_path):
+    result = runner.invoke(app, ["sweep", str(shaped["deepseek-v4-flash"]), "--context", "1024", "--task", "pairs",
+                                 "--per-residue", "8", "--dry-run", "--out", str(tmp_path / "r")], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    assert "every target ends before the last 128 tokens (sliding window)" in " ".join(result.output.split())

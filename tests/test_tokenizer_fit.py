@@ -60,7 +60,7 @@ def test_a_plan_with_in_sequence_padding_loads_no_vocabulary():
 def test_when_no_padding_fits_the_error_gives_both_reasons(monkeypatch):
     import kvphase.sweep.plan as plan_module
 
-    def neither(task, tokenizer, settings):
+    def neither(task, tokenizer, settings, rounds=None):
         if settings.padding == "prefix":
             raise RecordLayoutError("no run of records reaches position 40")
         raise PlanError("3 distractors do not fit")

@@ -86,6 +86,7 @@ class Reach(NamedTuple):
     selection: tuple[Selection, ...] = ()
     raw_window: int = 0  # the last this many tokens (the predicting one included) are always read exactly
     raw_window_name: str = ""  # "sliding window", "local blocks", "the tail pool"
+    raw_window_key: str = ""  # the metadata that sets it
     engine_condition: str = ""  # what llama.cpp needs to run the compressor at all ("" nothing)
 
     @property
@@ -147,7 +148,8 @@ def reach_of(compression) -> Reach:
                             f"attention.indexer.kpool ({kpool}): llama.cpp refuses the file")
         return Reach("glm5-next", selection=(Selection("the k-pool indexer", "pool", kpool, top_k // kpool,
                                                        compression.layers),),
-                     raw_window=kpool - 1 if params.get("select_tail") else 0, raw_window_name="tail pool")
+                     raw_window=kpool - 1 if params.get("select_tail") else 0, raw_window_name="tail pool",
+                     raw_window_key="glm5-next.attention.indexer.kpool_select_tail")
     if family == "dsv4":
         return _deepseek4_reach(compression)
     if family == "msa":
@@ -159,6 +161,7 @@ def reach_of(compression) -> Reach:
         return Reach("minimax-m3", selection=(Selection("the MSA block indexer", "block", block, top_k,
                                                         compression.layers, first_visible=1 - block),),
                      raw_window=local * block, raw_window_name=f"{local} local block{'s' if local != 1 else ''}",
+                     raw_window_key="minimax-m3.attention.indexer.local_blocks",
                      engine_condition=MSA_CONDITION)
     return Reach(compression.family)
 
@@ -177,7 +180,7 @@ def _deepseek4_reach(compression) -> Reach:
         top_k = _positive(params, "indexer_top_k", "deepseek4.attention.indexer.top_k")
         selection = (Selection("the lightning indexer", "entry", 4, top_k, csa_layers),)
     return Reach("deepseek4", pooling=pooling, selection=selection, raw_window=window or 0,
-                 raw_window_name="sliding window")
+                 raw_window_name="sliding window", raw_window_key="deepseek4.attention.sliding_window")
 
 
 def _positive(params: dict, name: str, key: str) -> int:

@@ -73,6 +73,7 @@ class ProbeSettings:
     seed: int
     targets_per_context: str = TASK_DENSITY  # TASK_DENSITY, AUTO_DENSITY, or a whole number: the most one context holds
     query_phases: bool = False  # each context's query at its own phase (`query_phase`); False: all at context_length
+    raw_window: int = 0  # the last tokens before the query that the compressor reads raw: targets end before them
 
     def __post_init__(self) -> None:
         if self.context_length < 1:
@@ -95,6 +96,9 @@ class ProbeSettings:
             raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
         if self.seed < 0:
             raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
+        if not 0 <= self.raw_window < self.context_length:
+            raise PlanError(f"a {self.raw_window}-token raw window leaves no room for targets in a "
+                            f"{self.context_length}-token context; use a longer --context")
         self.most_per_context  # a density that parses
 
     @property
@@ -137,13 +141,18 @@ class ProbeContext(NamedTuple):
     targets: tuple[Target, ...]
 
 
-def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> list[ProbeContext]:
+def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings,
+                 rounds: int | None = None) -> list[ProbeContext]:
     """Plan target positions context by context and lay each context out around them;
-    deterministic in the seed."""
+    deterministic in the seed. `rounds`: only the contexts of the first that many rounds (M
+    contexts each), which is what checking that a plan can be laid out needs: a round puts every
+    residue in every lane. A long plan's layout costs minutes (10k contexts of 8K tokens: about
+    7 minutes here), so a sweep lays out its whole plan once, to score it."""
     records = RecordMaker(task, tokenizer)
     layout = Layout.of(task, tokenizer, settings, records)
     lanes = checked_lanes(settings, layout)
     planned = _planned_slots(layout, settings, lanes)
+    planned = planned if rounds is None else planned[:rounds * settings.modulus]
     contexts: list[ProbeContext] = []
     n_targets = 0
     for index, slots in enumerate(planned):
@@ -151,7 +160,8 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> l
         context = layout.build(index, [int(s) for s in slots], rng, first_target_id=n_targets)
         n_targets += len(context.targets)
         contexts.append(context)
-    check_matched_moments([t for c in contexts for t in c.targets], settings.modulus)
+    if rounds is None:  # a part of the plan need not match its moments; the whole plan's slots did (`_planned_slots`)
+        check_matched_moments([t for c in contexts for t in c.targets], settings.modulus)
     return contexts
 
 
@@ -537,7 +547,12 @@ class Layout:
 
     @property
     def highest_slot(self) -> int:
-        return self.records_end - self.pad_max - self.record_max
+        return min(self.records_top, self.settings.context_length - self.settings.raw_window) - self.record_max
+
+    @property
+    def records_top(self) -> int:
+        """The first token no target record reaches, where the compressor reads no window raw."""
+        return self.records_end - self.pad_max
 
     @property
     def min_separation(self) -> int:
@@ -774,7 +789,7 @@ class Layout:
         if self.keys:
             key = self.keys[int(rng.integers(len(self.keys)))]
             if key in used:
-                free = [k for k in self.keys if k not in used]
+                free = list(itertools.filterfalse(used.__contains__, self.keys))  # in C: a long context draws often
                 if not free:  # prefix padding packs records closest; in-sequence's gaps need fewer
                     raise RecordLayoutError(f"task {self.task.name}: a context of {self.settings.context_length} "
                                             f"tokens needs more distinct keys than its word lists make "

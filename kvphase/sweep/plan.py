@@ -55,6 +55,9 @@ class SweepPlan:
     # each context's query at its own phase mod M (placement.query_phase); False, as every run before the
     # option: every query at `context`
     query_phases: bool = False
+    # the last tokens before the query that the compressor reads raw (`gguf.reach`): targets end before them.
+    # 0 where the layout keeps targets out of them anyway, as in every run before the field
+    raw_window: int = 0
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
@@ -81,7 +84,7 @@ class SweepPlan:
     @property
     def probe_settings(self) -> ProbeSettings:
         return ProbeSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed,
-                             self.targets_per_context, self.query_phases)
+                             self.targets_per_context, self.query_phases, self.raw_window)
 
     def query_positions(self, contexts) -> np.ndarray:
         """Where each of `contexts` (context indices) starts its query: (n,)."""
@@ -105,19 +108,20 @@ def fit_padding(plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> Swe
     in-sequence padding and the reason in `adjusted`: prefix padding needs runs of records exactly as
     long as the gaps between targets, which record lengths that are all multiples of a few tokens
     cannot make (Gemma 3's tokenizer at the defaults). Both keep every residue balanced and matched in
-    depth (`build_probes` checks it); PlanError when neither fits. `open_tokenizer` is called only
+    depth (`build_probes` checks it); PlanError when neither fits. One round of contexts is laid out
+    for each: it puts every residue in every lane, and the whole plan is laid out once, to score it. `open_tokenizer` is called only
     for a prefix plan: loading a vocabulary is the cost."""
     if plan.padding != "prefix":
         return plan
     task, tokenizer = load_task(plan.task), open_tokenizer()
     try:
-        build_probes(task, tokenizer, sized(plan, tokenizer).probe_settings)
+        build_probes(task, tokenizer, sized(plan, tokenizer).probe_settings, rounds=1)
         return plan
     except RecordLayoutError as prefix_failed:
         fitted = replace(plan, padding="in-sequence", adjusted="in-sequence padding, because prefix padding cannot "
                          f"lay out this tokenizer's records ({str(prefix_failed).split('; use ')[0]})")
         try:
-            build_probes(task, tokenizer, sized(fitted, tokenizer).probe_settings)
+            build_probes(task, tokenizer, sized(fitted, tokenizer).probe_settings, rounds=1)
         except PlanError as failed:
             raise PlanError(f"no padding fits this tokenizer: prefix: {prefix_failed}; in-sequence: {failed}") from None
         return fitted
@@ -210,11 +214,31 @@ def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int,
     sized_later = per_residue is None
     load_task(task)
     open_tokenizer = cache(lambda: Vocab.load(info.path))
+    plan = behind_raw_window(info, plan, open_tokenizer)
     plan = fit_padding(plan, open_tokenizer) if fit else plan
     plan = sized(plan, open_tokenizer()) if sized_later else plan
     if plan.targets_per_context != TASK_DENSITY:  # a density that cannot be, refused before anything is written
         check_density(load_task(task), open_tokenizer(), plan.probe_settings)
     return with_query_phases(info, plan, query_phases, open_tokenizer)
+
+
+def behind_raw_window(info, plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:
+    """The plan with its targets kept before the tokens the compressor reads raw (deepseek4's sliding
+    window, minimax-m3's local blocks: `gguf.reach`), where the layout would otherwise reach into them:
+    a target there is not behind the compressor, and its residue says nothing of it. PlanError naming
+    the key when the window leaves the context no room. A `kvphase train` model keeps the positions it
+    learned."""
+    reach = reach_of(info.compression) if info.trained is None else None
+    if reach is None or not reach.raw_window:
+        return plan
+    if reach.raw_window >= plan.context:
+        raise PlanError(f"{reach.raw_window_key} makes a {reach.raw_window}-token {reach.raw_window_name} that the "
+                        f"model reads raw, as long as the --context {plan.context}: no target would sit behind the "
+                        "compressor; use a longer --context")
+    task = load_task(plan.task)
+    layout = Layout.of(task, open_tokenizer(), plan.probe_settings, RecordMaker(task, open_tokenizer()))
+    reaches_in = layout.records_top > plan.context - reach.raw_window
+    return replace(plan, raw_window=reach.raw_window) if reaches_in else plan
 
 
 def with_query_phases(info, plan: SweepPlan, asked: Optional[bool], open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:

@@ -64,6 +64,9 @@ def reach_notice(reach: Reach, context: int, inactive: Optional[str]) -> list[st
     if not reach.declared:
         return []
     lines = [f"compressor reach: {line}." for line in reach.lines()]
+    if reach.raw_window:  # `plan.behind_raw_window`, or the task's own layout, keeps them there
+        lines.append(f"every target ends before the last {reach.raw_window} tokens ({reach.raw_window_name}), which "
+                     "are read exactly.")
     if reach.selection:
         lines.append(f"at {context:,} tokens: {reach.read_share_text(context + 1)}.")
     if inactive:

@@ -401,13 +401,14 @@ def stride_plan_lines(plans: list[SweepPlan], per_residue_given: bool) -> list[s
 
 def check_runs(info: ModelInfo, runs: list[tuple[SweepPlan, Path]]) -> None:
     """Each run's folder, and that its contexts can be laid out (a sweep finds that out only once
-    its model has loaded): PlanError or RunFolderError for the first that cannot run."""
+    its model has loaded; one round of contexts shows it): PlanError or RunFolderError for the first
+    that cannot run."""
     from kvphase.sweep.placement import build_probes
 
     vocab = Vocab.load(info.path)
     for plan, run_dir in runs:
         check_run_dir(run_dir, plan, info)
-        build_probes(load_task(plan.task), vocab, plan.probe_settings)
+        build_probes(load_task(plan.task), vocab, plan.probe_settings, rounds=1)
 
 
 ProgressBar = Callable[[], ContextManager[SweepProgress]]  # entered around each run's scoring
