@@ -191,6 +191,10 @@ def test_a_minimax_sweep_records_each_targets_block(default_model, tmp_path):
     report = (tmp_path / "run" / "report.md").read_text()
     assert "## Indexer selection" in report and "any of its head groups chose it" in report
     assert "| head groups | local block | accuracy outside local |" in report
+    lines = (tmp_path / "run" / "results.csv").read_text().splitlines()
+    lines[1] = lines[1].rsplit(",", 1)[0] + ",sometimes"  # local_block
+    (tmp_path / "run" / "results.csv").write_text("\n".join(lines) + "\n")
+    one_line_error(CliRunner().invoke(app, ["report", str(tmp_path / "run")]), "results.csv: local_block is 'sometimes'")
 
 
 def test_a_targets_block_is_selected_by_a_layer_when_any_head_group_chose_it():

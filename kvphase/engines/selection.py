@@ -87,8 +87,9 @@ def group_blocks(scores: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def token_rows(array: np.ndarray, n_tokens: int, groups_first: bool) -> np.ndarray:
     """A node's array as (n_tokens, head groups, slots): glm5-next's and deepseek4's nodes hold one
     group, minimax-m3's `msa_bsf` is (token, group, block) and `msa_block_mask` (group, token, block)."""
-    rows = array.reshape(-1, n_tokens, array.shape[-1]) if groups_first else array.reshape(n_tokens, -1, array.shape[-1])
-    return rows.transpose(1, 0, 2) if groups_first else rows
+    if groups_first:
+        return array.reshape(-1, n_tokens, array.shape[-1]).transpose(1, 0, 2)
+    return array.reshape(n_tokens, -1, array.shape[-1])
 
 
 class SelectionTap:

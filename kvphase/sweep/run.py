@@ -223,7 +223,8 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done))  # every finished row is a planned target, checked above
-    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + (file_indexer(info).columns if plan.selection else []))
+    selection_columns = file_indexer(info).columns if plan.selection else []
+    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + selection_columns)
     tokens_before = getattr(backend, "tokens_evaluated", 0)
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
@@ -259,7 +260,8 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
         indexer = file_indexer(info)
         for index, scores, chosen in score_selected(SelectionReader(backend), jobs):
             context, todo = pending[index]
-            yield index, scores, [target_selection(context.tokens, t, layers, indexer) for t, layers in zip(todo, chosen)]
+            yield index, scores, [target_selection(context.tokens, t, layers, indexer)
+                                  for t, layers in zip(todo, chosen)]
         return
     if not offsets.active:
         for index, scores in score_contexts(backend, jobs):
