@@ -3,7 +3,11 @@
 A selection sweep installs an eval callback that llama.cpp asks about every graph node of
 every decode, and copies each indexer layer's score and top-k nodes out of the query decodes.
 Measured in one run, for the committed trained deepseek4 (csa-top4: the lightning indexer keeps
-4 of 32 entries) and glm5-next (glm-kpool-top4: 4 of 16 pools) files: the wall time of the same
+4 of 32 entries) and glm5-next (glm-kpool-top4: 4 of 16 pools) files, and the tiny random-weight
+minimax-m3 (`kvphase.gguf.tiny`, SmolLM2's tokenizer, written into the scratch folder: no trained
+minimax-m3 is committed; its block indexer keeps 3 blocks of 4 tokens per head group, the local
+one among them, in two MSA layers of two head groups), whose records also copy the block scores
+and mask of every head group: the wall time of the same
 sweep (each file's default plan at `--per-residue` targets per residue, llama.cpp, 2 threads)
 without and with `--selection`, alternating, the best of `--repeats` each (wall time and the
 process's CPU time, all threads: on a shared machine the CPU time is the steadier), and their
@@ -34,6 +38,14 @@ def sweep_seconds(model: Path, selection: bool, per_residue: int, threads: int, 
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def tiny_minimax(folder: Path) -> Path:
+    """The tiny minimax-m3 with the default model's tokenizer, so the sweep can build its prompts."""
+    from kvphase.defaults import default_model_path
+    from kvphase.gguf.tiny import write_tiny_model
+
+    return write_tiny_model("minimax-m3", folder / "tiny-minimax-m3.gguf", tokenizer_from=default_model_path())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -48,7 +60,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as scratch:
         sweep_seconds(MODELS["glm5-next glm-kpool-top4"], True, 2, args.threads, Path(scratch) / "warm-up")  # imports
-        for label, model in MODELS.items():
+        models = {**MODELS, "minimax-m3 tiny random": tiny_minimax(Path(scratch))}
+        for label, model in models.items():
             best = {False: (float("inf"),) * 2, True: (float("inf"),) * 2}
             for repeat in range(args.repeats):
                 for selection in (False, True):

@@ -97,12 +97,130 @@ def test_selection_without_an_indexer_is_one_line_and_leaves_no_folder(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
-def test_selection_on_minimax_m3_is_refused_in_one_line(tmp_path, default_model):
+@pytest.fixture(scope="module")
+def tiny_minimax(default_model, tmp_path_factory):
+    """The tiny minimax-m3 (kvphase.gguf.tiny): MSA on layers 1 and 2, two head groups, blocks of 4
+    tokens, top-k 3 with 1 local block, so its indexer drops blocks from 13 tokens on."""
     from kvphase.gguf.tiny import write_tiny_model
 
-    model = write_tiny_model("minimax-m3", tmp_path / "mm3.gguf", tokenizer_from=default_model)
-    result = CliRunner().invoke(app, ["sweep", str(model), "--selection", "--out", str(tmp_path / "run")])
-    one_line_error(result, "--selection", "does not read", "block selection yet")
+    return write_tiny_model("minimax-m3", tmp_path_factory.mktemp("mm3") / "mm3.gguf", tokenizer_from=default_model)
+
+
+class IndexerInputs:
+    """A tap that keeps minimax-m3's indexer q and k after RoPE from every decode (unnamed ROPE
+    nodes, found as `kvphase validate` finds them: `validate.msa.MSACheck.want`)."""
+
+    every_decode = True
+
+    def __init__(self, info):
+        from kvphase.validate.msa import MSACheck
+
+        self.want, self.arrays = MSACheck(info).want, []
+
+    def select(self, name, layer, t):
+        key = self.want(name, layer, t)
+        return key if key and key[0] in ("msa_iq", "msa_ik") else None
+
+    def update(self, key, array, positions):
+        self.arrays.append((key, np.asarray(positions).copy(), array.copy()))
+
+    def layer(self, layer: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The indexer queries of `position`, (1, head groups, d), and the keys of every position, (n, d)."""
+        keys = {int(p): row for (kind, at), positions, array in self.arrays if (kind, at) == ("msa_ik", layer)
+                for p, row in zip(positions, array.reshape(len(positions), -1))}
+        query = [array.reshape(len(positions), -1, array.shape[-1])[list(positions).index(position)]
+                 for (kind, at), positions, array in self.arrays if (kind, at) == ("msa_iq", layer)
+                 and position in positions]
+        return np.stack(query[-1:]), np.stack([keys[p] for p in range(len(keys))])
+
+
+def test_llamacpp_selects_the_blocks_msa_selects_in_each_layer_and_head_group(tiny_minimax):
+    from kvphase.designs.msa import MSA
+    from kvphase.gguf.modelinfo import read_model_info
+
+    info = read_model_info(tiny_minimax)
+    params = info.compression.params
+    msa = MSA(params["block_size"], params["top_k"], params["local_blocks"], cache_dtype="f16")  # the default cache
+    engine = llamacpp_backend(tiny_minimax, n_ctx=128, options={"selection": True})
+    rng, differ = np.random.default_rng(0), []  # (layers, head groups of layer 1) chose differently
+    for n_context in (61, 64, 70, 4):  # 4: two visible blocks, so the top-k of 3 also takes an unseen one
+        context = [int(t) for t in rng.integers(10, 800, n_context)]
+        query = Query(tuple(int(t) for t in rng.integers(10, 800, 3)), tuple(int(t) for t in rng.integers(10, 800, 2)))
+        position = n_context + len(query.prompt) - 1  # its logits predict the answer's first token
+        _, ours = SelectionReader(engine).score(context, query)
+        inputs = engine.tap_point.tap = IndexerInputs(info)
+        engine.score(context, [query])
+        assert sorted(ours) == [1, 2], sorted(ours)  # the MoE layers; layer 0 is dense
+        for layer, chosen in ours.items():
+            queries, keys = inputs.layer(layer, position)
+            reference = msa.forward(queries, keys, np.array([position]))
+            assert not reference.ambiguous.any()
+            theirs = [sorted(int(b) for b in group if b >= 0) for group in reference.top_blocks[0]]
+            assert chosen.tolist() == theirs, f"layer {layer} at position {position}: llama.cpp {chosen.tolist()}, " \
+                                              f"MSA {theirs}"
+            own_block = position // params["block_size"]
+            assert chosen.shape == (2, min(params["top_k"], own_block + 1)) and (chosen[:, -1] == own_block).all()
+        differ.append((ours[1].tolist() != ours[2].tolist(), (ours[1][0] != ours[1][1]).any()))
+    assert any(layers for layers, _ in differ) and any(groups for _, groups in differ)  # a mix-up would show
+
+
+def test_a_one_token_query_is_refused_naming_the_decode_path(tiny_minimax):
+    from kvphase.errors import BackendError
+
+    engine = llamacpp_backend(tiny_minimax, n_ctx=64, options={"selection": True})
+    with pytest.raises(BackendError, match="msa_block_mask only in a decode of two or more tokens"):
+        SelectionReader(engine).score(list(range(10, 50)), Query((5,), (8,)))
+
+
+def test_a_minimax_sweep_records_each_targets_block(default_model, tmp_path):
+    from kvphase.gguf.tiny import write_tiny_model
+
+    # the same weights keeping 60 blocks: at the tiny plan's 960 tokens (240 blocks) the file's own 3
+    # select no target's block, and a record that never varies would pass anything
+    model = write_tiny_model("minimax-m3", tmp_path / "mm3-top60.gguf", tokenizer_from=default_model, top_k=60)
+    result = CliRunner().invoke(app, ["sweep", str(model), "--selection", "--per-residue", "2", "--threads", "1",
+                                      "--out", str(tmp_path / "run"), "-q"])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(tmp_path / "run" / "results.csv")
+    assert (rows["indexer_layers"] == "1;2").all()
+    assert (rows["answer_pos"] > rows["target_pos"]).all() and (rows["answer_pos"] < rows["target_pos"] + 8).all()
+    assert 0 < rows["group_share"].mean() < 1 and 0 < rows["selected_share"].mean() < 1
+    assert ((rows["group_share"] > 0) == (rows["selected_share"] > 0)).all()
+    near = rows["answer_pos"] // 4 == rows["query_pos"] // 4  # not in this plan: the footer fills the last block
+    assert (rows["local_block"] == near).all() and not near.any()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Indexer selection" in report and "any of its head groups chose it" in report
+    assert "| head groups | local block | accuracy outside local |" in report
+    lines = (tmp_path / "run" / "results.csv").read_text().splitlines()
+    lines[1] = lines[1].rsplit(",", 1)[0] + ",sometimes"  # local_block
+    (tmp_path / "run" / "results.csv").write_text("\n".join(lines) + "\n")
+    one_line_error(CliRunner().invoke(app, ["report", str(tmp_path / "run")]), "results.csv: local_block is 'sometimes'")
+
+
+def test_a_targets_block_is_selected_by_a_layer_when_any_head_group_chose_it():
+    from kvphase.sweep.selection import Indexer, selection_row
+
+    chosen = {1: np.array([[3, 11, 16], [2, 5, 16]]), 2: np.array([[8, 14, 16], [13, 14, 16]])}
+    blocks, query_pos = Indexer(4, per_group=True, local_blocks=1), 66  # the query token in block 16
+    assert selection_row(57, chosen, blocks, query_pos) == {  # block 14: both groups of layer 2, none of layer 1
+        "answer_pos": 57, "indexer_layers": "1;2", "selected_layers": "2", "selected_share": 0.5,
+        "selected_all": False, "group_share": 0.5, "local_block": False}
+    one_group = selection_row(12, chosen, blocks, query_pos)  # block 3: one group of four, in layer 1
+    assert (one_group["selected_layers"], one_group["group_share"]) == ("1", 0.25)
+    assert selection_row(40, chosen, blocks, query_pos)["selected_layers"] == ""  # block 10: none
+    local = selection_row(65, chosen, blocks, query_pos)
+    assert (local["local_block"], local["selected_all"], local["group_share"]) == (True, True, 1.0)
+    assert selection_row(63, chosen, blocks._replace(local_blocks=2), query_pos)["local_block"]  # block 15
+    assert not selection_row(63, chosen, blocks, query_pos)["local_block"]
+    pools = selection_row(57, {1: np.array([14]), 2: np.array([3, 13])}, Indexer(4), query_pos)
+    assert pools == {"answer_pos": 57, "indexer_layers": "1;2", "selected_layers": "1", "selected_share": 0.5,
+                     "selected_all": False}  # one group per layer: the columns of glm5-next and deepseek4
+
+
+def test_selection_with_the_reference_on_minimax_m3_is_one_line(tmp_path, tiny_minimax):
+    result = CliRunner().invoke(app, ["sweep", str(tiny_minimax), "--selection", "--backend", "reference",
+                                      "--design", "trained", "--out", str(tmp_path / "run")])
+    one_line_error(result, "--selection", "does not run minimax-m3", "--backend llama.cpp")
     assert not (tmp_path / "run").exists()
 
 

@@ -35,8 +35,7 @@ from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.selection import (SELECTION_COLUMNS, SelectionReader, answer_position, indexer_unit, score_selected,
-                                     selection_row)
+from kvphase.sweep.selection import SelectionReader, file_indexer, score_selected, target_selection
 from kvphase.sweep.tasks import load_task
 
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
@@ -224,7 +223,8 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done))  # every finished row is a planned target, checked above
-    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + (SELECTION_COLUMNS if plan.selection else []))
+    selection_columns = file_indexer(info).columns if plan.selection else []
+    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + selection_columns)
     tokens_before = getattr(backend, "tokens_evaluated", 0)
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
@@ -257,10 +257,10 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Prob
     offsets = plan.offset_plan
     jobs = [(c.tokens, [t.query for t in todo]) for c, todo in pending]
     if plan.selection:
-        unit = indexer_unit(info)
+        indexer = file_indexer(info)
         for index, scores, chosen in score_selected(SelectionReader(backend), jobs):
             context, todo = pending[index]
-            yield index, scores, [selection_row(answer_position(context.tokens, t), layers, unit)
+            yield index, scores, [target_selection(context.tokens, t, layers, indexer)
                                   for t, layers in zip(todo, chosen)]
         return
     if not offsets.active:

@@ -7,7 +7,8 @@ token (the query's last token), which indexer layers selected the unit that hold
 token of the target record's answer in the context (`answer_pos`; the record starts at `target_pos`):
 glm5-next's k-pool pools of `kpool` tokens, deepseek4's lightning-indexer entries of 4 tokens on
 its CSA layers (the entry of that token's own block: entry b pools positions 4b to 4b+3 in half of
-its channels and the block before in the other half, so the token also reaches entry b + 1).
+its channels and the block before in the other half, so the token also reaches entry b + 1),
+minimax-m3's position blocks of `block_size` tokens on its MSA (MoE) layers.
 llama.cpp's selection is read from its graph (`engines.selection`); the numpy reference's from
 its glm5-next and deepseek4 models (`reference.deepseek4.WholeSequence.selections`).
 
@@ -15,11 +16,20 @@ A row's columns: `answer_pos`, `indexer_layers` and `selected_layers` (layer num
 `selected_share` (the share of indexer layers that selected that unit) and `selected_all`
 (every one did). deepseek4 also reads a token through the next entry and, inside its raw window,
 raw, whatever the indexer chose for its own entry.
+
+minimax-m3 selects per head group (one indexer head per KV head) and query token. A layer counts
+as having selected the target's block when any of its head groups did: that group's query heads
+read the block's tokens exactly, and one head suffices to copy an answer, so only a block no group
+chose is unread in that layer, the sense "lost at selection" needs. Two more columns keep the
+detail: `group_share`, the share of (layer, head group) pairs that chose the block, and
+`local_block`, True when the block is one of the `local_blocks` up to the query token's own, which
+llama.cpp forces into every group's selection (a 1e30 bias): such a target is read raw whatever the
+indexer scores, and the report gives its share apart.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,23 +38,40 @@ from kvphase.backends.base import Query, Score
 from kvphase.errors import BackendError, PlanError, RunFolderError
 
 SELECTION_COLUMNS = ["answer_pos", "indexer_layers", "selected_layers", "selected_share", "selected_all"]
+GROUP_COLUMNS = ["group_share", "local_block"]  # indexers that select per head group (minimax-m3)
 CSA_ENTRY = 4  # deepseek4's lightning indexer scores the ratio-4 (CSA) entries only
 
 
-def indexer_unit(info) -> int:
-    """How many consecutive positions, from position 0, one unit of the file's indexer holds (a
-    glm5-next pool, a deepseek4 CSA entry); PlanError naming the file when it has no indexer
-    kvphase reads."""
+class Indexer(NamedTuple):
+    """What a selection record needs to know of a file's indexer."""
+
+    unit: int  # consecutive positions, from position 0, of one pool, entry or block
+    per_group: bool = False  # minimax-m3: a selection per head group
+    local_blocks: int = 0  # minimax-m3: blocks up to the query token's own that every group reads
+
+    @property
+    def columns(self) -> list[str]:
+        """The selection columns of a run of this file."""
+        return SELECTION_COLUMNS + (GROUP_COLUMNS if self.per_group else [])
+
+
+def file_indexer(info) -> Indexer:
+    """The file's indexer: a glm5-next pool, a deepseek4 CSA entry, a minimax-m3 block; PlanError
+    naming the file when it has no indexer kvphase reads."""
     spec, params, where = info.compression, info.compression.params, f"{info.path.name} ({info.architecture})"
     if spec.family == "kpool" and params.get("kpool", 0) > 1:
-        return params["kpool"]
+        return Indexer(params["kpool"])
     if spec.family == "dsv4" and params.get("indexer_top_k", 0) > 0 and CSA_ENTRY in params.get("strides", ()):
-        return CSA_ENTRY
-    if spec.family == "msa":  # minimax-m3.cpp: msa_enabled = flash_attn && (n_seq_max == 1 || !kv_unified)
-        raise PlanError(f"--selection: kvphase does not read {where}'s block selection yet (a top-k per head "
-                        "group and query token, msa_block_mask in minimax-m3.cpp); glm5-next and deepseek4 it reads")
+        return Indexer(CSA_ENTRY)
+    if spec.family == "msa" and params.get("block_size", 0) > 0:
+        return Indexer(params["block_size"], per_group=True, local_blocks=params.get("local_blocks", 0))
     raise PlanError(f"--selection needs a model with an indexer (glm5-next's k-pool, deepseek4's lightning "
-                    f"indexer); {where} has none")
+                    f"indexer, minimax-m3's block indexer); {where} has none")
+
+
+def indexer_unit(info) -> int:
+    """How many consecutive positions one unit of the file's indexer holds; PlanError as `file_indexer`."""
+    return file_indexer(info).unit
 
 
 def check_selection_plan(info, backend: str, offsets: dict, design: str = "") -> int:
@@ -53,6 +80,9 @@ def check_selection_plan(info, backend: str, offsets: dict, design: str = "") ->
     unit = indexer_unit(info)
     if backend == "server":
         raise PlanError("--selection reads the indexer inside the engine: use --backend llama.cpp or reference")
+    if backend == "reference" and info.compression.family == "msa":
+        raise PlanError(f"--selection: the numpy reference does not run {info.architecture}'s model, so it has no "
+                        "block selection to record; use --backend llama.cpp")
     if backend == "reference" and design != "trained":
         raise PlanError("--selection with --backend reference needs the file's own indexer (--design trained)")
     if offsets:
@@ -80,7 +110,7 @@ class SelectionReader:
 
     def score(self, context: Sequence[int], query: Query) -> tuple[Score, dict[int, np.ndarray]]:
         """The query's score and each indexer layer's selected units where the answer's first token
-        is predicted (ascending unit numbers)."""
+        is predicted: ascending unit numbers, (k,) or for minimax-m3 (head groups, k)."""
         position = len(context) + len(query.prompt) - 1
         if self.model is not None:
             self.model.selections = {}
@@ -115,16 +145,29 @@ def answer_position(context: Sequence[int], target) -> int:
                     f"{target.position}")
 
 
-def selection_row(answer_pos: int, chosen: dict[int, np.ndarray], unit: int) -> dict:
-    """A target's selection columns from each indexer layer's selected units: is the unit that holds
-    the answer's first token in the context among them?"""
+def target_selection(context: Sequence[int], target, chosen: dict[int, np.ndarray], indexer: Indexer) -> dict:
+    """A target's selection columns from the selection its query made (`SelectionReader.score`)."""
+    query_pos = len(context) + len(target.query.prompt) - 1  # predicts the answer's first token
+    return selection_row(answer_position(context, target), chosen, indexer, query_pos)
+
+
+def selection_row(answer_pos: int, chosen: dict[int, np.ndarray], indexer: Indexer, query_pos: int) -> dict:
+    """A target's selection columns from each indexer layer's selected units, (k,) or (head groups, k):
+    is the unit that holds the answer's first token in the context among them (in any group)?"""
     if not chosen:
         raise BackendError("the engine reported no indexer layer for this query; no selection to record")
-    layers = sorted(chosen)
-    hit = [layer for layer in layers if answer_pos // unit in set(chosen[layer].tolist())]
-    return {"answer_pos": answer_pos, "indexer_layers": ";".join(map(str, layers)),
-            "selected_layers": ";".join(map(str, hit)),
-            "selected_share": round(len(hit) / len(layers), 4), "selected_all": len(hit) == len(layers)}
+    layers, unit = sorted(chosen), answer_pos // indexer.unit
+    groups = {layer: np.atleast_2d(chosen[layer]) for layer in layers}  # (head groups, k)
+    picked = {layer: int((groups[layer] == unit).any(axis=1).sum()) for layer in layers}  # groups that chose it
+    hit = [layer for layer in layers if picked[layer]]
+    row = {"answer_pos": answer_pos, "indexer_layers": ";".join(map(str, layers)),
+           "selected_layers": ";".join(map(str, hit)),
+           "selected_share": round(len(hit) / len(layers), 4), "selected_all": len(hit) == len(layers)}
+    if not indexer.per_group:
+        return row
+    n_groups = sum(len(rows) for rows in groups.values())
+    return row | {"group_share": round(sum(picked.values()) / n_groups, 4),
+                  "local_block": unit > query_pos // indexer.unit - indexer.local_blocks}
 
 
 def has_selection(results: pd.DataFrame) -> bool:
@@ -142,8 +185,22 @@ def selection_by_residue(results: pd.DataFrame) -> pd.DataFrame:
                      **{f"layer {layer}": _percent(group[f"layer {layer}"]) for layer in layers},
                      "every layer": _percent(group["selected_all"]), "no layer": _percent(group["selected_share"] == 0),
                      "accuracy if some layer": _percent(read["correct"]),
-                     "accuracy if none": _percent(unread["correct"])})
+                     "accuracy if none": _percent(unread["correct"]),
+                     **(_group_columns(group) if has_groups(frame) else {})})
     return pd.DataFrame(rows)
+
+
+def has_groups(results: pd.DataFrame) -> bool:
+    """Selection records of an indexer that selects per head group (minimax-m3)."""
+    return set(GROUP_COLUMNS) <= set(results.columns)
+
+
+def _group_columns(group: pd.DataFrame) -> dict:
+    """Per residue (percent): the (layer, head group) pairs that chose the target's block, the targets
+    in the query's forced local blocks (read raw), and the accuracy of the others."""
+    behind = group[~group["local_block"]]
+    return {"head groups": round(100 * float(group["group_share"].mean()), 2),
+            "local block": _percent(group["local_block"]), "accuracy outside local": _percent(behind["correct"])}
 
 
 def where_lost(results: pd.DataFrame, residue: int) -> str:
@@ -169,8 +226,13 @@ def selection_section(results: pd.DataFrame, worst_residue: int) -> tuple:
     if not has_selection(results):
         return ()
     _, layers = _typed(results)
-    prose = (f"Whether the indexer selected each target's unit (glm5-next: the pool of its answer's first "
-             f"token; deepseek4: the compressed entry of that token's own block) when the answer's first token "
+    unit = ("minimax-m3: the position block of its answer's first token, selected by a layer when any of its "
+            "head groups chose it; \"head groups\" is the share of (layer, head group) pairs that did, \"local block\" "
+            "the share of targets in the query's own block or the local blocks before it, which every group reads "
+            "raw whatever the indexer scores" if has_groups(results) else
+            "glm5-next: the pool of its answer's first token; deepseek4: the compressed entry of that token's own "
+            "block")
+    prose = (f"Whether the indexer selected each target's unit ({unit}) when the answer's first token "
              f"was predicted, in indexer layer(s) {', '.join(map(str, layers))}; percent of targets. A unit no "
              "layer selected is never read through the indexer (deepseek4 can still read the token through the "
              "next entry, or raw inside its sliding window). "
@@ -187,14 +249,18 @@ def _markdown(frame: pd.DataFrame) -> str:
 def _typed(results: pd.DataFrame) -> tuple[pd.DataFrame, list[int]]:
     """The rows with boolean flags, a numeric share and a flag per indexer layer; the layers."""
     frame = results.copy()
+    share, flag = r"[01]|0?\.\d+|1\.0+", r"(?i)true|false"
+    groups = (("group_share", share), ("local_block", flag)) if has_groups(frame) else ()
     for column, pattern in (("indexer_layers", r"\d+(;\d+)*"), ("selected_layers", r"(\d+(;\d+)*)?"),
-                            ("selected_all", r"(?i)true|false"), ("selected_share", r"[01]|0?\.\d+|1\.0+")):
+                            ("selected_all", flag), ("selected_share", share), *groups):
         bad = ~frame[column].astype(str).str.fullmatch(pattern)
         if bad.any():
             raise RunFolderError(f"results.csv: {column} is {str(frame[column][bad].iloc[0])[:40]!r} in a row; "
                                  "expected what `kvphase sweep --selection` writes")
-    frame["selected_all"] = frame["selected_all"].astype(str).str.lower() == "true"
-    frame["selected_share"] = pd.to_numeric(frame["selected_share"])
+    for column in ["selected_all"] + (["local_block"] if groups else []):
+        frame[column] = frame[column].astype(str).str.lower() == "true"
+    for column in ["selected_share"] + (["group_share"] if groups else []):
+        frame[column] = pd.to_numeric(frame[column])
     frame["correct"] = frame["correct"].astype(str).str.lower() == "true"
     layers = sorted({int(layer) for text in frame["indexer_layers"] for layer in str(text).split(";") if layer})
     chosen = frame["selected_layers"].astype(str).str.split(";")
