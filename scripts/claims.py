@@ -1317,6 +1317,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "reference-q4": lambda: agreement_row(r"reference vs llama\.cpp"),
     "reference-flash": lambda: agreement_row(r"llama\.cpp with flash attention vs llama\.cpp"),
     "reference-f32-cache": lambda: agreement_row(r"llama\.cpp with F32 KV cache vs llama\.cpp"),
+    "reference-ubatch": lambda: agreement_row(r"llama\.cpp with ubatch 128 vs llama\.cpp"),
+    "reference-threads": lambda: agreement_row(r"llama\.cpp with one thread vs llama\.cpp"),
     "reference-imitation": lambda: agreement_row(r"reference imitating llama\.cpp's roundings vs llama\.cpp"),
     "reference-lead": lambda: agreement_row(r"llama\.cpp's lead at the tokens where the reference picks another"),
     "reference-clear-share": agreement_clear_share,
