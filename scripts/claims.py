@@ -923,9 +923,18 @@ def trained_files_table() -> str:
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
 
+def headline(relative: str) -> str:
+    """A run's headline (a folder under reports/): a sweep's from its summary.json, a probe's the bold line its
+    report.md opens with (probes keep none in their summary)."""
+    summary = _reports(relative)
+    if "headline" in summary:
+        return summary["headline"]
+    return re.search(r"^\*\*(.+)\*\*$", (ROOT / "reports" / relative / "report.md").read_text(), re.M).group(1)
+
+
 def headline_list(rows: list[tuple[str, str]]) -> str:
-    """Sweeps' headlines (label, folder under reports/), one list item each, linked to their reports."""
-    return "".join(f"- [{label}]({relative}/report.md): {_reports(relative)['headline']}\n" for label, relative in rows)
+    """Runs' headlines (label, folder under reports/), one list item each, linked to their reports."""
+    return "".join(f"- [{label}]({relative}/report.md): {headline(relative)}\n" for label, relative in rows)
 
 
 def headline_quote(relative: str) -> str:
@@ -1020,6 +1029,12 @@ DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dens
 
 GLM5_LAYOUT = [(f"glm-kpool seed {seed} (top-k 8)", f"engine/glm-kpool-seed{seed}") for seed in range(3)] + [
     ("glm-kpool top-k 4, seed 0", "engine/glm-kpool-top4-seed0"), ("glm-dense seed 0 (twin)", "engine/glm-dense-seed0")]
+
+# the mechanism probes run on tiny random-weight models and on SmolLM2 (reports/study-probes.md)
+PROBE_EXAMPLES = [f"example-{probe}-tiny-{arch}" for probe in ("gate-activations", "gates") for arch in ("glm5-next", "deepseek4")] + [
+    "example-flip-tiny-glm5-next-L256", "example-flip-SmolLM2-L256"] + [
+    f"example-{probe}-tiny-{arch}-L256" for probe in ("knockout", "knockout-slots") for arch in ("glm5-next", "deepseek4")] + [
+    "example-knockout-tiny-minimax-m3-L256"]
 
 POST_HOC = [("dense (control)", "reference/dense")] + [
     (f"{design} S={stride}", f"reference/{design}-S{stride}") for design in ("blocktopk", "kpool", "meanpool") for stride in (4, 8)]
@@ -1350,6 +1365,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
     "gates-tiny-glm5": lambda: gate_bias_spread("example-gates-tiny-glm5-next"),
     "gates-tiny-deepseek4": lambda: gate_bias_spread("example-gates-tiny-deepseek4"),
+    "probe-examples": lambda: headline_list([(folder.removeprefix("example-"), folder) for folder in PROBE_EXAMPLES]),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
     "glm-kpool-learned": lambda: seed_verdicts([f"engine/glm-kpool-seed{k}" for k in (0, 1)]),
