@@ -1483,6 +1483,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gated-gates": lambda: gate_bias_spread("trained/probes/gates"),
     "gated-cycle": lambda: cycle_rolls([f"trained/probes/cycle-k{k}" for k in (1, 2, 3)]),
     "gated-head0": lambda: component_by_phase("trained/probes/knockout", "L0H0"),
+    "gated-fixed-learned": lambda: learned_summary([f"gated-seed{k}" for k in range(3)]),
     "gated-layer1": lambda: largest_knockout("trained/probes/knockout", "L1"),
     "gated-gate-layer0": lambda: gate_spread("trained/probes/gate-activations", 0, "trained-gated"),
     "gated-gate-dominant": lambda: dominant_phase("trained/probes/gate-activations", 0, "trained-gated"),
