@@ -1444,6 +1444,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gated-256-3000-minutes": lambda: training_minutes([f"gated-{s}L256-long-seed{k}" for s in ("", "S8-")
                                                         for k in range(3)]),
     "cowa-offsets-random-sweep": lambda: sweep_reading("trained/cowa-offsets-random-seed0/sweep"),
+    "cowa-heldout": lambda: heldout_phrase([f"cowa-seed{k}" for k in range(3)] + ["cowa-stagger-head-seed0",
+                                                                             "cowa-offsets-random-seed0"]),
     "cowa-minutes": lambda: training_minutes([f"cowa-seed{k}" for k in range(3)]
                                              + ["cowa-stagger-head-seed0", "cowa-offsets-random-seed0"]),
     "ds4-64-span": lambda: learned_gap_span(DS4["ctx64"].runs(), 64),
