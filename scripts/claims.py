@@ -1412,6 +1412,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "engine-cycle": lambda: cycle_boundary("trained/engine/csa-disjoint-seed0/probes/cycle"),
     "engine-gates": lambda: gate_spread("trained/engine/csa-disjoint-seed0/probes/gate-activations", 0, "csa-compressor"),
     "ds4-top4-128-gaps": lambda: learned_gaps_by_context(DS4["ctx128-top4"].runs()),
+    "ds4-128-gaps": lambda: learned_gaps_by_context(DS4["ctx128"].runs()),
+    "ds4-top4-hca-heldout": lambda: heldout_phrase(DS4["ctx256-top4-hca"].runs() + DS4["ctx256-top4-hca3"].runs()),
     "ds4-top4-128-plateau": lambda: heldout_phrase([DS4["ctx128-top4"].runs()[k] for k in (1, 3)]),
     "ds4-hca-seed0-heldout": lambda: heldout_phrase(DS4["ctx256-hca-long"].runs()[:1]),
     "ds4-csa-256-span": lambda: learned_gap_span(ds4_runs("csa"), 256),
