@@ -1363,8 +1363,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "fixes-ds4-faithful-tally": lambda: fix_tally(DS4_FAITHFUL_FIXED, "offsets4-mean"),
     "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
-    "gates-tiny-glm5": lambda: gate_bias_spread("example-gates-tiny-glm5-next"),
-    "gates-tiny-deepseek4": lambda: gate_bias_spread("example-gates-tiny-deepseek4"),
     "probe-examples": lambda: headline_list([(folder.removeprefix("example-"), folder) for folder in PROBE_EXAMPLES]),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
@@ -1384,14 +1382,11 @@ TABLES: dict[str, Callable[[], str]] = {
                           + _p(_reports("long-context/gemma-3-270m-q4_k_m-records-S4-L16384")["logprob_test"]["p_value"])),
     "post-hoc-dense-mean": lambda: f"{_reports('reference/dense')['mean_accuracy']:.0f}%",
     "post-hoc-meanpool-correct": lambda: correct_of([f"reference/meanpool-S{stride}" for stride in (4, 8)]),
-    "post-hoc-kpool-s4": lambda: sweep_reading("reference/kpool-S4"),
-    "post-hoc-stagger-head-logprob": lambda: _p(_reports("reference/blocktopk-S4-stagger-head")["logprob_test"]["p_value"]),
     "post-hoc-fix-means": lambda: means_change([folder for _, folder in POST_HOC_FIXES]),
     "post-hoc-fix-means-n64": lambda: means_change([f"{folder}-n64" for _, folder in POST_HOC_FIXES]),
     "post-hoc-blocktopk-n64": lambda: (sweep_reading("reference/blocktopk-S4-n64") + ", periodicity "
                                        f"{_reports('reference/blocktopk-S4-n64')['periodicity']:.1f} points; "
                                        + dip_clause(_reports("reference/blocktopk-S4-n64"))),
-    "post-hoc-stagger-head-n64": lambda: sweep_reading("reference/blocktopk-S4-stagger-head-n64"),
     "post-hoc-unlearned-means": lambda: _span([_reports(f"reference/{design}-S{stride}")["mean_accuracy"]
                                                for design in ("kpool", "meanpool") for stride in (4, 8)], "%"),
     "engine-csa-disjoint-learned": lambda: learned_summary([f"engine/csa-disjoint-seed{k}" for k in range(5)]),
