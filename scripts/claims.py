@@ -1714,7 +1714,7 @@ DEFINING = {"docs/glossary.md", "docs/statistics.md"}
 VERDICT_WORDS = re.compile(
     r"\b(?:compressor\s+inactive|inconclusive|uninformative(?:\s+at\s+the\s+floor|,\s+too\s+few\s+targets)?|degenerate|no\s+(?:phase\s+)?effect\s+at\s+this\s+power|too\s+few\s+targets|at\s+the\s+floor"
     r"|accuracy\s+depends\s+on\s+the\s+token\s+phase|no\s+phase\s+effect\s+larger\s+than|control\s+run:"
-    r"|(?:reads?|reading|verdicts?|class(?:es)?|an?)\s+[\"*_]?effect\b(?!\s+of|\s+on|\s+size)"
+    r"|(?:reads?|reading|verdicts?|class(?:es)?|an?)\s+[\"*_]?effects?\b(?!\s+of|\s+on|\s+size)"
     r"|effect\s+at\s+(?:\d+|every|all|one|two|three|seeds?))\b", re.I)
 DEFINITION_LINK = re.compile(r"\[[^\]\n]+\]\((?:[^)\s]*/)?(?:glossary|statistics)\.md#[^)\s]+\)")  # a word sent to its definition
 RETIRED = re.compile(r"\bbias[- ]corrected\b|\bbootstrap\w*\b(?=[^.]*\bgap\b)|\bgap\b[^.]*\bbootstrap\w*\b", re.I)
