@@ -923,9 +923,18 @@ def trained_files_table() -> str:
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
 
+def headline(relative: str) -> str:
+    """A run's headline (a folder under reports/): a sweep's from its summary.json, a probe's the bold line its
+    report.md opens with (probes keep none in their summary)."""
+    summary = _reports(relative)
+    if "headline" in summary:
+        return summary["headline"]
+    return re.search(r"^\*\*(.+)\*\*$", (ROOT / "reports" / relative / "report.md").read_text(), re.M).group(1)
+
+
 def headline_list(rows: list[tuple[str, str]]) -> str:
-    """Sweeps' headlines (label, folder under reports/), one list item each, linked to their reports."""
-    return "".join(f"- [{label}]({relative}/report.md): {_reports(relative)['headline']}\n" for label, relative in rows)
+    """Runs' headlines (label, folder under reports/), one list item each, linked to their reports."""
+    return "".join(f"- [{label}]({relative}/report.md): {headline(relative)}\n" for label, relative in rows)
 
 
 def headline_quote(relative: str) -> str:
@@ -1020,6 +1029,12 @@ DEEPSEEK4_LAYOUT = [(f"{design} seed {seed}" + (" (twin)" if design == "csa-dens
 
 GLM5_LAYOUT = [(f"glm-kpool seed {seed} (top-k 8)", f"engine/glm-kpool-seed{seed}") for seed in range(3)] + [
     ("glm-kpool top-k 4, seed 0", "engine/glm-kpool-top4-seed0"), ("glm-dense seed 0 (twin)", "engine/glm-dense-seed0")]
+
+# the mechanism probes run on tiny random-weight models and on SmolLM2 (reports/study-probes.md)
+PROBE_EXAMPLES = [f"example-{probe}-tiny-{arch}" for probe in ("gate-activations", "gates") for arch in ("glm5-next", "deepseek4")] + [
+    "example-flip-tiny-glm5-next-L256", "example-flip-SmolLM2-L256"] + [
+    f"example-{probe}-tiny-{arch}-L256" for probe in ("knockout", "knockout-slots") for arch in ("glm5-next", "deepseek4")] + [
+    "example-knockout-tiny-minimax-m3-L256"]
 
 POST_HOC = [("dense (control)", "reference/dense")] + [
     (f"{design} S={stride}", f"reference/{design}-S{stride}") for design in ("blocktopk", "kpool", "meanpool") for stride in (4, 8)]
@@ -1317,6 +1332,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "reference-q4": lambda: agreement_row(r"reference vs llama\.cpp"),
     "reference-flash": lambda: agreement_row(r"llama\.cpp with flash attention vs llama\.cpp"),
     "reference-f32-cache": lambda: agreement_row(r"llama\.cpp with F32 KV cache vs llama\.cpp"),
+    "reference-ubatch": lambda: agreement_row(r"llama\.cpp with ubatch 128 vs llama\.cpp"),
+    "reference-threads": lambda: agreement_row(r"llama\.cpp with one thread vs llama\.cpp"),
     "reference-imitation": lambda: agreement_row(r"reference imitating llama\.cpp's roundings vs llama\.cpp"),
     "reference-lead": lambda: agreement_row(r"llama\.cpp's lead at the tokens where the reference picks another"),
     "reference-clear-share": agreement_clear_share,
@@ -1346,8 +1363,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "fixes-ds4-faithful-tally": lambda: fix_tally(DS4_FAITHFUL_FIXED, "offsets4-mean"),
     "knockout-phase3": lambda: knockout_phrase("trained/probes/knockout", 3, ["L0H2", "L0H3"]),
     "flip-smollm2": lambda: flip_phrase("example-flip-SmolLM2-L256"),
-    "gates-tiny-glm5": lambda: gate_bias_spread("example-gates-tiny-glm5-next"),
-    "gates-tiny-deepseek4": lambda: gate_bias_spread("example-gates-tiny-deepseek4"),
+    "probe-examples": lambda: headline_list([(folder.removeprefix("example-"), folder) for folder in PROBE_EXAMPLES]),
     "fix-csa-disjoint-offsets4": lambda: fix_verdict("csa-disjoint-seed0-offsets4-mean"),
     "fix-csa-disjoint-q4-offsets4": lambda: fix_verdict("csa-disjoint-seed0-Q4_0-offsets4-mean"),
     "glm-kpool-learned": lambda: seed_verdicts([f"engine/glm-kpool-seed{k}" for k in (0, 1)]),
@@ -1366,14 +1382,11 @@ TABLES: dict[str, Callable[[], str]] = {
                           + _p(_reports("long-context/gemma-3-270m-q4_k_m-records-S4-L16384")["logprob_test"]["p_value"])),
     "post-hoc-dense-mean": lambda: f"{_reports('reference/dense')['mean_accuracy']:.0f}%",
     "post-hoc-meanpool-correct": lambda: correct_of([f"reference/meanpool-S{stride}" for stride in (4, 8)]),
-    "post-hoc-kpool-s4": lambda: sweep_reading("reference/kpool-S4"),
-    "post-hoc-stagger-head-logprob": lambda: _p(_reports("reference/blocktopk-S4-stagger-head")["logprob_test"]["p_value"]),
     "post-hoc-fix-means": lambda: means_change([folder for _, folder in POST_HOC_FIXES]),
     "post-hoc-fix-means-n64": lambda: means_change([f"{folder}-n64" for _, folder in POST_HOC_FIXES]),
     "post-hoc-blocktopk-n64": lambda: (sweep_reading("reference/blocktopk-S4-n64") + ", periodicity "
                                        f"{_reports('reference/blocktopk-S4-n64')['periodicity']:.1f} points; "
                                        + dip_clause(_reports("reference/blocktopk-S4-n64"))),
-    "post-hoc-stagger-head-n64": lambda: sweep_reading("reference/blocktopk-S4-stagger-head-n64"),
     "post-hoc-unlearned-means": lambda: _span([_reports(f"reference/{design}-S{stride}")["mean_accuracy"]
                                                for design in ("kpool", "meanpool") for stride in (4, 8)], "%"),
     "engine-csa-disjoint-learned": lambda: learned_summary([f"engine/csa-disjoint-seed{k}" for k in range(5)]),
@@ -1394,6 +1407,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "engine-cycle": lambda: cycle_boundary("trained/engine/csa-disjoint-seed0/probes/cycle"),
     "engine-gates": lambda: gate_spread("trained/engine/csa-disjoint-seed0/probes/gate-activations", 0, "csa-compressor"),
     "ds4-top4-128-gaps": lambda: learned_gaps_by_context(DS4["ctx128-top4"].runs()),
+    "ds4-128-gaps": lambda: learned_gaps_by_context(DS4["ctx128"].runs()),
+    "ds4-top4-hca-heldout": lambda: heldout_phrase(DS4["ctx256-top4-hca"].runs() + DS4["ctx256-top4-hca3"].runs()),
     "ds4-top4-128-plateau": lambda: heldout_phrase([DS4["ctx128-top4"].runs()[k] for k in (1, 3)]),
     "ds4-hca-seed0-heldout": lambda: heldout_phrase(DS4["ctx256-hca-long"].runs()[:1]),
     "ds4-csa-256-span": lambda: learned_gap_span(ds4_runs("csa"), 256),
@@ -1426,6 +1441,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "gated-256-3000-minutes": lambda: training_minutes([f"gated-{s}L256-long-seed{k}" for s in ("", "S8-")
                                                         for k in range(3)]),
     "cowa-offsets-random-sweep": lambda: sweep_reading("trained/cowa-offsets-random-seed0/sweep"),
+    "cowa-heldout": lambda: heldout_phrase([f"cowa-seed{k}" for k in range(3)] + ["cowa-stagger-head-seed0",
+                                                                             "cowa-offsets-random-seed0"]),
     "cowa-minutes": lambda: training_minutes([f"cowa-seed{k}" for k in range(3)]
                                              + ["cowa-stagger-head-seed0", "cowa-offsets-random-seed0"]),
     "ds4-64-span": lambda: learned_gap_span(DS4["ctx64"].runs(), 64),
@@ -1465,6 +1482,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "gated-gates": lambda: gate_bias_spread("trained/probes/gates"),
     "gated-cycle": lambda: cycle_rolls([f"trained/probes/cycle-k{k}" for k in (1, 2, 3)]),
     "gated-head0": lambda: component_by_phase("trained/probes/knockout", "L0H0"),
+    "gated-fixed-learned": lambda: learned_summary([f"gated-seed{k}" for k in range(3)]),
     "gated-layer1": lambda: largest_knockout("trained/probes/knockout", "L1"),
     "gated-gate-layer0": lambda: gate_spread("trained/probes/gate-activations", 0, "trained-gated"),
     "gated-gate-dominant": lambda: dominant_phase("trained/probes/gate-activations", 0, "trained-gated"),
@@ -1696,7 +1714,7 @@ DEFINING = {"docs/glossary.md", "docs/statistics.md"}
 VERDICT_WORDS = re.compile(
     r"\b(?:compressor\s+inactive|inconclusive|uninformative(?:\s+at\s+the\s+floor|,\s+too\s+few\s+targets)?|degenerate|no\s+(?:phase\s+)?effect\s+at\s+this\s+power|too\s+few\s+targets|at\s+the\s+floor"
     r"|accuracy\s+depends\s+on\s+the\s+token\s+phase|no\s+phase\s+effect\s+larger\s+than|control\s+run:"
-    r"|(?:reads?|reading|verdicts?|class(?:es)?|an?)\s+[\"*_]?effect\b(?!\s+of|\s+on|\s+size)"
+    r"|(?:reads?|reading|verdicts?|class(?:es)?|an?)\s+[\"*_]?effects?\b(?!\s+of|\s+on|\s+size)"
     r"|effect\s+at\s+(?:\d+|every|all|one|two|three|seeds?))\b", re.I)
 DEFINITION_LINK = re.compile(r"\[[^\]\n]+\]\((?:[^)\s]*/)?(?:glossary|statistics)\.md#[^)\s]+\)")  # a word sent to its definition
 RETIRED = re.compile(r"\bbias[- ]corrected\b|\bbootstrap\w*\b(?=[^.]*\bgap\b)|\bgap\b[^.]*\bbootstrap\w*\b", re.I)

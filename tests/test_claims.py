@@ -240,6 +240,7 @@ def test_the_old_gemma_sentence_fails_the_lint():
     ("CIs are the bootstrap-over-contexts gap intervals. Its bias-corrected 95% interval.", "docs/statistics.md",
      ["bootstrap", "bias-corrected"]),
     ("every seed reads effect at 2 of 3 seeds", "x.md", ["reads effect"]),
+    ("Where they learned, the reports read effects, weakest at the block's end.", "x.md", ["read effects"]),
     ("The gap's interval is no longer a bootstrap (retired). compare gives a gap difference with a bootstrap.",
      "x.md", []),
 ])
