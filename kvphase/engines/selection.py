@@ -92,3 +92,37 @@ class SelectionTap:
                                f"in layer {missing[0]}")
         return {layer: units(arrays[(self.nodes.scores, layer)], arrays[(self.nodes.top_k, layer)])
                 for layer in layers}
+
+
+class IndexerRowsTap:
+    """A `engines.taps.Tap` that records every token's indexer scores and top-k slots in every
+    indexer layer, context decodes included (`every_decode`), by position: a later decode of a
+    position (the checked query after the branch's first one) replaces an earlier one's row."""
+
+    every_decode = True
+
+    def __init__(self, architecture: str):
+        if architecture not in INDEXER_NODES:
+            raise BackendError(f"llama.cpp's {architecture} graph has no indexer node kvphase reads")
+        self.nodes = INDEXER_NODES[architecture]
+        self.name_prefixes = tuple(f"{node}-".encode() for node in self.nodes)  # `taps.Tap`
+        self.rows: dict[tuple[str, int, int], np.ndarray] = {}  # (node, layer, position) -> (slots,)
+
+    def select(self, name: str, layer: int, t) -> tuple[str, int] | None:
+        return (name, layer) if layer >= 0 and name in self.nodes else None
+
+    def update(self, key: tuple[str, int], array: np.ndarray, positions: np.ndarray) -> None:
+        flat = array.reshape(len(positions), -1)  # (n_tokens, slots)
+        for row, position in zip(flat, positions):
+            self.rows[(*key, int(position))] = row.copy()
+        return None
+
+    def selections(self) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+        """(position, layer) -> the token's visible scores in slot order (n_visible,) and the units
+        the indexer kept (`units`)."""
+        found = {}
+        for (node, layer, position), scores in self.rows.items():
+            if node == self.nodes.scores and (self.nodes.top_k, layer, position) in self.rows:
+                top = self.rows[(self.nodes.top_k, layer, position)]
+                found[(position, layer)] = (scores[np.isfinite(scores)], units(scores, top))
+        return found
