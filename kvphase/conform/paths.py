@@ -88,11 +88,16 @@ class PathCheck:
                 f"{self.max_difference:.3g} nats (mean {self.mean_difference:.2g}; tolerance {self.tolerance:g})")
         if self.about_residues:
             said += f"; beyond it after {len(self.failed_lengths)} of {self.tried} contexts"
-        if self.ties:
-            length, tie = self.ties[0]
-            tied = "every one of them" if self.status == "UNDECIDED" else f"{len(self.ties)} of them"
-            said += f"; an indexer tie explains {tied}: after the {length}-token context, {tie.phrase()}"
-        return said
+        return said + (f"; {self.tie_note}" if self.ties else "")
+
+    @property
+    def tie_note(self) -> str:
+        """What the indexer ties explain ("" without one)."""
+        if not self.ties:
+            return ""
+        length, tie = self.ties[0]
+        tied = "every one of them" if self.status == "UNDECIDED" else f"{len(self.ties)} of them"
+        return f"an indexer tie explains {tied}: after the {length}-token context, {tie.phrase()}"
 
     def to_json(self) -> dict:
         return {"path": self.path, "status": self.status, "length": self.length, "stride": self.stride,
