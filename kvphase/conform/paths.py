@@ -80,15 +80,16 @@ class PathCheck:
             return f"after a {self.length}-token context (residue {self.length % self.stride} mod {self.stride})"
         return "after every context tried"
 
-    def line(self) -> str:
-        """The console's line: PASS / FAIL / UNDECIDED naming the path, where, and the largest difference."""
+    def line(self, with_tie: bool = True) -> str:
+        """The console's line: PASS / FAIL / UNDECIDED naming the path, where, and the largest difference
+        (and the tie's note, unless the console prints it on a line of its own)."""
         if self.reason:
             return f"{self.path}: cannot run: {self.reason}"
         said = (f"{self.path}: {self.status} {self.where}: largest log-probability difference from one prompt "
                 f"{self.max_difference:.3g} nats (mean {self.mean_difference:.2g}; tolerance {self.tolerance:g})")
         if self.about_residues:
             said += f"; beyond it after {len(self.failed_lengths)} of {self.tried} contexts"
-        return said + (f"; {self.tie_note}" if self.ties else "")
+        return said + (f"; {self.tie_note}" if self.ties and with_tie else "")
 
     @property
     def tie_note(self) -> str:
@@ -96,7 +97,7 @@ class PathCheck:
         if not self.ties:
             return ""
         length, tie = self.ties[0]
-        tied = "every one of them" if self.status == "UNDECIDED" else f"{len(self.ties)} of them"
+        tied = "every one" if self.status == "UNDECIDED" else f"{len(self.ties)} of them"
         return f"an indexer tie explains {tied}: after the {length}-token context, {tie.phrase()}"
 
     def to_json(self) -> dict:

@@ -47,9 +47,9 @@ class IndexerTie:
     path_kept: tuple[int, ...]
 
     def phrase(self) -> str:
-        return (f"llama.cpp's indexer broke a tie the other way at position {self.position} in layer {self.layer} "
-                f"(kept pools {list(self.kept)} as one prompt, {list(self.path_kept)} on the path, "
-                f"their scores tied within {self.margin:.2g}; both runs' scores agree within {self.agreement:.2g} up to there)")
+        return (f"at position {self.position} in layer {self.layer} the indexer kept pools {list(self.kept)} as one "
+                f"prompt and {list(self.path_kept)} on the path, tied within {self.margin:.2g} (both runs' scores "
+                f"agree within {self.agreement:.2g} up to there)")
 
     def to_json(self) -> dict:
         return {"layer": self.layer, "position": self.position, "margin": self.margin,
