@@ -54,22 +54,29 @@ def units(scores: np.ndarray, top: np.ndarray) -> np.ndarray:
     return np.unique(chosen - visible[0])
 
 
-class SelectionTap:
-    """A `engines.taps.Tap` that records, for one token position of each query decode, the units
-    every indexer layer selected (`take`). Query decodes only."""
-
-    every_decode = False
+class IndexerNodeTap:
+    """What both indexer taps select: an architecture's two indexer nodes in every layer."""
 
     def __init__(self, architecture: str):
         if architecture not in INDEXER_NODES:
             raise BackendError(f"llama.cpp's {architecture} graph has no indexer node kvphase reads")
         self.nodes = INDEXER_NODES[architecture]
         self.name_prefixes = tuple(f"{node}-".encode() for node in self.nodes)  # `taps.Tap`
-        self.position = -1  # the token whose selection is recorded
-        self._arrays: dict[tuple[str, int], np.ndarray] = {}
 
     def select(self, name: str, layer: int, t) -> tuple[str, int] | None:
         return (name, layer) if layer >= 0 and name in self.nodes else None
+
+
+class SelectionTap(IndexerNodeTap):
+    """A `engines.taps.Tap` that records, for one token position of each query decode, the units
+    every indexer layer selected (`take`). Query decodes only."""
+
+    every_decode = False
+
+    def __init__(self, architecture: str):
+        super().__init__(architecture)
+        self.position = -1  # the token whose selection is recorded
+        self._arrays: dict[tuple[str, int], np.ndarray] = {}
 
     def update(self, key: tuple[str, int], array: np.ndarray, positions: np.ndarray) -> None:
         rows = np.flatnonzero(np.asarray(positions) == self.position)
@@ -94,7 +101,7 @@ class SelectionTap:
                 for layer in layers}
 
 
-class IndexerRowsTap:
+class IndexerRowsTap(IndexerNodeTap):
     """A `engines.taps.Tap` that records every token's indexer scores and top-k slots in every
     indexer layer, context decodes included (`every_decode`), by position: a later decode of a
     position (the checked query after the branch's first one) replaces an earlier one's row."""
@@ -102,14 +109,8 @@ class IndexerRowsTap:
     every_decode = True
 
     def __init__(self, architecture: str):
-        if architecture not in INDEXER_NODES:
-            raise BackendError(f"llama.cpp's {architecture} graph has no indexer node kvphase reads")
-        self.nodes = INDEXER_NODES[architecture]
-        self.name_prefixes = tuple(f"{node}-".encode() for node in self.nodes)  # `taps.Tap`
+        super().__init__(architecture)
         self.rows: dict[tuple[str, int, int], np.ndarray] = {}  # (node, layer, position) -> (slots,)
-
-    def select(self, name: str, layer: int, t) -> tuple[str, int] | None:
-        return (name, layer) if layer >= 0 and name in self.nodes else None
 
     def update(self, key: tuple[str, int], array: np.ndarray, positions: np.ndarray) -> None:
         flat = array.reshape(len(positions), -1)  # (n_tokens, slots)
