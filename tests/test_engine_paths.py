@@ -256,6 +256,15 @@ def test_a_tie_broken_the_other_way_is_found_where_selections_first_differ(moved
     assert tie.phrase().startswith("at position 11 in layer 0 the indexer kept pools [0, 3] as one prompt")
 
 
+def test_a_trained_indexer_rounds_in_proportion_to_its_scores():
+    """Scores in tens (the trained glm-kpool-top4's reach 40) round by more than random weights'."""
+    one = _selections([[40.0, 0.0, 20.0], [0.0, 0.0, -1.0, 30.0]], [[0], [0, 3]])
+    other = _selections([[40.05, 0.0, 20.0], [0.0, 0.0, -1.0, 30.0]], [[0], [1, 3]])
+    tie = first_tie(one, other)
+    assert tie is not None and (tie.position, tie.margin) == (11, 0.0), tie
+    assert first_tie(one, _selections([[40.5, 0.0, 20.0], [0.0, 0.0, -1.0, 30.0]], [[0], [1, 3]])) is None
+
+
 @pytest.mark.parametrize("case, scores, kept", [
     ("scores moved before the difference", [[0.6, 0.0, 0.2], [0.0, 0.0, -0.1, 0.9]], [[0], [1, 3]]),
     ("another number of pools", [[0.5, 0.0, 0.2], [0.0, 0.0, -0.1]], [[0], [1, 2]]),

@@ -11,8 +11,9 @@ score is a sum of ReLU'd dot products over two indexer heads, exactly 0 wherever
 The decision: run the text as one prompt and on the path with the indexer's scores and kept pools
 recorded for every token (`engines.selection.IndexerRowsTap`), and walk the tokens in causal order
 (position, then layer). Up to the first token whose kept pools differ, both runs' scores must agree
-within `SCORE_ROUNDING`, and there the pools one run kept and the other did not must score within
-twice that difference of the edge of the kept set (what rounding can swap; 0 for an exact tie). Then
+within `SCORE_ROUNDING` of each token's largest score (at least 1; trained indexers score in tens),
+and there the pools one run kept and the other did not must score within
+twice that token's difference of the edge of the kept set (what rounding can swap; 0 for an exact tie). Then
 the two runs saw the same scores and broke a tie differently, and neither engine path is shown
 wrong. Anything else (no token's pools differ, a token sees another number of pools, scores that
 moved before the first difference, pools swapped across a clear margin) is not a tie: the path's
@@ -27,8 +28,9 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
-# indexer-score units: ten times the largest difference measured between right paths' scores
-# (1e-3, glm5-next-random's layer 2 after its KDA layer), far below the scores themselves (tenths)
+# of a token's largest indexer score (at least 1): about seven times the largest difference measured
+# between one prompt and a path before any selection differed (1.4e-3 glm5-next-random, 1.0e-3 the
+# trained glm-kpool-top4, 7e-7 deepseek4's csa-top4; three texts after each of four contexts, every path)
 SCORE_ROUNDING = 0.01
 
 Selections = dict  # (position, layer) -> (visible scores in slot order (n_visible,), kept units (k,))
@@ -63,12 +65,13 @@ def first_tie(one: Selections, other: Selections, rounding: float = SCORE_ROUNDI
         (scores, kept), (other_scores, other_kept) = one[position, layer], other[position, layer]
         if len(scores) != len(other_scores):
             return None  # the token sees another number of pools on the path
-        agreement = max(agreement, float(np.abs(scores - other_scores).max(initial=0.0)))
-        if agreement > rounding:
+        difference = float(np.abs(scores - other_scores).max(initial=0.0))
+        if difference > rounding * max(1.0, float(np.abs(scores).max(initial=0.0))):
             return None
+        agreement = max(agreement, difference)
         if not np.array_equal(kept, other_kept):
             margin = swap_margin(scores, kept, other_kept)
-            if margin > 2 * agreement:  # rounding cannot swap pools this far apart: a top-k gone wrong
+            if margin > 2 * difference:  # rounding cannot swap pools this far apart: a top-k gone wrong
                 return None
             return IndexerTie(layer, position, margin, agreement, tuple(int(u) for u in kept),
                               tuple(int(u) for u in other_kept))
