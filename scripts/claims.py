@@ -1607,9 +1607,16 @@ def conform_paths_table(study: str) -> str:
                 rows.append([f"[{folder.parent.relative_to(base).parts[0]}]({link})", model["name"], path["path"],
                              path["status"], where if ran else "-",
                              f"{path['max_difference']:.3g}" if ran else "-",
-                             f"{len(path['failed_lengths'])}" if ran else "-", path["reason"] or "-"])
+                             f"{len(path['failed_lengths'])}" if ran else "-", path["reason"] or _tie_words(path)])
     return _table(["backend", "model", "path", "verdict", "largest difference after", "nats",
                    "contexts beyond the tolerance", "why"], rows)
+
+
+def _tie_words(path: dict) -> str:
+    """Where an indexer tie explains a path's moved answer (`conform.ties`), or "-"."""
+    ties = [f"indexer tie at position {t['position']}, layer {t['layer']} (kept pools {t['kept']} as one prompt, "
+            f"{t['path_kept']} on the path; tied within {t['margin']:.2g})" for t in path.get("ties", [])]
+    return "; ".join(ties) or "-"
 
 
 def conform_path_bugs_table(study: str) -> str:
@@ -1629,11 +1636,12 @@ def conform_path_bugs_table(study: str) -> str:
             checks = [(m["name"], p) for m in models for p in m.get("paths", []) if p["path"] == name]
             fails = [f"{model} ({_path_where(p)}, {p['max_difference']:.3g} nats)"
                      for model, p in checks if p["status"] == "FAIL"]
+            fails += [f"{model} (UNDECIDED: an indexer tie)" for model, p in checks if p["status"] == "UNDECIDED"]
             count = {status: str(sum(p["status"] == status for _, p in checks)) for status in ("PASS", "cannot run")}
             rows.append([f"[{build.name}]({link})", name, count["PASS"], count["cannot run"], "; ".join(fails) or "-",
                          failed_models])
-    return _table(["build", "path", "models passing", "cannot run", "models failing it (where, largest difference)",
-                   "models failing their own check"], rows)
+    return _table(["build", "path", "models passing", "cannot run",
+                   "models failing it (where, largest difference), or UNDECIDED", "models failing their own check"], rows)
 
 
 def _path_where(path: dict) -> str:

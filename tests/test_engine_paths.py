@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from kvphase.backends.base import Query
-from kvphase.conform.paths import AROUND_HCA, PATHS, check_paths
+from kvphase.conform.paths import AROUND_HCA, PATHS, PathCheck, answer_rows, check_paths
+from kvphase.conform.ties import IndexerTie, first_tie, recorded, tapped
 from kvphase.gguf.tiny import TINY_VOCAB, write_tiny_model
 
 WORDS = " the grass is green and the sky is blue while a river runs past seven old houses"
@@ -113,8 +114,6 @@ def test_the_unplanted_reference_passes_every_path():
 
 
 def test_a_failure_at_every_context_names_no_residue():
-    from kvphase.conform.paths import PathCheck
-
     everywhere = PathCheck("token by token", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(64, 65, 66, 67), tried=4)
     some = PathCheck("branch", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(65,), tried=4)
     assert "residue" not in everywhere.line() and "after every context tried" in everywhere.line()
@@ -185,3 +184,111 @@ def test_a_server_without_prefix_reuse_or_a_second_slot_cannot_run_those_paths()
     assert hit.status == "cannot run" and "no prefix-cache hit" in hit.reason, hit.line()
     assert slots.status == "cannot run" and "1 slot" in slots.reason, slots.line()
     assert hit.line().startswith("prefix-cache hit: cannot run: the server evaluated")
+
+
+# ----------------------------------------------------------------- indexer ties (issue 62's open FAIL)
+
+GLM5_RANDOM = "tests/data/conform/glm5-next-random.gguf"
+
+
+@pytest.fixture(scope="module")
+def glm5_random():
+    from kvphase.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(GLM5_RANDOM, n_ctx=1024, n_threads=1)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.slow
+def test_glm5_next_random_branch_moves_only_after_an_indexer_tie(glm5_random):
+    """The conform reference's branch after a 64-token context moved 0.53 nats on unpatched llama.cpp.
+    At position 64 layer 0's k-pool scores tie at exactly 0 (ReLU) at the edge of the two pools it
+    keeps, and the branch lays the query's pools out after the context's (slot 16 on, not 0), so
+    libstdc++'s partial sort keeps another of the tied pools. UNDECIDED, not FAIL; the pin is
+    `windows.partial_sort_sets`, libstdc++'s heap selection in numpy, on both slot layouts."""
+    from kvphase.designs.windows import partial_sort_sets
+
+    branch, *others = check_paths(glm5_random, glm5_random.n_vocab, 4)
+    assert branch.status == "UNDECIDED" and branch.failed_lengths == (64,), branch.line()
+    [(length, tie)] = branch.ties
+    assert (length, tie.position, tie.layer, tie.margin) == (64, 64, 0, 0.0), branch.line()  # an exact tie
+    assert tie.agreement < 1e-3 and tie.kept != tie.path_kept, branch.line()
+    assert "UNDECIDED" in branch.line() and "an indexer tie explains every one" in branch.line()
+    assert all(c.status == "PASS" for c in others), _failures(others)
+
+    tokens = np.random.default_rng(0).integers(0, glm5_random.n_vocab, 72).tolist()  # check_paths' first text
+    with tapped(glm5_random) as backend:
+        _, one = recorded(backend, lambda b: answer_rows(b, tokens, 64, None))
+    scores, kept = one[64, 0]  # (16,) the 16 pools that end before position 64
+    rows = np.full((2, 64), -np.inf, np.float32)  # 64 slots: kpool_pad of 33 pools
+    rows[0, :16], rows[1, 16:32] = scores, scores  # one prompt's pools from slot 0; the copy's after the context's 16
+    one_prompt, on_copy = partial_sort_sets(rows, len(kept))
+    assert (sorted(one_prompt), sorted(on_copy - 16)) == (list(tie.kept), list(tie.path_kept)), (one_prompt, on_copy)
+
+
+@pytest.mark.slow
+def test_a_branch_that_loses_its_copy_on_glm5_next_fails_and_is_no_tie(glm5_random, monkeypatch):
+    """A real path defect on the same model (the query's sequence never gets the context: the copy
+    dropped) must stay FAIL: the query sees other pools, no tie explains it."""
+    monkeypatch.setattr(glm5_random._lc, "llama_memory_seq_cp", lambda *args: None)
+    branch, *others = check_paths(glm5_random, glm5_random.n_vocab, 4)
+    assert branch.status == "FAIL" and not branch.ties and len(branch.failed_lengths) == 4, branch.line()
+    assert all(c.status == "PASS" for c in others), _failures(others)
+
+
+def _selections(scores: list[list[float]], kept: list[list[int]]) -> dict:
+    """(position, layer 0) -> (scores, kept units) for positions 10, 11, ..."""
+    return {(10 + i, 0): (np.array(s, np.float32), np.array(k)) for i, (s, k) in enumerate(zip(scores, kept))}
+
+
+ONE_PROMPT = _selections([[0.5, 0.0, 0.2], [0.0, 0.0, -0.1, 0.9]], [[0], [0, 3]])  # pools 0 and 1 tie at 11
+
+
+@pytest.mark.parametrize("moved, margin", [(0.0, 0.0), (4e-4, 0.0), (4e-4, 5e-4)])
+def test_a_tie_broken_the_other_way_is_found_where_selections_first_differ(moved, margin):
+    """An exact tie, and a near one (pools 5e-4 apart) that rounding of 4e-4 swaps."""
+    one = _selections([[0.5, 0.0, 0.2], [0.0, -margin, -0.1, 0.9]], [[0], [0, 3]])
+    other = _selections([[0.5, 0.0, 0.2], [-moved, moved - margin, -0.1, 0.9]], [[0], [1, 3]])
+    tie = first_tie(one, other)
+    agreement = np.abs(other[11, 0][0] - one[11, 0][0]).max()
+    assert tie == IndexerTie(0, 11, np.float32(margin), agreement, (0, 3), (1, 3)), tie
+    assert tie.phrase().startswith("at position 11 in layer 0 the indexer kept pools [0, 3] as one prompt")
+
+
+def test_a_trained_indexer_rounds_in_proportion_to_its_scores():
+    """Scores in tens (the trained glm-kpool-top4's reach 40) round by more than random weights'."""
+    one = _selections([[40.0, 0.0, 20.0], [0.0, 0.0, -1.0, 30.0]], [[0], [0, 3]])
+    other = _selections([[40.05, 0.0, 20.0], [0.0, 0.0, -1.0, 30.0]], [[0], [1, 3]])
+    tie = first_tie(one, other)
+    assert tie is not None and (tie.position, tie.margin) == (11, 0.0), tie
+    assert first_tie(one, _selections([[40.5, 0.0, 20.0], [0.0, 0.0, -1.0, 30.0]], [[0], [1, 3]])) is None
+
+
+@pytest.mark.parametrize("case, scores, kept", [
+    ("scores moved before the difference", [[0.6, 0.0, 0.2], [0.0, 0.0, -0.1, 0.9]], [[0], [1, 3]]),
+    ("another number of pools", [[0.5, 0.0, 0.2], [0.0, 0.0, -0.1]], [[0], [1, 2]]),
+    ("no selection differs", [[0.5, 0.0, 0.2], [0.0, 0.0, -0.1, 0.9]], [[0], [0, 3]]),
+    ("a pool 0.1 below the edge swapped in", [[0.5, 0.0, 0.2], [0.0, 0.0, -0.1, 0.9]], [[0], [2, 3]]),
+    ("a pool below a clear margin swapped in", [[0.5, 0.0, 0.2], [0.0, 0.0, -0.1, 0.9]], [[2], [0, 3]]),
+])
+def test_what_is_not_a_tie_is_not_called_one(case, scores, kept):
+    assert first_tie(ONE_PROMPT, _selections(scores, kept)) is None, case
+
+
+def test_an_undecided_path_does_not_fail_the_run_and_says_so():
+    from kvphase.conform.check import ConformRun, Outcome
+
+    tie = IndexerTie(0, 64, 0.0, 4.8e-4, (0, 10), (1, 10))
+    undecided = PathCheck("branch", 64, 4, 0.53, 0.08, 0.01, failed_lengths=(64,), tried=4, ties=((64, tie),))
+    failed = PathCheck("branch", 64, 4, 0.53, 0.08, 0.01, failed_lengths=(64, 65), tried=4, ties=((64, tie),))
+    assert (undecided.status, failed.status) == ("UNDECIDED", "FAIL")
+    assert "an indexer tie explains every one:" in undecided.line()
+    assert "tie" not in undecided.line(with_tie=False)
+    assert "FAIL" in failed.line() and "explains 1 of them" in failed.line()
+    assert undecided.to_json()["ties"] == [{"length": 64, **tie.to_json()}]
+
+    def run(path):
+        return ConformRun("llama.cpp", [Outcome("m", "PASS", "", 1.0, paths=(path,))], Path("unused"))
+
+    assert not run(undecided).failed and run(failed).failed

@@ -57,6 +57,7 @@ class LlamaCppBackend:
 
         self._lc = llama_cpp
         self.model_path = Path(model_path)
+        self.n_gpu_layers = n_gpu_layers  # a twin with a graph tap opens the same (conform.ties)
         self._model = engine.load_model(self.model_path, n_gpu_layers=n_gpu_layers)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.model_path} "

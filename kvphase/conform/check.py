@@ -248,7 +248,9 @@ def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
         outcome = run_reference(item, choice, advance)
         say(table_line(outcome))
         for path in outcome.paths:
-            say(f"  {outcome.name} {path.line()}")
+            say(f"  {outcome.name} {path.line(with_tie=False)}")
+            if path.ties:
+                say(f"    {path.tie_note}")
         outcomes.append(outcome)
     run = ConformRun(describe_engine(choice), outcomes, out, time.monotonic() - started)
     write_folder(run, choice)

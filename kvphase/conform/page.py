@@ -11,7 +11,12 @@ def headline(run) -> str:
     counts = {status: sum(o.status == status for o in run.outcomes) for status in ("PASS", "FAIL", "cannot run")}
     said = f"{run.engine}: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['cannot run']} cannot run"
     failed = [f"{o.name} ({o.reason})" for o in run.outcomes if o.status == "FAIL"]
-    return said + (f"; {'; '.join(failed)}" if failed else "") + "."
+    said += f"; {'; '.join(failed)}" if failed else ""
+    undecided = [f"{o.name}'s {p.path}" for o in run.outcomes for p in o.paths if p.status == "UNDECIDED"]
+    if undecided:
+        said += (f"; UNDECIDED (an indexer tie llama.cpp broke the other way, no engine defect shown): "
+                 f"{', '.join(undecided)}")
+    return said + "."
 
 
 def models_table(run) -> str:
@@ -39,7 +44,7 @@ def paths_table(run) -> str:
     rows = [{"model": o.name, "path": p.path, "verdict": p.status,
              "where": p.where if not p.reason else "",
              "largest difference (nats)": f"{p.max_difference:.3g}" if not p.reason else "",
-             "mean": f"{p.mean_difference:.2g}" if not p.reason else "", "why": p.reason}
+             "mean": f"{p.mean_difference:.2g}" if not p.reason else "", "why": p.reason or p.tie_note}
             for o in run.outcomes for p in o.paths]
     return markdown_table(pd.DataFrame(rows))
 
@@ -58,7 +63,11 @@ def conform_page(run, choice) -> ReportPage:
                f"minus the folder's, on the same targets, has its 90% paired interval within +-{choice.margin:g} points "
                "(two one-sided tests at 5%); a random-weight model (check: logprobs) passes when no target's answer "
                f"log-probability moved more than {choice.logprob_tolerance:g} nats. cannot run: the engine lacks the "
-               "architecture; such a model is not counted as passing."),
+               "architecture; such a model is not counted as passing."
+               + (" An engine path passes when its answers' log-probabilities stay within its tolerance of the same "
+                  "text scored as one prompt; it is UNDECIDED when it moved only after a token whose indexer scores "
+                  "tied at the edge of the kept pools, where llama.cpp kept another of the tied pools (neither side "
+                  "is shown wrong, and the run does not fail for it)." if any(o.paths for o in run.outcomes) else "")),
         sections=sections,
         measured=[f"the whole check: {run.wall_time_s:.1f} s (the references' plans built and checked, every model "
                   "run)"] + [f"{o.name}: {o.seconds:.1f} s" for o in run.outcomes],

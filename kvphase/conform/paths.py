@@ -21,17 +21,21 @@ copy nothing. Through llama-server (`server_paths`): a prefix-cache hit after a 
 every residue, and two slots scoring at once (llama.cpp #26741).
 
 Random weights make the comparison sharp: nothing but the path changes the numbers, so the
-tolerance is rounding's (flash attention's F16 products and kernel choice by batch shape).
+tolerance is rounding's (flash attention's F16 products and kernel choice by batch shape). One thing
+besides rounding moves a right path: an indexer whose scores tie at the edge of its kept set, which
+llama.cpp breaks by slot order (`conform.ties`). A path that moved only after such a tie is
+UNDECIDED, not FAIL: neither side is shown wrong, and the check says where the tie was.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
 from kvphase.backends.base import Query
+from kvphase.conform.ties import IndexerTie, first_tie, recorded, tapped
 
 PATHS = ("branch", "token by token", "micro-batch cut")
 PROMPT_TOKENS = ANSWER_TOKENS = 4
@@ -54,12 +58,15 @@ class PathCheck:
     failed_lengths: tuple[int, ...] = ()  # the contexts where the path moved beyond the tolerance
     tried: int = 0  # contexts tried
     reason: str = ""  # why the path cannot run here ("" when it ran)
+    ties: tuple[tuple[int, IndexerTie], ...] = ()  # (length, tie) for the failed contexts an indexer tie explains
 
     @property
     def status(self) -> str:
         if self.reason:
             return "cannot run"
-        return "FAIL" if self.failed_lengths else "PASS"
+        if not self.failed_lengths:
+            return "PASS"
+        return "UNDECIDED" if len(self.ties) == len(self.failed_lengths) else "FAIL"
 
     @property
     def about_residues(self) -> bool:
@@ -73,21 +80,31 @@ class PathCheck:
             return f"after a {self.length}-token context (residue {self.length % self.stride} mod {self.stride})"
         return "after every context tried"
 
-    def line(self) -> str:
-        """The console's line: PASS / FAIL naming the path, where, and the largest difference."""
+    def line(self, with_tie: bool = True) -> str:
+        """The console's line: PASS / FAIL / UNDECIDED naming the path, where, and the largest difference
+        (and the tie's note, unless the console prints it on a line of its own)."""
         if self.reason:
             return f"{self.path}: cannot run: {self.reason}"
         said = (f"{self.path}: {self.status} {self.where}: largest log-probability difference from one prompt "
                 f"{self.max_difference:.3g} nats (mean {self.mean_difference:.2g}; tolerance {self.tolerance:g})")
         if self.about_residues:
             said += f"; beyond it after {len(self.failed_lengths)} of {self.tried} contexts"
-        return said
+        return said + (f"; {self.tie_note}" if self.ties and with_tie else "")
+
+    @property
+    def tie_note(self) -> str:
+        """What the indexer ties explain ("" without one)."""
+        if not self.ties:
+            return ""
+        length, tie = self.ties[0]
+        tied = "every one" if self.status == "UNDECIDED" else f"{len(self.ties)} of them"
+        return f"an indexer tie explains {tied}: after the {length}-token context, {tie.phrase()}"
 
     def to_json(self) -> dict:
         return {"path": self.path, "status": self.status, "length": self.length, "stride": self.stride,
                 "max_difference": self.max_difference, "mean_difference": self.mean_difference,
                 "tolerance": self.tolerance, "failed_lengths": list(self.failed_lengths), "tried": self.tried,
-                "reason": self.reason}
+                "reason": self.reason, "ties": [{"length": n, **tie.to_json()} for n, tie in self.ties]}
 
 
 def context_lengths(stride: int, base: int = BASE_CONTEXT, extra: Sequence[int] = ()) -> list[int]:
@@ -126,13 +143,29 @@ def check_paths(backend, n_vocab: int, stride: int, extra: Sequence[int] = (), t
     scored again before each path (so each path starts from a cleared cache)."""
     lengths = context_lengths(stride, base, extra)
     rng = np.random.default_rng(seed)
+    texts = {length: rng.integers(0, n_vocab, length + PROMPT_TOKENS + ANSWER_TOKENS).tolist() for length in lengths}
     differences: dict[str, dict[int, np.ndarray]] = {path: {} for path in paths}
-    for length in lengths:
-        tokens = rng.integers(0, n_vocab, length + PROMPT_TOKENS + ANSWER_TOKENS).tolist()
+    for length, tokens in texts.items():
         for path in paths:
             one_prompt = answer_rows(backend, tokens, length, None)  # (n_answer,)
             differences[path][length] = np.abs(answer_rows(backend, tokens, length, path, stride) - one_prompt)
-    return [_summarise(path, differences[path], stride, tolerance) for path in paths]
+    checks = [_summarise(path, differences[path], stride, tolerance) for path in paths]
+    if not any(check.failed_lengths for check in checks):
+        return checks
+    with tapped(backend) as tapped_backend:
+        if tapped_backend is None:
+            return checks
+        return [replace(check, ties=tuple((n, tie) for n in check.failed_lengths if (
+            tie := indexer_tie(tapped_backend, texts[n], n, check.path, stride, tolerance)))) for check in checks]
+
+
+def indexer_tie(backend, tokens: list[int], length: int, path: str, stride: int,
+                tolerance: float = PATH_TOLERANCE) -> Optional[IndexerTie]:
+    """The indexer tie behind `path`'s moved answer after `tokens[:length]`, through a `backend`
+    with a graph tap: None unless the path moves beyond `tolerance` there too and a tie explains it."""
+    one_prompt, one = recorded(backend, lambda b: answer_rows(b, tokens, length, None))
+    on_path, other = recorded(backend, lambda b: answer_rows(b, tokens, length, path, stride))
+    return first_tie(one, other) if np.abs(on_path - one_prompt).max() > tolerance else None
 
 
 def _summarise(path: str, by_length: dict[int, np.ndarray], stride: int, tolerance: float) -> PathCheck:

@@ -92,12 +92,8 @@ def token_rows(array: np.ndarray, n_tokens: int, groups_first: bool) -> np.ndarr
     return array.reshape(n_tokens, -1, array.shape[-1])
 
 
-class SelectionTap:
-    """A `engines.taps.Tap` that records, for one token position of each query decode, the units
-    every indexer layer selected (`take`): ascending unit numbers, and for minimax-m3 one row of
-    blocks per head group. Query decodes only."""
-
-    every_decode = False
+class IndexerNodeTap:
+    """What both indexer taps select: an architecture's indexer nodes in every layer."""
 
     def __init__(self, architecture: str):
         if architecture not in INDEXER_NODES:
@@ -105,11 +101,22 @@ class SelectionTap:
         self.nodes = INDEXER_NODES[architecture]
         self.node_names = (self.nodes.scores, self.nodes.top_k)
         self.name_prefixes = tuple(f"{node}-".encode() for node in self.node_names)  # `taps.Tap`
-        self.position = -1  # the token whose selection is recorded
-        self._arrays: dict[tuple[str, int], np.ndarray] = {}
 
     def select(self, name: str, layer: int, t) -> tuple[str, int] | None:
         return (name, layer) if layer >= 0 and name in self.node_names else None
+
+
+class SelectionTap(IndexerNodeTap):
+    """A `engines.taps.Tap` that records, for one token position of each query decode, the units
+    every indexer layer selected (`take`): ascending unit numbers, and for minimax-m3 one row of
+    blocks per head group. Query decodes only."""
+
+    every_decode = False
+
+    def __init__(self, architecture: str):
+        super().__init__(architecture)
+        self.position = -1  # the token whose selection is recorded
+        self._arrays: dict[tuple[str, int], np.ndarray] = {}
 
     def update(self, key: tuple[str, int], array: np.ndarray, positions: np.ndarray) -> None:
         rows = np.flatnonzero(np.asarray(positions) == self.position)
@@ -143,3 +150,31 @@ class SelectionTap:
                     for layer in layers}
         return {layer: units(arrays[(self.nodes.scores, layer)][0], arrays[(self.nodes.top_k, layer)][0])
                 for layer in layers}
+
+
+class IndexerRowsTap(IndexerNodeTap):
+    """A `engines.taps.Tap` that records every token's indexer scores and top-k slots in every
+    indexer layer, context decodes included (`every_decode`), by position: a later decode of a
+    position (the checked query after the branch's first one) replaces an earlier one's row."""
+
+    every_decode = True
+
+    def __init__(self, architecture: str):
+        super().__init__(architecture)
+        self.rows: dict[tuple[str, int, int], np.ndarray] = {}  # (node, layer, position) -> (slots,)
+
+    def update(self, key: tuple[str, int], array: np.ndarray, positions: np.ndarray) -> None:
+        flat = array.reshape(len(positions), -1)  # (n_tokens, slots)
+        for row, position in zip(flat, positions):
+            self.rows[(*key, int(position))] = row.copy()
+        return None
+
+    def selections(self) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+        """(position, layer) -> the token's visible scores in slot order (n_visible,) and the units
+        the indexer kept (`units`)."""
+        found = {}
+        for (node, layer, position), scores in self.rows.items():
+            if node == self.nodes.scores and (self.nodes.top_k, layer, position) in self.rows:
+                top = self.rows[(self.nodes.top_k, layer, position)]
+                found[(position, layer)] = (scores[np.isfinite(scores)], units(scores, top))
+        return found
