@@ -108,8 +108,9 @@ def sweep(
     random_offset: bool = typer.Option(False, "--random-offset", help="One shift per context drawn at random in "
                                        "[0, S) (seeded by --seed; offsets.csv records it)."),
     selection: bool = typer.Option(False, "--selection", help="Record whether the indexer (glm5-next's k-pool, "
-                                   "deepseek4's lightning indexer) selected each target's pool or entry when the "
-                                   "answer's first token was predicted; the report adds selection by residue."),
+                                   "deepseek4's lightning indexer, minimax-m3's block indexer: any head group) "
+                                   "selected each target's pool, entry or block when the answer's first token was "
+                                   "predicted; the report adds selection by residue."),
     query_phases: Optional[bool] = typer.Option(None, "--query-phases/--no-query-phases", help="Each context's "
                                                 "query at its own phase mod M (up to M-1 filler tokens before the "
                                                 "footer; targets stay put). Default on for a file that declares "
