@@ -1,7 +1,6 @@
 """The clustered design on real plans: contexts planned by the real planner with the real
 SmolLM2 tokenizer (no model is run), correctness simulated with a random effect per
-context as large as observed (PROTOCOL.md: the SD of per-context accuracy is 0.27 where
-independent targets give 0.18), scored by the report's own test.
+context as large as the largest observed (`CONTEXT_SD`), scored by the report's own test.
 
 - false positive rate: no residue effect, `kvphase sweep` defaults (32 per residue);
   at most 5% within Monte Carlo error;

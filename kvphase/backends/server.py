@@ -622,7 +622,7 @@ class ServerBackend:
         if not checked:
             raise self._every_server_gone()
         self.servers = [info for _, info in checked]
-        self._untold += path_warnings(self)  # issue 62: kvphase.backends.server_paths
+        self._untold += path_warnings(self)  # kvphase.backends.server_paths
         self.workers = [(engine, slot) for engine, info in checked for slot in range(self.slots or info.slots)]
 
     @property

@@ -1,5 +1,5 @@
 """What a llama-server may run differently from kvphase's in-process scoring, by the model's
-architecture (issue 62): settings a server's /props does not tell (llama.cpp 0.3.36 reports its
+architecture: settings a server's /props does not tell (llama.cpp 0.3.36 reports its
 slots, not its flash attention or whether its cache is unified), and paths measured to differ
 (docs/conform.md), so the sweep says so once per server instead of scoring a different model in
 silence."""

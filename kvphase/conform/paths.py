@@ -1,5 +1,5 @@
 """The engine paths where compressed-attention engines were found broken, each checked against the
-same text scored as one prompt in one batch (issue 62).
+same text scored as one prompt in one batch.
 
 Every path scores one answer after a context of random token ids, and must give the answer's
 log-probabilities that the whole text gives when it is decoded as its own prompt in one batch:

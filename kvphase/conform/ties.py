@@ -1,4 +1,4 @@
-"""Whether a path's moved answer is an indexer tie that llama.cpp broke the other way (issue 62).
+"""Whether a path's moved answer is an indexer tie that llama.cpp broke the other way.
 
 A k-pool or lightning indexer keeps the top-k of its scores, and llama.cpp's CPU `top_k`
 (`ggml_compute_forward_top_k_f32`, ggml-cpu/ops.cpp) is a `std::partial_sort`, which orders equal

@@ -1,4 +1,4 @@
-"""What a model in llama.cpp needs in memory, and what this process may still use (issue 42).
+"""What a model in llama.cpp needs in memory, and what this process may still use.
 
 An estimate, from the file's header alone, so that it is known before anything loads:
 

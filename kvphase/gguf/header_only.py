@@ -1,4 +1,4 @@
-"""A model's header without its weights (`kvphase header`, issue 40): for a model you do not hold.
+"""A model's header without its weights (`kvphase header`): for a model you do not hold.
 
 A sweep through running servers (`--backend server`) reads only the model's metadata and
 vocabulary on the machine that plans the prompts; for a 300 GB model that is a few MB of it.

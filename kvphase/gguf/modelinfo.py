@@ -1,7 +1,7 @@
 """What a GGUF file says about its model, read from metadata only (no weights, no llama.cpp).
 
 The compression keys follow `src/llama-arch.cpp` of the llama.cpp vendored in
-llama-cpp-python 0.3.36; see PROTOCOL.md for where each stride comes from.
+llama-cpp-python 0.3.36; see docs/protocol.md for where each stride comes from.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 window of a sweep's contexts is pooled with per-channel weights softmax(gate + ape) over
 its slots, and a slot sits at a phase (its position mod S). Per window and channel the
 probe sums the weight of each phase and records the dominant phase, its share and the
-entropy in bits (0: one phase takes all; log2 S: uniform) (PROTOCOL.md, "Gate
+entropy in bits (0: one phase takes all; log2 S: uniform) (docs/protocol.md, "Gate
 concentration"). The report gives, per layer, the entropy distribution and the share of
 windows (and channels) in which one phase takes more than half.
 

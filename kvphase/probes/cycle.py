@@ -2,7 +2,7 @@
 
 If a gate's per-phase bias is what makes a phase weak, rolling the bias by k (the bias
 that served phase p now serves p + k, payloads fixed) moves the accuracy curve by k:
-A_k(r) ~= A_0((r - k) mod S) (PROTOCOL.md, "Gate cycling"). The probe writes a copy of
+A_k(r) ~= A_0((r - k) mod S) (docs/protocol.md, "Gate cycling"). The probe writes a copy of
 the model with every bias tensor `kvphase.probes.gates` finds rolled (a GGUF both
 llama.cpp and the reference backend read), sweeps the original and the copy with the same
 plan into two sweep folders inside its own, and reports per phase the observed and the

@@ -3,7 +3,7 @@
 A sweep's context is taken as built (`kvphase.sweep.placement`), and for each of a few
 of its targets `shift` filler tokens (0 .. cycles x S - 1) are inserted right before the
 target record, everything else unchanged: the target moves to phase (p + shift) mod S
-while its content and its neighbours stay the same (PROTOCOL.md, "Flip probe"). At each
+while its content and its neighbours stay the same (docs/protocol.md, "Flip probe"). At each
 shift the probe scores the right value and, as distractors, every other value of the
 task's list that occurs in the context, and records the logprob of the right value, of
 the strongest distractor, and their margin. A phase-sensitive model switches its

@@ -2,7 +2,7 @@
 
 Every compressor kvphase knows pools a window of tokens with a per-channel softmax over
 the window of `gate + ape[slot]`, where `ape` is a learned bias per slot of the window
-(PROTOCOL.md, "Gate concentration"). With the content term averaged out, the bias alone
+(docs/protocol.md, "Gate concentration"). With the content term averaged out, the bias alone
 gives the static weights softmax(ape) over the slots; a slot sits at a fixed residue
 (its phase) of the position mod the stride S. Per channel this probe reports the weight
 each phase gets, its entropy in bits (0 for one-hot, log2 S for uniform), and the

@@ -8,7 +8,7 @@ by its mean (mean ablation: the head still contributes its average, but nothing 
 depends on the context; `L<l>H<h>/`). The report maps the change of accuracy and of the
 answer's log-probability per component and phase, with 95% intervals from the paired
 per-target differences: a head that serves phase p shows a drop at p and not elsewhere
-(PROTOCOL.md, "Knockouts").
+(docs/protocol.md, "Knockouts").
 
 With `slots=True` the components are the gate's phase slots instead: for a model whose
 compressor has a trained gate (kvphase-trained gated or kpool; in llama.cpp glm5-next's

@@ -1,6 +1,6 @@
 """Fixes at inference time for a weak phase: score each target with every token's phase moved.
 
-A shift `d` moves every token's phase by `d` (issue 20, item 3), in one of two ways:
+A shift `d` moves every token's phase by `d`, in one of two ways:
 
 - `prefix`: `d` filler tokens go in front of the context, right after BOS; the rest is unchanged.
   llama.cpp's block grid is fixed at absolute position 0, so this is what a deployed model

@@ -6,7 +6,7 @@ first, context by context (`plan_contexts`): every residue `r` (mod M) gets the 
 number of positions with the same mean and standard deviation, so a residue effect is
 never a depth effect, and every context serves every residue equally (or, when a context
 holds fewer than M targets, different residues once each), so a context that is hard as a
-whole pulls every residue down alike (PROTOCOL.md). Contexts are then laid out around
+whole pulls every residue down alike (docs/protocol.md). Contexts are then laid out around
 those positions, in one of the two padding modes:
 
 - prefix: records sit back to back after a pad of filler, so distractors move in
@@ -337,7 +337,7 @@ def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int, refine: bo
     checked on every plan. Anchors sit on the M grid, so their deviations from the mean come
     in pairs symmetric about it, and "nearest the middle" picks the same anchors: on both
     fingerprinted plans (7 large choices each) the two rules differ nowhere, which is why
-    the planted alternative passed every test (issue 42).
+    the planted alternative passed every test.
     """
     n = len(anchors)
     deviations = anchors - anchors.mean()  # (n,)

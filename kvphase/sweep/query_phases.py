@@ -1,5 +1,5 @@
 """The query's phase as a second factor: accuracy by the query's residue (query_pos mod M) and two
-tests that respect the contexts (issue 61, item 3).
+tests that respect the contexts.
 
 A query's phase is a property of its context, so a context is the unit of both tests: their
 p-values come from permutations of whole contexts' query-phase labels (fixed seed), never of

@@ -1,7 +1,7 @@
 """Tests, power and intervals that respect a clustered design.
 
 Targets that share a context are not independent: a context that confuses the model
-pulls all of its targets down together (PROTOCOL.md, "Statistics that respect the
+pulls all of its targets down together (docs/protocol.md, "Statistics that respect the
 design"). Everything here therefore compares residues *within* contexts, or resamples
 whole contexts:
 

@@ -19,7 +19,7 @@ from kvphase.gguf.trained import DEEPSEEK4_DESIGNS, DENSE_DESIGNS, GLM5_DESIGNS,
 # what the deepseek4 layout trains with where an option is not given: its single K = V head
 # (RMS-normed, no position embedding) leaves the retrieval at the mercy of gradient noise: at
 # 16 sequences a step and 1500 steps seeds 0 and 2 never left the plateau, at 32 both learned
-# it within 500 steps (measured, issue 18's note; some seeds still stay on it). glm5-next's
+# it within 500 steps (measured; some seeds still stay on it). glm5-next's
 # NoPE model finds the retrieval through its KDA layer between steps 500 and 750 while the
 # learning rate is still high: within a 3000-step schedule it did (94% at step 750), within a
 # 1000-step one it had not by the end (47%, measured); 2000 steps keep the rate high enough

@@ -9,7 +9,7 @@ hyper-connections with four identical streams and dense SwiGLU feed-forwards. Wh
   have no positions (NoPE); in GLM-5.3 the KDA layers are what knows token order, and here
   too: with `--kda off` (the layer the loader requires made a no-op, appended last) the model
   cannot tell the token after a key from the others, and its retrieval stalls near half
-  (measured, issue 18's note);
+  (measured);
 - NoPE MLA layers (`build_dsa_layer`): low-rank q (q_a, RMSNorm, q_b) absorbed into latent
   space by k_b per head; the latent c = RMSNorm(kv_a a) is K and V; out_h = v_b[h] (sum_j
   p_j c_j); attn_output; no sink;

@@ -1,6 +1,6 @@
 """summary.json, report.md and training_curve.png of a training run, from its CSV files alone.
 
-The gap of a model still at chance is noise (PROTOCOL.md: a stuck model looks flat, and
+The gap of a model still at chance is noise (a stuck model looks flat, and
 small samples at chance give spurious p-values), so the summary only reads a gap once
 the held-out accuracy has reached `READABLE_ACCURACY`.
 """
