@@ -83,3 +83,14 @@ def test_every_probe_command_closes_its_backends_and_warns_before_llamacpp_loads
     assert opened == [{"backend": name, "closed": True} for name in backends]
     warned = f"Warning: {PLANTED}" in result.output
     assert warned == ("llama.cpp" in backends), result.output
+
+
+@pytest.mark.parametrize("command", [["flip", "{tiny}", "--targets", "2", "--cycles", "1", "--context", "256"],
+                                     ["cycle", str(GATED), "--k", "1"], ["knockout", "{tiny}"]])
+def test_a_probe_refuses_a_backend_it_cannot_run_in_one_line(tiny_llama, tmp_path, command):
+    """Servers score no probe: flip ran llama.cpp in their place, cycle asked for a --url it does not take."""
+    argv = [word.replace("{tiny}", str(tiny_llama)) for word in command]
+    result = CliRunner().invoke(app, [*argv, "--backend", "server", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1 and result.output.strip() == ("Error: unknown backend 'server'; expected auto, "
+                                                               "reference, llama.cpp"), result.output
+    assert not (tmp_path / "run").exists()
