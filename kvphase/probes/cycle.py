@@ -82,9 +82,9 @@ def r_squared(table: pd.DataFrame) -> float | None:
     return 1.0 - float(((observed - predicted) ** 2).sum()) / total
 
 
-def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_backend: Callable[[Path], ContextManager[Backend]]) -> str:
+def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_model: Callable[[Path], ContextManager[Backend]]) -> str:
     """Sweep the model and its rolled copy with `plan` into run_dir/k0 and run_dir/k<k> (each on the
-    backend `open_backend(its path)` opens and closes); report."""
+    backend `open_model(its path)` opens and closes); report."""
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes import folder
     from kvphase.sweep.run import execute_sweep
@@ -97,7 +97,7 @@ def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_backend: Callable[[Pa
     rolled = run_dir / f"{model.name.removesuffix('.gguf')}-rolled-k{k}.gguf"
     tensors = write_rolled_model(model, rolled, k)
     for path, name in ((model, BASE_RUN), (rolled, rolled_run(k))):
-        with open_backend(path) as backend:
+        with open_model(path) as backend:
             execute_sweep(replace(plan, model=str(path)), backend, run_dir / name, read_model_info(path))
     write_json(run_dir / MANIFEST_FILE, folder.manifest(
         model, str(read_gguf_header(model).fields.get("general.architecture", "unknown")), time.time() - started,

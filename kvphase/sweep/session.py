@@ -24,12 +24,12 @@ from kvphase.options_check import check_record
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.runfolder import CONFIG_FILE, RunLock
-from kvphase.sweep.backend_setup import (SERVER_ENGINES, backend_context, closed_after, open_backend,  # noqa: F401
+from kvphase.sweep.backend_setup import (SERVER_ENGINES, backend_context, closed_after, open_backend,
                                          refuse_trained_compressor, server_connection, with_backend,
                                          with_gpu_layers, with_reference_design)
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
-from kvphase.sweep.notices import Notice, Say, log_notice  # noqa: F401 (the API and the CLI import them here)
+from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.selection import check_selection_plan, indexer_unit
 from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
@@ -258,8 +258,6 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every
     return plan
 
 
-
-
 def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combine: Optional[str],
                  shift: Optional[int], random_offset: bool) -> SweepPlan:
     """The plan with the phase shifts --offsets, --shift or --random-offset ask for (`sweep.offsets`):
@@ -299,7 +297,6 @@ def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
     except RunFolderError:  # a damaged config.json is named where the folder is checked
         return plan
     return replace(plan, query_phases=held)
-
 
 
 def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,
