@@ -22,8 +22,8 @@ FIXES = {"offsets 2 (mean)": dict(offsets=2), "offsets 4 (mean)": dict(offsets=4
 
 
 def main() -> None:
-    from kvphase.cli.sweep_cmd import open_backend
     from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.sweep.backend_setup import open_backend
     from kvphase.sweep.offsets import ShiftedScorer, offset_plan_from_options
     from kvphase.sweep.placement import build_probes
     from kvphase.sweep.plan import SweepDefaults, SweepPlan
@@ -47,33 +47,33 @@ def main() -> None:
                          padding=defaults.padding, seed=0, control=False, backend=defaults.backend,
                          backend_options=design)
         shift_by = "window" if plan.backend == "reference" else "prefix"
-        backend = open_backend(info, plan, threads=1)
-        task = load_task(plan.task)
-        contexts = build_probes(task, backend, plan.probe_settings)[:2 if args.quick else None]
-        filler = backend.tokenize(task.filler_text)
+        with open_backend(plan, info, threads=1) as backend:
+            task = load_task(plan.task)
+            contexts = build_probes(task, backend, plan.probe_settings)[:2 if args.quick else None]
+            filler = backend.tokenize(task.filler_text)
 
-        def plain() -> None:
-            for c in contexts:
-                backend.score(c.tokens, [t.query for t in c.targets])
+            def plain() -> None:
+                for c in contexts:
+                    backend.score(c.tokens, [t.query for t in c.targets])
 
-        def fixed(options: dict):
-            scorer = ShiftedScorer(backend, offset_plan_from_options(options.get("offsets"), options.get("combine"),
-                                                                     None, options.get("random_offset", False),
-                                                                     plan.stride, shift_by),
-                                   filler, plan.seed, plan.stride)
-            return lambda: [scorer.score(c.index, c.tokens, [t.query for t in c.targets]) for c in contexts]
+            def fixed(options: dict):
+                scorer = ShiftedScorer(backend, offset_plan_from_options(options.get("offsets"), options.get("combine"),
+                                                                         None, options.get("random_offset", False),
+                                                                         plan.stride, shift_by),
+                                       filler, plan.seed, plan.stride)
+                return lambda: [scorer.score(c.index, c.tokens, [t.query for t in c.targets]) for c in contexts]
 
-        for name, options in FIXES.items():
-            best = {"plain": (float("inf"), 0), name: (float("inf"), 0)}
-            for _ in range(args.rounds):
-                for label, run in (("plain", plain), (name, fixed(options))):
-                    tokens, started = backend.tokens_evaluated, time.perf_counter()
-                    run()
-                    seconds = time.perf_counter() - started
-                    best[label] = (min(best[label][0], seconds), backend.tokens_evaluated - tokens)
-            (plain_s, plain_tokens), (fix_s, fix_tokens) = best["plain"], best[name]
-            print(f"| {model.name} | {name} | {fix_tokens / plain_tokens:.2f} | {fix_s / plain_s:.2f} |", flush=True)
-        getattr(backend, "close", lambda: None)()
+            for name, options in FIXES.items():
+                best = {"plain": (float("inf"), 0), name: (float("inf"), 0)}
+                for _ in range(args.rounds):
+                    for label, run in (("plain", plain), (name, fixed(options))):
+                        tokens, started = backend.tokens_evaluated, time.perf_counter()
+                        run()
+                        seconds = time.perf_counter() - started
+                        best[label] = (min(best[label][0], seconds), backend.tokens_evaluated - tokens)
+                (plain_s, plain_tokens), (fix_s, fix_tokens) = best["plain"], best[name]
+                print(f"| {model.name} | {name} | {fix_tokens / plain_tokens:.2f} | {fix_s / plain_s:.2f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

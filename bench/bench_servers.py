@@ -24,10 +24,10 @@ SERVERS = (1, 2, 4)
 
 def main() -> None:
     from kvphase.backends.server import open_server_backend
-    from kvphase.cli.sweep_cmd import open_backend
     from kvphase.defaults import default_model_path
     from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
     from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.sweep.backend_setup import open_backend
     from kvphase.sweep.placement import build_probes
     from kvphase.sweep.plan import SweepPlan, query_room
     from kvphase.sweep.tasks import load_task
@@ -44,13 +44,13 @@ def main() -> None:
     info = read_model_info(args.model or default_model_path())
     plan = SweepPlan(model=str(info.path), task="records", stride=4, modulus=8, context=512, per_residue=2,
                      padding="prefix", seed=0, control=True, backend="llama.cpp")
-    local = open_backend(info, plan, threads=1)
-    contexts = build_probes(load_task(plan.task), local, plan.probe_settings)[:args.contexts]
-    jobs = [(c.tokens, [t.query for t in c.targets]) for c in contexts]
-    targets = sum(len(queries) for _, queries in jobs)
     n_ctx = plan.context + query_room(info)
     binary = find_llama_server()
     with ExitStack() as stack:
+        local = stack.enter_context(open_backend(plan, info, threads=1))
+        contexts = build_probes(load_task(plan.task), local, plan.probe_settings)[:args.contexts]
+        jobs = [(c.tokens, [t.query for t in c.targets]) for c in contexts]
+        targets = sum(len(queries) for _, queries in jobs)
         running = [stack.enter_context(llama_server(info.path, binary=binary, threads=1, slots=1,
                                                     n_ctx_per_slot=n_ctx + 64)) for _ in range(max(servers))]
         rpcs = [stack.enter_context(rpc_server()) for _ in range(2)]
@@ -74,7 +74,6 @@ def main() -> None:
     base = targets / best["in process (1 thread)"]
     for name, seconds in best.items():
         print(f"| {name} | {targets / seconds:.1f} | {targets / seconds / base:.2f} |", flush=True)
-    local.close()
 
 
 if __name__ == "__main__":

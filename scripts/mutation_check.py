@@ -269,7 +269,7 @@ MUTATIONS = [
     Mutation("dsv4-reference-roped-forward", "kvphase/reference/deepseek4.py", "rope(out[:, h], -pos, c.n_rot",
              "rope(out[:, h], pos, c.n_rot", (T_CSA + "::test_the_numpy_reference_runs_the_exported_file_as_llamacpp_does",),
              slow=True),
-    Mutation("probe-auto-reference-for-any-trained", "kvphase/cli/probes_cmd.py",
+    Mutation("probe-auto-reference-for-any-trained", "kvphase/probes/setup.py",
              'return "reference" if trained is not None and not trained.in_engine_layout else "llama.cpp"',
              'return "reference" if trained is not None else "llama.cpp"',
              (T_CSA + "::test_probes_take_llamacpp_for_a_deepseek4_file_and_the_reference_refuses_head_knockouts",),

@@ -12,6 +12,7 @@ from fakes import WordBackend
 from kvphase.backends.base import Score
 from kvphase.errors import PlanError
 from kvphase.sweep import calibrate as calibration
+from kvphase.sweep.backend_setup import closed_after
 from kvphase.sweep.calibrate import (PILOT_BUDGET, Band, Calibration, calibrate, calibrated_run_dir, easier_levels,
                                      harder_levels, plan_for_folder, tokens_of)
 from kvphase.sweep.placement import build_probes
@@ -150,7 +151,7 @@ def test_the_calibration_round_trips_through_config_json_and_a_rerun_reuses_it(t
 
     def open_backend(longest):
         opened.append(longest)
-        return KnownDifficulty(falling)
+        return closed_after(KnownDifficulty(falling))
 
     plan, resumed = plan_for_folder(PLAN, tmp_path, BAND, ["context"], 4096, open_backend)
     assert not resumed and opened == [4096] and plan.context == 2048 and plan.calibration["stopped"] == "in the band"

@@ -20,6 +20,7 @@ from kvphase.gguf.tensors import read_model_tensor
 from kvphase.gguf.tiny import write_tiny_model
 from kvphase.gguf.writer import overwrite_tensor
 from kvphase.probes.cycle import build_report, run_cycle, write_rolled_model
+from kvphase.sweep.backend_setup import closed_after
 from kvphase.sweep.plan import SweepPlan
 from tests.fakes import CharBackend
 
@@ -58,6 +59,11 @@ def _plan(path: Path) -> SweepPlan:
                      padding="prefix", seed=0, control=False)
 
 
+def _open(path):
+    """The fake gated backend on `path`, closed after its sweep as `backend_setup.open_backend` closes one."""
+    return closed_after(GateBackend(path))
+
+
 def test_rolled_copy_moves_each_row_by_k(tmp_path):
     model = _model(tmp_path)
     tensors = write_rolled_model(model, tmp_path / "rolled.gguf", 3)
@@ -71,7 +77,7 @@ def test_rolled_copy_moves_each_row_by_k(tmp_path):
 
 def test_weak_phase_moves_by_exactly_k(tmp_path):
     model, out = _model(tmp_path), tmp_path / "run"
-    headline = run_cycle(_plan(model), 1, out, GateBackend)
+    headline = run_cycle(_plan(model), 1, out, _open)
     assert f"weakest phase off the boundary {WEAK} -> {WEAK + 1} (predicted {WEAK + 1})" in headline
     summary = json.loads((out / "summary.json").read_text())
     assert summary["r_squared"] == 1.0
@@ -86,7 +92,7 @@ def test_k_out_of_range(tmp_path):
     model = _model(tmp_path)
     for k in (0, S):
         with pytest.raises(PlanError, match="between 1 and S - 1 = 3"):
-            run_cycle(_plan(model), k, tmp_path / "run", GateBackend)
+            run_cycle(_plan(model), k, tmp_path / "run", _open)
     assert not (tmp_path / "run").exists()
 
 

@@ -246,7 +246,7 @@ def test_a_trained_word_vocabulary_plans_long_contexts_with_scattered_distractor
     trained at that length failed before its first context."""
     from pathlib import Path
 
-    from kvphase.cli.sweep_cmd import open_backend
+    from kvphase.sweep.backend_setup import open_backend
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.sweep.plan import SweepDefaults, SweepPlan
 
@@ -257,7 +257,7 @@ def test_a_trained_word_vocabulary_plans_long_contexts_with_scattered_distractor
                      per_residue=8, padding=defaults.padding, seed=0, control=False, backend=defaults.backend,
                      backend_options={"design": defaults.design})
     task = load_task("pairs")
-    contexts = build_probes(task, open_backend(info, plan, threads=1),
-                            _settings("in-sequence", context=256, modulus=8, per_residue=8))
+    with open_backend(plan, info, threads=1) as backend:
+        contexts = build_probes(task, backend, _settings("in-sequence", context=256, modulus=8, per_residue=8))
     assert sum(len(c.targets) for c in contexts) == 8 * 8
     assert all(len(c.tokens) == 256 for c in contexts)

@@ -10,7 +10,7 @@ import typer
 
 from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import own_folder
-from kvphase.cli.sweep_cmd import BackendName, ServerEngine
+from kvphase.cli.sweep_cmd import BackendName, Say, ServerEngine
 from kvphase.cli.text import plain
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN
 from kvphase.conform.check import DEFAULT_CONTEXTS
@@ -59,7 +59,7 @@ def conform(
         if not quiet:
             typer.echo(plain(line))
 
-    run = run_conform(chosen, choice, out or Path("reports") / f"conform-{name}", say)
+    run = run_conform(chosen, choice, out or Path("reports") / f"conform-{name}", say, on_notice=Say(quiet=False))
     typer.echo(plain(headline(run)))
     typer.echo(f"Report: {plain(run.folder / 'report.md')}")
     if run.failed:

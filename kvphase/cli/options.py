@@ -14,18 +14,6 @@ GPU_LAYERS = typer.Option("0", "--gpu-layers", metavar="N", parser=gpu_layer_cou
                           "build runs every layer on the CPU and says so.")
 
 
-def given(value, default):
-    """An option's value, or the default when the option was not given (0 is a given value)."""
-    return default if value is None else value
-
-
-def with_gpu_layers(plan, gpu_layers: int):
-    """`session.with_gpu_layers`, its warning on stderr."""
-    from kvphase.sweep.session import with_gpu_layers as planned_with_gpu_layers
-
-    return planned_with_gpu_layers(plan, gpu_layers, lambda notice: typer.echo(f"Warning: {notice.text}", err=True))
-
-
 def own_folder(value: Optional[Path]) -> Optional[Path]:
     """--out / OUT must name a folder of the run's own (`session.check_own_folder`)."""
     from kvphase.sweep.session import check_own_folder

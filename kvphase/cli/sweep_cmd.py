@@ -17,17 +17,12 @@ from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.engines.llamacpp import CACHE_TYPES
-from kvphase.sweep import api, session
+from kvphase.sweep import api
 from kvphase.sweep.placement import AUTO_DENSITY
 from kvphase.sweep.run import SweepProgress
 from kvphase.sweep.session import PADDINGS, SERVER_ENGINES, Notice, stride_plan_lines
 from kvphase.sweep.strides import ALL
 from kvphase.sweep.tasks import available_tasks
-
-# The planning helpers other commands and scripts import from here (they live in `sweep.session`)
-from kvphase.sweep.session import (PlanOptions, backend_context, check_runs, parse_options, plan_sweep,  # noqa: F401
-                                   plans_that_fit, refuse_trained_compressor, run_dir_for, sample_size,
-                                   server_connection, with_backend, with_offsets, with_reference_design)
 
 Padding = Enum("Padding", {name.replace("-", "_"): name for name in PADDINGS}, type=str)
 ServerEngine = Enum("ServerEngine", {name.replace("-", "_"): name for name in SERVER_ENGINES}, type=str)
@@ -200,12 +195,6 @@ def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.{2 if seconds < 1 else 1 if seconds < 10 else 0}f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
-
-
-def open_backend(info, plan, threads, connect=None):
-    """`session.open_backend` with its warnings on stderr (for the commands and scripts that open
-    a sweep's backend themselves)."""
-    return session.open_backend(info, plan, threads, connect, Say(quiet=False))
 
 
 def say_stride_plans(console: Console, plans: list, per_residue_given: bool) -> None:

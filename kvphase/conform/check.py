@@ -10,6 +10,7 @@ engine could not run is "cannot run" with the engine's reason, never PASS.
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -23,6 +24,8 @@ from kvphase.errors import BackendError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.options_check import check_record
 from kvphase.runfolder import SUMMARY_FILE, make_folder, read_json_object, write_atomic, write_csv, write_json
+from kvphase.sweep.backend_setup import open_backend, server_connection, with_backend, with_reference_design
+from kvphase.sweep.notices import Say, log_notice
 from kvphase.sweep.plan import SweepPlan
 
 CONFORM_FILE = "conform.json"
@@ -123,8 +126,6 @@ def _committed_intervals(folder: Path) -> dict:
 
 def engine_plan(prepared: Prepared, choice: EngineChoice) -> tuple[SweepPlan, dict]:
     """The plan as the chosen engine runs it, and where it runs (`connect`): sweep's own helpers."""
-    from kvphase.cli.sweep_cmd import server_connection, with_backend, with_reference_design
-
     plan = replace(prepared.plan, backend="llama.cpp", backend_options={})
     connect = server_connection(choice.backend, list(choice.urls), None, choice.server_engine,
                                 choice.request_timeout)
@@ -140,11 +141,12 @@ def lacking(info: ModelInfo, choice: EngineChoice) -> str:
     return ""
 
 
-def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[int], None] = lambda n: None) -> Outcome:
+def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[int], None] = lambda n: None,
+                  on_notice: Say = log_notice) -> Outcome:
     """Score the prepared contexts through the engine and compare; "cannot run" when the engine
-    lacks the architecture or refuses to load the file."""
+    lacks the architecture or refuses to load the file. `on_notice` hears the backend's warnings
+    (memory, a server lost)."""
     from kvphase.backends.base import score_contexts
-    from kvphase.cli.sweep_cmd import open_backend
     from kvphase.sweep.run import RESULT_COLUMNS, _result_row
 
     started = time.monotonic()
@@ -153,14 +155,14 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
     if why:
         return Outcome(name, "cannot run", why, 0.0)
     plan, connect = engine_plan(prepared, choice)
-    try:
-        backend = open_backend(prepared.info, plan, choice.threads, connect)
-    except (BackendError, ModelFileError) as exc:
-        if choice.backend == "server":  # a server that does not answer, or serves another model: the check stops
-            raise
-        return Outcome(name, "cannot run", f"{plan.backend} cannot load {prepared.info.architecture}: {exc}",
-                       time.monotonic() - started)
-    try:
+    with ExitStack() as stack:
+        try:
+            backend = stack.enter_context(open_backend(plan, prepared.info, choice.threads, connect, on_notice))
+        except (BackendError, ModelFileError) as exc:
+            if choice.backend == "server":  # a server that does not answer, or serves another model: the check stops
+                raise
+            return Outcome(name, "cannot run", f"{plan.backend} cannot load {prepared.info.architecture}: {exc}",
+                           time.monotonic() - started)
         check_served_model(backend, prepared.reference)
         jobs = [(c.tokens, [t.query for t in c.targets]) for c in prepared.contexts]
         rows = []
@@ -169,8 +171,6 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
             rows += [_result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
             advance(len(context.targets))
         paths = engine_paths(backend, prepared, choice)
-    finally:
-        getattr(backend, "close", lambda: None)()
     engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
     check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,
                          choice.margin, choice.logprob_tolerance, seed=prepared.plan.seed)
@@ -239,13 +239,14 @@ class ConformRun:
 
 def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
             say: Callable[[str], None] = lambda line: None,
-            advance: Callable[[int], None] = lambda n: None) -> ConformRun:
-    """Prepare every reference (all refusals first), run each, then write the folder."""
+            advance: Callable[[int], None] = lambda n: None, on_notice: Say = log_notice) -> ConformRun:
+    """Prepare every reference (all refusals first), run each, then write the folder; `say` hears the
+    table's lines, `on_notice` the backends' warnings."""
     started = time.monotonic()
     prepared = [prepare(reference, choice) for reference in references]
     outcomes = []
     for item in prepared:
-        outcome = run_reference(item, choice, advance)
+        outcome = run_reference(item, choice, advance, on_notice)
         say(table_line(outcome))
         for path in outcome.paths:
             say(f"  {outcome.name} {path.line(with_tie=False)}")

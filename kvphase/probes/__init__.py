@@ -6,6 +6,9 @@ like a sweep's (`folder.py`) that `kvphase report` rebuilds through `REPORTS`.
 - `flip`: single targets moved through the phases, right value against the strongest distractor.
 - `cycle`: every gate bias rolled by k; does the weak phase move by k?
 - `knockout`: each head (or gate phase slot) mean-ablated in turn; which phase does it serve?
+
+`setup` takes each probe command from its options to its run folder: the probes' defaults, the
+sweep plan their contexts come from, and the backend opened and closed (`sweep.backend_setup`).
 """
 
 from __future__ import annotations

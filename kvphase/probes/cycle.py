@@ -16,7 +16,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import numpy as np
 import pandas as pd
@@ -82,8 +82,9 @@ def r_squared(table: pd.DataFrame) -> float | None:
     return 1.0 - float(((observed - predicted) ** 2).sum()) / total
 
 
-def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_backend: Callable[[Path], Backend]) -> str:
-    """Sweep the model and its rolled copy with `plan` into run_dir/k0 and run_dir/k<k>; report."""
+def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_model: Callable[[Path], ContextManager[Backend]]) -> str:
+    """Sweep the model and its rolled copy with `plan` into run_dir/k0 and run_dir/k<k> (each on the
+    backend `open_model(its path)` opens and closes); report."""
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.probes import folder
     from kvphase.sweep.run import execute_sweep
@@ -96,7 +97,8 @@ def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_backend: Callable[[Pa
     rolled = run_dir / f"{model.name.removesuffix('.gguf')}-rolled-k{k}.gguf"
     tensors = write_rolled_model(model, rolled, k)
     for path, name in ((model, BASE_RUN), (rolled, rolled_run(k))):
-        execute_sweep(replace(plan, model=str(path)), open_backend(path), run_dir / name, read_model_info(path))
+        with open_model(path) as backend:
+            execute_sweep(replace(plan, model=str(path)), backend, run_dir / name, read_model_info(path))
     write_json(run_dir / MANIFEST_FILE, folder.manifest(
         model, str(read_gguf_header(model).fields.get("general.architecture", "unknown")), time.time() - started,
         rolled_tensors=tensors, rolled_model=rolled.name))

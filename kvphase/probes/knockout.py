@@ -290,13 +290,6 @@ class EngineHeads:
         return GateSlotKnockout(self.gate, self.stride, self.channels, layer, phase, weights)
 
 
-def open_tapped_backend(model_path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0):
-    """The model in llama.cpp with a head tap installed (`LlamaCppBackend(head_tap=True)`)."""
-    from kvphase.backends.llamacpp import LlamaCppBackend
-
-    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, head_tap=True, n_gpu_layers=n_gpu_layers)
-
-
 def model_heads(backend) -> PolicyHeads | EngineHeads:
     """Where a backend's heads can be reached: its reference policy, or its llama.cpp head tap."""
     if hasattr(backend, "policy"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, ContextManager, NamedTuple, Sequence
 
 import numpy as np
 
@@ -292,22 +292,20 @@ def _nearest_affordable(steps: list[PilotStep], band: Band) -> int:
 
 
 def plan_for_folder(plan: SweepPlan, run_dir: Path, band: Band, knobs: Sequence[str], longest: int,
-                    open_backend: Callable[[int], Backend], fit: str | None = "prefix",
+                    open_pilot: Callable[[int], ContextManager[Backend]], fit: str | None = "prefix",
                     progress: Callable[[PilotStep], None] = lambda step: None,
                     shortest: int = SHORTEST_CONTEXT) -> tuple[SweepPlan, bool]:
     """(the calibrated plan, whether it came from the folder): a folder that holds a calibration
     started from these same options is resumed at its setting with no new pilot (the pilot's
     numbers are machine-bound, so a second one could choose another setting); otherwise the
-    pilot runs on `open_backend(longest)` and chooses. The caller then checks the folder."""
+    pilot runs on the backend `open_pilot(longest)` opens and closes, and chooses. The caller then
+    checks the folder."""
     held = held_calibration(run_dir, plan, band, knobs)
     if held is not None:
         return held, True
-    backend = open_backend(longest)
-    try:
+    with open_pilot(longest) as backend:
         calibration = calibrate(plan, backend, band, knobs, longest, fit, progress, shortest)
         return calibrated_plan(plan, calibration, _request(plan, band, knobs), backend, fit), False
-    finally:
-        getattr(backend, "close", lambda: None)()
 
 
 def held_calibration(run_dir: Path, plan: SweepPlan, band: Band, knobs: Sequence[str]) -> SweepPlan | None:

@@ -1,6 +1,6 @@
 """A sweep from its options to its run folders: planning (the model's defaults, calibration,
-phase shifts, every declared stride), the run folders' names, a dry run's estimate, opening a
-backend, and the runs themselves with their reports.
+phase shifts, every declared stride), the run folders' names, a dry run's estimate, and the runs
+themselves with their reports (each backend opened and closed by `backend_setup`).
 
 Both front ends call this: `kvphase sweep` (which parses the options and prints) and the Python
 API (`kvphase.sweep`). Nothing here prints; what a user should read goes to a `say` callback as
@@ -11,22 +11,25 @@ options (`--context`); in Python each is the keyword of the same name (`context=
 from __future__ import annotations
 
 import json
-import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, ContextManager, NamedTuple, Optional, Union
 
 from kvphase.backends import BACKENDS
-from kvphase.defaults import default_model_path, default_threads, gpu_layer_count
+from kvphase.defaults import default_model_path, gpu_layer_count
 from kvphase.engines.llamacpp import CACHE_TYPES, Vocab
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.options_check import check_record
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.runfolder import CONFIG_FILE, RunLock
+from kvphase.sweep.backend_setup import (SERVER_ENGINES, backend_context, closed_after, open_backend,
+                                         refuse_trained_compressor, server_connection, with_backend,
+                                         with_gpu_layers, with_reference_design)
 from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated_run_dir, calibration_knobs,
                                      held_calibration, plan_for_folder)
+from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.selection import check_selection_plan, indexer_unit
 from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
@@ -37,29 +40,7 @@ from kvphase.sweep.run import SweepProgress, check_run_dir, default_run_dir, exe
 from kvphase.sweep.strides import ALL, LARGE_STRIDE, declared_strides, modulus_for, parse_stride, planned_dip
 from kvphase.sweep.tasks import load_task
 
-REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
 PADDINGS = ("prefix", "in-sequence")
-SERVER_ENGINES = ("llama-server", "openai")  # llama-server, or an OpenAI-compatible engine with prompt logprobs
-
-_log = logging.getLogger("kvphase")
-
-
-class Notice(NamedTuple):
-    """One line for the user. kind: "note" (what a plan chose; a quiet front end drops it),
-    "attention" (the same, worth a colour: a control run, a stride not swept) or "warning"
-    (always shown: memory, a server lost, a sweep that died holding the folder)."""
-
-    text: str
-    kind: str = "note"
-
-
-Say = Callable[[Notice], None]
-
-
-def log_notice(notice: Notice) -> None:
-    """The default `say` of the Python API: notes at INFO, warnings at WARNING, on the "kvphase"
-    logger (so a notebook shows warnings, and notes only when asked with logging.basicConfig)."""
-    _log.log(logging.WARNING if notice.kind == "warning" else logging.INFO, notice.text)
 
 
 @dataclass(frozen=True)
@@ -277,36 +258,6 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every
     return plan
 
 
-def with_backend(plan: SweepPlan, connect: dict, engine: str, cache_type: Optional[str]) -> SweepPlan:
-    """The plan with the server engine (when `connect` names servers) and llama.cpp's cache type:
-    recorded in backend_options only when it is not the default f16, so an f16 plan's config.json
-    is what it always was, and a folder cannot be resumed with another cache type."""
-    if connect:
-        plan = replace(plan, backend="server", backend_options={"engine": engine})
-    if cache_type is None:
-        return plan
-    if plan.backend != "llama.cpp":
-        raise PlanError(f"--cache-type applies to --backend llama.cpp only, not {plan.backend}")
-    if cache_type == "f16":
-        return plan
-    return replace(plan, backend_options={**plan.backend_options, "cache_type": cache_type})
-
-
-def with_gpu_layers(plan: SweepPlan, gpu_layers: int, say: Say = log_notice) -> SweepPlan:
-    """The plan with --gpu-layers in its backend options (only when above 0, so a CPU plan's
-    config.json is what it always was); a warning when this llama.cpp build cannot offload."""
-    if not gpu_layers:
-        return plan
-    if plan.backend != "llama.cpp":
-        raise PlanError(f"--gpu-layers applies to the llama.cpp backend only, not {plan.backend}")
-    from kvphase.engines.llamacpp import gpu_offload_note
-
-    note = gpu_offload_note(gpu_layers)
-    if note:
-        say(Notice(note, "warning"))
-    return replace(plan, backend_options={**plan.backend_options, "gpu_layers": gpu_layers})
-
-
 def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combine: Optional[str],
                  shift: Optional[int], random_offset: bool) -> SweepPlan:
     """The plan with the phase shifts --offsets, --shift or --random-offset ask for (`sweep.offsets`):
@@ -346,15 +297,6 @@ def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
     except RunFolderError:  # a damaged config.json is named where the folder is checked
         return plan
     return replace(plan, query_phases=held)
-
-
-def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
-    """Tokens a prefix shift adds to llama.cpp's context (a trained model's whole context is
-    already open: its query room holds them)."""
-    offsets = plan.offset_plan
-    if offsets.shift_by != "prefix" or info.trained is not None:
-        return 0
-    return offsets.max_shift(plan.stride)
 
 
 def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,
@@ -442,12 +384,9 @@ def run_sweep(info: ModelInfo, plan: SweepPlan, run_dir: Path, planned: PlannedS
             say(notice)
         if aim is not None:
             plan = calibrated(info, plan, run_dir, aim, threads, connect, say)
-        backend = open_backend(info, plan, threads, connect, say)
-        try:
-            with (progress or (lambda: nullcontext(SweepProgress())))() as bar:
-                execute_sweep(plan, backend, run_dir, info, bar)
-        finally:
-            getattr(backend, "close", lambda: None)()
+        with open_backend(plan, info, threads, connect, say) as backend, \
+                (progress or (lambda: nullcontext(SweepProgress())))() as bar:
+            execute_sweep(plan, backend, run_dir, info, bar)
         return build_report(run_dir)
 
 
@@ -475,7 +414,7 @@ def calibrated(info: ModelInfo, plan: SweepPlan, run_dir: Path, aim: Calibration
     longest = info.context_length - query_room(info) if info.context_length else plan.context
 
     def pilot_backend(context: int):
-        return open_backend(info, replace(plan, context=context), threads, connect, say)
+        return open_backend(replace(plan, context=context), info, threads, connect, say)
 
     def say_step(step) -> None:
         say(Notice(f"calibration pilot: {step.task} at {step.context} tokens: {step.accuracy:.1f}% "
@@ -515,14 +454,11 @@ def dry_run_sweep(planned: PlannedSweep, plan: SweepPlan, run_dir: Path, say: Sa
     for notice in plan_notices(info, plan, planned.options.detect):
         say(notice)
     timed = info.weights_size is None or plan.backend == "server"
-    if timed:
-        backend = open_backend(info, plan, planned.options.threads, planned.connect, say)
-    else:  # a header-only file: the prompts from its vocabulary, nothing to run here
-        backend = Vocab.load(info.path)
-    try:
+    # a header-only file: the prompts from its vocabulary, nothing to run here
+    opened = open_backend(plan, info, planned.options.threads, planned.connect, say) if timed else \
+        closed_after(Vocab.load(info.path))
+    with opened as backend:
         estimate = estimate_sweep(plan, backend, run_dir, info, timed, announce=lambda line: say(Notice(line)))
-    finally:
-        getattr(backend, "close", lambda: None)()
     memory = expected_memory(info, plan) if plan.backend == "llama.cpp" and estimate.pending_contexts else None
     return DryRun(run_dir, plan, info.path, estimate, timed, memory)
 
@@ -582,69 +518,3 @@ def parse_options(pairs: list[str]) -> dict:
             options[key.strip().replace("-", "_")] = value
     return options
 
-
-def refuse_trained_compressor(info) -> None:
-    """PlanError for a kvphase-trained model whose compressor llama.cpp cannot run."""
-    if info.trained is not None and info.compression.compressed and not info.trained.in_engine_layout:
-        raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
-                        "cannot run; use --backend reference (the default for it)")
-
-
-def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:
-    """The plan with the reference design filled in: its stride defaults to the sweep's."""
-    from kvphase.reference.policy import check_policy_layers, make_policy
-
-    defaults = {"meanpool": {"window": plan.stride, "stride": plan.stride},
-                "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
-                "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
-    options = {**defaults, **options}
-    if design == "trained":
-        if options:
-            raise PlanError(f"design 'trained' reads every setting from the model file, got options {sorted(options)}")
-        return replace(plan, backend="reference", backend_options={"design": "trained"})
-    check_policy_layers(make_policy(design, **options), n_layer)  # a bad design or option fails before any weights load
-    return replace(plan, backend="reference", backend_options={"design": design, **options},
-                   control=plan.control and design == "dense")
-
-
-def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str,
-                      request_timeout: Optional[float] = None, deadline: Optional[float] = None,
-                      allow_model_mismatch: bool = False) -> dict:
-    """Where a server sweep runs, how long it may wait and whether a server holding another model
-    may score (not part of the plan: a run may resume on other servers); empty for the other
-    backends, which take none of these options."""
-    if backend != "server":
-        if urls or engine != SERVER_ENGINES[0] or allow_model_mismatch or any(
-                v is not None for v in (slots, request_timeout, deadline)):
-            raise PlanError("--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply "
-                            "to --backend server only")
-        return {}
-    if not urls:
-        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    given = {"request_timeout_s": request_timeout, "deadline_s": deadline,
-             "allow_model_mismatch": allow_model_mismatch or None}
-    return {"urls": urls, "slots": slots, **{k: v for k, v in given.items() if v is not None}}
-
-
-def open_backend(info: ModelInfo, plan: SweepPlan, threads: Optional[int], connect: Optional[dict] = None,
-                 say: Say = log_notice):
-    """The backend a plan names, through the `BACKENDS` registry; `connect` adds where it runs.
-    Before llama.cpp loads a model that will likely not fit in memory, a warning says so."""
-    n_ctx = backend_context(info, plan)
-    if plan.backend == "llama.cpp":
-        from kvphase.engines.memory import memory_warning
-
-        warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
-        if warning:
-            say(Notice(warning, "warning"))
-    selection = {"selection": True} if plan.selection else {}
-    backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
-                                     options={**plan.backend_options, **(connect or {}), **selection})
-    if hasattr(backend, "on_lost"):  # a server that leaves mid-run: the others take its contexts
-        backend.on_lost = lambda line: say(Notice(line, "warning"))
-    return backend
-
-
-def backend_context(info: ModelInfo, plan: SweepPlan) -> int:
-    """The tokens a plan's backend holds: the context, its query phase's filler, its query and the shifts' filler."""
-    return plan.context + plan.query_shift_room + query_room(info) + shift_room(info, plan)

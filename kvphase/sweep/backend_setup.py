@@ -1,0 +1,139 @@
+"""A plan's backend: which one runs it and with what (servers, a reference design, llama.cpp's
+cache type and GPU layers), the tokens it must hold, and opening it, with the memory warning,
+as a context manager that closes it. Sweeps, the mechanism probes, conform, the benches and the
+tests all open a backend here."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Iterator, Optional
+
+from kvphase.backends import BACKENDS, Backend
+from kvphase.defaults import default_threads
+from kvphase.errors import PlanError
+from kvphase.gguf.modelinfo import ModelInfo
+from kvphase.sweep.notices import Notice, Say, log_notice
+from kvphase.sweep.plan import SweepPlan, query_room
+
+REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
+SERVER_ENGINES = ("llama-server", "openai")  # llama-server, or an OpenAI-compatible engine with prompt logprobs
+
+
+def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str,
+                      request_timeout: Optional[float] = None, deadline: Optional[float] = None,
+                      allow_model_mismatch: bool = False) -> dict:
+    """Where a server sweep runs, how long it may wait and whether a server holding another model
+    may score (not part of the plan: a run may resume on other servers); empty for the other
+    backends, which take none of these options."""
+    if backend != "server":
+        if urls or engine != SERVER_ENGINES[0] or allow_model_mismatch or any(
+                v is not None for v in (slots, request_timeout, deadline)):
+            raise PlanError("--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply "
+                            "to --backend server only")
+        return {}
+    if not urls:
+        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
+    given = {"request_timeout_s": request_timeout, "deadline_s": deadline,
+             "allow_model_mismatch": allow_model_mismatch or None}
+    return {"urls": urls, "slots": slots, **{k: v for k, v in given.items() if v is not None}}
+
+
+def with_backend(plan: SweepPlan, connect: dict, engine: str, cache_type: Optional[str]) -> SweepPlan:
+    """The plan with the server engine (when `connect` names servers) and llama.cpp's cache type:
+    recorded in backend_options only when it is not the default f16, so an f16 plan's config.json
+    is what it always was, and a folder cannot be resumed with another cache type."""
+    if connect:
+        plan = replace(plan, backend="server", backend_options={"engine": engine})
+    if cache_type is None:
+        return plan
+    if plan.backend != "llama.cpp":
+        raise PlanError(f"--cache-type applies to --backend llama.cpp only, not {plan.backend}")
+    if cache_type == "f16":
+        return plan
+    return replace(plan, backend_options={**plan.backend_options, "cache_type": cache_type})
+
+
+def with_gpu_layers(plan: SweepPlan, gpu_layers: int, say: Say = log_notice) -> SweepPlan:
+    """The plan with --gpu-layers in its backend options (only when above 0, so a CPU plan's
+    config.json is what it always was); a warning when this llama.cpp build cannot offload."""
+    if not gpu_layers:
+        return plan
+    if plan.backend != "llama.cpp":
+        raise PlanError(f"--gpu-layers applies to the llama.cpp backend only, not {plan.backend}")
+    from kvphase.engines.llamacpp import gpu_offload_note
+
+    note = gpu_offload_note(gpu_layers)
+    if note:
+        say(Notice(note, "warning"))
+    return replace(plan, backend_options={**plan.backend_options, "gpu_layers": gpu_layers})
+
+
+def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:
+    """The plan with the reference design filled in: its stride defaults to the sweep's."""
+    from kvphase.reference.policy import check_policy_layers, make_policy
+
+    defaults = {"meanpool": {"window": plan.stride, "stride": plan.stride},
+                "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
+                "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
+    options = {**defaults, **options}
+    if design == "trained":
+        if options:
+            raise PlanError(f"design 'trained' reads every setting from the model file, got options {sorted(options)}")
+        return replace(plan, backend="reference", backend_options={"design": "trained"})
+    check_policy_layers(make_policy(design, **options), n_layer)  # a bad design or option fails before any weights load
+    return replace(plan, backend="reference", backend_options={"design": design, **options},
+                   control=plan.control and design == "dense")
+
+
+def refuse_trained_compressor(info) -> None:
+    """PlanError for a kvphase-trained model whose compressor llama.cpp cannot run."""
+    if info.trained is not None and info.compression.compressed and not info.trained.in_engine_layout:
+        raise PlanError(f"{info.path.name} was trained with the {info.trained.design} compressor, which llama.cpp "
+                        "cannot run; use --backend reference (the default for it)")
+
+
+def shift_room(info: ModelInfo, plan: SweepPlan) -> int:
+    """Tokens a prefix shift adds to llama.cpp's context (a trained model's whole context is
+    already open: its query room holds them)."""
+    offsets = plan.offset_plan
+    if offsets.shift_by != "prefix" or info.trained is not None:
+        return 0
+    return offsets.max_shift(plan.stride)
+
+
+def backend_context(info: ModelInfo, plan: SweepPlan) -> int:
+    """The tokens a plan's backend holds: the context, its query phase's filler, its query and the shifts' filler."""
+    return plan.context + plan.query_shift_room + query_room(info) + shift_room(info, plan)
+
+
+@contextmanager
+def open_backend(plan: SweepPlan, info: ModelInfo, threads: Optional[int] = None, connect: Optional[dict] = None,
+                 say: Say = log_notice, n_ctx: Optional[int] = None, head_tap: bool = False) -> Iterator[Backend]:
+    """The backend a plan names, through the `BACKENDS` registry, closed when the block ends;
+    `connect` adds where it runs. Before llama.cpp loads a model that will likely not fit in
+    memory, a warning says so. `n_ctx`: the tokens it holds, when a probe needs more than the
+    plan's (`backend_context`); `head_tap`: llama.cpp with the graph tap head knockouts read."""
+    n_ctx = backend_context(info, plan) if n_ctx is None else n_ctx
+    if plan.backend == "llama.cpp":
+        from kvphase.engines.memory import memory_warning
+
+        warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
+        if warning:
+            say(Notice(warning, "warning"))
+    tap = {"selection": True} if plan.selection or head_tap else {}  # the factory's one tap serves both
+    backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
+                                     options={**plan.backend_options, **(connect or {}), **tap})
+    if hasattr(backend, "on_lost"):  # a server that leaves mid-run: the others take its contexts
+        backend.on_lost = lambda line: say(Notice(line, "warning"))
+    with closed_after(backend):
+        yield backend
+
+
+@contextmanager
+def closed_after(backend) -> Iterator:
+    """`backend` for the block, closed when it ends (a backend without `close` holds nothing to free)."""
+    try:
+        yield backend
+    finally:
+        getattr(backend, "close", lambda: None)()
