@@ -103,6 +103,28 @@ def test_import_kvphase_is_cheap_and_its_sweep_is_the_package_made_callable():
     assert done.stdout.split() == ["True", "True", "True", "kvphase.sweep.api", "kvphase.errors"]
 
 
+@pytest.mark.slow
+def test_an_options_record_runs_as_its_keywords_do(swept, tiny_llama, tmp_path):
+    """`sweep(model, SweepOptions(...), **overrides)` writes the folder the same keywords write."""
+    run, _, _ = swept
+    options = kvphase.SweepOptions(**{**SMALL, "seed": 5, "out": tmp_path / "other"})
+    again = kvphase.sweep(tiny_llama, options, seed=0, out=tmp_path / "record")
+    for name in ("results.csv", "config.json", "summary.json"):
+        assert (run.path / name).read_bytes() == (again.path / name).read_bytes(), name
+
+
+def test_the_api_lists_every_option_in_its_signature():
+    from dataclasses import fields
+    from inspect import signature
+
+    options = [f.name for f in fields(kvphase.SweepOptions)]
+    for function in (kvphase.sweep, kvphase.sweep_strides, kvphase.dry_run):
+        listed = signature(function).parameters
+        assert [name for name in listed if name in options] == options, function
+        assert listed["context"].default is None and listed["engine"].default == "llama-server"
+    _refused(PlanError, lambda: kvphase.sweep(None, {"context": 256}), "SweepOptions", "dict")
+
+
 def _refused(error: type, call, *fragments: str) -> None:
     """`call()` raises the library's `error` (not SystemExit, not another type) in one line naming the problem."""
     with pytest.raises(KvphaseError) as raised:

@@ -4,16 +4,20 @@
     import kvphase
     run = kvphase.sweep("model.gguf", context=512, per_residue=8)
     run.summary.headline(); run.results  # a pandas DataFrame, one row per target
+    options = kvphase.SweepOptions(context=512, per_residue=8)
+    run = kvphase.sweep("model.gguf", options, seed=1)  # the record, a field or two changed
 
 Every keyword of `sweep` is the command's option of the same name (`--per-residue` is
-`per_residue=`; `--option KEY=VALUE` is `design_options={"KEY": VALUE}`). Bad input raises the
+`per_residue=`; `--option KEY=VALUE` is `design_options={"KEY": VALUE}`), a field of
+`SweepOptions`; `help(kvphase.sweep)` lists them with their types and defaults. Bad input raises the
 library's errors (`kvphase.errors`: ModelFileError, PlanError, RunFolderError, ...), each a
 `KvphaseError` whose message is the line the command prints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect as _signatures
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -75,20 +79,38 @@ class StrideSweep:
     comparison: object  # sweep.compare.Comparison: .table (a DataFrame), .markdown, .figure, .csv
 
 
-def sweep(model: Optional[PathLike] = None, *, progress: Progress = None, on_notice: Optional[Say] = None,
-          **options) -> Run:
+def _takes_sweep_options(function):
+    """`function` with a signature that lists every `SweepOptions` field as a keyword (its type and
+    default), where its code takes them as **overrides: `help()` and editors show the options, and the
+    record that defines them stays the one place they are written."""
+    signature = _signatures.signature(function)
+    given = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    keywords = [_signatures.Parameter(f.name, _signatures.Parameter.KEYWORD_ONLY, annotation=f.type,
+                                      default=None if f.default is MISSING else f.default)
+                for f in fields(SweepOptions) if f.name not in signature.parameters]
+    function.__signature__ = signature.replace(parameters=given + keywords)
+    return function
+
+
+@_takes_sweep_options
+def sweep(model: Optional[PathLike] = None, options: Optional[SweepOptions] = None, *, progress: Progress = None,
+          on_notice: Optional[Say] = None, **overrides) -> Run:
     """Score a model's retrieval accuracy by token phase into a run folder (resuming what it holds)
     and write its report: `kvphase sweep MODEL`. `model` None: the default SmolLM2-135M.
     `progress(done, total)` as targets are scored; `on_notice(Notice)` hears what the command
-    prints on stderr (default: the "kvphase" logger)."""
-    if str(options.get("stride")).strip().lower() == ALL:
+    prints on stderr (default: the "kvphase" logger). `options`: a `SweepOptions` record, which
+    `overrides` (its fields as keywords) change."""
+    options = _options(options, overrides)
+    if str(options.stride).strip().lower() == ALL:
         raise PlanError("stride='all' makes one run per stride: call kvphase.sweep_strides")
     _check_progress(progress)
     return _run_all(_planned(model, options, on_notice), progress, on_notice)[0]
 
 
-def sweep_strides(model: Optional[PathLike] = None, *, progress: Progress = None, on_notice: Optional[Say] = None,
-                  on_run: Callable[[Run], None] = lambda run: None, **options) -> StrideSweep:
+@_takes_sweep_options
+def sweep_strides(model: Optional[PathLike] = None, options: Optional[SweepOptions] = None, *,
+                  progress: Progress = None, on_notice: Optional[Say] = None,
+                  on_run: Callable[[Run], None] = lambda run: None, **overrides) -> StrideSweep:
     """`kvphase sweep MODEL --stride all`: one run per stride the file declares (in `out`, when
     given), then their comparison beside them; `on_run(run)` as each run finishes."""
     from kvphase.sweep.compare import write_comparison  # scipy: imported when used
@@ -96,17 +118,20 @@ def sweep_strides(model: Optional[PathLike] = None, *, progress: Progress = None
 
     _check_progress(progress)
     check_callback("on_run", on_run)
-    planned = _planned(model, {**options, "stride": "all"}, on_notice)
+    planned = _planned(model, _options(options, {**overrides, "stride": "all"}), on_notice)
     runs = _run_all(planned, progress, on_notice, on_run)
     comparison = write_comparison([run.path for run in runs], comparison_dir([run.path for run in runs],
                                                                              planned.strides))
     return StrideSweep(runs, comparison)
 
 
-def dry_run(model: Optional[PathLike] = None, *, on_notice: Optional[Say] = None, **options) -> list[DryRun]:
+@_takes_sweep_options
+def dry_run(model: Optional[PathLike] = None, options: Optional[SweepOptions] = None, *,
+            on_notice: Optional[Say] = None, **overrides) -> list[DryRun]:
     """`kvphase sweep --dry-run`: for each run the options make, its counts, one context scored and
     timed, the estimated wall time and memory; nothing is written."""
-    return dry_run_planned(_planned(model, options, on_notice, dry_run=True), on_notice or log_notice)
+    planned = _planned(model, _options(options, overrides), on_notice, dry_run=True)
+    return dry_run_planned(planned, on_notice or log_notice)
 
 
 def load_run(path: PathLike) -> Run:
@@ -154,11 +179,20 @@ def inspect(model: PathLike, partial: bool = True):
     return read_model_info(model if isinstance(model, str) else Path(model), partial=partial)
 
 
-def _planned(model, options: dict, on_notice: Optional[Say], dry_run: bool = False):
+def _options(options: Optional[SweepOptions], overrides: dict) -> SweepOptions:
+    """The record with `overrides` applied (checked as a new record is); PlanError naming a keyword that
+    is no option, or an `options` that is not a SweepOptions."""
+    if options is None:
+        return SweepOptions.from_keywords(overrides)
+    if not isinstance(options, SweepOptions):
+        raise PlanError(f"options expects a kvphase.SweepOptions, got {type(options).__name__}")
+    return SweepOptions.from_keywords({**{f.name: getattr(options, f.name) for f in fields(options)}, **overrides})
+
+
+def _planned(model, options: SweepOptions, on_notice: Optional[Say], dry_run: bool = False):
     check_path("model", model, optional=True)
     check_callback("on_notice", on_notice)
-    return plan_sweep_runs(None if model is None else Path(model), SweepOptions.from_keywords(options), dry_run,
-                           on_notice or log_notice)
+    return plan_sweep_runs(None if model is None else Path(model), options, dry_run, on_notice or log_notice)
 
 
 def _run_all(planned, progress: Progress, on_notice: Optional[Say],
