@@ -44,7 +44,7 @@ def gate_activations(
     """Activation gate concentration: the per-phase gate weights every window of real contexts used."""
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import with_reference_design
-    from kvphase.sweep.placement import AUTO_DENSITY
+    from kvphase.sweep.probe_settings import AUTO_DENSITY
     from kvphase.sweep.plan import make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.gguf.header import read_gguf_header
@@ -163,7 +163,7 @@ def cycle(
 
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import with_reference_design
-    from kvphase.sweep.placement import AUTO_DENSITY
+    from kvphase.sweep.probe_settings import AUTO_DENSITY
     from kvphase.sweep.plan import make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
@@ -222,7 +222,7 @@ def knockout(
 
     from kvphase.backends import BACKENDS
     from kvphase.cli.sweep_cmd import refuse_trained_compressor, with_reference_design
-    from kvphase.sweep.placement import AUTO_DENSITY
+    from kvphase.sweep.probe_settings import AUTO_DENSITY
     from kvphase.sweep.plan import make_plan, query_room
     from kvphase.engines.llamacpp import check_threads
     from kvphase.errors import PlanError
