@@ -45,7 +45,7 @@ LOWEST = 50  # first token a target may take
 def placed(modulus: int, per_context: int, n_contexts: int) -> tuple[np.ndarray, np.ndarray]:
     """Each target's residue and context (N,), (N,): `plan_contexts` in a span wide enough for
     `per_context` targets (about 1K tokens per 32), cut to the first `n_contexts` contexts."""
-    from kvphase.sweep.placement import plan_contexts
+    from kvphase.sweep.positions import plan_contexts
 
     highest = LOWEST + 8 * 99 * max(1, per_context // 32)
     rounds = math.ceil(n_contexts / modulus)

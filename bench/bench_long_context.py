@@ -80,7 +80,10 @@ def density_rows(lengths: list[int], threads: int, budget: float) -> None:
     16 targets per context against the default density, from one context timed with its queries."""
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
-    from kvphase.sweep.placement import AUTO_DENSITY, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, build_probes
+    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.layout import Layout
+    from kvphase.sweep.probe_settings import AUTO_DENSITY, TASK_DENSITY, ProbeSettings
+    from kvphase.sweep.records import RecordMaker
     from kvphase.sweep.strides import planned_dip
     from kvphase.sweep.tasks import load_task
 
@@ -128,7 +131,8 @@ def _resident_after(backend, tokens, queries) -> tuple[float, float]:
 def main() -> int:
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path, default_threads
-    from kvphase.sweep.placement import ProbeSettings, build_probes
+    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.probe_settings import ProbeSettings
     from kvphase.sweep.tasks import load_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

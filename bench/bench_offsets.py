@@ -24,8 +24,8 @@ FIXES = {"offsets 2 (mean)": dict(offsets=2), "offsets 4 (mean)": dict(offsets=4
 def main() -> None:
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.sweep.backend_setup import open_backend
+    from kvphase.sweep.contexts import build_probes
     from kvphase.sweep.offsets import ShiftedScorer, offset_plan_from_options
-    from kvphase.sweep.placement import build_probes
     from kvphase.sweep.plan import SweepDefaults, SweepPlan
     from kvphase.sweep.tasks import load_task
 

@@ -2,7 +2,7 @@
 the wall time of a query-phase plan against the fixed-phase plan, in one run.
 
 1. Simulation: runs of a query-phase plan's design (context c of a round holds residue (l + c) mod M
-   in lane l; `placement.query_phase` gives its query residue), a normal context effect of 1 logit
+   in lane l; `positions.query_phase` gives its query residue), a normal context effect of 1 logit
    SD, accuracy falling by 1.5 logits from the first lane to the last, and no residue effect. Each
    row is the share of runs whose test rejects at 5%: the report's stratified test of the target
    residue (`stratified_p_values`) with a 1-logit query-phase dip present (it must stay at or below
@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.placement import ProbeSettings, build_probes, query_phase
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.positions import query_phase
+from kvphase.sweep.probe_settings import ProbeSettings
 from kvphase.sweep.query_phases import ContextUnits, interaction_test, query_phase_test, with_query_residue
 from kvphase.sweep.stratified import Design, stratified_p_values
 

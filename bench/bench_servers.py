@@ -28,7 +28,7 @@ def main() -> None:
     from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.sweep.backend_setup import open_backend
-    from kvphase.sweep.placement import build_probes
+    from kvphase.sweep.contexts import build_probes
     from kvphase.sweep.plan import SweepPlan, query_room
     from kvphase.sweep.tasks import load_task
 

@@ -52,7 +52,10 @@ def measure(args, length: int, first) -> None:
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
     from kvphase.engines.llamacpp import high_level_llama
-    from kvphase.sweep.placement import Layout, ProbeSettings, RecordMaker, build_probes
+    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.layout import Layout
+    from kvphase.sweep.probe_settings import ProbeSettings
+    from kvphase.sweep.records import RecordMaker
     from kvphase.sweep.tasks import load_task
 
     args.context = length

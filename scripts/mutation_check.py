@@ -37,7 +37,7 @@ class Mutation:
 
 
 STATS, STRAT = "kvphase/sweep/analysis.py", "kvphase/sweep/stratified.py"
-PLACE, RUN = "kvphase/sweep/placement.py", "kvphase/sweep/run.py"
+POSITIONS, LAYOUT, RUN = "kvphase/sweep/positions.py", "kvphase/sweep/layout.py", "kvphase/sweep/run.py"
 LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
 VREPORT, VCLI = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py"
 T_ANALYSIS, T_STRAT, T_PROBES = "tests/test_analysis.py", "tests/test_stratified.py", "tests/test_probes.py"
@@ -115,11 +115,11 @@ MUTATIONS = [
              '("residue", 0 * rows["residue"].to_numpy() != 0 * position', ("tests/test_planned_rows.py",)),
     Mutation("rows-counts-unchecked", "kvphase/runfolder/rows.py", "seen >= plan.per_residue,", "seen > plan.per_residue,",
              ("tests/test_planned_rows.py",)),
-    Mutation("matched-means-tolerance-doubled", PLACE, "MEAN_TOLERANCE = 0.5 ", "MEAN_TOLERANCE = 1.0 ",
+    Mutation("matched-means-tolerance-doubled", POSITIONS, "MEAN_TOLERANCE = 0.5 ", "MEAN_TOLERANCE = 1.0 ",
              ("tests/test_odd_inputs.py",)),
-    Mutation("matched-means-small-groups-bound-doubled", PLACE, "bound = modulus / 2 if n < modulus",
+    Mutation("matched-means-small-groups-bound-doubled", POSITIONS, "bound = modulus / 2 if n < modulus",
              "bound = modulus if n < modulus", ("tests/test_odd_inputs.py",)),
-    Mutation("smallest-context-one-short", PLACE, "return first + m - 1 + below_highest",
+    Mutation("smallest-context-one-short", LAYOUT, "return first + m - 1 + below_highest",
              "return first + m - 2 + below_highest", ("tests/test_nearest_values.py",)),
     Mutation("smallest-detect-too-small", "kvphase/sweep/plan.py", "smallest = smallest if fits(smallest) else high",
              "smallest = low", ("tests/test_nearest_values.py",)),
@@ -169,20 +169,20 @@ MUTATIONS = [
     # placement
     # residue r's positions stretched about their mean by r / 480 (in steps of M, so residues
     # and means stay exact): SDs 1.7% apart, inside the planner's own 2% check
-    Mutation("sd-drift", PLACE, "slots[r] = anchors + r - modulus * shifted  # (n,)",
+    Mutation("sd-drift", POSITIONS, "slots[r] = anchors + r - modulus * shifted  # (n,)",
              "slots[r] = anchors + r - modulus * shifted + modulus * np.round((anchors - anchors.mean()) * r / "
              "(480 * modulus)).astype(int)", (T_PROBES,)),
-    Mutation("no-residue-rotation", PLACE, "residue = (lane + c) % modulus", "residue = lane % modulus",
+    Mutation("no-residue-rotation", POSITIONS, "residue = (lane + c) % modulus", "residue = lane % modulus",
              (T_PROBES, T_DESIGN)),
-    Mutation("rounds-not-multiples-of-m", PLACE, "t = t // modulus * modulus if t >= modulus else t",
+    Mutation("rounds-not-multiples-of-m", POSITIONS, "t = t // modulus * modulus if t >= modulus else t",
              "t = t", (T_PROBES,)),
-    Mutation("phase-mod-m", PLACE, "Target(first_target_id + i, index, p, p % m, p % s,",
+    Mutation("phase-mod-m", LAYOUT, "Target(first_target_id + i, index, p, p % m, p % s,",
              "Target(first_target_id + i, index, p, p % m, p % m,", (T_PROBES,)),
-    Mutation("in-sequence-gaps-short-of-m-minus-1", PLACE, "gap = int(rng.integers(self.settings.modulus))",
+    Mutation("in-sequence-gaps-short-of-m-minus-1", LAYOUT, "gap = int(rng.integers(self.settings.modulus))",
              "gap = int(rng.integers(self.settings.modulus - 1))", (T_GAPS,)),
-    Mutation("in-sequence-gaps-never-0", PLACE, "gap = int(rng.integers(self.settings.modulus))",
+    Mutation("in-sequence-gaps-never-0", LAYOUT, "gap = int(rng.integers(self.settings.modulus))",
              "gap = int(rng.integers(1, self.settings.modulus))", (T_GAPS,)),
-    Mutation("mean-not-cancelled", PLACE, "slots[r] = anchors + r - modulus * shifted",
+    Mutation("mean-not-cancelled", POSITIONS, "slots[r] = anchors + r - modulus * shifted",
              "slots[r] = anchors + r", (T_PROBES,)),
     # scoring
     Mutation("chunk-restart", LLAMA, "(t, start + i, CONTEXT_SEQ, False)", "(t, i, CONTEXT_SEQ, False)",

@@ -15,7 +15,7 @@ from kvphase.sweep import calibrate as calibration
 from kvphase.sweep.backend_setup import closed_after
 from kvphase.sweep.calibrate import (PILOT_BUDGET, Band, Calibration, calibrate, calibrated_run_dir, easier_levels,
                                      harder_levels, plan_for_folder, tokens_of)
-from kvphase.sweep.placement import build_probes
+from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import load_plan, prepare_run_dir
 from kvphase.sweep.tasks import load_task

@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 
 from kvphase.cli import app
 from kvphase.errors import PlanError
-from kvphase.sweep.placement import (AUTO_DENSITY, MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker,
-                                     build_probes, plan_fingerprint)
+from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.layout import Layout
+from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS, TASK_DENSITY, ProbeSettings
+from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import load_task
 from tests.cli_checks import one_line_error
 

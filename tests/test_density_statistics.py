@@ -23,7 +23,7 @@ import pytest
 from scipy import optimize, special, stats
 
 from kvphase.sweep.analysis import Summary, summarize
-from kvphase.sweep.placement import plan_contexts
+from kvphase.sweep.positions import plan_contexts
 from kvphase.sweep.report import _clustering_line, render_markdown
 from kvphase.sweep.run import load_plan
 from kvphase.sweep.stratified import (ALPHA, MIN_EXPECTED, Design, StratifiedTest, cmh_parts, cmh_statistic,

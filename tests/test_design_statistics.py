@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvphase.sweep.placement import ProbeSettings, build_probes
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.probe_settings import ProbeSettings
 from kvphase.sweep.stratified import ALPHA, Design, stratified_p_values
 from kvphase.sweep.tasks import load_task
 

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from cli_checks import one_line_error
 from kvphase.cli import app
-from kvphase.sweep.placement import ProbeSettings, build_probes
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.probe_settings import ProbeSettings
 from kvphase.sweep.tasks import load_task
 
 runner = CliRunner()

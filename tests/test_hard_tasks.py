@@ -15,7 +15,9 @@ import pytest
 from fakes import CharBackend
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep import tasks
-from kvphase.sweep.placement import ProbeSettings, RecordMaker, build_probes
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import CALIBRATION_KNOBS, available_tasks, difficulty_chain, load_task
 
 NEW_TASKS = ["records-similar", "records-digits", "records-two-values", "records-dense", "records-hardest"]

@@ -3,7 +3,8 @@ cli -> sweep / probes / validate / train / theory / conform -> backends -> engin
 with gguf, errors, defaults and the run folder's room (`runfolder`, which sweep, probes and
 train all write through) below them all; parts of one layer may import each other (probes
 run sweeps). Nothing imports the CLI, nothing below the backends imports a backend, and every
-room of the package has a layer (one without would go unchecked)."""
+room of the package has a layer (one without would go unchecked). Inside sweep/, the rooms that
+build a sweep's contexts import only downward too (CONTEXT_ROOMS)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ PACKAGE = Path(kvphase.__file__).resolve().parent
 LAYER = {"cli": 5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "theory": 4, "conform": 4, "backends": 3,
          "engines": 2, "reference": 2, "options_check": 2, "designs": 1, "gguf": 0, "errors": 0, "defaults": 0,
          "runfolder": 0}
+CONTEXT_ROOMS = {"probe_settings": 0, "positions": 1, "records": 1, "layout": 2, "contexts": 3}  # in sweep/, lowest first
 
 
 def _room(path: Path) -> str:
@@ -73,3 +75,25 @@ def test_the_run_folder_room_imports_nothing_of_kvphase_but_its_errors():
     wrong = {f"{path.name} imports kvphase.{target}" for path in sorted((PACKAGE / "runfolder").glob("*.py"))
              for target in _imports(path) - {"errors", "runfolder"}}
     assert not wrong, "\n".join(sorted(wrong))
+
+
+def _sweep_imports(path: Path) -> set[str]:
+    """The kvphase.sweep modules a file imports (kvphase.sweep.X -> X)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "kvphase.sweep":
+            found |= {a.name for a in node.names}
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        found |= {n.split(".")[2] for n in names if n.startswith("kvphase.sweep.")}
+    return found
+
+
+def test_the_rooms_that_build_a_sweeps_contexts_import_only_downward():
+    """probe_settings -> positions, records -> layout -> contexts; of the rest of sweep/ only the task files."""
+    wrong = []
+    for room, level in CONTEXT_ROOMS.items():
+        allowed = {other for other, below in CONTEXT_ROOMS.items() if below < level} | {"tasks"}
+        imported = _sweep_imports(PACKAGE / "sweep" / f"{room}.py")
+        wrong += [f"sweep/{room}.py imports kvphase.sweep.{target}" for target in sorted(imported - allowed)]
+    assert not wrong, "\n".join(wrong)

@@ -15,7 +15,7 @@ from kvphase.gguf.header_only import write_header_only
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import read_model_info
 from kvphase.gguf.tiny import write_tiny_model
-from kvphase.sweep.placement import MEAN_TOLERANCE, check_matched_positions
+from kvphase.sweep.positions import MEAN_TOLERANCE, check_matched_positions
 from tests.cli_checks import one_line_error
 from tests.gguf_corpus import layout, patched, u32
 

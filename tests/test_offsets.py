@@ -181,7 +181,7 @@ def test_mean_combines_the_shifted_contexts_rows_by_hand(csa_runs):
     """Each target's context shifted by hand (the filler after BOS), scored at each shift through
     llama.cpp, and the log-softmax rows averaged by hand."""
     from kvphase.backends.llamacpp import LlamaCppBackend
-    from kvphase.sweep.placement import build_probes
+    from kvphase.sweep.contexts import build_probes
     from kvphase.sweep.run import load_plan
     from kvphase.sweep.tasks import load_task
 

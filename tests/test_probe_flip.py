@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, Score
 from kvphase.probes.flip import build_report, pick_targets, run_flip, shifted
-from kvphase.sweep.placement import build_probes
+from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
 from kvphase.cli import app

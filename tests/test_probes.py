@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 from kvphase.errors import PlanError
-from kvphase.sweep.placement import (ProbeSettings, RecordMaker, Target, build_probes, check_matched_moments,
-                                    plan_contexts, residue_slots)
+from kvphase.sweep.contexts import build_probes, check_matched_moments
+from kvphase.sweep.layout import Target
+from kvphase.sweep.positions import plan_contexts, residue_slots
+from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import load_task
 from tests.fakes import CharBackend
 

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from kvphase.cli import app
 from kvphase.errors import PlanError
-from kvphase.sweep.placement import ProbeSettings, build_probes
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.probe_settings import ProbeSettings
 from kvphase.sweep.query_phases import interaction_test, query_phase_test, summarize_query_phases, ContextUnits
 from kvphase.sweep.report import build_report
 from kvphase.sweep.tasks import load_task
@@ -58,11 +59,11 @@ def test_contexts_that_do_not_hold_every_residue_refuse_query_phases():
 
 def _simulated(rounds: int, seed: int, query_dip: float = 0.0, cell_dip: float = 0.0, lanes: int = 32,
                depth: float = 1.5) -> pd.DataFrame:
-    """Rows of a query-phase plan's design (placement.plan_contexts, query_phase): context c of a round
+    """Rows of a query-phase plan's design (positions.plan_contexts, query_phase): context c of a round
     holds residue (l + c) mod M in lane l; a context effect of 1 logit SD and a depth trend; a dip
     trend of `depth` logits from the first lane to the last; a dip of `query_dip` logits at query residue 5
     and of `cell_dip` at (query residue 5, target residue 3)."""
-    from kvphase.sweep.placement import query_phase
+    from kvphase.sweep.positions import query_phase
 
     rng = np.random.default_rng(seed)
     rows = []

@@ -192,7 +192,9 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
     from dataclasses import replace
 
     from kvphase.engines.llamacpp import Vocab
-    from kvphase.sweep.placement import Layout, RecordMaker, build_probes
+    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.layout import Layout
+    from kvphase.sweep.records import RecordMaker
     from kvphase.sweep.plan import make_plan
     from kvphase.sweep.tasks import load_task
 

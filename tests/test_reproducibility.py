@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvphase.sweep.placement import ProbeSettings, build_probes, plan_fingerprint
+from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.probe_settings import ProbeSettings
 from kvphase.sweep.tasks import load_task
 
 # `kvphase sweep`'s default plan on SmolLM2-135M-Instruct before --targets-per-context (records, 1024

@@ -20,7 +20,7 @@ from kvphase.gguf.modelinfo import read_model_info
 from kvphase.runfolder import RunLock, write_atomic
 from kvphase.sweep.report import build_report
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.placement import build_probes, plan_fingerprint
+from kvphase.sweep.contexts import build_probes, plan_fingerprint
 from kvphase.sweep.run import execute_sweep, load_plan, load_results
 from kvphase.sweep.tasks import load_task
 from tests.fakes import CharBackend

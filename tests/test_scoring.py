@@ -7,7 +7,8 @@ import pytest
 
 from kvphase.backends.base import Query, score_from_logits
 from kvphase.defaults import default_threads
-from kvphase.sweep.placement import ProbeSettings, build_probes
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.probe_settings import ProbeSettings
 from kvphase.sweep.tasks import load_task
 
 

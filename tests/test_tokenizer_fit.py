@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from fakes import CharBackend
 from kvphase.cli import app
 from kvphase.errors import PlanError, RecordLayoutError
-from kvphase.sweep.placement import build_probes
+from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.plan import SweepPlan, fit_padding
 from kvphase.sweep.tasks import load_task
 
@@ -116,7 +116,8 @@ def test_a_context_longer_than_the_keys_can_fill_is_one_layout_error_not_a_crash
     """Gemma 3 at 32,704 tokens needed more records than 282 animals x 20 colours make (the count a
     context needs is estimated from one record's length, and prefix padding packs records closer):
     numpy raised from an empty list of free keys."""
-    from kvphase.sweep.placement import Layout, RecordMaker
+    from kvphase.sweep.layout import Layout
+    from kvphase.sweep.records import RecordMaker
 
     tokenizer, task = CharBackend(), load_task("records")
     layout = Layout.of(task, tokenizer, DEFAULT_PLAN.probe_settings, RecordMaker(task, tokenizer))

@@ -18,7 +18,7 @@ from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.engines.llamacpp import CACHE_TYPES
 from kvphase.sweep import api
-from kvphase.sweep.placement import AUTO_DENSITY
+from kvphase.sweep.probe_settings import AUTO_DENSITY
 from kvphase.sweep.run import SweepProgress
 from kvphase.sweep.session import PADDINGS, SERVER_ENGINES, Notice, stride_plan_lines
 from kvphase.sweep.strides import ALL

@@ -84,7 +84,7 @@ def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
     """The reference's plan retargeted to its file and the chosen engine, and the contexts it
     builds, checked against the folder (RunFolderError, ModelFileError) before any engine starts."""
     from kvphase.engines.llamacpp import Vocab
-    from kvphase.sweep.placement import build_probes, plan_fingerprint
+    from kvphase.sweep.contexts import build_probes, plan_fingerprint
     from kvphase.sweep.run import load_manifest, load_plan, load_results, model_sha256
     from kvphase.sweep.tasks import load_task
 

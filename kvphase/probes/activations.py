@@ -173,7 +173,7 @@ def run_gate_activations(plan, backend, run_dir: Path, info, sources: Sequence[G
     """Build the plan's contexts, record the windows' gate weights of `sources` (`gates.find_sources`,
     `select_sources`) on the first `n_contexts`, write the folder."""
     from kvphase.probes import folder
-    from kvphase.sweep.placement import build_probes
+    from kvphase.sweep.contexts import build_probes
     from kvphase.sweep.tasks import load_task
 
     started, run_dir = time.time(), Path(run_dir)

@@ -1,6 +1,6 @@
 """The flip probe: the phase response of single targets.
 
-A sweep's context is taken as built (`kvphase.sweep.placement`), and for each of a few
+A sweep's context is taken as built (`kvphase.sweep.contexts`), and for each of a few
 of its targets `shift` filler tokens (0 .. cycles x S - 1) are inserted right before the
 target record, everything else unchanged: the target moves to phase (p + shift) mod S
 while its content and its neighbours stay the same (docs/protocol.md, "Flip probe"). At each
@@ -23,9 +23,11 @@ import pandas as pd
 from kvphase.backends.base import Backend, Query
 from kvphase.errors import PlanError
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
+from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.layout import ProbeContext, Target
 from kvphase.sweep.offsets import prefix_pad
-from kvphase.sweep.placement import ProbeContext, RecordMaker, Target, build_probes
 from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import load_task
 
 RESULTS_FILE, FIGURE_FILE = "results.csv", "flip.png"

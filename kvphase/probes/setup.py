@@ -15,7 +15,7 @@ from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.options_check import check_record
 from kvphase.sweep.backend_setup import open_backend, refuse_trained_compressor, with_gpu_layers, with_reference_design
 from kvphase.sweep.notices import Say, log_notice
-from kvphase.sweep.placement import AUTO_DENSITY
+from kvphase.sweep.probe_settings import AUTO_DENSITY
 from kvphase.sweep.plan import SweepDefaults, SweepPlan, make_plan, query_room
 
 PROBE_CONTEXT = 512  # tokens before every query, where the model was not trained by kvphase

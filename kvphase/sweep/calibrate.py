@@ -25,8 +25,9 @@ import numpy as np
 from kvphase.backends.base import Backend
 from kvphase.errors import PlanError
 from kvphase.runfolder import CONFIG_FILE
+from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.estimate import evaluated_tokens
-from kvphase.sweep.placement import ProbeContext, build_probes
+from kvphase.sweep.layout import ProbeContext
 from kvphase.sweep.plan import SweepPlan, fit_padding, sized
 from kvphase.sweep.run import load_plan
 from kvphase.sweep.tasks import difficulty_chain, load_task

@@ -20,7 +20,8 @@ from typing import Callable, Sequence
 
 from kvphase.backends.base import Backend, score_contexts
 from kvphase.gguf.modelinfo import ModelInfo
-from kvphase.sweep.placement import Target, build_probes, plan_fingerprint
+from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.layout import Target
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import _check_finished_rows_match, check_run_dir, load_results
 from kvphase.sweep.tasks import load_task

@@ -13,9 +13,12 @@ import numpy as np
 
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.gguf.reach import reach_of
+from kvphase.sweep.contexts import build_probes, check_density
+from kvphase.sweep.layout import Layout
 from kvphase.sweep.offsets import OffsetPlan
-from kvphase.sweep.placement import (MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, Layout, ProbeSettings, RecordMaker, Tokenizer, build_probes,
-                                     check_density, query_phase)
+from kvphase.sweep.positions import query_phase
+from kvphase.sweep.probe_settings import MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, ProbeSettings
+from kvphase.sweep.records import RecordMaker, Tokenizer
 from kvphase.sweep.tasks import load_task
 
 CONTROL_STRIDE = 4  # the stride of a control run: a model that declares no compression
@@ -52,7 +55,7 @@ class SweepPlan:
     contexts: int = 0
     least_per_residue: int = 0
     selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
-    # each context's query at its own phase mod M (placement.query_phase); False, as every run before the
+    # each context's query at its own phase mod M (positions.query_phase); False, as every run before the
     # option: every query at `context`
     query_phases: bool = False
     # the last tokens before the query that the compressor reads raw (`gguf.reach`): targets end before them.

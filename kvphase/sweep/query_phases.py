@@ -13,9 +13,9 @@ targets.
   target's outcome is centred on its context's mean (which removes the context's difficulty and its
   query phase's main effect alike); the statistic is the squared distance of each (query phase,
   residue) cell's centred sum from what the residue's overall profile predicts. Within a context
-  residue r sits at the lanes its place in the round decides (`placement.plan_contexts`), so a
+  residue r sits at the lanes its place in the round decides (`positions.plan_contexts`), so a
   depth effect is a pattern of residue and place; labels therefore move only among contexts at the
-  same place in their round (`placement.query_phase` gives those contexts different phases from
+  same place in their round (`positions.query_phase` gives those contexts different phases from
   round to round), which keeps that pattern in the null distribution. (Under the Latin square it is
   small anyway: a query residue's contexts take consecutive places, and a depth trend summed over
   consecutive lanes varies about as much as over random ones; permuting across places too kept the

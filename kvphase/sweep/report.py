@@ -12,8 +12,8 @@ from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writ
                                markdown_table, write_atomic, write_json)
 from kvphase.sweep.analysis import COVERAGE_RUNS, PLANNED_DIP, Summary, format_p, p_text, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
-from kvphase.sweep.placement import MEAN_TOLERANCE
 from kvphase.sweep.plan import SweepPlan
+from kvphase.sweep.positions import MEAN_TOLERANCE
 from kvphase.sweep.query_phases import QueryPhaseSummary, summarize_query_phases
 from kvphase.sweep.reach_check import recorded_inactive
 from kvphase.runfolder.rows import check_planned_rows
@@ -158,7 +158,7 @@ def _depth_sentence(summary: Summary) -> str:
     """Whether depth confounds residue: the plan gives every residue group the same mean position
     (within MEAN_TOLERANCE of the common mean, as `check_matched_positions` reads it) and spread,
     except where the context has room for a single depth per residue (a large modulus in a short
-    context: `placement.residue_slots` then moves whole groups, means up to M apart)."""
+    context: `positions.residue_slots` then moves whole groups, means up to M apart)."""
     means = [row["position_mean"] for row in summary.per_residue]
     if max(abs(mean - sum(means) / len(means)) for mean in means) <= MEAN_TOLERANCE:
         return ("Target positions have the same mean and standard deviation in every residue group, so depth does "

@@ -31,9 +31,10 @@ from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writab
                                flags_in, make_folder, numbers_in, read_json_object, read_table, write_csv, write_json,
                                writing)
 from kvphase.runfolder.rows import check_planned_rows, refuse_repeated_rows
+from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.layout import ProbeContext, Target
 from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
-from kvphase.sweep.placement import ProbeContext, Target, build_probes, plan_fingerprint
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.selection import SelectionReader, file_indexer, score_selected, target_selection
 from kvphase.sweep.tasks import load_task
@@ -363,7 +364,7 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
         "engine": engine,
         "versions": {"kvphase": __version__, "numpy": numpy.__version__,
                      "pandas": pd.__version__, "python": platform.python_version()},
-        "plan_sha256": fingerprint,  # the same on every machine (placement.plan_fingerprint)
+        "plan_sha256": fingerprint,  # the same on every machine (contexts.plan_fingerprint)
         "machine": machine_info(threads),
         "wall_time_s": round(old.get("wall_time_s", 0.0) + wall_s, 2),
         "tokens_evaluated": old.get("tokens_evaluated", 0) + tokens,

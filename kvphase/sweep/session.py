@@ -32,7 +32,7 @@ from kvphase.sweep.calibrate import (DEFAULT_BAND, Band, Calibration, calibrated
 from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.selection import check_selection_plan, indexer_unit
-from kvphase.sweep.placement import AUTO_DENSITY, MIN_CONTEXTS
+from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.reach_check import acting_context, backend_reach, plan_inactive, reach_notice
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
@@ -345,7 +345,7 @@ def check_runs(info: ModelInfo, runs: list[tuple[SweepPlan, Path]]) -> None:
     """Each run's folder, and that its contexts can be laid out (a sweep finds that out only once
     its model has loaded; one round of contexts shows it): PlanError or RunFolderError for the first
     that cannot run."""
-    from kvphase.sweep.placement import build_probes
+    from kvphase.sweep.contexts import build_probes
 
     vocab = Vocab.load(info.path)
     for plan, run_dir in runs:
