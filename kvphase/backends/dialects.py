@@ -1,6 +1,8 @@
-"""What each kind of inference server answers and how it scores: llama-server's native API and an
-OpenAI-compatible engine that returns prompt logprobs (vLLM's `/v1/completions`), each behind
-`Engine`; and the model a server states it serves (`ServerInfo`, `MODEL_FACTS`) against the file's.
+"""Server dialects: how llama-server and an OpenAI-compatible engine answer and score, and the model check.
+
+Each kind is an `Engine` (`ENGINES`): llama-server's native API, or an OpenAI-compatible
+engine that returns prompt logprobs (vLLM's `/v1/completions`). What a server states of the
+model it serves (`ServerInfo`, `MODEL_FACTS`) is compared with the model file's (`ModelFacts`).
 
 llama-server gives no prompt logprobs and refuses echo, so teacher forcing is a grammar
 of literal token ids (`root ::= <[a1]> <[a2]>`) with `n_probs: 1` and

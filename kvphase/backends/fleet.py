@@ -1,6 +1,7 @@
-"""The server backend: scoring on one or many running servers (`ServerBackend`), each checked
-first (tokenizer, model, context size, teacher forcing), tokenizing locally with the model's own
-vocabulary.
+"""The server backend: a fleet of servers and their slots scoring a sweep's contexts (`ServerBackend`).
+
+Each server is checked before anything is scored (tokenizer, model, context size, teacher
+forcing); tokenizing is local, with the model's own vocabulary.
 
 Contexts are spread over (server, slot) workers; a context and all its queries stay
 on one worker, so its prefix is reused. Each worker keeps one HTTP connection alive

@@ -1,6 +1,7 @@
-"""HTTP to one inference server: JSON requests over a keep-alive connection (one per thread), with
-bounded answers, a deadline per request and per run, and retries.
+"""HTTP to one inference server: JSON requests with capped answers, deadlines and retries.
 
+Each thread keeps one keep-alive connection; an answer is read up to its endpoint's cap
+(`ANSWER_CAPS`), a request ends by --request-timeout and every request by --deadline (`Retry`).
 Transient failures (refused, reset, 503 while loading) are retried with backoff. A
 request that takes longer than the run's pace allows (`Pace`) asks the server's
 `/health` whether it is alive: a server that answers nothing (stopped, hung, behind a
