@@ -23,7 +23,7 @@ SERVERS = (1, 2, 4)
 
 
 def main() -> None:
-    from kvphase.backends.server import open_server_backend
+    from kvphase.backends.fleet import open_server_backend
     from kvphase.defaults import default_model_path
     from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
     from kvphase.gguf.modelinfo import read_model_info

@@ -128,7 +128,8 @@ def server_rates(model, contexts, targets, picks, args):
     """targets/s of `--backend server` on one local llama-server with 4 slots, using 1, 2
     and 4 of them, against the naive loop on the same server: one request per target with
     the whole prompt evaluated (`cache_prompt: false`) and the answer generated greedily."""
-    from kvphase.backends.server import Http, Retry, open_server_backend
+    from kvphase.backends.fleet import open_server_backend
+    from kvphase.backends.transport import Http, Retry
     from kvphase.engines.llama_server import llama_server
 
     jobs = [(c.tokens, [t.query for t in c.targets]) for c in contexts]

@@ -51,7 +51,8 @@ PROBE_FOLDER, RUN_FOLDER = "kvphase/probes/folder.py", "kvphase/runfolder/files.
 T_PROBE_DAMAGE = "tests/test_probe_gates.py::test_report_refuses_a_damaged_probe_folder_in_one_line"
 T_IN_TURN = "tests/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
 T_GAPS = "tests/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
-SERVER, T_SERVER = "kvphase/backends/server.py", "tests/test_server.py"
+TRANSPORT, FLEET = "kvphase/backends/transport.py", "kvphase/backends/fleet.py"
+T_SERVER = "tests/test_server.py"
 TRAIN_RUN, TRAIN_LOOP = "kvphase/train/run.py", "kvphase/train/loop.py"
 T_SIGNALS = "tests/test_train.py::test_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped"
 T_TRAIN_FOLDERS = "tests/test_train_folders.py"
@@ -80,36 +81,36 @@ MUTATIONS = [
     Mutation("train-output-files-unchecked", TRAIN_RUN, "    check_writable(out, FOLDER_FILES)\n", "", (T_TRAIN_FOLDERS,),
              slow=True),
     # the server backend's bounds on waiting
-    Mutation("server-deadline-not-capping-a-request", SERVER, "timeout = min(limit, left)", "timeout = limit",
+    Mutation("server-deadline-not-capping-a-request", TRANSPORT, "timeout = min(limit, left)", "timeout = limit",
              (T_SERVER,)),
-    Mutation("server-no-watchdog", SERVER, "patience, self.alive)\n        watch.start()\n", "patience, self.alive)\n",
+    Mutation("server-no-watchdog", TRANSPORT, "patience, self.alive)\n        watch.start()\n", "patience, self.alive)\n",
              (T_SERVER,)),
-    Mutation("server-timeout-named-as-other", SERVER, "problem = _describe(exc) if not isinstance(exc, TimeoutError)",
+    Mutation("server-timeout-named-as-other", TRANSPORT, "problem = _describe(exc) if not isinstance(exc, TimeoutError)",
              "problem = _describe(exc) if True", (T_SERVER,)),
-    Mutation("server-first-contact-waits-the-whole-timeout", SERVER,
+    Mutation("server-first-contact-waits-the-whole-timeout", TRANSPORT,
              "limit = self._retry.timeout_s if self._answered else min(self._retry.timeout_s, FIRST_CONTACT_S)",
              "limit = self._retry.timeout_s", (T_SERVER,)),
     # issue 56: a silent server, the fleet's failover, rows against the plan, nearest values
-    Mutation("server-silent-taken-for-alive", SERVER, "            return True\n        except (OSError, http.client",
+    Mutation("server-silent-taken-for-alive", TRANSPORT, "            return True\n        except (OSError, http.client",
              "            return True\n        except ZeroDivisionError:  # (OSError, http.client", (T_SERVER,)),
-    Mutation("server-alive-taken-for-silent", SERVER, "            connection.getresponse()\n            return True",
+    Mutation("server-alive-taken-for-silent", TRANSPORT, "            connection.getresponse()\n            return True",
              "            connection.getresponse()\n            return False",
              (T_SERVER + "::test_a_busy_server_that_answers_health_is_waited_for",)),
-    Mutation("server-pace-never-measured", SERVER, "            self.pace.record(time.monotonic() - started)\n", "",
+    Mutation("server-pace-never-measured", TRANSPORT, "            self.pace.record(time.monotonic() - started)\n", "",
              (T_SERVER + "::test_a_busy_server_that_answers_health_is_waited_for",)),
-    Mutation("server-context-handed-back-twice", SERVER, "                todo.put((index, job))\n",
+    Mutation("server-context-handed-back-twice", FLEET, "                todo.put((index, job))\n",
              "                todo.put((index, job))\n                todo.put((index, job))\n",
              (T_SERVER + "::test_every_context_of_a_lost_server_is_scored_exactly_once_by_the_others",)),
-    Mutation("server-context-never-handed-back", SERVER, "                todo.put((index, job))\n", "",
+    Mutation("server-context-never-handed-back", FLEET, "                todo.put((index, job))\n", "",
              (T_SERVER + "::test_every_context_of_a_lost_server_is_scored_exactly_once_by_the_others",)),
-    Mutation("server-later-calls-send-to-a-lost-server", SERVER,
+    Mutation("server-later-calls-send-to-a-lost-server", FLEET,
              "workers = [worker for worker in self.workers if worker[0].http.url not in self._lost_urls()]",
              "workers = list(self.workers)", (T_SERVER + "::test_later_calls_skip_a_lost_server",)),
-    Mutation("server-no-reserve-worker", SERVER, "                    if reserve:\n", "                    if False:\n",
+    Mutation("server-no-reserve-worker", FLEET, "                    if reserve:\n", "                    if False:\n",
              (T_SERVER + "::test_one_context_on_a_server_that_dies_goes_to_a_worker_not_yet_started",)),
-    Mutation("server-down-at-start-refuses-the-fleet", SERVER, "                if len(self.engines) == 1:\n",
+    Mutation("server-down-at-start-refuses-the-fleet", FLEET, "                if len(self.engines) == 1:\n",
              "                if True:\n", (T_SERVER + "::test_a_server_down_at_the_start_leaves_as_one_lost_mid_run",)),
-    Mutation("server-same-url-twice", SERVER, "        if one.http.url in seen:", "        if False:",
+    Mutation("server-same-url-twice", FLEET, "        if one.http.url in seen:", "        if False:",
              (T_SERVER + "::test_cli_the_same_server_twice_is_one_line",)),
     Mutation("rows-residue-unchecked", "kvphase/runfolder/rows.py", '("residue", rows["residue"].to_numpy() != position',
              '("residue", 0 * rows["residue"].to_numpy() != 0 * position', ("tests/test_planned_rows.py",)),

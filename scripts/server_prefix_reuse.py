@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvphase.backends.server import Http, Retry
+from kvphase.backends.transport import Http, Retry
 from kvphase.defaults import default_model_path
 from kvphase.engines.llama_server import llama_server
 from kvphase.gguf.tiny import TINY_VOCAB, write_tiny_model

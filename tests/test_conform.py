@@ -156,7 +156,7 @@ def test_an_engine_that_does_not_answer_is_refused_with_nothing_written(tmp_path
 
 
 def test_a_server_holding_another_model_is_refused(tmp_path):
-    from kvphase.backends.server import ServerInfo
+    from kvphase.backends.dialects import ServerInfo
 
     served = ServerInfo("http://s", "llama-server", str(CSA_DISJOINT.model.parent / "csa-dense.gguf"), None, 128, 1, "")
     with pytest.raises(BackendError, match="serves another model .*csa-dense.gguf.*not reference csa-disjoint "

@@ -123,7 +123,7 @@ def test_a_failure_at_every_context_names_no_residue():
 def test_a_server_of_minimax_m3_is_warned_of_the_settings_its_props_hide():
     from types import SimpleNamespace
 
-    from kvphase.backends.server import ServerInfo
+    from kvphase.backends.dialects import ServerInfo
     from kvphase.backends.server_paths import path_warnings
 
     def server(slots):
@@ -149,7 +149,7 @@ def test_llama_server_paths_give_the_fresh_answer_on_minimax_m3_with_two_slots()
     """kvphase's launcher (-fa on for minimax-m3, -np 2: one cache stream per slot): the answer after
     a prefix-cache hit at every residue, and with two slots decoding at once, equals the text
     evaluated with nothing cached (the same tolerance as in process)."""
-    from kvphase.backends.server import LlamaServer
+    from kvphase.backends.dialects import LlamaServer
     from kvphase.conform.paths import SERVER_PATHS, server_paths
     from kvphase.engines.llama_server import find_llama_server, llama_server
 

@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, score_from_logits
-from kvphase.backends import server as server_module
-from kvphase.backends.server import ENGINES, MIN_PATIENCE_S, STALL_FACTOR, ModelFacts, Pace, Retry, ServerBackend
+from kvphase.backends.dialects import ENGINES, ModelFacts
+from kvphase.backends.fleet import ServerBackend
+from kvphase.backends.transport import ANSWER_CAPS, MIN_PATIENCE_S, STALL_FACTOR, Pace, Retry
 from kvphase.cli import app
 from kvphase.engines.llama_server import free_port
 from kvphase.errors import BackendError, PlanError
@@ -219,7 +220,7 @@ def test_pace_waits_a_multiple_of_the_slowest_request_between_bounds():
 @pytest.fixture
 def short_patience(monkeypatch):
     """Patience of 0.3 s (instead of MIN_PATIENCE_S) while the fakes answer in milliseconds."""
-    monkeypatch.setattr("kvphase.backends.server.MIN_PATIENCE_S", 0.3)
+    monkeypatch.setattr("kvphase.backends.transport.MIN_PATIENCE_S", 0.3)
     return 0.3
 
 
@@ -369,7 +370,7 @@ def test_a_server_that_never_answered_waits_only_the_first_contact_bound(silent_
     not 2 x the 300 s a long context may take once the server has answered."""
     import time
 
-    monkeypatch.setattr("kvphase.backends.server.FIRST_CONTACT_S", 0.3)
+    monkeypatch.setattr("kvphase.backends.transport.FIRST_CONTACT_S", 0.3)
     started = time.monotonic()
     with pytest.raises(BackendError, match=r"does not answer \(no first answer within 0.3 s\) after 2 tries"):
         ENGINES["llama-server"](silent_socket, Retry()).info()
@@ -486,7 +487,7 @@ def test_a_fact_that_is_not_a_number_is_one_line():
 
 
 def test_a_scoring_answer_past_its_cap_is_one_line_naming_the_cap(monkeypatch):
-    monkeypatch.setitem(server_module.ANSWER_CAPS, "/completion", 100)  # a forced answer takes about 200 bytes
+    monkeypatch.setitem(ANSWER_CAPS, "/completion", 100)  # a forced answer takes about 200 bytes
     with FakeServer(slots=1) as server:
         with pytest.raises(BackendError) as error:
             backend_for(server)

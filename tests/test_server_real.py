@@ -188,7 +188,7 @@ def test_a_server_paused_mid_run_stops_the_sweep_within_two_patiences_and_a_resu
         tmp_path, binary, tiny, tiny_server_run):
     """SIGSTOP: alive, silent, /health silent too. One line within two patiences (MIN_PATIENCE_S
     each: the tiny model answers in milliseconds), not 6 tries of --request-timeout's 300 s."""
-    from kvphase.backends.server import MIN_PATIENCE_S
+    from kvphase.backends.transport import MIN_PATIENCE_S
 
     out = tmp_path / "run"
     with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as server:
@@ -208,7 +208,7 @@ def test_a_server_paused_mid_run_stops_the_sweep_within_two_patiences_and_a_resu
 
 
 def test_a_server_paused_mid_run_hands_its_contexts_to_the_other(tmp_path, binary, tiny, tiny_server_run):
-    from kvphase.backends.server import MIN_PATIENCE_S
+    from kvphase.backends.transport import MIN_PATIENCE_S
 
     out = tmp_path / "run"
     with llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as a, \

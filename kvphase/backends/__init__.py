@@ -54,10 +54,10 @@ def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | No
 
 def server_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
                    options: dict | None = None) -> Backend:
-    """Running servers that hold the model (`backends.server.ServerBackend`). Options:
+    """Running servers that hold the model (`backends.fleet.ServerBackend`). Options:
     `engine` ("llama-server" or "openai"; the plan records it), `urls` and `slots` (where
     it runs); `n_ctx` is checked against each server's, `n_threads` does not apply."""
-    from kvphase.backends.server import open_server_backend
+    from kvphase.backends.fleet import open_server_backend
 
     return open_server_backend(model_path, n_ctx=n_ctx, **(options or {}))
 

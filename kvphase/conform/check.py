@@ -193,7 +193,8 @@ def engine_paths(backend, prepared: Prepared, choice: EngineChoice) -> list[Path
 def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:
     """--backend server without --model: the reference the servers hold (every server the same
     one); BackendError for a server that does not answer, holds no reference, or differs."""
-    from kvphase.backends.server import ENGINES, ModelFacts, Retry, served_model_mismatch
+    from kvphase.backends.dialects import ENGINES, ModelFacts, served_model_mismatch
+    from kvphase.backends.transport import Retry
 
     retry = Retry() if choice.request_timeout is None else Retry(timeout_s=choice.request_timeout)
     held = set()
@@ -214,9 +215,9 @@ def served_references(references: tuple[Reference, ...], choice: EngineChoice) -
 
 def check_served_model(backend, reference: Reference) -> None:
     """BackendError when a server serves another file than the reference: the sweep's check of a
-    served model (`backends.server.refuse_served_model`) with the file itself, since the reference
+    served model (`backends.dialects.refuse_served_model`) with the file itself, since the reference
     models share their tokenizer and may share every fact a server states."""
-    from kvphase.backends.server import ModelFacts, refuse_served_model
+    from kvphase.backends.dialects import ModelFacts, refuse_served_model
 
     model = ModelFacts(f"reference {reference.name} ({reference.model.name})", {}, file=reference.model)
     for server in getattr(backend, "servers", ()):

@@ -202,14 +202,14 @@ SERVER_PATHS = ("prefix-cache hit", "two slots interleaved")
 
 def server_paths(engine, architecture: str, stride: int, words: Sequence[int], n_ctx: int, slots: int,
                  tolerance: float = PATH_TOLERANCE, seed: int = 0) -> list[PathCheck]:
-    """llama-server's paths (`engine`: a `backends.server.LlamaServer`), each against the same text
+    """llama-server's paths (`engine`: a `backends.dialects.LlamaServer`), each against the same text
     evaluated with nothing cached, the answer forced as kvphase's server scoring forces it:
     `prefix-cache hit`, the context evaluated on its own, then context + query reusing it (how a
     sweep scores through a server); `two slots interleaved`, slot 0 and slot 1 scoring the texts
     at the same time (in opposite orders), as two sweep workers do, so the server decodes both
     slots in one batch. The texts are drawn from `words`, token ids of ordinary text (a forced
     answer cannot hold a control token: llama-server's grammar refuses it)."""
-    from kvphase.backends.server import ServerRefused
+    from kvphase.backends.transport import ServerRefused
 
     try:
         return _server_paths(engine, architecture, stride, words, n_ctx, slots, tolerance, seed)
