@@ -13,6 +13,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from kvphase.backends import BACKENDS
+from kvphase.backends.transport import Retry
 from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.text import markup, plain
@@ -78,7 +79,7 @@ def sweep(
     engine: ServerEngine = typer.Option(ServerEngine.llama_server, help="--backend server: llama-server, or an "
                                         "OpenAI-compatible engine with prompt logprobs (vLLM)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
-                                                    "server: the longest one request may take; default 300."),
+                                                    f"server: the longest one request may take; default {Retry.timeout_s:g}."),
     deadline: Optional[float] = typer.Option(None, "--deadline", metavar="SECONDS", help="--backend server: stop "
                                              "after this long in all (finished contexts are kept); default none."),
     allow_model_mismatch: bool = typer.Option(False, "--allow-model-mismatch", help="--backend server: score a "
