@@ -1,5 +1,5 @@
 """What the commands and the Python API take, checked in one place: the type of every field of an
-options record (`sweep.session.SweepOptions`, `conform.check.EngineChoice`) against its annotation,
+options record (`sweep.options.SweepOptions`, `conform.check.EngineChoice`) against its annotation,
 the range of every option by its name (the same rule wherever `--threads` or `--request-timeout`
 appears), and the arguments of the API's functions (paths, callbacks, lists of runs).
 

@@ -98,7 +98,7 @@ def test_sample_size_options(default_model, options, fragment, tmp_path):
 
 
 def test_auto_sample_size_detects_the_wanted_dip():
-    from kvphase.sweep.session import sample_size
+    from kvphase.sweep.planning import sample_size
     from kvphase.sweep.plan import SweepDefaults
 
     # a balanced design at the worst-case variance 1/4: n dip^2 (M - 1) / (M / 4) must reach the

@@ -17,7 +17,7 @@ from cli_checks import one_line_error
 from kvphase.cli import app
 from kvphase.conform.check import EngineChoice
 from kvphase.errors import PlanError
-from kvphase.sweep.session import SweepOptions
+from kvphase.sweep.options import SweepOptions
 
 runner = CliRunner()
 URL = "http://127.0.0.1:9"  # nothing listens: a value that got past the checks would fail here, later

@@ -78,7 +78,8 @@ def test_inspect_and_dry_run_say_the_reach(shaped):
 
 def test_the_default_plan_puts_targets_behind_the_indexer(shaped, tmp_path):
     from kvphase.sweep.plan import default_context
-    from kvphase.sweep.session import SweepOptions, plan_sweep_runs
+    from kvphase.sweep.options import SweepOptions
+    from kvphase.sweep.planning import plan_sweep_runs
 
     for shape in ("glm-5.3-flash", "deepseek-v4-flash", "minimax-m3"):
         info = read_model_info(shaped[shape])

@@ -15,8 +15,8 @@ GPU_LAYERS = typer.Option("0", "--gpu-layers", metavar="N", parser=gpu_layer_cou
 
 
 def own_folder(value: Optional[Path]) -> Optional[Path]:
-    """--out / OUT must name a folder of the run's own (`session.check_own_folder`)."""
-    from kvphase.sweep.session import check_own_folder
+    """--out / OUT must name a folder of the run's own (`sweep.options.check_own_folder`)."""
+    from kvphase.sweep.options import check_own_folder
 
     check_own_folder(value)
     return value

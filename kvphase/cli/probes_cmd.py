@@ -80,7 +80,7 @@ def flip(
 ) -> None:
     """Flip probe: move single targets through the phases and track the right value against the strongest distractor."""
     from kvphase.probes.setup import probe_flip
-    from kvphase.sweep.session import parse_options
+    from kvphase.sweep.options import parse_options
 
     options = ProbeOptions(context=context, task=task, seed=seed, threads=threads, backend=backend,
                            gpu_layers=gpu_layers)

@@ -19,11 +19,14 @@ from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.text import markup, plain
 from kvphase.engines.llamacpp import CACHE_TYPES
 from kvphase.sweep import api
+from kvphase.sweep.backend_setup import SERVER_ENGINES
 from kvphase.sweep.calibrate import DEFAULT_BAND, PILOT_BUDGET
+from kvphase.sweep.notices import Notice
+from kvphase.sweep.options import PADDINGS, SweepOptions
 from kvphase.sweep.plan import CONTROL_STRIDE, DEFAULT_DETECT, TRAINED_PER_RESIDUE, SweepDefaults
+from kvphase.sweep.planning import stride_plan_lines
 from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS
 from kvphase.sweep.run import SweepProgress
-from kvphase.sweep.session import PADDINGS, SERVER_ENGINES, Notice, SweepOptions, stride_plan_lines
 from kvphase.sweep.strides import ALL
 from kvphase.sweep.tasks import available_tasks
 
@@ -171,7 +174,7 @@ def echo_run(run) -> None:
 
 
 def echo_dry_run(dry) -> None:
-    """--dry-run's counts, timing and memory for one run (`session.DryRun`)."""
+    """--dry-run's counts, timing and memory for one run (`sweep.dry_run.DryRun`)."""
     estimate = dry.estimate
     typer.echo(f"Dry run for {plain(dry.run_dir)} (nothing written): {estimate.contexts} contexts, {estimate.targets} "
                f"targets, {estimate.tokens:,} tokens to evaluate (contexts and queries).")
@@ -206,7 +209,7 @@ def _duration(seconds: float) -> str:
 
 
 def say_stride_plans(console: Console, plans: list, per_residue_given: bool) -> None:
-    """`session.stride_plan_lines` on a console."""
+    """`sweep.planning.stride_plan_lines` on a console."""
     for line in stride_plan_lines(plans, per_residue_given):
         console.print(markup(line))
 

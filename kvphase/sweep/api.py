@@ -27,8 +27,11 @@ from kvphase.runfolder import REPORT_FILE
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import SweepProgress, load_manifest, load_plan, load_results
 from kvphase.sweep.strides import ALL
-from kvphase.sweep.session import (DryRun, Notice, Say, SweepOptions, dry_run_planned, log_notice, plan_sweep_runs,
-                                   run_planned)
+from kvphase.sweep.dry_run import DryRun, dry_run_planned
+from kvphase.sweep.notices import Notice, Say, log_notice
+from kvphase.sweep.options import SweepOptions
+from kvphase.sweep.planning import plan_sweep_runs
+from kvphase.sweep.running import run_planned
 
 PathLike = Union[str, Path]
 Progress = Union[SweepProgress, Callable[[int, int], None], None]  # an object, or progress(done, total)
@@ -158,7 +161,7 @@ def compare(runs: Sequence[Union[Run, PathLike]], out: Optional[PathLike] = None
     """Several runs side by side (`kvphase compare`): writes comparison.md, comparison.png and
     comparison.csv into `out` (default reports/comparison) and returns the `Comparison`."""
     from kvphase.sweep.compare import DEFAULT_OUT, write_comparison  # scipy: imported when used
-    from kvphase.sweep.session import check_own_folder
+    from kvphase.sweep.options import check_own_folder
 
     runs = check_run_list("runs", runs, lambda run: isinstance(run, Run))
     out = check_path("out", out, optional=True)

@@ -1,0 +1,143 @@
+"""A sweep's options: `SweepOptions` (one field per `kvphase sweep` option, checked where it is made),
+the plan's share of them (`PlanOptions`), the run folder's own-folder rule and `--option KEY=VALUE`.
+
+Both front ends make these: `kvphase sweep` from its command line and the Python API
+(`kvphase.sweep`) from its keywords. Messages name the command line's options (`--context`); in
+Python each is the keyword of the same name (`context=`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Optional, Union
+
+from kvphase.backends import BACKENDS
+from kvphase.defaults import gpu_layer_count
+from kvphase.engines.llamacpp import CACHE_TYPES
+from kvphase.errors import PlanError
+from kvphase.options_check import check_record
+from kvphase.sweep.backend_setup import SERVER_ENGINES
+from kvphase.sweep.probe_settings import AUTO_DENSITY
+
+
+PADDINGS = ("prefix", "in-sequence")
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """A sweep's options, one field per `kvphase sweep` option (None: not given, the model's
+    default). Checked here, where they are made: PlanError names the option and what it got."""
+
+    stride: Union[int, str, None] = None  # S, or "all": one run per stride the file declares
+    modulus: Optional[int] = None  # residues are positions mod M; default 2 x stride
+    context: Optional[int] = None  # tokens before every query
+    per_residue: Union[int, str, None] = None  # targets per residue, or "auto" (with detect)
+    contexts: Optional[int] = None  # size the run by its contexts instead
+    targets_per_context: Union[int, str] = AUTO_DENSITY  # "auto", at most N, or "task"
+    detect: Optional[float] = None  # with per_residue="auto": the dip (points) to detect
+    padding: Optional[str] = None  # "prefix" or "in-sequence"
+    task: Optional[str] = None  # a task of prompts/
+    seed: int = 0
+    out: Optional[Path] = None  # the run folder (with stride="all": the folder the runs go in)
+    threads: Optional[int] = None  # llama.cpp's CPU threads; default the CPUs this process may use
+    backend: Optional[str] = None  # a name of `kvphase.backends.BACKENDS`
+    design: Optional[str] = None  # the reference backend's design
+    design_options: Union[dict, tuple[str, ...]] = ()  # the reference design's options: a dict, or KEY=VALUE strings
+    url: Union[str, tuple[str, ...]] = ()  # backend="server": the servers (one: its URL)
+    slots: Optional[int] = None
+    engine: str = "llama-server"
+    request_timeout: Optional[float] = None
+    deadline: Optional[float] = None
+    allow_model_mismatch: bool = False  # score servers whose model's facts differ from the file's
+    cache_type: Optional[str] = None  # llama.cpp's K and V cache type
+    gpu_layers: Union[int, str] = 0  # a count, -1 or "all"
+    calibrate: bool = False
+    target_accuracy: Optional[str] = None  # with calibrate: "LOW-HIGH" percent
+    offsets: Optional[int] = None
+    combine: Optional[str] = None
+    shift: Optional[int] = None
+    random_offset: bool = False
+    selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
+    query_phases: Optional[bool] = None  # each context's query at its own phase; None: on where it costs no target
+
+    def __post_init__(self) -> None:
+        check_record(self)  # types and ranges, as every command's and API function's options are checked
+        normal = {"url": (self.url,) if isinstance(self.url, str) else tuple(self.url),
+                  "design_options": dict(self.design_options) if isinstance(self.design_options, dict)
+                  else tuple(self.design_options),
+                  "targets_per_context": str(self.targets_per_context).strip().lower(),
+                  "per_residue": None if self.per_residue is None else str(self.per_residue),
+                  "stride": None if self.stride is None else str(self.stride),
+                  "out": None if self.out is None else Path(self.out)}
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+        for name, allowed in (("padding", PADDINGS), ("backend", tuple(BACKENDS)), ("engine", SERVER_ENGINES),
+                              ("cache_type", tuple(CACHE_TYPES))):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
+        object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))  # a count, -1 or 'all': every layer
+        check_own_folder(self.out)
+
+    @classmethod
+    def from_keywords(cls, keywords: dict) -> "SweepOptions":
+        """The options from keyword arguments; PlanError naming any keyword that is no option."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(keywords) - known)
+        if unknown:
+            raise PlanError(f"sweep has no option {', '.join(map(repr, unknown))}; its options: "
+                            f"{', '.join(sorted(known))}")
+        return cls(**keywords)
+
+
+def check_own_folder(folder: Optional[Path]) -> None:
+    """A run folder must be a folder of the run's own: "" and "." (the current folder) would mix
+    the run's files with whatever is there."""
+    if folder is not None and Path(folder) == Path("."):
+        raise PlanError(f"the run folder {str(folder)!r} is the current folder; name a folder for the run "
+                        "(e.g. --out run1)")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The options that shape a run's plan (None: not given)."""
+
+    modulus: Optional[int]
+    context: Optional[int]
+    per_residue: Optional[str]
+    detect: Optional[float]
+    padding: Optional[str]
+    task: Optional[str]
+    seed: int
+    backend: Optional[str]
+    design: Optional[str]
+    options: tuple[str, ...]  # --option KEY=VALUE pairs
+    cache_type: Optional[str]
+    density: str = AUTO_DENSITY  # --targets-per-context
+    contexts: Optional[int] = None
+    query_phases: Optional[bool] = None  # --query-phases / --no-query-phases
+
+    @classmethod
+    def from_sweep_options(cls, options: SweepOptions) -> "PlanOptions":
+        pairs = options.design_options  # KEY=VALUE strings, parsed (and checked) where the plan is made
+        if isinstance(pairs, dict):
+            pairs = tuple(f"{key}={json.dumps(value)}" for key, value in pairs.items())
+        return cls(options.modulus, options.context, options.per_residue, options.detect, options.padding,
+                   options.task, options.seed, options.backend, options.design, pairs, options.cache_type,
+                   options.targets_per_context, options.contexts, options.query_phases)
+
+
+def parse_options(pairs: list[str]) -> dict:
+    """KEY=VALUE strings to a dict; values are read as JSON when they parse (4, true, [0, 2])."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PlanError(f"--option expects KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip().replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip().replace("-", "_")] = value
+    return options
