@@ -18,7 +18,8 @@ from kvphase.cli import app
 from kvphase.errors import PlanError
 from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.probe_settings import ProbeSettings
-from kvphase.sweep.query_phases import interaction_test, query_phase_test, summarize_query_phases, ContextUnits
+from kvphase.statistics.context_units import ContextUnits, interaction_test, query_phase_test
+from kvphase.sweep.query_phases import summarize_query_phases
 from kvphase.sweep.report import build_report
 from kvphase.sweep.tasks import load_task
 from tests.fakes import WordBackend
