@@ -8,13 +8,13 @@ contexts of one round). For each, `--runs` simulated runs with a normal context 
 
 - coverage of the gap's 95% interval as the report makes it (`analysis.context_intervals`:
   simultaneous intervals of the residues' differences from the variance within contexts,
-  `stratified.gap_interval`) of the gap the simulated model has on the run's own contexts (each
+  `intervals.gap_interval`) of the gap the simulated model has on the run's own contexts (each
   residue's expected accuracy over its targets, given the contexts' effects: the interval is of
   the gap on the contexts the sweep scored, docs/statistics.md), the model's gap being 20 points:
   one residue at 45%, the others at 65%, accuracies over the context effects (Gauss-Hermite
   quadrature);
 - coverage of the mean accuracy's 95% interval (Wilson's at the effective number of targets,
-  whole contexts the sampled units: `analysis.mean_intervals`) of the model's mean over residues;
+  whole contexts the sampled units: `intervals.mean_intervals`) of the model's mean over residues;
 - the false positive rate of the report's accuracy test (`stratified_p_values`: the
   chi-square law, or permutations where an expected count is below 5) on null runs, every
   residue at 65%.
@@ -57,7 +57,7 @@ def placed(modulus: int, per_context: int, n_contexts: int) -> tuple[np.ndarray,
 def intercepts(accuracies: np.ndarray) -> np.ndarray:
     """The logit-scale intercept of each residue (G,) whose accuracy, averaged over context
     effects N(0, CONTEXT_SD^2), is `accuracies` (G,)."""
-    from kvphase.sweep.analysis import logit_intercept
+    from kvphase.statistics.intervals import logit_intercept
 
     return np.array([logit_intercept(p, CONTEXT_SD) for p in accuracies])
 
@@ -105,7 +105,7 @@ def coverage(residues: np.ndarray, contexts: np.ndarray, modulus: int, runs: int
 def false_positive_rate(residues: np.ndarray, contexts: np.ndarray, modulus: int, runs: int, seed: int,
                         permutations: int) -> tuple[float, float]:
     """Share of null runs the report's accuracy test rejects at ALPHA, and the share that took permutations."""
-    from kvphase.sweep.stratified import ALPHA, Design, stratified_p_values
+    from kvphase.statistics.stratified import ALPHA, Design, stratified_p_values
 
     outcomes = simulate(residues, contexts, np.full(modulus, ACCURACY), runs, np.random.default_rng(seed + 1))
     p, exact = stratified_p_values(outcomes, Design.of(residues, contexts), binary=True, seed=seed,

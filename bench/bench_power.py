@@ -20,7 +20,7 @@ bench_density_statistics.py) goes through what a report does:
    planted model has on the run's contexts: the planted run is the same sweep scored again, so its
    contexts are the ones whose accuracy set the printed dip), and the mean's interval for the true
    mean; the last column counts the runs whose report says, in words, that the mean's interval held
-   the mean less often than 93% in its own simulation (`analysis.mean_coverage`).
+   the mean less often than 93% in its own simulation (`intervals.mean_coverage`).
 
 Run: `python bench/bench_power.py [--runs 200]` (about ten minutes on one core; `--quick`: 20 runs
 and two accuracies, under a minute). The table is docs/statistics.md's.
@@ -45,9 +45,10 @@ PERMUTATIONS = 1_000  # the report's test takes 4,000; at alpha = 0.05 a thousan
 def one_cell(residues, contexts, modulus, base, runs, seed) -> dict:
     """Power of the printed dip (planted as the report defines it, and as a logit shift), the share
     of runs with none, and the intervals' coverage."""
-    from kvphase.sweep.analysis import context_intervals, mean_coverage, what_the_run_can_see
+    from kvphase.statistics.intervals import mean_coverage
+    from kvphase.sweep.analysis import context_intervals, what_the_run_can_see
     from kvphase.sweep.report import SHORT_COVERAGE
-    from kvphase.sweep.stratified import Design
+    from kvphase.statistics.stratified import Design
 
     rng = np.random.default_rng(seed)
     design = Design.of(residues, contexts)
@@ -95,7 +96,7 @@ def context_rates(contexts: np.ndarray, base: float, rng: np.random.Generator) -
 
 def rejects(outcome: np.ndarray, design, seed: int) -> bool:
     """The report's accuracy test at ALPHA (chi-square law, or permutations where counts are small)."""
-    from kvphase.sweep.stratified import ALPHA, stratified_p_values
+    from kvphase.statistics.stratified import ALPHA, stratified_p_values
 
     p, _ = stratified_p_values(outcome[None], design, binary=True, seed=seed, permutations=PERMUTATIONS)
     return bool(p[0] < ALPHA)

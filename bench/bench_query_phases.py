@@ -32,8 +32,9 @@ import pandas as pd
 from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.positions import query_phase
 from kvphase.sweep.probe_settings import ProbeSettings
-from kvphase.sweep.query_phases import ContextUnits, interaction_test, query_phase_test, with_query_residue
-from kvphase.sweep.stratified import Design, stratified_p_values
+from kvphase.statistics.context_units import ContextUnits, interaction_test, query_phase_test
+from kvphase.statistics.stratified import Design, stratified_p_values
+from kvphase.sweep.query_phases import with_query_residue
 
 M = 8
 DESIGNS = {"1K default: 3 rounds of 8 contexts x 32": (3, 32), "8K default: 1 round of 8 contexts x 256": (1, 256),

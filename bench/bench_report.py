@@ -8,7 +8,7 @@ process, the best of `--repeats` for each:
   rows and on about `--rows` rows (whole copies of the example),
 - inside it, the two stratified tests (where the time went before the permutations were
   grouped by context size), the bootstrap, the power, and the simulation of the mean interval's
-  coverage (`analysis.mean_coverage`, 400 runs like this one).
+  coverage (`intervals.mean_coverage`, 400 runs like this one).
 
 Seconds per 1,000 rows at both sizes say whether the report grows linearly.
 
@@ -53,10 +53,12 @@ def large_run(folder: Path, rows: int, seed: int = 0) -> Path:
 
 def main() -> None:
     from bench_reference import best_time  # this folder is on the path when a bench runs as a script
-    from kvphase.sweep.analysis import mean_coverage
+    from kvphase.statistics.intervals import mean_coverage
     from kvphase.sweep.report import build_report
     from kvphase.sweep.run import load_results
-    from kvphase.sweep.stratified import Design, bootstrap_gaps, detectable_dip, stratified_test
+    from kvphase.statistics.intervals import bootstrap_gaps
+    from kvphase.statistics.power import detectable_dip
+    from kvphase.statistics.stratified import Design, stratified_test
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=65_536, help="results in the large run (one run holds at most 65,536)")

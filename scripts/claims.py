@@ -60,7 +60,7 @@ def exact_accuracies(summary: dict) -> dict:
 def verdict(summary: dict) -> str:
     """The report's class, from the summary's numbers (the rule of `Summary.verdict`)."""
     from kvphase.sweep.analysis import Summary
-    from kvphase.sweep.stratified import StratifiedTest
+    from kvphase.statistics.stratified import StratifiedTest
 
     fields = {k: v for k, v in summary.items() if k not in ("headline", "verdict")}
     rebuilt = Summary(**{**fields, "test": StratifiedTest(**fields["test"]),
@@ -974,12 +974,12 @@ def study_hours(study: str) -> str:
 
 def nested_phase_phrase(relative: str, inner: int) -> str:
     """A large-modulus sweep read against a smaller stride that divides it, by the tool's own reading
-    (`kvphase.sweep.nested`, what `kvphase compare` prints): its residues pooled by position mod `inner`,
+    (`kvphase.statistics.nested`, what `kvphase compare` prints): its residues pooled by position mod `inner`,
     and the residues within each phase class, each test stratified by context, statistics spelled out."""
     import pandas as pd
 
-    from kvphase.sweep.nested import read_nested
-    from kvphase.sweep.stratified import PERMUTATIONS
+    from kvphase.statistics.nested import read_nested
+    from kvphase.statistics.stratified import PERMUTATIONS
 
     folder = ROOT / "reports" / relative
     config = _read(folder, "config.json")

@@ -36,7 +36,8 @@ class Mutation:
     slow: bool = False  # its tests run a real model through llama.cpp
 
 
-STATS, STRAT = "kvphase/sweep/analysis.py", "kvphase/sweep/stratified.py"
+STATS, STRAT = "kvphase/sweep/analysis.py", "kvphase/statistics/stratified.py"
+STAT_POWER, STAT_INTERVALS = "kvphase/statistics/power.py", "kvphase/statistics/intervals.py"
 POSITIONS, LAYOUT, RUN = "kvphase/sweep/positions.py", "kvphase/sweep/layout.py", "kvphase/sweep/run.py"
 LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
 VREPORT, VCLI = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py"
@@ -129,7 +130,7 @@ MUTATIONS = [
     # statistics
     Mutation("report-intervals-90", STATS, "low, high = wilson_interval(hits, n)",
              "low, high = wilson_interval(hits, n, z=1.6448536269514722)", (T_ANALYSIS,)),
-    Mutation("wilson-z-90", STATS, "Z_95 = 1.959963984540054", "Z_95 = 1.6448536269514722", (T_ANALYSIS,)),
+    Mutation("wilson-z-90", STAT_INTERVALS, "Z_95 = 1.959963984540054", "Z_95 = 1.6448536269514722", (T_ANALYSIS,)),
     Mutation("gap-best-minus-mean", STATS, "gap=round(float(acc.max() - acc.min()), 2)",
              "gap=round(float(acc.max() - acc.mean()), 2)", (T_ANALYSIS, T_COMPARE)),
     Mutation("periodicity-next-residue", STATS, "abs(acc[r] - acc[r + stride])", "abs(acc[r] - acc[r + 1])",
@@ -140,8 +141,8 @@ MUTATIONS = [
              "excess = (in_group.T @ y.T).T - y.mean(axis=1, keepdims=True) * table.sum(axis=0)", (T_STRAT,)),
     Mutation("cmh-variance-over-n", STRAT, "squares / np.maximum(size - 1, 1)", "squares / np.maximum(size, 1)",
              (T_STRAT,)),
-    Mutation("singletons-not-pooled", STRAT, "pooled = np.where(sizes[context_codes] == 1, -1, context_codes)",
-             "pooled = context_codes", (T_STRAT,)),
+    Mutation("singletons-not-pooled", STRAT, "pooled = np.where(sizes[cell_codes.ravel()] == 1, -1, cells[1])",
+             "pooled = cells[1]", (T_STRAT,)),
     Mutation("permute-across-contexts", STRAT, "order = np.argsort(strata, kind=\"stable\")  # (N,) targets grouped",
              "order = np.arange(len(strata)); strata = np.zeros_like(strata)  # (N,) targets grouped", (T_STRAT,)),
     Mutation("permute-rows-assumed-in-context-order", STRAT,
@@ -161,11 +162,11 @@ MUTATIONS = [
     Mutation("balanced-asks-every-residue-of-every-context", STRAT,
              "return bool(all(len(set(row[row > 0])) == 1 for row in table))",
              "return bool(all(len(set(row)) == 1 for row in table))", (T_STRAT,)),
-    Mutation("power-50-percent", STRAT, "POWER = 0.80", "POWER = 0.50", (T_STRAT, T_ANALYSIS)),
-    Mutation("sample-size-not-balanced", STRAT, "return -(-n // step) * step", "return n", (T_STRAT,)),
-    Mutation("interval-90-percent", STRAT, "def percentile_interval(samples: np.ndarray, level: float = 0.95)",
+    Mutation("power-50-percent", STAT_POWER, "POWER = 0.80", "POWER = 0.50", (T_STRAT, T_ANALYSIS)),
+    Mutation("sample-size-not-balanced", STAT_POWER, "return -(-high // step) * step", "return high", (T_STRAT,)),
+    Mutation("interval-90-percent", STAT_INTERVALS, "def percentile_interval(samples: np.ndarray, level: float = 0.95)",
              "def percentile_interval(samples: np.ndarray, level: float = 0.90)", (T_STRAT, T_ANALYSIS)),
-    Mutation("bootstrap-unseeded", STRAT, "draws = np.random.default_rng(seed)", "draws = np.random.default_rng()",
+    Mutation("bootstrap-unseeded", STAT_INTERVALS, "draws = np.random.default_rng(seed)", "draws = np.random.default_rng()",
              (T_STRAT,)),
     # placement
     # residue r's positions stretched about their mean by r / 480 (in steps of M, so residues

@@ -9,8 +9,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from kvphase.sweep.analysis import gap_difference, homogeneity_test, summarize, wilson_interval
-from kvphase.sweep.stratified import noncentrality_for_power
+from kvphase.statistics.intervals import wilson_interval
+from kvphase.statistics.stratified import homogeneity_test
+from kvphase.statistics.power import noncentrality_for_power
+from kvphase.sweep.analysis import gap_difference, summarize
 from tests.test_stratified import _generalized_loop
 
 # scipy.stats.binomtest(correct, n).proportion_ci(0.95, method="wilson"), to 10 digits
@@ -152,7 +154,7 @@ def test_detectable_dip_in_a_balanced_run_by_simulation():
     """The printed dip planted on one residue of this design (one target per residue and context,
     32 contexts) is found about 80% of the time by the test itself (2,000 simulated runs, SE 0.9%)."""
     from tests.test_stratified import _simulated_power
-    from kvphase.sweep.stratified import Design
+    from kvphase.statistics.stratified import Design
 
     rng = np.random.default_rng(1)
     frame = _frame([0.5] * 8, n=32)
@@ -237,7 +239,7 @@ def test_each_verdict_class_has_its_own_words(p, logprob_p, gap_ci, verdict, ope
 
 def test_the_basic_interval_is_scipys_basic_bootstrap_interval():
     """`basic_interval` on scipy's own bootstrap distribution gives scipy's basic interval."""
-    from kvphase.sweep.stratified import basic_interval
+    from kvphase.statistics.intervals import basic_interval
 
     data = np.random.default_rng(3).exponential(size=60)
     result = stats.bootstrap((data,), np.mean, method="basic", n_resamples=2000, random_state=5)
@@ -294,7 +296,8 @@ def test_an_empty_answers_column_reads_as_one_empty_answer():
 def test_uninformative_is_decided_at_80_percent_power_of_the_largest_dip():
     """The rule's threshold itself: asked for a power just above what a dip to 0% has, no dip is
     reported; just below, the dip reported is (nearly) the whole accuracy."""
-    from kvphase.sweep.stratified import Design, detectable
+    from kvphase.statistics.power import detectable
+    from kvphase.statistics.stratified import Design
 
     groups = np.tile(np.arange(8), 8 * 41)
     design = Design.of(groups, np.repeat(np.arange(8), 328))
@@ -331,8 +334,7 @@ def test_the_gap_interval_is_not_clipped_and_says_when_it_allows_no_gap():
 
 
 def test_a_p_at_the_permutation_floor_prints_as_a_bound():
-    from kvphase.sweep.analysis import p_text
-    from kvphase.sweep.stratified import PERMUTATIONS, StratifiedTest
+    from kvphase.statistics.stratified import PERMUTATIONS, StratifiedTest, p_text
 
     floor = StratifiedTest("t", 9.0, 7, 1 / (PERMUTATIONS + 1), "p from permutations", PERMUTATIONS)
     assert p_text(floor) == "< 0.00025"
@@ -343,7 +345,8 @@ def test_a_p_at_the_permutation_floor_prints_as_a_bound():
 def test_the_gap_interval_for_two_groups_is_the_wald_interval_of_the_difference():
     """Independent targets, two groups: one pair, so the simultaneous interval is the difference
     +- 1.96 standard errors (the pooled within-stratum variance, n - 1), computed here by hand."""
-    from kvphase.sweep.stratified import Design, gap_interval
+    from kvphase.statistics.intervals import gap_interval
+    from kvphase.statistics.stratified import Design
 
     y = np.r_[np.ones(60), np.zeros(40), np.ones(45), np.zeros(55)]  # 60% and 45%
     groups = np.repeat([0, 1], 100)
@@ -356,7 +359,8 @@ def test_the_gap_interval_for_two_groups_is_the_wald_interval_of_the_difference(
 def test_the_gap_interval_for_three_groups_takes_the_studentized_range():
     """Three balanced groups of independent targets: the critical value of all pairwise differences
     at once is the studentized range's 95% point over sqrt(2) (2.344 at 3 groups), not 1.96."""
-    from kvphase.sweep.stratified import Design, gap_interval
+    from kvphase.statistics.intervals import gap_interval
+    from kvphase.statistics.stratified import Design
 
     y = np.tile(np.r_[np.ones(50), np.zeros(50)], 3)  # every group at 50%: every difference 0
     y[:10] = 0  # group 0 at 40%
@@ -371,7 +375,8 @@ def test_the_gap_interval_for_three_groups_takes_the_studentized_range():
 def test_the_gap_interval_covers_a_true_gap_of_zero_in_95_percent_of_runs():
     """300 simulated runs without an effect on the 8K design's shape (8 contexts, a context effect):
     the interval holds 0 in at least 92% (the basic bootstrap of the gap it replaced held 0 in 70-82%)."""
-    from kvphase.sweep.stratified import Design, gap_interval
+    from kvphase.statistics.intervals import gap_interval
+    from kvphase.statistics.stratified import Design
 
     rng = np.random.default_rng(7)
     groups = np.tile(np.arange(8), 8 * 41)

@@ -16,7 +16,7 @@ import pytest
 from scipy import optimize
 from scipy.stats import chi2, chi2_contingency
 
-from kvphase.sweep.stratified import noncentrality_for_power
+from kvphase.statistics.power import noncentrality_for_power
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("claims", ROOT / "scripts" / "claims.py")

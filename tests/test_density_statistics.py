@@ -26,8 +26,10 @@ from kvphase.sweep.analysis import Summary, summarize
 from kvphase.sweep.positions import plan_contexts
 from kvphase.sweep.report import _clustering_line, render_markdown
 from kvphase.sweep.run import load_plan
-from kvphase.sweep.stratified import (ALPHA, MIN_EXPECTED, Design, StratifiedTest, cmh_parts, cmh_statistic,
-                                      design_effect, detectable_dip, intra_context_correlation, stratified_test)
+from kvphase.statistics.intervals import design_effect, intra_context_correlation
+from kvphase.statistics.power import detectable_dip
+from kvphase.statistics.stratified import (ALPHA, MIN_EXPECTED, Design, StratifiedTest, cmh_parts, cmh_statistic,
+                                          stratified_test)
 from tests.test_stratified import _generalized_loop
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024"
@@ -233,7 +235,7 @@ def test_detectable_dip_takes_the_same_degrees_of_freedom():
     """The design where the old rank tolerance counted a fourth dimension: the power rule's critical
     value takes the test's degrees of freedom (3), so at a dip of nothing it rejects 5% of the time
     (with df = 4 it would be about 3.5%)."""
-    from kvphase.sweep.stratified import POWER_DRAWS, dip_power
+    from kvphase.statistics.power import POWER_DRAWS, dip_power
 
     design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     outcomes = ((np.random.default_rng(seed).random(1024) < 0.5).astype(float) for seed in range(200))

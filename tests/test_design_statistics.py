@@ -15,7 +15,7 @@ import pytest
 
 from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.probe_settings import ProbeSettings
-from kvphase.sweep.stratified import ALPHA, Design, stratified_p_values
+from kvphase.statistics.stratified import ALPHA, Design, stratified_p_values
 from kvphase.sweep.tasks import load_task
 
 MEAN_ACCURACY = 0.64  # SmolLM2's mean accuracy in the default sweep

@@ -15,8 +15,8 @@ import kvphase
 
 PACKAGE = Path(kvphase.__file__).resolve().parent
 LAYER = {"cli": 5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "theory": 4, "conform": 4, "backends": 3,
-         "engines": 2, "reference": 2, "options_check": 2, "designs": 1, "gguf": 0, "errors": 0, "defaults": 0,
-         "runfolder": 0}
+         "engines": 2, "reference": 2, "options_check": 2, "designs": 1, "statistics": 1, "gguf": 0, "errors": 0,
+         "defaults": 0, "runfolder": 0}
 CONTEXT_ROOMS = {"probe_settings": 0, "positions": 1, "records": 1, "layout": 2, "contexts": 3}  # in sweep/, lowest first
 
 

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from kvphase.sweep.analysis import logit_intercept, mean_coverage, mean_intervals, summarize, wilson_interval
+from kvphase.statistics.intervals import logit_intercept, mean_coverage, mean_intervals, wilson_interval
+from kvphase.sweep.analysis import summarize
 from kvphase.sweep.report import SHORT_COVERAGE, _clustering_line, _overview_rows
-from kvphase.sweep.stratified import Design, bootstrap_residue_accuracy
+from kvphase.statistics.intervals import bootstrap_residue_accuracy
+from kvphase.statistics.stratified import Design
 from tests.test_analysis import _frame
 
 

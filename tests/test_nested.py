@@ -1,4 +1,4 @@
-"""A large-modulus run read against a smaller stride that divides its modulus (kvphase.sweep.nested):
+"""A large-modulus run read against a smaller stride that divides its modulus (kvphase.statistics.nested):
 the split by phase, the test within each phase, and the sentence a comparison prints."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from scipy.stats import chi2_contingency
 
-from kvphase.sweep.nested import inner_stride, read_nested
-from kvphase.sweep.stratified import Design
+from kvphase.statistics.nested import inner_stride, read_nested
+from kvphase.statistics.stratified import Design
 
 
 def one_per_context(hits_per_residue: dict[int, int], n: int) -> pd.DataFrame:

@@ -98,7 +98,7 @@ def test_a_layer_the_model_lacks_is_one_line_and_leaves_no_folder(tmp_path):
 
 def test_a_held_phase_keeps_its_weight_fixed_and_the_others_in_proportion():
     from kvphase.designs import GatedPool
-    from kvphase.probes.knockout import held_phase
+    from kvphase.designs.heldphase import held_phase
 
     gate = np.zeros((1, 2, 2), np.float32)  # (n_kv_head, head_dim, head_dim): no content term
     ape = np.log(np.array([[1.0, 2.0], [2.0, 2.0], [3.0, 2.0], [4.0, 2.0]], np.float32))[:, None, :]  # (S, 1, hd)

@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from kvphase.cli import app
 from kvphase.errors import PlanError
+from kvphase.statistics.context_units import QUERY_PERMUTATIONS, ContextUnits, interaction_test, query_phase_test
 from kvphase.sweep.contexts import build_probes
 from kvphase.sweep.probe_settings import ProbeSettings
-from kvphase.sweep.query_phases import interaction_test, query_phase_test, summarize_query_phases, ContextUnits
+from kvphase.sweep.query_phases import summarize_query_phases
 from kvphase.sweep.report import build_report
 from kvphase.sweep.tasks import load_task
 from tests.fakes import WordBackend
@@ -99,6 +100,12 @@ def test_the_interaction_test_finds_a_cell_and_not_a_depth_trend():
     depth_only = [summarize_query_phases(_simulated(rounds=4, seed=s, lanes=M, depth=3.0), M).interaction_test.p_value
                   for s in range(20)]
     assert sum(p < 0.05 for p in depth_only) <= 3, depth_only
+
+
+def test_a_p_no_permutation_reaches_is_the_smallest_the_permutations_can_give_and_never_zero():
+    summary = summarize_query_phases(_simulated(rounds=8, seed=1, query_dip=30.0), M)
+    assert summary.query_test.p_value == pytest.approx(1 / (4_000 + 1)), summary.query_test
+    assert summary.query_test.permutations == QUERY_PERMUTATIONS == 4_000
 
 
 def test_one_round_gives_no_p_where_no_permutation_moves_the_statistic():

@@ -12,9 +12,10 @@ import pytest
 
 from scipy import optimize, stats
 
-from kvphase.sweep.stratified import (Design, basic_interval, bootstrap_gaps, cmh_statistic, detectable, detectable_dip,
-                                      per_residue_for_dip, percentile_interval, permutation_p,
-                                      permuted_group_sums, stratified_p_values, stratified_test)
+from kvphase.statistics.intervals import basic_interval, bootstrap_gaps, percentile_interval
+from kvphase.statistics.power import detectable, detectable_dip, per_residue_for_dip
+from kvphase.statistics.stratified import (Design, cmh_statistic, permutation_p, permuted_group_sums, stratified_p_values,
+                                          stratified_test)
 
 
 def _report(got, want):
@@ -143,7 +144,7 @@ def test_permuted_group_sums_follow_the_exact_within_context_law():
 @pytest.mark.parametrize("chunk", [None, 25 * len(_Y)], ids=["one-chunk", "chunks-of-25"])
 def test_permutation_p_is_the_exact_permutation_p(binary, chunk, monkeypatch):
     if chunk:  # many chunks, as a run of thousands of targets takes them: each must draw its own shuffles
-        monkeypatch.setattr("kvphase.sweep.stratified._CHUNK_VALUES", chunk)
+        monkeypatch.setattr("kvphase.statistics.stratified._CHUNK_VALUES", chunk)
     y = (_Y > 0.4).astype(float) if binary else _Y
     (observed,), _ = cmh_statistic(y, Design.of(_GROUPS, _STRATA))
     statistics = np.array([_generalized_loop(a, _GROUPS, _STRATA, 3) for a in _every_arrangement(y, _STRATA)])
@@ -314,7 +315,7 @@ def test_a_run_at_its_floor_has_no_dip_that_fits():
 def test_the_power_rule_rejects_at_alpha_without_a_dip():
     """dip_power at a dip of nothing is the test's size, 5%: the critical value takes the test's own
     degrees of freedom (M - 1 = 3 here; with M it would be about 3%)."""
-    from kvphase.sweep.stratified import POWER_DRAWS, dip_power
+    from kvphase.statistics.power import POWER_DRAWS, dip_power
 
     design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     draws = np.random.default_rng(0).standard_normal((POWER_DRAWS, 4))

@@ -98,7 +98,7 @@ def test_per_residue_auto_sizes_each_stride_for_the_dip(tiny_deepseek4, tmp_path
     """--per-residue auto --detect with --stride all: each stride gets the count that detects the
     dip at its own modulus, and S = 128 in the default context (room for one target depth, so
     one target per context) plans: the count once failed the depth check after a minute."""
-    from kvphase.sweep.stratified import balanced_power  # the rule, checked by simulation in test_stratified.py
+    from kvphase.statistics.power import balanced_power  # the rule, simulated in test_stratified.py
 
     def power(n, m, dip=0.9):
         return balanced_power(n, m, dip)
@@ -178,9 +178,9 @@ def test_stride_parsing_and_the_large_stride_modulus(tmp_path):
 
 @pytest.mark.parametrize("modulus", [8, 128])
 def test_the_planned_dip_is_what_per_residue_auto_would_size_for(modulus):
-    """planned_dip inverts stratified.per_residue_for_dip: the sample size it sizes for a dip
+    """planned_dip inverts power.per_residue_for_dip: the sample size it sizes for a dip
     detects that dip, and the sample size it gives for the planned dip is the plan's."""
-    from kvphase.sweep.stratified import per_residue_for_dip
+    from kvphase.statistics.power import per_residue_for_dip
 
     for per_residue in (modulus, 4 * modulus):
         dip = planned_dip(per_residue, modulus)

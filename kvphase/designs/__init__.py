@@ -10,6 +10,9 @@ Two kinds:
   reference transformer through `compress(queries, keys, values, query_positions)`,
   the one method a new post-hoc design overrides; `attend` runs attention over the result.
 
+`heldphase` (a trained gate with one phase held at its mean, the knockout probe's slot
+ablation) is a design too, but no run names it, so `DESIGNS` leaves it out.
+
 Every design carries `start`, the position where its first window starts, so staggered or
 randomized offsets can be expressed. See CONTRIBUTING.md for adding a design.
 """
@@ -19,6 +22,7 @@ from kvphase.designs.blocktopk import BlockTopK
 from kvphase.designs.cowindow import CoWindow
 from kvphase.designs.dsv4 import DSV4, DSV4Selection
 from kvphase.designs.gatedpool import GatedPool, GatedTopK
+from kvphase.designs.heldphase import HeldPhaseGate, HeldPhaseTopK
 from kvphase.designs.kpool import KPool, KPoolSelection
 from kvphase.designs.meanpool import MeanPool
 from kvphase.designs.msa import MSA, MSASelection
@@ -44,6 +48,8 @@ __all__ = [
     "DSV4Selection",
     "GatedPool",
     "GatedTopK",
+    "HeldPhaseGate",
+    "HeldPhaseTopK",
     "KPool",
     "KPoolSelection",
     "MSA",

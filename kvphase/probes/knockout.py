@@ -16,8 +16,8 @@ k-pool indexer and deepseek4's CSA and indexer compressors), the calibration swe
 the weight each phase gets per head (or gate) and channel (`GateRecorder`;
 `GateSlotRecorder`), and component
 `L<l>P<p>` holds phase p's weight in every window of layer l at that mean, the other slots
-sharing the rest in their own proportions (`HeldPhaseGate`): the slot keeps its average say
-but loses everything that depends on content.
+sharing the rest in their own proportions (`designs.heldphase`): the slot keeps its average
+say but loses everything that depends on content.
 
 On the numpy reference backend the probe wraps the attention policy (`HeadRecorder`,
 `HeadKnockout`) or swaps its designs (`with_designs`). In llama.cpp, for any model it runs,
@@ -30,18 +30,18 @@ reach either.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from kvphase.designs import GatedPool, GatedTopK
+from kvphase.designs import GatedPool
+from kvphase.designs.heldphase import held_phase, hold_phase
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.probes.activations import RunningMeans
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
@@ -300,40 +300,6 @@ def model_heads(backend) -> PolicyHeads | EngineHeads:
     if getattr(backend, "tap_point", None) is not None:
         return EngineHeads(backend)
     raise PlanError("knockouts need the numpy reference backend or llama.cpp opened with a head tap")
-
-
-@dataclass(frozen=True, eq=False)
-class HeldPhaseGate(GatedPool):
-    """GatedPool with the weight of one phase held at a fixed value per channel (its
-    calibration mean); the other slots share the rest in their own proportions."""
-
-    phase: int = 0
-    weight: np.ndarray | None = None  # (head_dim,)
-
-    def pool_weights(self, window_keys: np.ndarray) -> np.ndarray:
-        weights = super().pool_weights(window_keys)  # (n_windows, W, n_kv_head, head_dim)
-        held = ((self.start + np.arange(self.window)) % self.stride == self.phase)[None, :, None, None]  # (1, W, 1, 1)
-        return hold_phase(weights, held, np.asarray(self.weight, dtype=weights.dtype), axis=1)
-
-
-def hold_phase(weights: np.ndarray, held: np.ndarray, target: np.ndarray, axis: int) -> np.ndarray:
-    """Softmax weights over a window's slots (`axis`) with the slots `held` (a mask that
-    broadcasts against `weights`) scaled to sum to `target` (broadcasting too), the others
-    scaled to share the rest in their own proportions."""
-    own = np.where(held, weights, 0.0).sum(axis=axis, keepdims=True)  # the held phase's weight per window and channel
-    others = (1 - target) / np.maximum(1 - own, 1e-12)
-    return np.where(held, weights * target / np.maximum(own, 1e-12), weights * others)
-
-
-@dataclass(frozen=True, eq=False)
-class HeldPhaseTopK(HeldPhaseGate, GatedTopK):
-    """The same for a trained kpool model's gated windows."""
-
-
-def held_phase(design: GatedPool, phase: int, weight: np.ndarray) -> HeldPhaseGate:
-    """`design` (a trained gate) with phase `phase` held at `weight`: (head_dim,)."""
-    kind = HeldPhaseTopK if isinstance(design, GatedTopK) else HeldPhaseGate
-    return kind(**{f.name: getattr(design, f.name) for f in dataclasses.fields(design)}, phase=phase, weight=weight)
 
 
 def component_run(layer: int, index: int, slots: bool = False) -> str:

@@ -1,6 +1,6 @@
-"""Statistics over a run's results: per-residue accuracy with Wilson intervals, gap with a
-bootstrap interval over contexts, periodicity, context-stratified tests of "the outcome
-does not depend on the residue" on accuracy and on the answer log-probability, the
+"""A run's summary and verdicts, read with the methods of `kvphase.statistics`: per-residue accuracy
+with Wilson intervals, gap with its interval over contexts, periodicity, context-stratified tests
+of "the outcome does not depend on the residue" on accuracy and on the answer log-probability, the
 smallest dip the run could have detected, and how alike a context's targets were (their
 intra-context correlation and design effect). Prints nothing."""
 
@@ -12,32 +12,10 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.stratified import (ALPHA, POWER, Design, Detectable, StratifiedTest, basic_interval,
-                                      bootstrap_gaps, design_effect, detectable,
-                                      gap_interval, intra_context_correlation, per_residue_for_dip,
-                                      small_sample_widening,
-                                      stratified_test)
-
-Z_95 = 1.959963984540054  # two-sided 95% normal quantile
-
-
-def wilson_interval(correct: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """Two-sided Wilson score interval for a binomial proportion, as fractions."""
-    if np.ndim(n) == 0 and n == 0:
-        return (0.0, 1.0)
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (np.maximum(0.0, centre - half), np.minimum(1.0, centre + half))  # each a float, or an array of them
-
-
-def homogeneity_test(correct: np.ndarray, groups: np.ndarray, seed: int = 0) -> StratifiedTest:
-    """The accuracy test for targets independent of one another (each its own context, as
-    a trained model's held-out questions): one stratum, so (N - 1) / N x Pearson's chi-square."""
-    correct = np.asarray(correct, dtype=float)  # (N,)
-    return stratified_test(correct, Design.of(groups, np.arange(len(correct))), binary=True, seed=seed)
-
+from kvphase.statistics.intervals import (basic_interval, bootstrap_gaps, design_effect, gap_interval,
+                                         intra_context_correlation, mean_coverage, mean_intervals, wilson_interval)
+from kvphase.statistics.power import POWER, Detectable, detectable, per_residue_for_dip
+from kvphase.statistics.stratified import ALPHA, Design, StratifiedTest, p_text, stratified_test
 
 DEGENERATE_SHARE = 0.9  # one answer given to this share of targets or more: the answers ignore the query
 NARROW_ANSWERS = 2.0  # or this few answers in effect (the exponential of their entropy)...
@@ -261,78 +239,6 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def mean_intervals(correct: np.ndarray, design: Design, contexts: np.ndarray) -> np.ndarray:
-    """The mean accuracy's 95% interval (%) of each of R runs on one design, (R, 2) from `correct` (R, N):
-    Wilson's score interval at the effective number of targets (n p (1 - p) / variance, at most n), the
-    variance that of the mean over residues with whole contexts as the sampled units (each context's
-    share of every residue's deviation, squared and summed: what a bootstrap over contexts estimates),
-    widened for few contexts. It stays within 0-100 and, unlike a symmetric interval, covers near them."""
-    from scipy import sparse
-
-    correct = np.atleast_2d(np.asarray(correct, dtype=float))  # (R, N)
-    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
-    n_contexts, n_targets = context_codes.max() + 1, correct.shape[1]
-    if n_contexts < 2:
-        return np.tile([0.0, 100.0], (len(correct), 1))  # one context: the mean's interval is unknown
-    cells = context_codes.ravel() * design.n_groups + design.groups  # (N,)
-    member = sparse.csr_matrix((np.ones(n_targets), (np.arange(n_targets), cells)),
-                               shape=(n_targets, n_contexts * design.n_groups))  # (N, H*G)
-    hits = np.asarray((member.T @ correct.T).T).reshape(len(correct), n_contexts, design.n_groups)  # (R, H, G)
-    sizes = np.asarray(member.sum(axis=0)).reshape(n_contexts, design.n_groups)  # (H, G)
-    per_group = sizes.sum(axis=0)  # (G,)
-    accuracy = hits.sum(axis=1) / per_group  # (R, G)
-    share = ((hits - sizes * accuracy[:, None, :]) / per_group).mean(axis=2)  # (R, H) each context's part of the mean
-    p = accuracy.mean(axis=1)  # (R,)
-    variance = (share**2).sum(axis=1) * small_sample_widening(n_contexts) ** 2  # (R,)
-    settled = (variance == 0) | (p <= 0) | (p >= 1)
-    effective = np.where(settled, n_targets, np.minimum(n_targets, p * (1 - p) / np.where(settled, 1, variance)))
-    low, high = wilson_interval(p * effective, effective)
-    return 100 * np.stack([low, high], axis=1)
-
-
-COVERAGE_RUNS = 400  # runs simulated for a mean interval's coverage (its Monte Carlo SE about 1.1 points at 95%)
-SIMULATED_CELLS = 1_000_000  # targets simulated at once (runs x targets): some 8 MB per array
-
-
-def mean_coverage(correct: np.ndarray, design: Design, contexts: np.ndarray, seed: int = 0,
-                  runs: int = COVERAGE_RUNS) -> float | None:
-    """How often the mean's interval holds the true mean in `runs` runs simulated like this one: its
-    design, its mean accuracy, and contexts as varied as its own (a normal context effect on the logit
-    scale whose SD matches the spread of the contexts' accuracies beyond what chance gives). None when
-    the run is all right or all wrong (nothing to simulate from) or holds one context."""
-    from scipy import special
-
-    correct = np.asarray(correct, dtype=float)  # (N,)
-    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
-    p = correct.mean()
-    if not 0 < p < 1 or context_codes.max() < 1:
-        return None
-    size = np.bincount(context_codes)  # (H,)
-    rate = np.bincount(context_codes, weights=correct) / size  # (H,)
-    beyond_chance = max(float(np.average((rate - p) ** 2, weights=size) - np.mean(p * (1 - p) / size)), 0.0)
-    spread = min(np.sqrt(beyond_chance) / (p * (1 - p)), 3.0)  # logits (delta method), capped at a wide 3
-    intercept = logit_intercept(p, spread)
-    rng = np.random.default_rng(seed)
-    held = 0
-    batch = max(1, SIMULATED_CELLS // len(correct))  # runs at a time: a large run's simulation stays small
-    for start in range(0, runs, batch):
-        effects = spread * rng.standard_normal((min(batch, runs - start), len(size)))  # (R', H)
-        chance = special.expit(intercept + effects[:, context_codes])  # (R', N)
-        simulated = (rng.random(chance.shape) < chance).astype(float)  # (R', N)
-        bounds = mean_intervals(simulated, design, contexts)  # (R', 2)
-        held += int(np.sum((bounds[:, 0] <= 100 * p) & (100 * p <= bounds[:, 1])))
-    return held / runs
-
-
-def logit_intercept(mean: float, spread: float) -> float:
-    """The intercept a whose accuracy averaged over context effects N(0, spread^2) on the logit scale is `mean`."""
-    from scipy import optimize, special
-
-    nodes, weights = np.polynomial.hermite_e.hermegauss(60)  # E f(Z) = sum w f(x) / sqrt(2 pi)
-    weights = weights / weights.sum()
-    return float(optimize.brentq(lambda a: weights @ special.expit(a + spread * nodes) - mean, -30, 30))
-
-
 def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
                       design: Design | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
     """95% intervals (%) of the mean accuracy over residues (whole contexts the sampled units, widened
@@ -420,18 +326,6 @@ def summarize_shifts(results: pd.DataFrame, offsets: pd.DataFrame, stride: int, 
     shifted = with_shifts(results, offsets)
     return {int(d): summarize(frame.drop(columns="shift"), stride, modulus, seed, chance=chance)
             for d, frame in shifted.groupby("shift", sort=True)}
-
-
-def format_p(p: float) -> str:
-    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
-
-
-def p_text(test: StratifiedTest) -> str:
-    """The test's p as a relation: "= 0.031", or "< 0.00025" where it is the smallest p its permutations
-    can give (1 / (permutations + 1): no permutation reached the observed statistic)."""
-    if test.permutations and test.p_value <= 1.000001 / (test.permutations + 1):
-        return f"< {format_p(1 / (test.permutations + 1))}"
-    return f"= {format_p(test.p_value)}"
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ import pandas as pd
 
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import check_writable, make_folder, markdown_table, write_atomic, write_csv
-from kvphase.sweep.analysis import GapDifference, Summary, gap_difference, p_text
-from kvphase.sweep.nested import NestedReading, inner_stride, read_nested
+from kvphase.statistics.nested import NestedReading, inner_stride, read_nested
+from kvphase.statistics.stratified import p_text
+from kvphase.sweep.analysis import GapDifference, Summary, gap_difference
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.report import plot_accuracy, run_summary
 from kvphase.sweep.run import load_manifest, load_plan, load_results

@@ -156,9 +156,9 @@ def sized(plan: SweepPlan, tokenizer: Tokenizer) -> SweepPlan:
 
 def per_residue_for_detect(detect: float, modulus: int) -> int:
     """--per-residue auto: the targets per residue that detect a one-residue dip of `detect` points
-    (`stratified.per_residue_for_dip`); PlanError naming the smallest --detect that fits in
+    (`statistics.power.per_residue_for_dip`); PlanError naming the smallest --detect that fits in
     MAX_TARGETS when this one does not."""
-    from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
+    from kvphase.statistics.power import per_residue_for_dip  # scipy: imported when used
 
     def fits(points: float) -> bool:
         return per_residue_for_dip(points / 100, modulus) * modulus <= MAX_TARGETS
@@ -211,7 +211,7 @@ def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int,
                      per_residue=1 if per_residue is None else per_residue, padding=padding, seed=seed,
                      control=control, targets_per_context=density, contexts=contexts)
     if per_residue is None and not contexts:  # after the plan's checks: a modulus to size for
-        from kvphase.sweep.stratified import per_residue_for_dip  # scipy: imported when used
+        from kvphase.statistics.power import per_residue_for_dip  # scipy: imported when used
 
         plan = replace(plan, least_per_residue=per_residue_for_dip(DEFAULT_DETECT / 100, modulus))
     sized_later = per_residue is None

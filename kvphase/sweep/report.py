@@ -10,7 +10,9 @@ import pandas as pd
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writable, figure, figure_link,
                                markdown_table, write_atomic, write_json)
-from kvphase.sweep.analysis import COVERAGE_RUNS, PLANNED_DIP, Summary, format_p, p_text, per_group, summarize, summarize_shifts, with_shifts
+from kvphase.statistics.intervals import COVERAGE_RUNS
+from kvphase.statistics.stratified import format_p, p_text
+from kvphase.sweep.analysis import PLANNED_DIP, Summary, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.positions import MEAN_TOLERANCE

@@ -54,8 +54,8 @@ def modulus_for(stride: int, modulus: Optional[int]) -> Optional[int]:
 
 def planned_dip(per_residue: int, modulus: int) -> float:
     """The one-residue dip (points) that a balanced design of `per_residue` targets per residue
-    detects with 80% power at any accuracy: `stratified.per_residue_for_dip` solved for the dip."""
-    from kvphase.sweep.stratified import POWER, balanced_power, smallest_dip  # scipy: imported when used
+    detects with 80% power at any accuracy: `statistics.power.per_residue_for_dip` solved for the dip."""
+    from kvphase.statistics.power import POWER, balanced_power, smallest_dip  # scipy: imported when used
 
     if balanced_power(per_residue, modulus, 1.0) < POWER:
         return math.inf  # not even a residue falling from 100% to 0% is found 80% of the time

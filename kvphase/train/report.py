@@ -15,7 +15,8 @@ import pandas as pd
 from kvphase.errors import RunFolderError
 from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, check_writable, figure, figure_link, markdown_table,
                                write_atomic, write_json)
-from kvphase.sweep.analysis import homogeneity_test, wilson_interval
+from kvphase.statistics.intervals import wilson_interval
+from kvphase.statistics.stratified import homogeneity_test
 from kvphase.train.config import TrainConfig
 from kvphase.train.run import CURVE_FILE, RESULT_COLUMNS, RESULTS_FILE, load_csv, load_train_config
 READABLE_ACCURACY = 0.8

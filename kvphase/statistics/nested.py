@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.analysis import p_text
-from kvphase.sweep.stratified import ALPHA, POWER, Design, StratifiedTest, detectable_dip, stratified_test
+from kvphase.statistics.power import POWER, detectable_dip
+from kvphase.statistics.stratified import ALPHA, Design, StratifiedTest, p_text, stratified_test
 
 
 @dataclass(frozen=True)
