@@ -147,7 +147,7 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
     lacks the architecture or refuses to load the file. `on_notice` hears the backend's warnings
     (memory, a server lost)."""
     from kvphase.backends.base import score_contexts
-    from kvphase.sweep.run import RESULT_COLUMNS, _result_row
+    from kvphase.sweep.run import RESULT_COLUMNS, result_row
 
     started = time.monotonic()
     name = prepared.reference.name
@@ -168,7 +168,7 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
         rows = []
         for index, scores in score_contexts(backend, jobs):
             context = prepared.contexts[index]
-            rows += [_result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
+            rows += [result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
             advance(len(context.targets))
         paths = engine_paths(backend, prepared, choice)
     engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)

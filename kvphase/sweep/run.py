@@ -239,7 +239,7 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     try:
         for index, scores, chosen in _scored_contexts(plan, backend, pending, run_dir, info):  # as contexts finish
             context, todo = pending[index]
-            writer.write(_result_row(t, s, len(context.tokens), backend) | c for t, s, c in zip(todo, scores, chosen))
+            writer.write(result_row(t, s, len(context.tokens), backend) | c for t, s, c in zip(todo, scores, chosen))
             progress.advance(len(todo))
     except BaseException:
         with suppress(RunFolderError):  # a full disk fails the manifest too: the first failure is the one to report
@@ -318,7 +318,8 @@ def _check_finished_rows_match(results: pd.DataFrame, contexts: list[ProbeContex
     return set(results["target_id"].astype(int))
 
 
-def _result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
+def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
+    """One `results.csv` row (RESULT_COLUMNS) of a scored target: the sweep's and conform's one writer of it."""
     return {
         "target_id": target.target_id,
         "context": target.context_index,
@@ -374,4 +375,4 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
 
 
 __all__ = ["SweepPlan", "execute_sweep", "load_plan", "load_results", "load_manifest", "default_run_dir",
-           "ProbeContext"]
+           "ProbeContext", "RESULT_COLUMNS", "result_row"]
