@@ -83,7 +83,6 @@ def density_rows(lengths: list[int], threads: int, budget: float) -> None:
     from kvphase.sweep.contexts import build_probes
     from kvphase.sweep.layout import Layout
     from kvphase.sweep.probe_settings import AUTO_DENSITY, TASK_DENSITY, ProbeSettings
-    from kvphase.sweep.records import RecordMaker
     from kvphase.sweep.strides import planned_dip
     from kvphase.sweep.tasks import load_task
 
@@ -93,8 +92,7 @@ def density_rows(lengths: list[int], threads: int, budget: float) -> None:
     for length in lengths:
         backend = LlamaCppBackend(default_model_path(), n_ctx=length + QUERY_ROOM, n_threads=threads)
         task = load_task("records")
-        lanes = Layout.of(task, backend, ProbeSettings(length, 4, 8, 1, "prefix", 0, AUTO_DENSITY),
-                          RecordMaker(task, backend)).lanes
+        lanes = Layout.of(task, backend, ProbeSettings(length, 4, 8, 1, "prefix", 0, AUTO_DENSITY)).lanes
         context = build_probes(task, backend, ProbeSettings(length, 4, 8, lanes, "prefix", 0, AUTO_DENSITY))[0]
         task_lanes = len(build_probes(task, backend, ProbeSettings(length, 4, 8, 16, "prefix", 0, TASK_DENSITY))[0].targets)
         backend.score(list(context.tokens[:BACKEND_BATCH]), [])  # warm-up

@@ -42,7 +42,7 @@ def _settings(mode, context, per_residue, density=AUTO_DENSITY, modulus=8):
 
 def _most(vocab, settings, task="records") -> int:
     task = load_task(task)
-    return Layout.of(task, vocab, settings, RecordMaker(task, vocab)).most_lanes
+    return Layout.of(task, vocab, settings).most_lanes
 
 
 @pytest.mark.parametrize("mode", MODES)

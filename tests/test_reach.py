@@ -195,7 +195,6 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
     from kvphase.engines.llamacpp import Vocab
     from kvphase.sweep.contexts import build_probes
     from kvphase.sweep.layout import Layout
-    from kvphase.sweep.records import RecordMaker
     from kvphase.sweep.plan import make_plan
     from kvphase.sweep.tasks import load_task
 
@@ -203,7 +202,7 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
     plan = make_plan(info, None, None, 2048, 64, "in-sequence", "pairs", 0, fit=False, density="auto")
     assert plan.raw_window == 128
     vocab, task = Vocab.load(info.path), load_task("pairs")
-    record_max = Layout.of(task, vocab, plan.probe_settings, RecordMaker(task, vocab)).record_max
+    record_max = Layout.of(task, vocab, plan.probe_settings).record_max
 
     def last_record_end(p):
         return max(t.position for c in build_probes(task, vocab, p.probe_settings) for t in c.targets) + record_max

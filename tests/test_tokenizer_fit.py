@@ -117,9 +117,8 @@ def test_a_context_longer_than_the_keys_can_fill_is_one_layout_error_not_a_crash
     context needs is estimated from one record's length, and prefix padding packs records closer):
     numpy raised from an empty list of free keys."""
     from kvphase.sweep.layout import Layout
-    from kvphase.sweep.records import RecordMaker
 
     tokenizer, task = CharBackend(), load_task("records")
-    layout = Layout.of(task, tokenizer, DEFAULT_PLAN.probe_settings, RecordMaker(task, tokenizer))
+    layout = Layout.of(task, tokenizer, DEFAULT_PLAN.probe_settings)
     with pytest.raises(RecordLayoutError, match="needs more distinct keys than its word lists make"):
         layout._new_record(set(layout.keys), np.random.default_rng(0))

@@ -66,7 +66,7 @@ def _planned_slots(layout: Layout, settings: ProbeSettings, lanes: int) -> list[
 def check_density(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> None:
     """PlanError when the plan's targets per context do not fit its context or leave fewer than
     MIN_CONTEXTS contexts: what `build_probes` would find, found before a run writes anything."""
-    checked_lanes(settings, Layout.of(task, tokenizer, settings, RecordMaker(task, tokenizer)))
+    checked_lanes(settings, Layout.of(task, tokenizer, settings))
 
 
 def checked_lanes(settings: ProbeSettings, layout: Layout) -> int:

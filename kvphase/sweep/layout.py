@@ -71,7 +71,11 @@ class Layout:
     records_end: int  # records stay below this position
 
     @classmethod
-    def of(cls, task: Task, tokenizer: Tokenizer, settings: ProbeSettings, records: RecordMaker) -> "Layout":
+    def of(cls, task: Task, tokenizer: Tokenizer, settings: ProbeSettings,
+           records: RecordMaker | None = None) -> "Layout":
+        """The layout of `settings`' contexts; `records`: the task's RecordMaker, where the caller
+        keeps one to build contexts with (made here otherwise)."""
+        records = records or RecordMaker(task, tokenizer)
         head = tuple(tokenizer.prefix_ids) + records.ids(task.header)
         footer = records.ids(task.footer) if task.footer else ()
         filler = records.ids(task.filler_text)

@@ -18,7 +18,7 @@ from kvphase.sweep.layout import Layout
 from kvphase.sweep.offsets import OffsetPlan
 from kvphase.sweep.positions import query_phase
 from kvphase.sweep.probe_settings import MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, ProbeSettings
-from kvphase.sweep.records import RecordMaker, Tokenizer
+from kvphase.sweep.records import Tokenizer
 from kvphase.sweep.tasks import load_task
 
 CONTROL_STRIDE = 4  # the stride of a control run: a model that declares no compression
@@ -181,7 +181,7 @@ def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:
     --targets-per-context does not fit."""
     task = load_task(plan.task)
     settings = replace(plan.probe_settings, per_residue=1)  # the count is what is being sized
-    return Layout.of(task, tokenizer, settings, RecordMaker(task, tokenizer)).lanes
+    return Layout.of(task, tokenizer, settings).lanes
 
 
 def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int, per_residue: Optional[int], padding: str,
@@ -239,7 +239,7 @@ def behind_raw_window(info, plan: SweepPlan, open_tokenizer: Callable[[], Tokeni
                         f"model reads raw, as long as the --context {plan.context}: no target would sit behind the "
                         "compressor; use a longer --context")
     task = load_task(plan.task)
-    layout = Layout.of(task, open_tokenizer(), plan.probe_settings, RecordMaker(task, open_tokenizer()))
+    layout = Layout.of(task, open_tokenizer(), plan.probe_settings)
     reaches_in = layout.records_top > plan.context - reach.raw_window
     return replace(plan, raw_window=reach.raw_window) if reaches_in else plan
 
