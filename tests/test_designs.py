@@ -270,7 +270,7 @@ def test_dsv4_entries_round_to_the_cache_type():
     csa32 = DSV4(ratio=4, n_swa=2, cache_dtype="f32")
     csa16 = dataclasses.replace(csa32, cache_dtype="f16")
     args = (randn(8, 4), randn(8, 4), randn(4, 4), np.ones(2, np.float32), 1e-6)
-    e32, e16 = csa32.entries(*args), csa16.entries(*args)
+    e32, e16 = csa32.entries(csa32.finished(*args)), csa16.entries(csa16.finished(*args))
     np.testing.assert_array_equal(e16, e32.astype(np.float16).astype(np.float32))
     assert not np.array_equal(e16, e32)
 

@@ -14,15 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvphase.designs.base import CompressedKV, PostHocDesign, default_query_positions
-from kvphase.designs.windows import (
-    WindowLayout,
-    check_non_negative,
-    check_positive,
-    local_mask,
-    prefix_mask,
-    rows_to_mask,
-    top_k_indices,
-)
+from kvphase.designs.windows import (WindowLayout, check_non_negative, check_positive, local_mask, prefix_mask,
+                                     rows_to_mask, top_k_indices)
 
 
 @dataclass(frozen=True)

@@ -51,20 +51,9 @@ from typing import Callable
 import numpy as np
 
 from kvphase.designs.base import default_query_positions
-from kvphase.designs.windows import (
-    WindowLayout,
-    ambiguous_top_k,
-    check_cache_dtype,
-    check_non_negative,
-    check_positive,
-    check_shape,
-    local_mask,
-    prefix_mask,
-    round_to_cache,
-    rows_to_mask,
-    softmax,
-    top_k_indices,
-)
+from kvphase.designs.windows import (WindowLayout, ambiguous_top_k, check_cache_dtype, check_non_negative,
+                                     check_positive, check_shape, local_mask, prefix_mask, round_to_cache, rows_to_mask,
+                                     softmax, top_k_indices)
 from kvphase.errors import PlanError
 
 CSA_RATIO = 4  # llama.cpp: the overlapped compressor with an indexer exists only at ratio 4
@@ -281,18 +270,11 @@ class DSV4:
 
     def entries(
         self,
-        kv: np.ndarray,  # (n_tokens, C) `*_state_kv`
-        gate: np.ndarray,  # (n_tokens, C) `*_state_score`
-        ape: np.ndarray,  # (ratio, C) `attn_compressor_ape` / `indexer_compressor_ape`
-        norm_weight: np.ndarray,  # (d,) `attn_compressor_norm` / `indexer_compressor_norm`
-        norm_eps: float,  # deepseek4.attention.layer_norm_rms_epsilon
-        rope_fn: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,  # (x, positions) -> x
+        finished: np.ndarray,  # (n_blocks, d) what `finished` returns
         rotate_fn: Callable[[np.ndarray], np.ndarray] | None = None,  # `*_state_compress_rot`, x -> x
     ) -> np.ndarray:
-        """Compressed cache entries as read back: `finished`, the cache's rotation (if given), `store`."""
-        x = self.finished(kv, gate, ape, norm_weight, norm_eps, rope_fn)  # (n_blocks, d)
-        if rotate_fn is not None:
-            x = rotate_fn(x)  # (n_blocks, d)
+        """Compressed cache entries as read back: the finished entries, the cache's rotation (if given), `store`."""
+        x = finished if rotate_fn is None else rotate_fn(finished)  # (n_blocks, d)
         return self.store(x)  # (n_blocks, d)
 
     # -- selection --------------------------------------------------------------------------

@@ -28,20 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvphase.designs.base import default_query_positions
-from kvphase.designs.windows import (
-    WindowLayout,
-    ambiguous_top_k,
-    check_cache_dtype,
-    check_non_negative,
-    check_positive,
-    check_shape,
-    prefix_mask,
-    round_to_cache,
-    rows_to_mask,
-    softmax,
-    tail_positions,
-    top_k_indices,
-)
+from kvphase.designs.windows import (WindowLayout, ambiguous_top_k, check_cache_dtype, check_non_negative,
+                                     check_positive, check_shape, prefix_mask, round_to_cache, rows_to_mask, softmax,
+                                     tail_positions, top_k_indices)
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvphase.designs.base import CompressedKV, PostHocDesign, default_query_positions
-from kvphase.designs.windows import (
-    WindowLayout,
-    check_non_negative,
-    check_positive,
-    local_mask,
-    prefix_mask,
-)
+from kvphase.designs.windows import WindowLayout, check_non_negative, check_positive, local_mask, prefix_mask
 
 
 @dataclass(frozen=True)

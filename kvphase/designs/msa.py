@@ -22,19 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvphase.designs.base import default_query_positions
-from kvphase.designs.windows import (
-    WindowLayout,
-    ambiguous_top_k,
-    causal_mask,
-    check_cache_dtype,
-    check_non_negative,
-    check_positive,
-    check_shape,
-    prefix_mask,
-    round_to_cache,
-    rows_to_mask,
-    top_k_indices,
-)
+from kvphase.designs.windows import (WindowLayout, ambiguous_top_k, causal_mask, check_cache_dtype, check_non_negative,
+                                     check_positive, check_shape, prefix_mask, round_to_cache, rows_to_mask,
+                                     top_k_indices)
 
 LOCAL_BIAS = np.float32(1e30)  # llm_graph_input_msa::set_input
 

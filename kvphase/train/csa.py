@@ -287,13 +287,14 @@ def forward(params, tokens, starts, config: TrainConfig, sparse: bool = True):
     return rms(x, params["out_norm"]), aux
 
 
-def query_logits(params, tokens, starts, rows, config: TrainConfig, sparse: bool = True):
-    """Logits at the question rows (B, queries, n_vocab) and the auxiliary loss."""
-    hidden, aux = forward(params, tokens, starts, config, sparse)  # (B, T, d)
+def query_logits(params, tokens, starts, rows, config: TrainConfig, sparse: bool = True, body=None):
+    """Logits at the question rows (B, queries, n_vocab) and the auxiliary loss. `body`: the layout's
+    forward, where another layout reads out through the tied embedding as this one does (glm5-next)."""
+    hidden, aux = (body or forward)(params, tokens, starts, config, sparse)  # (B, T, d)
     return hidden[:, rows] @ params["wte"].T, aux  # (B, queries, n_vocab)
 
 
-def logits(params, tokens, config: TrainConfig):
+def logits(params, tokens, config: TrainConfig, body=None):
     """Logits at every position (B, T, n_vocab): what llama.cpp's exported file computes."""
-    hidden, _ = forward(params, tokens, None, config)
+    hidden, _ = (body or forward)(params, tokens, None, config)
     return hidden @ params["wte"].T

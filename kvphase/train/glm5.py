@@ -42,6 +42,7 @@ tests/test_train_glm5.py checks this forward equals llama.cpp's on the exported 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,7 @@ import numpy as np
 
 from kvphase.designs.msa import LOCAL_BIAS
 from kvphase.designs.windows import partial_sort_sets, rows_to_mask, top_k_indices
+from kvphase.train import csa
 from kvphase.train.config import TrainConfig
 from kvphase.train.csa import feed_forward, indexer_kl, rms
 from kvphase.train.model import layer_norm, masked_softmax
@@ -264,13 +266,7 @@ def forward(params, tokens, starts, config: TrainConfig, sparse: bool = True):
     return rms(x, params["out_norm"]), aux
 
 
-def query_logits(params, tokens, starts, rows, config: TrainConfig, sparse: bool = True):
-    """Logits at the question rows (B, queries, n_vocab) and the distillation loss."""
-    hidden, aux = forward(params, tokens, starts, config, sparse)  # (B, T, d)
-    return hidden[:, rows] @ params["wte"].T, aux  # (B, queries, n_vocab)
-
-
-def logits(params, tokens, config: TrainConfig):
-    """Logits at every position (B, T, n_vocab): what llama.cpp's exported file computes."""
-    hidden, _ = forward(params, tokens, None, config)
-    return hidden @ params["wte"].T
+# the readouts are deepseek4's (the tied embedding over the final norm), over this layout's forward;
+# its auxiliary loss is the indexer's distillation
+query_logits = partial(csa.query_logits, body=forward)
+logits = partial(csa.logits, body=forward)
