@@ -17,7 +17,8 @@ from kvphase.validate.common import FamilyCheck
 from kvphase.validate.dsv4 import DSV4Check
 from kvphase.validate.kpool import KPoolCheck
 from kvphase.validate.msa import MSACheck
-from kvphase.validate.report import LayerCheck, Tolerances, ValidationReport
+from kvphase.validate.options import CACHE_TYPES, DEFAULT_CACHE_TYPE, DEFAULT_SEED, NO_PERTURBATION, Tolerances
+from kvphase.validate.report import LayerCheck, ValidationReport
 
 
 # --------------------------------------------------------------------------- batch splits
@@ -60,18 +61,17 @@ FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": M
 # --------------------------------------------------------------------------- entry point
 
 
-CACHE_TYPES = ("f32", "f16")  # f16: llama.cpp's default cache, which rounds keys, gates and pooled keys
 
 
 def validate_model(
     model: str | Path,
     n_tokens: int | None = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     splits: Sequence[Sequence[int]] | None = None,
     tolerances: Tolerances = Tolerances(),
     settings: EngineSettings | None = None,
-    perturb: int = 0,
-    cache: str = "f32",
+    perturb: int = NO_PERTURBATION,
+    cache: str = DEFAULT_CACHE_TYPE,
     on_split: Callable[[int, int, Sequence[int]], None] | None = None,
 ) -> ValidationReport:
     """Run the model through llama.cpp under several batch splits and compare every compressed layer.
