@@ -296,7 +296,7 @@ MUTATIONS = [
     Mutation("threads-default-to-every-cpu-of-the-machine", "kvphase/defaults.py",
              "return len(os.sched_getaffinity(0))", "return os.cpu_count() or 1",
              ("tests/test_cli.py::test_threads_default_to_the_cpus_the_process_may_use",), slow=True),
-    Mutation("validate-threads-zero-read-as-the-default", VCLI,
+    Mutation("validate-threads-zero-read-as-the-default", "kvphase/validate/run.py",
              "threads = default_threads() if threads is None else threads", "threads = threads or default_threads()",
              ("tests/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",), slow=True),
     Mutation("compilations-never-kept", TRAIN_LOOP, '    jax.config.update("jax_compilation_cache_dir", str(folder))\n',

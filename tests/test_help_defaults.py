@@ -15,7 +15,7 @@ from kvphase.backends.transport import Retry
 from kvphase.cli import app
 from kvphase.conform.check import EngineChoice
 from kvphase.probes import setup as probes
-from kvphase.sweep.options import SweepOptions
+from kvphase.sweep.options import COMPARISON_DIR, SweepOptions
 from kvphase.sweep.plan import CONTROL_STRIDE, TRAINED_PER_RESIDUE, SweepDefaults
 from kvphase.theory.config import DEFAULT_COMPONENTS, STAGGER_CHOICES, TheoryConfig
 from kvphase.train.config import TrainConfig
@@ -104,6 +104,7 @@ NAMED_IN_HELP = [
     ("cycle", "per_residue", f"default {probes.PROBE_PER_RESIDUE}, {TRAINED_PER_RESIDUE} for a trained model"),
     ("knockout", "per_residue", f"default {probes.PROBE_PER_RESIDUE}, {probes.TRAINED_PER_RESIDUE_KNOCKOUT}"),
     ("train", "stride", f"default {TrainConfig.stride}"),
+    ("compare", "out", f"default {COMPARISON_DIR}"),
 ]
 
 

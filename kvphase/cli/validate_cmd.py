@@ -41,18 +41,10 @@ def validate(
     cache: Optional[str] = typer.Option(None, "--cache", hidden=True, help="The former name of --cache-type."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
-    from kvphase.defaults import default_threads
-    from kvphase.engines.capture import EngineSettings
-    from kvphase.engines.llamacpp import check_threads
-    from kvphase.gguf.header_only import require_weights
-    from kvphase.validate.run import validate_model
+    from kvphase.validate.run import validate_file
 
     cache = _cache_type(cache_type, cache)
-    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
-    threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
-    check_threads(threads)
     splits = [_parse_split(s) for s in split] if split else None
-    settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
     status = Console(stderr=True)
 
     def on_split(index: int, count: int, sizes) -> None:
@@ -60,7 +52,7 @@ def validate(
         status.print(f"[dim]split {index + 1}/{count}: {batches}, {sum(sizes)} tokens...[/dim]")
 
     tolerances = Tolerances(keys_tol, scores_tol, attention_tol)
-    report = validate_model(model, tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
+    report = validate_file(model, tokens, seed, splits, tolerances, threads, gpu_layers, perturb, cache, on_split)
     _print(report)
     if not report.passed:
         raise typer.Exit(1)

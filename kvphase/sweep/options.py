@@ -22,6 +22,7 @@ from kvphase.sweep.probe_settings import AUTO_DENSITY
 
 
 PADDINGS = ("prefix", "in-sequence")
+COMPARISON_DIR = Path("reports") / "comparison"  # where `compare` writes without an `out`
 
 
 @dataclass(frozen=True)

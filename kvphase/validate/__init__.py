@@ -26,7 +26,7 @@ from importlib import import_module
 
 _EXPORTS = {"DSV4Check": "dsv4", "KPoolCheck": "kpool", "MSACheck": "msa", "Diff": "report", "LayerCheck": "report",
             "ValidationReport": "report", "Tolerances": "options", "CACHE_TYPES": "options", "FAMILIES": "run",
-            "default_splits": "run", "validate_model": "run"}
+            "default_splits": "run", "validate_model": "run", "validate_file": "run"}
 __all__ = sorted(_EXPORTS)
 
 

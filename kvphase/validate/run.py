@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvphase.engines.capture import EngineSettings, run_and_capture
+from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import read_model_info
@@ -125,6 +126,23 @@ def validate_model(
         tolerances=tolerances,
         layers=[checks[k] for k in sorted(checks)],
     )
+
+
+def validate_file(model: str | Path, n_tokens: int | None = None, seed: int = DEFAULT_SEED,
+                  splits: Sequence[Sequence[int]] | None = None, tolerances: Tolerances = Tolerances(),
+                  threads: int | None = None, gpu_layers: int = DEFAULT_GPU_LAYERS, perturb: int = NO_PERTURBATION,
+                  cache: str = DEFAULT_CACHE_TYPE,
+                  on_split: Callable[[int, int, Sequence[int]], None] | None = None) -> ValidationReport:
+    """`kvphase validate`: `validate_model` on a file with weights, through llama.cpp with `threads` (default
+    the CPUs this process may use) and `gpu_layers`; PlanError or ModelFileError before anything runs."""
+    from kvphase.engines.llamacpp import check_threads
+    from kvphase.gguf.header_only import require_weights
+
+    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
+    threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
+    check_threads(threads)
+    settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
+    return validate_model(model, n_tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
 
 
 def _round_up(n: int, multiple: int) -> int:
