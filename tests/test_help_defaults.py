@@ -14,6 +14,7 @@ import typer.main
 from kvphase.backends.transport import Retry
 from kvphase.cli import app
 from kvphase.conform.check import EngineChoice
+from kvphase.gguf.tiny import write_tiny_model
 from kvphase.probes import setup as probes
 from kvphase.sweep.options import COMPARISON_DIR, SweepOptions
 from kvphase.sweep.plan import CONTROL_STRIDE, TRAINED_PER_RESIDUE, SweepDefaults
@@ -68,6 +69,7 @@ RECORDS = [
     ("cycle", lambda: record_defaults(probes.ProbeOptions), ()),
     ("knockout", lambda: record_defaults(probes.ProbeOptions), ()),
     ("train", lambda: record_defaults(TrainConfig), ()),
+    ("make-tiny", lambda: signature_defaults(write_tiny_model), ()),
 ]
 
 
