@@ -46,6 +46,7 @@ def default_model_path() -> Path:
 
 
 ALL_LAYERS = -1  # llama.cpp's n_gpu_layers for "every layer"
+DEFAULT_GPU_LAYERS = 0  # --gpu-layers: every layer on the CPU
 MOST_GPU_LAYERS = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32
 
 

@@ -40,7 +40,7 @@ STATS, STRAT = "kvphase/sweep/analysis.py", "kvphase/statistics/stratified.py"
 STAT_POWER, STAT_INTERVALS = "kvphase/statistics/power.py", "kvphase/statistics/intervals.py"
 POSITIONS, LAYOUT, RUN = "kvphase/sweep/positions.py", "kvphase/sweep/layout.py", "kvphase/sweep/run.py"
 LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
-VREPORT, VCLI = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py"
+VREPORT, VCLI, VOPTIONS = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py", "kvphase/validate/options.py"
 T_ANALYSIS, T_STRAT, T_PROBES = "tests/test_analysis.py", "tests/test_stratified.py", "tests/test_probes.py"
 T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.py", "tests/test_scoring.py"
 T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
@@ -257,10 +257,10 @@ MUTATIONS = [
     Mutation("validate-always-pass", VCLI,
              'console.print("[bold green]PASS[/bold green]" if report.passed else "[bold red]FAIL[/bold red]")',
              'console.print("[bold green]PASS[/bold green]")', (T_VERDICT,)),
-    Mutation("scores-tolerance-100x", VREPORT, "scores_rel: float = 1e-4", "scores_rel: float = 1e-2", (T_VERDICT,)),
-    Mutation("cli-scores-tolerance-100x", VCLI, 'scores_tol: float = typer.Option(1e-4,',
-             'scores_tol: float = typer.Option(1e-2,', (T_VERDICT,)),
-    Mutation("keys-tolerance-100x", VREPORT, "keys_abs: float = 1e-5", "keys_abs: float = 1e-3", (T_VERDICT,)),
+    Mutation("scores-tolerance-100x", VOPTIONS, "scores_rel: float = 1e-4", "scores_rel: float = 1e-2", (T_VERDICT,)),
+    Mutation("cli-scores-tolerance-100x", VCLI, 'scores_tol: float = typer.Option(Tolerances.scores_rel,',
+             'scores_tol: float = typer.Option(Tolerances.scores_rel * 100,', (T_VERDICT,)),
+    Mutation("keys-tolerance-100x", VOPTIONS, "keys_abs: float = 1e-5", "keys_abs: float = 1e-3", (T_VERDICT,)),
     Mutation("mismatched-sets-ignored", VREPORT, "        if self.mismatched:", "        if False:",
              ("tests/test_validate.py::test_deepseek4_rolled_ape_fails",), slow=True),
     # the deepseek4-layout training (issue 18): export, the numpy reference, the probes' backend
@@ -296,7 +296,7 @@ MUTATIONS = [
     Mutation("threads-default-to-every-cpu-of-the-machine", "kvphase/defaults.py",
              "return len(os.sched_getaffinity(0))", "return os.cpu_count() or 1",
              ("tests/test_cli.py::test_threads_default_to_the_cpus_the_process_may_use",), slow=True),
-    Mutation("validate-threads-zero-read-as-the-default", VCLI,
+    Mutation("validate-threads-zero-read-as-the-default", "kvphase/validate/run.py",
              "threads = default_threads() if threads is None else threads", "threads = threads or default_threads()",
              ("tests/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",), slow=True),
     Mutation("compilations-never-kept", TRAIN_LOOP, '    jax.config.update("jax_compilation_cache_dir", str(folder))\n',

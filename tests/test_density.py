@@ -159,10 +159,12 @@ def test_the_sample_is_sized_at_the_density_of_the_context(default_model):
 
     info, vocab = read_model_info(default_model), Vocab.load(default_model)
     lanes = {n: _most(vocab, _settings("prefix", n, 1)) for n in (1024, 4096)}
-    by_count = make_plan(info, None, None, 1024, None, "prefix", "records", 0, density=AUTO_DENSITY, contexts=16)
+    by_count = make_plan(info, stride=None, modulus=None, context=1024, per_residue=None, padding="prefix",
+                         task="records", seed=0, targets_per_context=AUTO_DENSITY, contexts=16)
     assert by_count.per_residue == 2 * lanes[1024]
     assert sized(replace(by_count, context=4096), vocab).per_residue == 2 * lanes[4096]
-    default = make_plan(info, None, None, 1024, None, "prefix", "records", 0, density=AUTO_DENSITY)
+    default = make_plan(info, stride=None, modulus=None, context=1024, per_residue=None, padding="prefix", task="records",
+                        seed=0, targets_per_context=AUTO_DENSITY)
     assert default.least_per_residue == 72 and default.per_residue == -(-72 // lanes[1024]) * lanes[1024]
     assert sized(replace(default, context=4096), vocab).per_residue == lanes[4096]  # one round: 8 contexts
     assert len(build_probes(load_task("records"), vocab, default.probe_settings)) == 8 * -(-72 // lanes[1024])

@@ -31,7 +31,7 @@ def _suggested(result, option: str) -> int | float:
 
 def _plan(model, **kwargs):
     options = dict(stride=None, modulus=None, context=256, per_residue=None, padding="prefix", task="records", seed=0,
-                   density="auto")  # the CLI's default density
+                   targets_per_context="auto")  # the CLI's default density
     return make_plan(read_model_info(model), **{**options, **kwargs})
 
 

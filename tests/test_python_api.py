@@ -125,6 +125,32 @@ def test_the_api_lists_every_option_in_its_signature():
     _refused(PlanError, lambda: kvphase.sweep(None, {"context": 256}), "SweepOptions", "dict")
 
 
+def test_design_options_are_one_dict_from_either_spelling_to_the_plan(tiny_llama):
+    """`design_options` as a dict or as the command line's KEY=VALUE strings (values read as JSON, keys
+    with dashes as Python names) is one dict, and the plan holds exactly it over the design's defaults."""
+    from kvphase.sweep.planning import plan_sweep_runs
+
+    spelled = [("local-window=8", "stagger=\"head\"", "top_k=[2, 3]"), {"local-window": 8, "stagger": "head",
+                                                                        "top_k": [2, 3]}]
+    held = [kvphase.SweepOptions(design_options=options).design_options for options in spelled]
+    assert held == [{"local_window": 8, "stagger": "head", "top_k": [2, 3]}] * 2
+    options = kvphase.SweepOptions(backend="reference", design="meanpool", context=320, per_residue=8,
+                                   design_options=("local_window=8", "window=8"))
+    plan = plan_sweep_runs(tiny_llama, options, say=lambda notice: None).runs[0][0]
+    assert plan.backend_options == {"design": "meanpool", "window": 8, "stride": plan.stride, "local_window": 8}
+
+
+def test_backend_settings_are_the_sweeps_own_options():
+    """A sweep's backend options, gathered in their record as the sweep's keywords give them."""
+    options = kvphase.SweepOptions(url="http://127.0.0.1:1", slots=2, engine="openai", request_timeout=5.0,
+                                   deadline=60.0, allow_model_mismatch=True, cache_type="q8_0", gpu_layers="all",
+                                   threads=1)
+    assert vars(options.backend_settings) == {"url": ("http://127.0.0.1:1",), "slots": 2, "engine": "openai",
+                                              "request_timeout": 5.0, "deadline": 60.0, "allow_model_mismatch": True,
+                                              "cache_type": "q8_0", "gpu_layers": -1, "threads": 1}
+    _refused(PlanError, lambda: kvphase.SweepOptions(engine="vllm"), "--engine", "'vllm'")
+
+
 def _refused(error: type, call, *fragments: str) -> None:
     """`call()` raises the library's `error` (not SystemExit, not another type) in one line naming the problem."""
     with pytest.raises(KvphaseError) as raised:

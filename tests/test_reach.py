@@ -199,7 +199,8 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
     from kvphase.sweep.tasks import load_task
 
     info = read_model_info(shaped["deepseek-v4-flash"])
-    plan = make_plan(info, None, None, 2048, 64, "in-sequence", "pairs", 0, fit=False, density="auto")
+    plan = make_plan(info, stride=None, modulus=None, context=2048, per_residue=64, padding="in-sequence", task="pairs",
+                     seed=0, fit=False, targets_per_context="auto")
     assert plan.raw_window == 128
     vocab, task = Vocab.load(info.path), load_task("pairs")
     record_max = Layout.of(task, vocab, plan.probe_settings).record_max
@@ -209,7 +210,8 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
 
     assert last_record_end(plan) <= 2048 - 128
     assert last_record_end(replace(plan, raw_window=0)) > 2048 - 128  # without it, targets sit in the window
-    assert make_plan(info, None, None, 2048, 8, "in-sequence", "records", 0, fit=False).raw_window == 0
+    assert make_plan(info, stride=None, modulus=None, context=2048, per_residue=8, padding="in-sequence",
+                     task="records", seed=0, fit=False).raw_window == 0
 
 
 def test_a_window_as_long_as_the_context_gets_one_line(shaped, tmp_path):

@@ -8,7 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.cli import app
-from kvphase.cli import validate_cmd
 
 DEPRECATION = "--cache is deprecated, use --cache-type"
 
@@ -26,7 +25,7 @@ def handed(monkeypatch):
         seen.append(cache)
         raise Stop
 
-    monkeypatch.setattr(validate_cmd, "validate_model", record)
+    monkeypatch.setattr("kvphase.validate.run.validate_model", record)  # the command imports it when it runs
     monkeypatch.setattr("kvphase.gguf.header_only.require_weights", lambda model, command: None)  # no file here
     return seen
 

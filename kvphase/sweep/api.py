@@ -160,14 +160,14 @@ def report(path: PathLike) -> Run:
 def compare(runs: Sequence[Union[Run, PathLike]], out: Optional[PathLike] = None):
     """Several runs side by side (`kvphase compare`): writes comparison.md, comparison.png and
     comparison.csv into `out` (default reports/comparison) and returns the `Comparison`."""
-    from kvphase.sweep.compare import DEFAULT_OUT, write_comparison  # scipy: imported when used
-    from kvphase.sweep.options import check_own_folder
+    from kvphase.sweep.compare import write_comparison  # scipy: imported when used
+    from kvphase.sweep.options import COMPARISON_DIR, check_own_folder
 
     runs = check_run_list("runs", runs, lambda run: isinstance(run, Run))
     out = check_path("out", out, optional=True)
     check_own_folder(out)
     return write_comparison([run.path if isinstance(run, Run) else Path(run) for run in runs],
-                            DEFAULT_OUT if out is None else out)
+                            COMPARISON_DIR if out is None else out)
 
 
 def inspect(model: PathLike, partial: bool = True):

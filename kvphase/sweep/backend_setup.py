@@ -1,18 +1,19 @@
-"""A plan's backend: which one runs it and with what (servers, a reference design, llama.cpp's
-cache type and GPU layers), the tokens it must hold, and opening it, with the memory warning,
+"""A plan's backend: which one runs it and with what (`BackendSettings`: servers, llama.cpp's cache
+type, GPU layers and threads; a reference design), the tokens it must hold, and opening it, with the memory warning,
 as a context manager that closes it. Sweeps, the mechanism probes, conform, the benches and the
 tests all open a backend here."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
-from typing import Iterator, Optional
+from dataclasses import dataclass, replace
+from typing import Iterator, Optional, Union
 
 from kvphase.backends import BACKENDS, Backend
-from kvphase.defaults import default_threads
+from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads, gpu_layer_count
 from kvphase.errors import PlanError
 from kvphase.gguf.modelinfo import ModelInfo
+from kvphase.options_check import check_record
 from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.plan import SweepPlan, query_room
 
@@ -20,53 +21,84 @@ REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under 
 SERVER_ENGINES = ("llama-server", "openai")  # llama-server, or an OpenAI-compatible engine with prompt logprobs
 
 
-def server_connection(backend: str, urls: list[str], slots: Optional[int], engine: str,
-                      request_timeout: Optional[float] = None, deadline: Optional[float] = None,
-                      allow_model_mismatch: bool = False) -> dict:
+@dataclass(frozen=True)
+class BackendSettings:
+    """How a plan's backend runs, apart from what the plan measures: the servers and their limits,
+    llama.cpp's cache type, GPU layers and threads (None: not given, the backend's default). Checked
+    here, where they are made; each is the `kvphase sweep` option of the same name."""
+
+    url: Union[str, tuple[str, ...]] = ()  # backend "server": the servers (one: its URL)
+    slots: Optional[int] = None  # requests per server at once; default its -np
+    engine: str = SERVER_ENGINES[0]  # what the servers are
+    request_timeout: Optional[float] = None  # seconds one request may take
+    deadline: Optional[float] = None  # seconds the whole sweep may take
+    allow_model_mismatch: bool = False  # score servers whose model's facts differ from the file's
+    cache_type: Optional[str] = None  # llama.cpp's K and V cache type
+    gpu_layers: Union[int, str] = DEFAULT_GPU_LAYERS  # a count, -1 or "all": every layer
+    threads: Optional[int] = None  # llama.cpp's CPU threads; default the CPUs this process may use
+
+    def __post_init__(self) -> None:
+        from kvphase.engines.llamacpp import CACHE_TYPES
+
+        check_record(self)  # types and ranges, as every command's options are checked
+        object.__setattr__(self, "url", (self.url,) if isinstance(self.url, str) else tuple(self.url))
+        for name, allowed in (("engine", SERVER_ENGINES), ("cache_type", tuple(CACHE_TYPES))):
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
+        object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))
+
+    @property
+    def serves(self) -> bool:
+        """Whether any server option is given (they apply to backend "server" only)."""
+        return bool(self.url) or self.engine != SERVER_ENGINES[0] or self.allow_model_mismatch or any(
+            value is not None for value in (self.slots, self.request_timeout, self.deadline))
+
+
+def server_connection(backend: str, settings: BackendSettings) -> dict:
     """Where a server sweep runs, how long it may wait and whether a server holding another model
     may score (not part of the plan: a run may resume on other servers); empty for the other
     backends, which take none of these options."""
     if backend != "server":
-        if urls or engine != SERVER_ENGINES[0] or allow_model_mismatch or any(
-                v is not None for v in (slots, request_timeout, deadline)):
+        if settings.serves:
             raise PlanError("--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply "
                             "to --backend server only")
         return {}
-    if not urls:
+    if not settings.url:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    given = {"request_timeout_s": request_timeout, "deadline_s": deadline,
-             "allow_model_mismatch": allow_model_mismatch or None}
-    return {"urls": urls, "slots": slots, **{k: v for k, v in given.items() if v is not None}}
+    given = {"request_timeout_s": settings.request_timeout, "deadline_s": settings.deadline,
+             "allow_model_mismatch": settings.allow_model_mismatch or None}
+    return {"urls": list(settings.url), "slots": settings.slots, **{k: v for k, v in given.items() if v is not None}}
 
 
-def with_backend(plan: SweepPlan, connect: dict, engine: str, cache_type: Optional[str]) -> SweepPlan:
+def with_backend(plan: SweepPlan, connect: dict, settings: BackendSettings) -> SweepPlan:
     """The plan with the server engine (when `connect` names servers) and llama.cpp's cache type:
     recorded in backend_options only when it is not the default f16, so an f16 plan's config.json
     is what it always was, and a folder cannot be resumed with another cache type."""
     if connect:
-        plan = replace(plan, backend="server", backend_options={"engine": engine})
-    if cache_type is None:
+        plan = replace(plan, backend="server", backend_options={"engine": settings.engine})
+    if settings.cache_type is None:
         return plan
     if plan.backend != "llama.cpp":
         raise PlanError(f"--cache-type applies to --backend llama.cpp only, not {plan.backend}")
-    if cache_type == "f16":
+    if settings.cache_type == "f16":
         return plan
-    return replace(plan, backend_options={**plan.backend_options, "cache_type": cache_type})
+    return replace(plan, backend_options={**plan.backend_options, "cache_type": settings.cache_type})
 
 
-def with_gpu_layers(plan: SweepPlan, gpu_layers: int, say: Say = log_notice) -> SweepPlan:
+def with_gpu_layers(plan: SweepPlan, settings: BackendSettings, say: Say = log_notice) -> SweepPlan:
     """The plan with --gpu-layers in its backend options (only when above 0, so a CPU plan's
     config.json is what it always was); a warning when this llama.cpp build cannot offload."""
-    if not gpu_layers:
+    if not settings.gpu_layers:
         return plan
     if plan.backend != "llama.cpp":
         raise PlanError(f"--gpu-layers applies to the llama.cpp backend only, not {plan.backend}")
     from kvphase.engines.llamacpp import gpu_offload_note
 
-    note = gpu_offload_note(gpu_layers)
+    note = gpu_offload_note(settings.gpu_layers)
     if note:
         say(Notice(note, "warning"))
-    return replace(plan, backend_options={**plan.backend_options, "gpu_layers": gpu_layers})
+    return replace(plan, backend_options={**plan.backend_options, "gpu_layers": settings.gpu_layers})
 
 
 def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:

@@ -17,11 +17,12 @@ from kvphase.runfolder import check_writable, make_folder, markdown_table, write
 from kvphase.statistics.nested import NestedReading, inner_stride, read_nested
 from kvphase.statistics.stratified import p_text
 from kvphase.sweep.analysis import GapDifference, Summary, gap_difference
+from kvphase.sweep.options import COMPARISON_DIR
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.report import plot_accuracy, run_summary
 from kvphase.sweep.run import load_manifest, load_plan, load_results
 
-DEFAULT_OUT = Path("reports") / "comparison"
+DEFAULT_OUT = COMPARISON_DIR
 MARKDOWN_FILE, FIGURE_FILE, CSV_FILE = "comparison.md", "comparison.png", "comparison.csv"
 
 # comparison.csv: one row per run, numbers unformatted

@@ -1,5 +1,6 @@
-"""A sweep's options: `SweepOptions` (one field per `kvphase sweep` option, checked where it is made),
-the plan's share of them (`PlanOptions`), the run folder's own-folder rule and `--option KEY=VALUE`.
+"""A sweep's options: `SweepOptions` (one field per `kvphase sweep` option, checked where it is made;
+the backend's share of them as `backend_setup.BackendSettings`), the run folder's own-folder rule and
+`--option KEY=VALUE`.
 
 Both front ends make these: `kvphase sweep` from its command line and the Python API
 (`kvphase.sweep`) from its keywords. Messages name the command line's options (`--context`); in
@@ -14,15 +15,14 @@ from pathlib import Path
 from typing import Optional, Union
 
 from kvphase.backends import BACKENDS
-from kvphase.defaults import gpu_layer_count
-from kvphase.engines.llamacpp import CACHE_TYPES
 from kvphase.errors import PlanError
 from kvphase.options_check import check_record
-from kvphase.sweep.backend_setup import SERVER_ENGINES
+from kvphase.sweep.backend_setup import BackendSettings
 from kvphase.sweep.probe_settings import AUTO_DENSITY
 
 
 PADDINGS = ("prefix", "in-sequence")
+COMPARISON_DIR = Path("reports") / "comparison"  # where `compare` writes without an `out`
 
 
 @dataclass(frozen=True)
@@ -44,15 +44,16 @@ class SweepOptions:
     threads: Optional[int] = None  # llama.cpp's CPU threads; default the CPUs this process may use
     backend: Optional[str] = None  # a name of `kvphase.backends.BACKENDS`
     design: Optional[str] = None  # the reference backend's design
-    design_options: Union[dict, tuple[str, ...]] = ()  # the reference design's options: a dict, or KEY=VALUE strings
+    # the reference design's options: a dict, or KEY=VALUE strings (values read as JSON); held as a dict
+    design_options: Union[dict, tuple[str, ...]] = ()
     url: Union[str, tuple[str, ...]] = ()  # backend="server": the servers (one: its URL)
     slots: Optional[int] = None
-    engine: str = "llama-server"
+    engine: str = BackendSettings.engine
     request_timeout: Optional[float] = None
     deadline: Optional[float] = None
     allow_model_mismatch: bool = False  # score servers whose model's facts differ from the file's
     cache_type: Optional[str] = None  # llama.cpp's K and V cache type
-    gpu_layers: Union[int, str] = 0  # a count, -1 or "all"
+    gpu_layers: Union[int, str] = BackendSettings.gpu_layers  # a count, -1 or "all"
     calibrate: bool = False
     target_accuracy: Optional[str] = None  # with calibrate: "LOW-HIGH" percent
     offsets: Optional[int] = None
@@ -64,22 +65,26 @@ class SweepOptions:
 
     def __post_init__(self) -> None:
         check_record(self)  # types and ranges, as every command's and API function's options are checked
-        normal = {"url": (self.url,) if isinstance(self.url, str) else tuple(self.url),
-                  "design_options": dict(self.design_options) if isinstance(self.design_options, dict)
-                  else tuple(self.design_options),
+        normal = {"design_options": design_options_dict(self.design_options),
                   "targets_per_context": str(self.targets_per_context).strip().lower(),
                   "per_residue": None if self.per_residue is None else str(self.per_residue),
                   "stride": None if self.stride is None else str(self.stride),
                   "out": None if self.out is None else Path(self.out)}
         for name, value in normal.items():
             object.__setattr__(self, name, value)
-        for name, allowed in (("padding", PADDINGS), ("backend", tuple(BACKENDS)), ("engine", SERVER_ENGINES),
-                              ("cache_type", tuple(CACHE_TYPES))):
+        for name, allowed in (("padding", PADDINGS), ("backend", tuple(BACKENDS))):
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
-        object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))  # a count, -1 or 'all': every layer
+        settings = self.backend_settings  # checks the backend's options
+        object.__setattr__(self, "url", settings.url)
+        object.__setattr__(self, "gpu_layers", settings.gpu_layers)  # a count, -1 or 'all': every layer
         check_own_folder(self.out)
+
+    @property
+    def backend_settings(self) -> BackendSettings:
+        """How the backend runs (servers, cache type, GPU layers, threads), apart from the plan."""
+        return BackendSettings(**{f.name: getattr(self, f.name) for f in fields(BackendSettings)})
 
     @classmethod
     def from_keywords(cls, keywords: dict) -> "SweepOptions":
@@ -100,33 +105,12 @@ def check_own_folder(folder: Optional[Path]) -> None:
                         "(e.g. --out run1)")
 
 
-@dataclass(frozen=True)
-class PlanOptions:
-    """The options that shape a run's plan (None: not given)."""
-
-    modulus: Optional[int]
-    context: Optional[int]
-    per_residue: Optional[str]
-    detect: Optional[float]
-    padding: Optional[str]
-    task: Optional[str]
-    seed: int
-    backend: Optional[str]
-    design: Optional[str]
-    options: tuple[str, ...]  # --option KEY=VALUE pairs
-    cache_type: Optional[str]
-    density: str = AUTO_DENSITY  # --targets-per-context
-    contexts: Optional[int] = None
-    query_phases: Optional[bool] = None  # --query-phases / --no-query-phases
-
-    @classmethod
-    def from_sweep_options(cls, options: SweepOptions) -> "PlanOptions":
-        pairs = options.design_options  # KEY=VALUE strings, parsed (and checked) where the plan is made
-        if isinstance(pairs, dict):
-            pairs = tuple(f"{key}={json.dumps(value)}" for key, value in pairs.items())
-        return cls(options.modulus, options.context, options.per_residue, options.detect, options.padding,
-                   options.task, options.seed, options.backend, options.design, pairs, options.cache_type,
-                   options.targets_per_context, options.contexts, options.query_phases)
+def design_options_dict(options: Union[dict, tuple[str, ...]]) -> dict:
+    """A reference design's options as a dict whose keys are Python names (`local-window` is `local_window`),
+    from a dict or from KEY=VALUE strings (`parse_options`)."""
+    if isinstance(options, dict):
+        return {str(key).strip().replace("-", "_"): value for key, value in options.items()}
+    return parse_options(list(options))
 
 
 def parse_options(pairs: list[str]) -> dict:

@@ -184,12 +184,13 @@ def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:
     return Layout.of(task, tokenizer, settings).lanes
 
 
-def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int, per_residue: Optional[int], padding: str,
-              task: str, seed: int, fit: bool = True, density: str = TASK_DENSITY, contexts: int = 0,
-              query_phases: Optional[bool] = False) -> SweepPlan:
-    """The run's plan from the options and the model's metadata; PlanError when impossible. `fit`:
+def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: int, per_residue: Optional[int],
+              padding: str, task: str, seed: int, fit: bool = True, targets_per_context: str = TASK_DENSITY,
+              contexts: int = 0, query_phases: Optional[bool] = False) -> SweepPlan:
+    """The run's plan from the options (keywords: the fields of `SweepPlan` they fill) and the model's
+    metadata; PlanError when impossible. `stride` and `modulus` None: the model's (`stride_and_modulus`). `fit`:
     the padding was not the user's, so kvphase may change it to one the tokenizer can lay out.
-    `density`: targets per context (AUTO_DENSITY, a number, TASK_DENSITY). `per_residue` None sizes the
+    `targets_per_context`: AUTO_DENSITY, a number, TASK_DENSITY. `per_residue` None sizes the
     run at that density (`sized`): for `contexts` contexts, else the fewest rounds of contexts that
     detect a DEFAULT_DETECT-point dip at any accuracy. `query_phases`: each context's query at its own
     phase (None: where `default_query_phases` finds it costs nothing)."""
@@ -209,7 +210,7 @@ def make_plan(info, stride: Optional[int], modulus: Optional[int], context: int,
     # SweepPlan checks context, stride, modulus, sample size, padding and density before any model loads
     plan = SweepPlan(model=str(info.path), task=task, stride=stride, modulus=modulus, context=context,
                      per_residue=1 if per_residue is None else per_residue, padding=padding, seed=seed,
-                     control=control, targets_per_context=density, contexts=contexts)
+                     control=control, targets_per_context=targets_per_context, contexts=contexts)
     if per_residue is None and not contexts:  # after the plan's checks: a modulus to size for
         from kvphase.statistics.power import per_residue_for_dip  # scipy: imported when used
 

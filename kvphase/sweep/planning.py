@@ -22,7 +22,7 @@ from kvphase.sweep.backend_setup import (refuse_trained_compressor, server_conne
 from kvphase.sweep.calibrate import DEFAULT_BAND, Band, calibrated_run_dir, calibration_knobs
 from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.offsets import offset_plan_from_options
-from kvphase.sweep.options import PlanOptions, SweepOptions, parse_options
+from kvphase.sweep.options import SweepOptions
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
 from kvphase.sweep.probe_settings import MIN_CONTEXTS
@@ -67,29 +67,26 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
         indexer_unit(info)  # a file without an indexer is refused before its plans are built
     chosen = parse_stride(options.stride)  # None (the file's own), S, or ALL
     every_stride = chosen == ALL
-    asked = PlanOptions.from_sweep_options(options)
-    plans, skipped = plans_that_fit(info, declared_strides(info) if every_stride else [chosen], asked, every_stride)
-    connect = server_connection(asked.backend or SweepDefaults.for_model(info).backend, list(options.url),
-                                options.slots, options.engine, options.request_timeout, options.deadline,
-                                options.allow_model_mismatch)
-    plans = [with_gpu_layers(with_backend(plan, connect, options.engine, asked.cache_type), options.gpu_layers, say)
-             for plan in plans]
+    plans, skipped = plans_that_fit(info, declared_strides(info) if every_stride else [chosen], options, every_stride)
+    settings = options.backend_settings
+    connect = server_connection(options.backend or SweepDefaults.for_model(info).backend, settings)
+    plans = [with_gpu_layers(with_backend(plan, connect, settings), settings, say) for plan in plans]
     plans = [with_offsets(info, plan, options.offsets, options.combine, options.shift, options.random_offset)
              for plan in plans]
     plans = [with_selection(info, plan) for plan in plans] if options.selection else plans
-    aim = calibration_aim(info, plans[0], asked, options.calibrate, options.target_accuracy, dry_run)
+    aim = calibration_aim(info, plans[0], options, dry_run)
     runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
     if options.query_phases is None:
         runs = [(held_query_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
     for stride, reason in skipped:
         say(Notice(f"--stride all: stride {stride} is not swept: {reason}", "attention"))
     if every_stride:
-        for line in stride_plan_lines(plans, asked.per_residue is not None):
+        for line in stride_plan_lines(plans, options.per_residue is not None):
             say(Notice(line))
     return PlannedSweep(info, runs, connect, aim, every_stride, options)
 
 
-def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOptions,
+def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], options: SweepOptions,
                    every_stride: bool) -> tuple[list[SweepPlan], list[tuple[int, str]]]:
     """Each stride's plan; under `--stride all` a stride the contexts leave no room for (a 128-token
     stride in a short trained context) is skipped with its reason, and only when none fits is that an
@@ -97,7 +94,7 @@ def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOpt
     plans, skipped = [], []
     for stride in strides:
         try:
-            plans.append(plan_sweep(info, stride, asked, every_stride))
+            plans.append(plan_sweep(info, stride, options, every_stride))
         except PlanError as exc:
             if not every_stride:
                 raise
@@ -107,24 +104,24 @@ def plans_that_fit(info: ModelInfo, strides: list[Optional[int]], asked: PlanOpt
     return plans, skipped
 
 
-def plan_sweep(info: ModelInfo, stride: Optional[int], asked: PlanOptions, every_stride: bool = False) -> SweepPlan:
+def plan_sweep(info: ModelInfo, stride: Optional[int], options: SweepOptions, every_stride: bool = False) -> SweepPlan:
     """One run's plan from the options as given and the model's defaults; PlanError when
     impossible. `every_stride`: one of `--stride all`'s runs, whose modulus is the stride itself
     from LARGE_STRIDE on (`strides.modulus_for`)."""
     defaults = SweepDefaults.for_model(info)
-    modulus = modulus_for(stride, asked.modulus) if every_stride else asked.modulus
-    count, contexts = sample_size(asked.per_residue, asked.detect, stride_and_modulus(info, stride, modulus)[1],
-                                  defaults, asked.contexts)
-    context, why = default_context(info, defaults.context) if asked.context is None else (asked.context, "")
-    plan = make_plan(info, stride, modulus, context, count, asked.padding or defaults.padding,
-                     defaults.task if asked.task is None else asked.task, asked.seed, fit=asked.padding is None,
-                     density=asked.density, contexts=contexts, query_phases=asked.query_phases)
+    modulus = modulus_for(stride, options.modulus) if every_stride else options.modulus
+    count, contexts = sample_size(options.per_residue, options.detect, stride_and_modulus(info, stride, modulus)[1],
+                                  defaults, options.contexts)
+    context, why = default_context(info, defaults.context) if options.context is None else (options.context, "")
+    plan = make_plan(info, stride=stride, modulus=modulus, context=context, per_residue=count,
+                     padding=options.padding or defaults.padding, task=defaults.task if options.task is None else options.task,
+                     seed=options.seed, fit=options.padding is None, targets_per_context=options.targets_per_context,
+                     contexts=contexts, query_phases=options.query_phases)
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
-    if (asked.backend or defaults.backend) == "reference":
-        return with_reference_design(plan, asked.design or defaults.design, parse_options(list(asked.options)),
-                                     info.n_layers)
-    if asked.design is not None or asked.options:
+    if (options.backend or defaults.backend) == "reference":
+        return with_reference_design(plan, options.design or defaults.design, options.design_options, info.n_layers)
+    if options.design is not None or options.design_options:
         raise PlanError("--design and --option apply to --backend reference only")
     refuse_trained_compressor(info)
     return plan
@@ -213,11 +210,10 @@ def stride_plan_lines(plans: list[SweepPlan], per_residue_given: bool) -> list[s
     return lines
 
 
-def calibration_aim(info: ModelInfo, plan: SweepPlan, asked: PlanOptions, calibrate: bool,
-                    target_accuracy: Optional[str], dry_run: bool) -> Optional[CalibrationAim]:
+def calibration_aim(info: ModelInfo, plan: SweepPlan, options: SweepOptions, dry_run: bool) -> Optional[CalibrationAim]:
     """--calibrate's band and knobs (None without it); PlanError for options it cannot take."""
-    if not calibrate:
-        if target_accuracy is not None:
+    if not options.calibrate:
+        if options.target_accuracy is not None:
             raise PlanError("--target-accuracy applies to --calibrate only")
         return None
     if plan.offsets:
@@ -226,9 +222,9 @@ def calibration_aim(info: ModelInfo, plan: SweepPlan, asked: PlanOptions, calibr
     if dry_run:
         raise PlanError("--dry-run cannot foresee the setting --calibrate's pilot will choose; dry-run that setting "
                         "(--context, --task) instead")
-    band = Band.parse(target_accuracy or DEFAULT_BAND)
-    knobs = calibration_knobs(plan.task, context_given=asked.context is not None, task_given=asked.task is not None)
-    return CalibrationAim(band, knobs, fit=None if asked.padding else SweepDefaults.for_model(info).padding)
+    band = Band.parse(options.target_accuracy or DEFAULT_BAND)
+    knobs = calibration_knobs(plan.task, context_given=options.context is not None, task_given=options.task is not None)
+    return CalibrationAim(band, knobs, fit=None if options.padding else SweepDefaults.for_model(info).padding)
 
 
 def sample_size(per_residue: Optional[str], detect: Optional[float], modulus: int, defaults: SweepDefaults,

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from kvphase.runfolder import REPORT_FILE, SUMMARY_FILE, ReportPage, figure, markdown_table, write_atomic, write_json
-from kvphase.theory.model import OFFSET_NAMES, TheoryConfig
+from kvphase.theory.config import OFFSET_NAMES, TheoryConfig
 
 SPECIALIZATION_FIGURE, ACCURACY_FIGURE, STABILITY_FIGURE = "specialization.png", "accuracy.png", "stability.png"
 NO_GAP = 0.005  # a best - worst phase under half a point of p_correct: no weak phase

@@ -27,7 +27,8 @@ from kvphase.theory.closed_form import (balanced_split, norm_at_entropy, symmetr
                                         uniform_point)
 from kvphase.theory.flow import (Trajectory, check_descent, crossing_time, growth_rate, integrate, linear_records,
                                  mode_norms)
-from kvphase.theory.model import OFFSET_NAMES, STAGGERS, IdealModel, TheoryConfig, boundary_phases, gates
+from kvphase.theory.config import OFFSET_NAMES, STAGGERS, TheoryConfig
+from kvphase.theory.model import IdealModel, boundary_phases, gates
 from kvphase.theory.report import write_report
 
 TRAJECTORIES_FILE, STABILITY_FILE = "trajectories.csv", "stability.csv"

@@ -18,25 +18,21 @@ positions. A fresh single-sequence context puts position p in cache cell p, whic
 cell indices in `indexer_sel` / `indexer_sel_idx` are read as positions.
 
 One checker per family, mirroring `kvphase.designs`: `kpool.py`, `msa.py`, `dsv4.py`, on
-the shared base in `common.py`; `report.py` holds what is measured and `run.py` the entry.
+the shared base in `common.py`; `report.py` holds what is measured, `options.py` the command's
+options and defaults (no numpy) and `run.py` the entry.
 """
 
-from kvphase.validate.dsv4 import DSV4Check
-from kvphase.validate.kpool import KPoolCheck
-from kvphase.validate.msa import MSACheck
-from kvphase.validate.report import Diff, LayerCheck, Tolerances, ValidationReport
-from kvphase.validate.run import CACHE_TYPES, FAMILIES, default_splits, validate_model
+from importlib import import_module
 
-__all__ = [
-    "CACHE_TYPES",
-    "DSV4Check",
-    "Diff",
-    "FAMILIES",
-    "KPoolCheck",
-    "LayerCheck",
-    "MSACheck",
-    "Tolerances",
-    "ValidationReport",
-    "default_splits",
-    "validate_model",
-]
+_EXPORTS = {"DSV4Check": "dsv4", "KPoolCheck": "kpool", "MSACheck": "msa", "Diff": "report", "LayerCheck": "report",
+            "ValidationReport": "report", "Tolerances": "options", "CACHE_TYPES": "options", "FAMILIES": "run",
+            "default_splits": "run", "validate_model": "run", "validate_file": "run"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    """PEP 562: each name imported from its module when first asked for, so that the command line's
+    start (which reads `validate.options`' defaults) loads no checker."""
+    if name in _EXPORTS:
+        return getattr(import_module(f"kvphase.validate.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'kvphase.validate' has no attribute {name!r}")

@@ -6,6 +6,7 @@ import numpy as np
 
 from kvphase.engines.capture import CaptureRun, GgmlTensor
 from kvphase.errors import BackendError
+from kvphase.validate.options import DEFAULT_TOKENS
 from kvphase.validate.report import LayerCheck
 
 
@@ -13,7 +14,7 @@ class FamilyCheck:
     """How one compression family is captured and compared; one instance per model."""
 
     names: tuple[str, ...] = ()  # llama.cpp tensor names (without the layer) to capture
-    default_tokens: int = 64  # prompt length when the caller names none
+    default_tokens: int = DEFAULT_TOKENS  # prompt length when the caller names none
 
     def uncompared(self, n_tokens: int) -> dict[int, list[str]]:
         """Per layer, what a prompt of n_tokens is too short to compare (the layer then FAILs)."""

@@ -12,7 +12,8 @@ from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import read_model_tensor
 from kvphase.validate.common import FamilyCheck, compare_scores, first_capture, live_scores, captured_rows, set_agreement
-from kvphase.validate.report import LayerCheck, Tolerances
+from kvphase.validate.options import Tolerances, deepseek4_tokens
+from kvphase.validate.report import LayerCheck
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class DSV4Check(FamilyCheck):
         self.designs = {
             i: DSV4(ratio=r, n_swa=n_swa, top_k=top_k, cache_dtype=cache_dtype) for i, r in enumerate(ratios) if r > 1
         }
-        self.default_tokens = max([64] + [2 * r + 32 for r in ratios])  # two HCA blocks and a tail
+        self.default_tokens = deepseek4_tokens(ratios)
         self.names = tuple(
             f"{c.prefix}_{part}" for c in _CSA + _HCA
             for part in ("state_kv", "state_score", "state_score_ape", "state_compress", "state_compress_rot")

@@ -1,31 +1,14 @@
-"""What `kvphase validate` measures: tolerances, per-quantity differences, a verdict per layer."""
+"""What `kvphase validate` measures: per-quantity differences and a verdict per layer, judged by
+`options.Tolerances`."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from kvphase.errors import PlanError
-
-
-@dataclass(frozen=True)
-class Tolerances:
-    """What counts as equal."""
-
-    keys_abs: float = 1e-5  # compressed keys: max absolute difference
-    scores_rel: float = 1e-4  # scores: max absolute difference / largest |score|
-    # attention output (deepseek4): max absolute difference / largest |output|; flash
-    # attention reads keys and values as F16 and sums them in F16
-    attention_rel: float = 5e-3
-
-    def __post_init__(self) -> None:
-        for name, value in (("--keys-tol", self.keys_abs), ("--scores-tol", self.scores_rel),
-                            ("--attention-tol", self.attention_rel)):
-            if not math.isfinite(value) or value < 0:
-                raise PlanError(f"{name} must be a finite number >= 0, got {value}")
+from kvphase.validate.options import Tolerances
 
 
 @dataclass

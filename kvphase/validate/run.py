@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from kvphase.engines.capture import EngineSettings, run_and_capture
+from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.modelinfo import read_model_info
@@ -17,7 +18,8 @@ from kvphase.validate.common import FamilyCheck
 from kvphase.validate.dsv4 import DSV4Check
 from kvphase.validate.kpool import KPoolCheck
 from kvphase.validate.msa import MSACheck
-from kvphase.validate.report import LayerCheck, Tolerances, ValidationReport
+from kvphase.validate.options import CACHE_TYPES, DEFAULT_CACHE_TYPE, DEFAULT_SEED, NO_PERTURBATION, Tolerances
+from kvphase.validate.report import LayerCheck, ValidationReport
 
 
 # --------------------------------------------------------------------------- batch splits
@@ -60,18 +62,17 @@ FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": M
 # --------------------------------------------------------------------------- entry point
 
 
-CACHE_TYPES = ("f32", "f16")  # f16: llama.cpp's default cache, which rounds keys, gates and pooled keys
 
 
 def validate_model(
     model: str | Path,
     n_tokens: int | None = None,
-    seed: int = 0,
+    seed: int = DEFAULT_SEED,
     splits: Sequence[Sequence[int]] | None = None,
     tolerances: Tolerances = Tolerances(),
     settings: EngineSettings | None = None,
-    perturb: int = 0,
-    cache: str = "f32",
+    perturb: int = NO_PERTURBATION,
+    cache: str = DEFAULT_CACHE_TYPE,
     on_split: Callable[[int, int, Sequence[int]], None] | None = None,
 ) -> ValidationReport:
     """Run the model through llama.cpp under several batch splits and compare every compressed layer.
@@ -125,6 +126,23 @@ def validate_model(
         tolerances=tolerances,
         layers=[checks[k] for k in sorted(checks)],
     )
+
+
+def validate_file(model: str | Path, n_tokens: int | None = None, seed: int = DEFAULT_SEED,
+                  splits: Sequence[Sequence[int]] | None = None, tolerances: Tolerances = Tolerances(),
+                  threads: int | None = None, gpu_layers: int = DEFAULT_GPU_LAYERS, perturb: int = NO_PERTURBATION,
+                  cache: str = DEFAULT_CACHE_TYPE,
+                  on_split: Callable[[int, int, Sequence[int]], None] | None = None) -> ValidationReport:
+    """`kvphase validate`: `validate_model` on a file with weights, through llama.cpp with `threads` (default
+    the CPUs this process may use) and `gpu_layers`; PlanError or ModelFileError before anything runs."""
+    from kvphase.engines.llamacpp import check_threads
+    from kvphase.gguf.header_only import require_weights
+
+    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
+    threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
+    check_threads(threads)
+    settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
+    return validate_model(model, n_tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
 
 
 def _round_up(n: int, multiple: int) -> int:
