@@ -38,7 +38,7 @@ def main() -> None:
     from kvphase.backends.base import Query
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
-    from kvphase.probes.knockout import EngineHeads
+    from kvphase.probes.knockout_hooks import EngineHeads
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)

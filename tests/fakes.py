@@ -22,6 +22,8 @@ class CharBackend:
         self.calls = 0
         self.scored: list[Query] = []
         self.tokens_evaluated = 0
+        self.n_threads = None
+        self.closed = False
 
     @property
     def prefix_ids(self) -> list[int]:
@@ -44,6 +46,12 @@ class CharBackend:
         self.tokens_evaluated += len(context)
         self.scored += list(queries)
         return [Score(q.answer[0] % 2 == 0, -float(q.answer[0] % 7), tuple(q.answer)) for q in queries]
+
+    def engine_info(self) -> dict:
+        return {"engine": type(self).__name__}
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class WordBackend(CharBackend):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -161,9 +162,14 @@ def test_a_server_holding_another_model_is_refused(tmp_path):
     served = ServerInfo("http://s", "llama-server", str(CSA_DISJOINT.model.parent / "csa-dense.gguf"), None, 128, 1, "")
     with pytest.raises(BackendError, match="serves another model .*csa-dense.gguf.*not reference csa-disjoint "
                        r"\(csa-disjoint.gguf\): its file .*csa-dense.gguf holds other bytes"):
-        check_served_model(type("Backend", (), {"servers": [served]})(), CSA_DISJOINT)
+        check_served_model(fleet_of(served), CSA_DISJOINT)
     same = ServerInfo("http://s", "llama-server", str(CSA_DISJOINT.model), None, 128, 1, "")
-    check_served_model(type("Backend", (), {"servers": [same]})(), CSA_DISJOINT)
+    check_served_model(fleet_of(same), CSA_DISJOINT)
+
+
+def fleet_of(*servers):
+    """A server backend (`backends.base.ServerFleet`) as far as the served-model check reads it."""
+    return SimpleNamespace(servers=list(servers), on_lost=print)
 
 
 def test_a_reference_file_its_folder_did_not_score_is_refused(tmp_path):

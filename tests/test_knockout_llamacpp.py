@@ -77,7 +77,7 @@ def test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_referen
     from kvphase.backends.base import Query
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.backends.reference import ReferenceBackend
-    from kvphase.probes.knockout import EngineHeads, PolicyHeads
+    from kvphase.probes.knockout_hooks import EngineHeads, PolicyHeads
 
     rng = np.random.default_rng(0)
     context, query = rng.integers(3, 800, size=40).tolist(), Query(rng.integers(3, 800, 5).tolist(), [7, 9, 11])
@@ -219,7 +219,7 @@ def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(arch, tiny_
     from kvphase.backends.base import Query
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.engines.taps import GATE_SOFTMAX
-    from kvphase.probes.knockout import GateSlotKnockout
+    from kvphase.probes.knockout_hooks import GateSlotKnockout
 
     source = tiny_models / f"{arch}.gguf"
     layer, biases, channels = GATE_BIASES[arch]
@@ -260,7 +260,7 @@ def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tin
     from kvphase.gguf.tensors import read_model_tensor
     from kvphase.probes.activations import captured_node, engine_weights
     from kvphase.probes.gates import find_sources, sum_by_phase
-    from kvphase.probes.knockout import GateSlotRecorder
+    from kvphase.probes.knockout_hooks import GateSlotRecorder
 
     model = tiny_models / f"{arch}.gguf"
     layer, biases, channels = GATE_BIASES[arch]

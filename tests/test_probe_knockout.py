@@ -12,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.cli import app
-from kvphase.probes.knockout import HeadKnockout, HeadRecorder
+from kvphase.probes.knockout_hooks import HeadKnockout, HeadRecorder
 from kvphase.reference.model import DenseAttention
+from tests.fakes import CharBackend
 
 runner = CliRunner()
 GATED = Path(__file__).parent / "data" / "trained" / "gated.gguf"
@@ -142,7 +143,7 @@ def test_slots_need_a_trained_gate(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-class PhaseHeads:
+class PhaseHeads(CharBackend):
     """A hand-built model for the knockout plumbing: one layer of S heads, every head carrying
     a value unique to the context, and head p alone read for targets at phase p (a target is
     right when head p's output at the query row is its own context's value). Knocking out
@@ -151,13 +152,10 @@ class PhaseHeads:
     def __init__(self, stride: int):
         from types import SimpleNamespace
 
-        from tests.fakes import CharBackend
-
-        self.stride, self.chars, self.tokens_evaluated = stride, CharBackend(), 0
+        super().__init__()
+        self.stride = stride
         self.model = SimpleNamespace(config=SimpleNamespace(n_layer=1, n_head=stride))
         self.policy = DenseAttention()
-        self.prefix_ids, self.n_ctx_train = self.chars.prefix_ids, self.chars.n_ctx_train
-        self.tokenize, self.detokenize = self.chars.tokenize, self.chars.detokenize
 
     def score(self, context, queries):
         import zlib

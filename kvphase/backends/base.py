@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Protocol, Sequence
+from typing import Callable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -22,8 +22,13 @@ class Score(NamedTuple):
     predicted: tuple[int, ...]  # the argmax token at each answer position
 
 
+@runtime_checkable
 class Backend(Protocol):
-    """An engine that tokenizes and scores queries against a shared context."""
+    """An engine that tokenizes and scores queries against a shared context. The abilities only
+    some backends have are the protocols below, asked for with `isinstance`."""
+
+    tokens_evaluated: int  # tokens decoded so far (the manifest's cost of a session)
+    n_threads: int | None  # CPU threads it decodes with; None where it does not choose them
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -42,28 +47,88 @@ class Backend(Protocol):
         `context + query.prompt + query.answer` as its own prompt."""
         ...
 
-    # Optional, for offset ensembling (`sweep.offsets`): the log-softmax rows that predict each
-    # answer token, one (n_answer, n_vocab) array per query, from the same evaluation `score` makes:
-    # def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query]) -> list[np.ndarray]: ...
+    def engine_info(self) -> dict:
+        """What the engine says about its own build, for the manifest."""
+        ...
+
+    def close(self) -> None:
+        """Free what it holds (a second call does nothing)."""
+        ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """What `sweep.backend_setup.closed_after` closes: every backend (not the dry run's bare
+    vocabulary, which frees itself)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ScoresMany(Protocol):
+    """Scores several contexts at once (the server backend's fleet of slots)."""
+
+    def score_many(self, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]
+                   ) -> Iterator[tuple[int, list[Score]]]: ...
+
+
+@runtime_checkable
+class AnswerLogprobs(Protocol):
+    """Gives the log-softmax rows that predict each answer token, one (n_answer, n_vocab) array
+    per query, from the same evaluation `score` makes (offset ensembling, `sweep.offsets`)."""
+
+    def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query],
+                        cuts: Sequence[int] = ()) -> list[np.ndarray]: ...
+
+
+@runtime_checkable
+class ShiftsWindows(Protocol):
+    """Moves its compressor's window starts while positions stay (window shifts, `sweep.offsets`)."""
+
+    def shift_windows(self, phase_shift: int) -> None: ...
+
+
+@runtime_checkable
+class ServerFleet(Protocol):
+    """Scores on servers, some of which may leave mid-run; `on_lost` is told one warning line for
+    each that does."""
+
+    servers: list  # ServerInfo of each server that passed its checks
+    on_lost: Callable[[str], None]
+
+
+@runtime_checkable
+class TapsGraph(Protocol):
+    """llama.cpp in process: its metadata, and its graph, which a tap reads and overwrites where
+    `tap_point` is not None (opened with a head tap; `engines.taps`)."""
+
+    architecture: str
+    tap_point: object | None
+
+    def meta(self, key: str) -> str: ...
+
+    def layers_where(self, locate) -> list[int]: ...
+
+
+@runtime_checkable
+class RunsPolicy(Protocol):
+    """The numpy reference: its `model` and the attention `policy` a probe may wrap or swap
+    (None for a model that runs the file's own compressor)."""
+
+    model: object
+    policy: object | None
 
 
 def score_contexts(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]
                    ) -> Iterator[tuple[int, list[Score]]]:
     """(job index, scores) for each (context, queries) job, in the order they finish:
-    through `backend.score_many` where a backend scores several contexts at once (the
-    server backend), else one `score` call after the other, each made only when asked for."""
-    many = getattr(backend, "score_many", None)
-    if many is not None:
-        yield from many(jobs)
+    all at once where a backend scores several contexts together (`ScoresMany`), else one
+    `score` call after the other, each made only when asked for."""
+    if isinstance(backend, ScoresMany):
+        yield from backend.score_many(jobs)
         return
     for index, (context, queries) in enumerate(jobs):
         yield index, backend.score(context, queries)
-
-
-def engine_info(backend: Backend) -> dict:
-    """What the engine says about its own build (`backend.engine_info()`), for the manifest."""
-    describe = getattr(backend, "engine_info", None)
-    return describe() if describe is not None else {"engine": type(backend).__name__}
 
 
 def cut_at(n_rows: int, cuts: Sequence[int] = ()) -> list[range]:

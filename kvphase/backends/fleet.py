@@ -66,6 +66,7 @@ class ServerBackend:
     servers: list[ServerInfo] = field(init=False)
     tokens_evaluated: int = field(init=False, default=0)
     lost: list[dict] = field(init=False, default_factory=list)  # servers that left: url, when, why
+    n_threads: int | None = field(init=False, default=None)  # the servers choose their own
 
     def __post_init__(self) -> None:
         """Each server checked; one that does not answer leaves as it would mid-run (the sweep goes
@@ -280,6 +281,9 @@ class ServerBackend:
             return {"tokenizer": "same", "facts": {}}
         return {"tokenizer": "same", "facts": compared_facts(server, self.model),
                 "differs": served_model_mismatch(server, self.model), "scored_anyway": self.allow_other_model}
+
+    def close(self) -> None:
+        """Nothing to free: each worker's keep-alive connection is its thread's, and goes with it."""
 
 
 WORKER_EXIT_S = 5.0  # a worker polls its queue every 0.1 s, so one left working after the last context is a bug

@@ -68,8 +68,8 @@ class LlamaCppBackend:
         # n_seq_max 2: the context, and the query scored on a copy of it; an architecture whose
         # sparse attention needs one KV stream scores the query on the context's own sequence and
         # removes it again (rollback: its cache is attention only)
-        self.one_sequence = engine.model_meta(self._model, "general.architecture") in \
-            engine.SPARSE_NEEDS_FLASH_ONE_STREAM
+        self.architecture = engine.model_meta(self._model, "general.architecture")
+        self.one_sequence = self.architecture in engine.SPARSE_NEEDS_FLASH_ONE_STREAM
         self.flash_attn = flash_attn or self.one_sequence
         self.n_threads = n_threads or default_threads()  # recorded in a run's manifest
         self.cache_type = cache_type
@@ -97,7 +97,6 @@ class LlamaCppBackend:
     def _tap_point(self):
         from kvphase.engines.taps import TapPoint, head_output_node
 
-        self.architecture = engine.model_meta(self._model, "general.architecture")
         self.head_node, self.n_head = head_output_node(self.architecture), self._lc.llama_model_n_head(self._model)
         return TapPoint()
 

@@ -21,7 +21,7 @@ from kvphase.gguf.header_only import require_weights
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.reference import open_model
 from kvphase.reference.model import AttentionPolicy
-from kvphase.reference.policy import check_policy_layers, make_policy
+from kvphase.reference.policy import PhaseShiftable, begin_context, check_policy_layers, make_policy
 
 __all__ = ["ReferenceBackend", "make_policy"]
 
@@ -44,6 +44,7 @@ class ReferenceBackend:
         self._context: tuple[int, ...] = ()
         self._policy_key: tuple | None = None
         self.tokens_evaluated = 0
+        self.n_threads = None  # numpy's BLAS picks its own
 
     @property
     def policy(self) -> AttentionPolicy:
@@ -62,7 +63,7 @@ class ReferenceBackend:
         context continued from a cached prefix scores about 1e-6 away from one evaluated whole,
         and every shift of an ensemble must score as its own shifted sweep does."""
         self._policy_key = None  # no cached prefix is reused (`_load_context`)
-        if hasattr(self.policy, "shifted"):  # the shift is absolute: shifted(0) undoes any earlier one
+        if isinstance(self.policy, PhaseShiftable):  # the shift is absolute: shifted(0) undoes any earlier one
             self.policy = self.policy.shifted(phase_shift)
 
     # -- tokenizer -------------------------------------------------------------------
@@ -130,7 +131,7 @@ class ReferenceBackend:
     def _load_context(self, context: tuple[int, ...]) -> None:
         # another policy, or a per-context one (randomized offsets), changes every cached state
         policy = self.policy
-        key = (policy, policy.begin(context) if hasattr(policy, "begin") else None)
+        key = (policy, begin_context(policy, context))
         same = self._policy_key is not None and key[0] is self._policy_key[0] and key[1] == self._policy_key[1]
         keep = _common_prefix(self._context, context) if same else 0
         self._policy_key = key
@@ -147,6 +148,10 @@ class ReferenceBackend:
             raise BackendError(f"the reference model ran out of memory on {len(tokens)} tokens") from exc
         self.tokens_evaluated += len(tokens)
         return out
+
+    def engine_info(self) -> dict:
+        """The manifest's name for it (numpy's version is the manifest's "versions")."""
+        return {"engine": type(self).__name__}
 
     def close(self) -> None:
         vocab = getattr(self, "_vocab", None)

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
+from kvphase.backends.base import ServerFleet
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
 from kvphase.conform.paths import SERVER_PATHS, PathCheck, cannot_run, model_paths, server_paths
 from kvphase.conform.references import Reference
@@ -227,7 +228,7 @@ def check_served_model(backend, reference: Reference) -> None:
     from kvphase.backends.dialects import ModelFacts, refuse_served_model
 
     model = ModelFacts(f"reference {reference.name} ({reference.model.name})", {}, file=reference.model)
-    for server in getattr(backend, "servers", ()):
+    for server in backend.servers if isinstance(backend, ServerFleet) else ():
         refuse_served_model(server, model)
 
 

@@ -28,6 +28,8 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 
+from kvphase.backends.base import TapsGraph
+
 # of a token's largest indexer score (at least 1): about seven times the largest difference measured
 # between one prompt and a path before any selection differed (1.4e-3 glm5-next-random, 1.0e-3 the
 # trained glm-kpool-top4, 7e-7 deepseek4's csa-top4; three texts after each of four contexts, every path)
@@ -105,8 +107,7 @@ def tapped(backend) -> Iterator:
     or None for a backend or architecture without an indexer kvphase reads."""
     from kvphase.engines.selection import INDEXER_NODES
 
-    meta = getattr(backend, "meta", None)
-    if meta is None or meta("general.architecture") not in INDEXER_NODES:
+    if not isinstance(backend, TapsGraph) or backend.architecture not in INDEXER_NODES:
         yield None
         return
     if backend.tap_point is not None:

@@ -6,7 +6,7 @@ rest in their own proportions (`hold_phase`): the slot keeps its average say but
 that depends on content. It is a compression design, so it lives here, but it is left out of
 `DESIGNS`: that registry lists the methods a run can name, and a held phase is never named; it is
 built from a trained model's own gate and a calibration mean by the knockout probe
-(`kvphase.probes.knockout`, `held_phase`), which also holds phases inside llama.cpp's graph with
+(`kvphase.probes.knockout_hooks`, `held_phase`), which also holds phases inside llama.cpp's graph with
 the same `hold_phase`.
 """
 

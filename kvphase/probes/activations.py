@@ -34,6 +34,7 @@ import pandas as pd
 
 from kvphase.errors import PlanError
 from kvphase.probes.gates import GateSource, entropy_bits, sum_by_phase
+from kvphase.reference.policy import WindowDesigns, begin_context
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 
 WINDOWS_FILE, FIGURE_FILE = "windows.csv", "gate_activations.png"
@@ -81,7 +82,7 @@ class GateRecorder(RunningMeans):
         self.frames: list[pd.DataFrame] = []
 
     def begin(self, context: Sequence[int]):
-        return self.inner.begin(context) if hasattr(self.inner, "begin") else None
+        return begin_context(self.inner, context)
 
     def attend(self, layer, q, k, v, q_pos, scale):
         out = self.inner.attend(layer, q, k, v, q_pos, scale)  # (n_head_kv, n_group, n_q, head_dim)
@@ -108,7 +109,7 @@ class GateRecorder(RunningMeans):
 def reference_windows(backend, contexts: Sequence[Sequence[int]], sources: Sequence[GateSource]) -> pd.DataFrame:
     """Every context through the numpy reference with its policy wrapped by a `GateRecorder`."""
     inner = backend.policy
-    if not hasattr(inner, "design_for"):
+    if not isinstance(inner, WindowDesigns):
         raise PlanError("the reference model's attention is dense here; nothing pools windows")
     recorder = GateRecorder(inner, sources[0].stride, [s.layer for s in sources], sources[0].kind)
     backend.policy = recorder

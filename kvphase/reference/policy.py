@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from kvphase.designs import DESIGNS, BlockTopK, CompressedKV, KPool, MeanPool
 from kvphase.designs.windows import check_non_negative
 from kvphase.designs.windows import masked_softmax
 from kvphase.errors import PlanError
-from kvphase.reference.model import DenseAttention
+from kvphase.reference.model import AttentionPolicy, DenseAttention
 
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
 
@@ -82,6 +82,39 @@ def masked_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, visible: np.nd
     scores = (q @ k.T) * scale  # (n_group, n_query, n_entries)
     probs = masked_softmax(scores, visible[None])  # (n_group, n_query, n_entries)
     return probs @ v  # (n_group, n_query, head_dim)
+
+
+@runtime_checkable
+class PerContext(Protocol):
+    """A policy told each context before it is evaluated (window offsets drawn per context):
+    `begin` returns a key that changes when its offsets do."""
+
+    def begin(self, context: Sequence[int]) -> int: ...
+
+
+@runtime_checkable
+class PhaseShiftable(Protocol):
+    """A policy whose window starts can move (offset ensembling): `shifted` is a copy moved by
+    `phase_shift` tokens from where it was opened."""
+
+    def shifted(self, phase_shift: int) -> "AttentionPolicy": ...
+
+
+@runtime_checkable
+class WindowDesigns(Protocol):
+    """A policy that pools windows with one design per (layer, KV head), which a probe reads
+    (`design_for`) or swaps (`with_designs`; refused where offsets are drawn per context)."""
+
+    randomize: bool
+
+    def design_for(self, layer: int, kv_head: int, n_head_kv: int): ...
+
+    def with_designs(self, pinned: dict[tuple[int, int], object]) -> "AttentionPolicy": ...
+
+
+def begin_context(policy, context: Sequence[int]) -> int | None:
+    """The policy's key for this context's offsets (`PerContext.begin`); None where they never change."""
+    return policy.begin(context) if isinstance(policy, PerContext) else None
 
 
 class CompressedAttention:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Union
 
 from kvphase.backends import BACKENDS, Backend
+from kvphase.backends.base import Closes, ServerFleet
 from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads, gpu_layer_count
 from kvphase.errors import PlanError
 from kvphase.gguf.modelinfo import ModelInfo
@@ -156,7 +157,7 @@ def open_backend(plan: SweepPlan, info: ModelInfo, threads: Optional[int] = None
     tap = {"selection": True} if plan.selection or head_tap else {}  # the factory's one tap serves both
     backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
                                      options={**plan.backend_options, **(connect or {}), **tap})
-    if hasattr(backend, "on_lost"):  # a server that leaves mid-run: the others take its contexts
+    if isinstance(backend, ServerFleet):  # a server that leaves mid-run: the others take its contexts
         backend.on_lost = lambda line: say(Notice(line, "warning"))
     with closed_after(backend):
         yield backend
@@ -164,8 +165,9 @@ def open_backend(plan: SweepPlan, info: ModelInfo, threads: Optional[int] = None
 
 @contextmanager
 def closed_after(backend) -> Iterator:
-    """`backend` for the block, closed when it ends (a backend without `close` holds nothing to free)."""
+    """`backend` for the block, closed when it ends (the dry run's bare vocabulary frees itself)."""
     try:
         yield backend
     finally:
-        getattr(backend, "close", lambda: None)()
+        if isinstance(backend, Closes):
+            backend.close()

@@ -24,7 +24,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from kvphase.backends.base import Backend, Score, score_from_logprobs
+from kvphase.backends.base import AnswerLogprobs, Backend, Score, ShiftsWindows, score_from_logprobs
 from kvphase.errors import PlanError
 
 SHIFT_BY = ("prefix", "window")
@@ -165,9 +165,9 @@ class ShiftedScorer:
     """Scores a context's queries under the shifts an OffsetPlan gives it, through `backend`."""
 
     def __init__(self, backend: Backend, plan: OffsetPlan, filler: Sequence[int], seed: int, stride: int):
-        if plan.shift_by == "window" and not hasattr(backend, "shift_windows"):
+        if plan.shift_by == "window" and not isinstance(backend, ShiftsWindows):
             raise PlanError("window shifts need the reference backend (it moves its compressor's windows)")
-        if len(plan.shifts) > 1 and not hasattr(backend, "answer_logprobs"):
+        if len(plan.shifts) > 1 and not isinstance(backend, AnswerLogprobs):
             raise PlanError(f"--offsets needs a backend that returns answer log-probability rows (llama.cpp or "
                             f"reference), not {type(backend).__name__}")
         self.backend, self.plan, self.filler, self.seed, self.stride = backend, plan, tuple(filler), seed, stride

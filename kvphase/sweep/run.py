@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 import pandas as pd
 
 from kvphase import __version__
-from kvphase.backends.base import Backend, engine_info, score_contexts
+from kvphase.backends.base import Backend, score_contexts
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
@@ -226,15 +226,15 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     progress.start(total, len(done))  # every finished row is a planned target, checked above
     selection_columns = file_indexer(info).columns if plan.selection else []
     writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + selection_columns)
-    tokens_before = getattr(backend, "tokens_evaluated", 0)
+    tokens_before = backend.tokens_evaluated
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
 
     def end_session() -> None:
         writer.close()
         _update_manifest(run_dir, info, plan, time.time() - started,
-                         getattr(backend, "tokens_evaluated", 0) - tokens_before, engine_info(backend),
-                         getattr(backend, "n_threads", None), fingerprint)
+                         backend.tokens_evaluated - tokens_before, backend.engine_info(), backend.n_threads,
+                         fingerprint)
 
     try:
         for index, scores, chosen in _scored_contexts(plan, backend, pending, run_dir, info):  # as contexts finish

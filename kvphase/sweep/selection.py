@@ -29,12 +29,12 @@ indexer scores, and the report gives its share apart.
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
 
-from kvphase.backends.base import Query, Score
+from kvphase.backends.base import Query, RunsPolicy, Score, TapsGraph
 from kvphase.errors import BackendError, PlanError, RunFolderError
 
 SELECTION_COLUMNS = ["answer_pos", "indexer_layers", "selected_layers", "selected_share", "selected_all"]
@@ -90,16 +90,24 @@ def check_selection_plan(info, backend: str, offsets: dict, design: str = "") ->
     return unit
 
 
+@runtime_checkable
+class RecordsSelections(Protocol):
+    """A numpy reference model that runs an indexer: while `selections` is a dict, each forward
+    pass puts there every indexer layer's selected units per row (None: it records nothing)."""
+
+    selections: dict[int, np.ndarray] | None
+
+
 class SelectionReader:
     """Reads the selection of one query's decode from a llama.cpp backend (through a graph tap)
     or the numpy reference (through its model's `selections`)."""
 
     def __init__(self, backend):
         self.backend = backend
-        self.model = getattr(backend, "model", None)
-        if getattr(self.model, "selections", False) is None:  # a reference model that runs an indexer
+        if isinstance(backend, RunsPolicy) and isinstance(backend.model, RecordsSelections):
+            self.model = backend.model
             return
-        point = getattr(backend, "tap_point", None)
+        point = backend.tap_point if isinstance(backend, TapsGraph) else None
         if point is None:
             raise PlanError("--selection needs the llama.cpp backend opened with a graph tap, or the numpy "
                             "reference of a glm5-next or deepseek4 file")
