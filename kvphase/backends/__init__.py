@@ -2,8 +2,9 @@
 
 `BACKENDS` maps the name a plan records (`SweepPlan.backend`) to a factory
 `factory(model, *, n_ctx, n_threads, options) -> Backend`; `model` is the opened model (a
-`ModelInfo`, whose header is not read again) or a path, `options` the plan's `backend_options`. Factories import their engine only when called, so importing this
-package loads neither llama.cpp nor the reference model.
+`ModelInfo`, whose header is not read again) or a path, `options` the plan's `backend_options`.
+Factories import their engine only when called, so importing this package loads neither
+llama.cpp nor the reference model.
 """
 
 from __future__ import annotations
