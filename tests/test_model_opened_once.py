@@ -60,3 +60,10 @@ def test_a_dry_run_of_every_stride_parses_the_header_once(tiny_deepseek4, parses
                            on_notice=lambda notice: None)
     assert len(runs) > 1  # several strides, each with its plan, backend and memory estimate
     _opened_once(tiny_deepseek4, parses)
+
+
+def test_a_calibrated_sweep_parses_the_header_once(tiny_llama, parses, tmp_path):
+    """--calibrate: the pilot sweeps and the chosen run all read the model opened for the plan."""
+    kvphase.sweep(tiny_llama, out=tmp_path / "run", calibrate=True, on_notice=lambda notice: None, **SMALL)
+    _opened_once(tiny_llama, parses)
+
