@@ -59,8 +59,8 @@ def main() -> None:
         setups = {"in process (1 thread)": local}
         for n in servers:
             setups[f"{n} llama-server{'s' if n > 1 else ''} (1 thread each)"] = open_server_backend(
-                info.path, n_ctx=n_ctx, urls=[server.url for server in running[:n]])
-        setups["1 llama-server over 2 rpc-servers"] = open_server_backend(info.path, n_ctx=n_ctx, urls=[split.url])
+                info, n_ctx=n_ctx, urls=[server.url for server in running[:n]])
+        setups["1 llama-server over 2 rpc-servers"] = open_server_backend(info, n_ctx=n_ctx, urls=[split.url])
         best = {name: float("inf") for name in setups}
         for _ in range(args.rounds):
             for name, backend in setups.items():

@@ -108,7 +108,8 @@ def test_the_indexer_top_k_changes_what_llamacpp_reads(tmp_path):
     entries) give other logits in llama.cpp, and the JAX forward follows each."""
     import dataclasses
 
-    from kvphase.gguf.header import Metadata, read_gguf_header
+    from kvphase.gguf.header import read_gguf_header
+    from kvphase.gguf.metadata import Metadata
 
     config = small_config("csa", **INDEXER)
     path, params, data = exported(tmp_path, config)
@@ -537,7 +538,8 @@ def test_the_csa_designs_train_with_their_layouts_defaults_unless_told_otherwise
     from typer.testing import CliRunner
 
     from kvphase.cli import app
-    from kvphase.gguf.header import Metadata, read_gguf_header
+    from kvphase.gguf.header import read_gguf_header
+    from kvphase.gguf.metadata import Metadata
     from kvphase.gguf.tensors import read_model_tensor
     from kvphase.train.config import LAYOUT_DEFAULTS, TrainConfig
 

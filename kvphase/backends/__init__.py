@@ -1,9 +1,10 @@
 """Backends score teacher-forced queries after a shared context (`base.Backend`).
 
 `BACKENDS` maps the name a plan records (`SweepPlan.backend`) to a factory
-`factory(model_path, *, n_ctx, n_threads, options) -> Backend`; `options` is the plan's
-`backend_options`. Factories import their engine only when called, so importing this
-package loads neither llama.cpp nor the reference model.
+`factory(model, *, n_ctx, n_threads, options) -> Backend`; `model` is the opened model (a
+`ModelInfo`, whose header is not read again) or a path, `options` the plan's `backend_options`.
+Factories import their engine only when called, so importing this package loads neither
+llama.cpp nor the reference model.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from typing import Callable
 
 from kvphase.backends.base import Backend
 from kvphase.errors import PlanError
+from kvphase.gguf.modelinfo import ModelInfo
+
+Model = ModelInfo | str | Path
 
 
-def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
+def llamacpp_backend(model: Model, *, n_ctx: int, n_threads: int | None = None,
                      options: dict | None = None) -> Backend:
     """The model in llama.cpp (`backends.llamacpp.LlamaCppBackend`). Options, each recorded by a
     plan only when it is not llama.cpp's default: `cache_type` (q8_0 or q4_0: the K and V cache
@@ -34,11 +38,11 @@ def llamacpp_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | Non
         raise PlanError(f"gpu_layers must be a count of layers (0 or more, -1 for all), got {str(gpu_layers)[:40]!r}")
     if not isinstance(cache_type, str) or cache_type not in CACHE_TYPES:
         raise PlanError(f"cache_type must be one of {', '.join(CACHE_TYPES)}, got {str(cache_type)[:40]!r}")
-    return LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type, n_gpu_layers=gpu_layers,
+    return LlamaCppBackend(model, n_ctx=n_ctx, n_threads=n_threads, cache_type=cache_type, n_gpu_layers=gpu_layers,
                            head_tap=selection)
 
 
-def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
+def reference_backend(model: Model, *, n_ctx: int, n_threads: int | None = None,
                       options: dict | None = None) -> Backend:
     """The numpy reference model under the policy `options` names (`design` and its options);
     `n_ctx` and `n_threads` do not apply (numpy's BLAS picks its threads)."""
@@ -48,18 +52,18 @@ def reference_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | No
     options = dict(options or {})
     options.pop("selection", None)  # the file's own reference model records its selection when asked
     if options.get("design") == "trained":  # the compressor the file declares (kvphase train models)
-        return ReferenceBackend(model_path, policy=None)
-    return ReferenceBackend(model_path, policy=make_policy(**options))
+        return ReferenceBackend(model, policy=None)
+    return ReferenceBackend(model, policy=make_policy(**options))
 
 
-def server_backend(model_path: str | Path, *, n_ctx: int, n_threads: int | None = None,
+def server_backend(model: Model, *, n_ctx: int, n_threads: int | None = None,
                    options: dict | None = None) -> Backend:
     """Running servers that hold the model (`backends.fleet.ServerBackend`). Options:
     `engine` ("llama-server" or "openai"; the plan records it), `urls` and `slots` (where
     it runs); `n_ctx` is checked against each server's, `n_threads` does not apply."""
     from kvphase.backends.fleet import open_server_backend
 
-    return open_server_backend(model_path, n_ctx=n_ctx, **(options or {}))
+    return open_server_backend(model, n_ctx=n_ctx, **(options or {}))
 
 
 BACKENDS: dict[str, Callable[..., Backend]] = {

@@ -56,18 +56,20 @@ class ModelFacts:
     file: Path | None = None
 
     @classmethod
-    def of(cls, model_path, n_vocab: int) -> "ModelFacts":
-        """The facts of a model file (every shard of a split one) or a header-only copy of it."""
+    def of(cls, model, n_vocab: int) -> "ModelFacts":
+        """The facts of a model (every shard of a split one) or a header-only copy of it: a `ModelInfo`
+        already opened, or a path (read as a file cut inside its tensor data is)."""
         from kvphase.gguf.header import read_gguf_header
         from kvphase.gguf.header_only import other_shards
+        from kvphase.gguf.modelinfo import ModelInfo
 
-        first = read_gguf_header(model_path, partial=True)
+        first = model.header if isinstance(model, ModelInfo) else read_gguf_header(model, partial=True)
         tensors = [t for shard in [first, *map(read_gguf_header, other_shards(first))] for t in shard.tensors]
         arch = first.fields.get("general.architecture")
         numbers = {"n_vocab": n_vocab, "n_ctx_train": first.fields.get(f"{arch}.context_length"),
                    "n_embd": first.fields.get(f"{arch}.embedding_length"),
                    "n_params": sum(t.n_elements for t in tensors), "size": sum(t.n_bytes for t in tensors)}
-        return cls(Path(model_path).name, {k: v for k, v in numbers.items() if isinstance(v, int)})
+        return cls(first.path.name, {k: v for k, v in numbers.items() if isinstance(v, int)})
 
 
 def stated_facts(meta: object) -> dict:

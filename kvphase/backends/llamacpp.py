@@ -31,6 +31,7 @@ from kvphase.backends.base import Query, Score, cut_at, log_softmax_rows, score_
 from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
 CONTEXT_SEQ, QUERY_SEQ = 0, 1
 UNLOADABLE = "unsupported architecture or corrupt file"
@@ -41,7 +42,7 @@ class LlamaCppBackend:
 
     def __init__(
         self,
-        model_path: str | Path,
+        model: str | Path | ModelInfo,
         n_ctx: int = 4096,
         n_threads: int | None = None,
         n_batch: int = 512,
@@ -56,12 +57,13 @@ class LlamaCppBackend:
         import llama_cpp
 
         self._lc = llama_cpp
-        self.model_path = Path(model_path)
+        info = as_model_info(model)
+        self.model_path = info.path
         self.n_gpu_layers = n_gpu_layers  # a twin with a graph tap opens the same (conform.ties)
-        self._model = engine.load_model(self.model_path, n_gpu_layers=n_gpu_layers)
+        self._model = engine.load_model(info, n_gpu_layers=n_gpu_layers)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {self.model_path} "
-                               f"({_out_of_memory(self.model_path, n_ctx, cache_type, 'weights') or UNLOADABLE})")
+                               f"({_out_of_memory(info, n_ctx, cache_type, 'weights') or UNLOADABLE})")
         self.vocab = engine.Vocab(self._model)
         self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
@@ -82,7 +84,7 @@ class LlamaCppBackend:
                                            label=str(self.model_path),
                                            cb_eval=self.tap_point.c_callback if head_tap else None)
         except BackendError as exc:
-            memory = _out_of_memory(self.model_path, n_ctx, cache_type, "context")
+            memory = _out_of_memory(info, n_ctx, cache_type, "context")
             self.close()
             if memory is None:
                 raise
@@ -250,12 +252,12 @@ class LlamaCppBackend:
             pass
 
 
-def _out_of_memory(path: Path, n_ctx: int, cache_type: str, stage: str) -> str | None:
+def _out_of_memory(info: ModelInfo, n_ctx: int, cache_type: str, stage: str) -> str | None:
     """Memory named as the likely cause of a failed load (`stage` "weights") or context
     ("context", the weights loaded already), when the estimate exceeds what is available."""
     from kvphase.engines.memory import available_memory, memory_need, shortfall
 
-    need = memory_need(path, n_ctx, cache_type=cache_type)
+    need = memory_need(info, n_ctx, cache_type=cache_type)
     clause = shortfall(need.weights if stage == "weights" else need.kv_cache + need.compute, available_memory())
     remedy = "a smaller or more quantized model" if stage == "weights" else "a shorter --context"
     return clause and f"not enough memory, the likely cause: the {stage}: {clause}; use {remedy} or a machine with " \

@@ -16,9 +16,9 @@ import numpy as np
 from kvphase.backends.base import Query, Score, cut_at, log_softmax_rows, score_from_logits
 from kvphase.engines.llamacpp import silence_llama_logs
 from kvphase.errors import BackendError, PlanError
-from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.header_only import require_weights
 from kvphase.gguf.limits import check_llama_limits
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.reference import open_model
 from kvphase.reference.model import AttentionPolicy
 from kvphase.reference.policy import PhaseShiftable, begin_context, check_policy_layers, make_policy
@@ -29,15 +29,15 @@ __all__ = ["ReferenceBackend", "make_policy"]
 class ReferenceBackend:
     """A llama-family GGUF model in numpy, optionally under a KV-compression policy."""
 
-    def __init__(self, model_path: str | Path, policy: AttentionPolicy | None = None):
+    def __init__(self, model: str | Path | ModelInfo, policy: AttentionPolicy | None = None):
         import llama_cpp
 
         silence_llama_logs()
-        self.model_path = Path(model_path)
-        header = read_gguf_header(self.model_path)  # once, for both checks
-        check_llama_limits(header)  # the vocabulary below is read by llama.cpp
-        require_weights(header, "the reference model")
-        self.model = open_model(self.model_path, policy=policy)
+        info = as_model_info(model)
+        self.model_path = info.path
+        check_llama_limits(info.header)  # the vocabulary below is read by llama.cpp
+        require_weights(info.header, "the reference model")
+        self.model = open_model(info, policy=policy)
         check_policy_layers(self.model.policy, self.model.config.n_layer)
         self._vocab = llama_cpp.Llama(str(self.model_path), vocab_only=True, verbose=False)
         self._cache = self.model.new_cache()

@@ -105,7 +105,7 @@ def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
                              f"(sha256 differs from {reference.folder / 'manifest.json'}'s); restore it")
     info = read_model_info(reference.model)
     plan = replace(load_plan(reference.folder), model=str(reference.model))
-    contexts = build_probes(load_task(plan.task), Vocab.load(reference.model), plan.probe_settings)
+    contexts = build_probes(load_task(plan.task), Vocab.load(info), plan.probe_settings)
     recorded = load_manifest(reference.folder).get("plan_sha256")
     if recorded and recorded != plan_fingerprint(contexts):
         raise RunFolderError(f"reference {reference.name}: this kvphase builds other contexts from "

@@ -24,6 +24,7 @@ import numpy as np
 from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, ModelFileError
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
 GGML_MAX_DIMS = 4
 GGML_MAX_SRC = 10
@@ -228,7 +229,7 @@ _KEEP_ALIVE: list[object] = []  # ctypes callbacks llama.cpp holds pointers to; 
 
 
 def run_and_capture(
-    model_path: str | Path,
+    model: str | Path | ModelInfo,
     tokens: Sequence[int],
     split: Sequence[int],
     want: Selector,
@@ -238,15 +239,16 @@ def run_and_capture(
     """Evaluate `tokens` in ubatches of the sizes in `split` and capture the nodes `want` selects.
 
     Each ubatch is its own `llama_decode` call with `n_batch = n_ubatch` = the largest
-    split, so llama.cpp cannot regroup tokens. Positions run from `start_pos`.
+    split, so llama.cpp cannot regroup tokens. Positions run from `start_pos`. `model`: a path, or
+    a model already opened (its header is not read again).
     """
     import llama_cpp
 
-    model_path = Path(model_path)
-    if not model_path.is_file():
-        raise ModelFileError(f"model file not found: {model_path}")
+    if not isinstance(model, ModelInfo) and not Path(model).is_file():
+        raise ModelFileError(f"model file not found: {model}")
     if sum(split) != len(tokens) or any(n <= 0 for n in split):
         raise BackendError(f"batch split {list(split)} does not cover the {len(tokens)} tokens")
+    info = as_model_info(model)
     run = CaptureRun()
     current = {"ubatch": -1}
     errors: list[BaseException] = []
@@ -266,17 +268,17 @@ def run_and_capture(
             return True
 
     c_callback = _EVAL_CALLBACK(callback)
-    model = engine.load_model(model_path, n_gpu_layers=settings.n_gpu_layers)
-    if not model:
-        raise ModelFileError(f"llama.cpp could not load {model_path}")
+    loaded = engine.load_model(info, n_gpu_layers=settings.n_gpu_layers)
+    if not loaded:
+        raise ModelFileError(f"llama.cpp could not load {info.path}")
     try:
-        ctx = _new_context(model, max(split), settings, c_callback)
+        ctx = _new_context(loaded, max(split), settings, c_callback)
         try:
             _decode_all(ctx, tokens, split, start_pos, run, current, errors)
         finally:
             llama_cpp.llama_free(ctx)
     finally:
-        llama_cpp.llama_model_free(model)
+        llama_cpp.llama_model_free(loaded)
     return run
 
 

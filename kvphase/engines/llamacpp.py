@@ -17,9 +17,9 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.errors import BackendError, PlanError
-from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.header_only import require_weights
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.gguf.tensors import GGML_TYPE_F32
 
 MAX_THREADS = 512  # GGML_MAX_N_THREADS (ggml/include/ggml.h); more threads crash llama.cpp
@@ -68,7 +68,7 @@ def extra_buffers_safe(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return not flags & {"amx_tile", "amx_int8", "amx_bf16"}
 
 
-def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bool = False):
+def load_model(model: str | Path | ModelInfo, n_gpu_layers: int | None = None, vocab_only: bool = False):
     """Load a GGUF file into llama.cpp (logs silenced); None when llama.cpp refuses it.
     `vocab_only` reads the header and vocabulary and no weights.
 
@@ -77,10 +77,10 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
     and raises its own error on None."""
     import llama_cpp
 
-    header = read_gguf_header(path)  # once, for both checks
-    check_llama_limits(header)
+    info = as_model_info(model)
+    check_llama_limits(info.header)
     if not vocab_only:
-        require_weights(header, "llama.cpp")
+        require_weights(info.header, "llama.cpp")
     silence_llama_logs()
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
@@ -88,7 +88,7 @@ def load_model(path: str | Path, n_gpu_layers: int | None = None, vocab_only: bo
         params.n_gpu_layers = n_gpu_layers
     params.vocab_only = vocab_only
     params.use_extra_bufts = extra_buffers_safe()
-    return llama_cpp.llama_model_load_from_file(str(path).encode(), params) or None
+    return llama_cpp.llama_model_load_from_file(str(info.path).encode(), params) or None
 
 
 def gpu_offload_note(n_gpu_layers: int) -> str | None:
@@ -102,14 +102,15 @@ def gpu_offload_note(n_gpu_layers: int) -> str | None:
     return None
 
 
-def high_level_llama(path: str | Path, **settings):
+def high_level_llama(model: str | Path | ModelInfo, **settings):
     """`llama_cpp.Llama(path, **settings)` with weight repacking as `extra_buffers_safe` allows: Llama
     (0.3.36) takes no use_extra_bufts and builds its model parameters from
     llama_model_default_params, which is swapped for ours for the time of the load."""
     import llama_cpp
     import llama_cpp.llama_cpp as low_level
 
-    require_weights(path, "llama.cpp")
+    info = as_model_info(model)
+    require_weights(info.header, "llama.cpp")
     defaults = low_level.llama_model_default_params
 
     def ours():
@@ -119,7 +120,7 @@ def high_level_llama(path: str | Path, **settings):
 
     low_level.llama_model_default_params = ours
     try:
-        return llama_cpp.Llama(str(path), **settings)
+        return llama_cpp.Llama(str(info.path), **settings)
     finally:
         low_level.llama_model_default_params = defaults
 
@@ -147,15 +148,17 @@ class Vocab:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
 
     @classmethod
-    def load(cls, path: str | Path) -> "Vocab":
+    def load(cls, model: str | Path | ModelInfo) -> "Vocab":
         """The vocabulary of a GGUF file alone (fast even for a model too big to run here)."""
-        model = load_model(path, vocab_only=True)
-        if not model:
+        info = as_model_info(model)
+        loaded = load_model(info, vocab_only=True)
+        if not loaded:
             from kvphase.engines.memory import too_little_for_a_vocabulary
 
             memory = too_little_for_a_vocabulary()
-            raise BackendError(f"llama.cpp could not read the vocabulary of {path}" + (f" ({memory})" if memory else ""))
-        return cls(model, owned=True)
+            raise BackendError(f"llama.cpp could not read the vocabulary of {info.path}"
+                               + (f" ({memory})" if memory else ""))
+        return cls(loaded, owned=True)
 
     @property
     def n_ctx_train(self) -> int:

@@ -22,7 +22,8 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.metadata import Metadata
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
 MIB = 1 << 20
 RUNTIME = 48 * MIB  # llama.cpp's threads and small buffers (see above)
@@ -56,9 +57,9 @@ class Available:
         return f"{self.bytes / MIB:,.0f} MiB available ({self.limit})"
 
 
-def memory_need(path: str | Path, n_ctx: int, n_batch: int = 512, cache_type: str = "f16") -> MemoryNeed:
-    """The estimate of the module docstring for `path` at `n_ctx` tokens."""
-    header = read_gguf_header(path)
+def memory_need(model: str | Path | ModelInfo, n_ctx: int, n_batch: int = 512, cache_type: str = "f16") -> MemoryNeed:
+    """The estimate of the module docstring for `model` at `n_ctx` tokens."""
+    header = as_model_info(model).header
     meta = Metadata(header)
     arch = meta.text("general.architecture", "unknown")
     n_layers = meta.integer(f"{arch}.block_count", 0)
@@ -137,13 +138,14 @@ def shortfall(need_bytes: int, available: Available | None) -> str | None:
     return f"about {need_bytes / MIB:,.0f} MiB needed, {available.describe()}"
 
 
-def memory_warning(path: str | Path, n_ctx: int, cache_type: str = "f16") -> str | None:
+def memory_warning(model: str | Path | ModelInfo, n_ctx: int, cache_type: str = "f16") -> str | None:
     """A warning to print before loading when the model will likely not fit; None when it will
     or nothing is known."""
-    need, available = memory_need(path, n_ctx, cache_type=cache_type), available_memory()
+    info = as_model_info(model)
+    need, available = memory_need(info, n_ctx, cache_type=cache_type), available_memory()
     if shortfall(need.total, available) is None:
         return None
-    return (f"{Path(path).name} at {n_ctx} tokens needs {need.describe()} and has {available.describe()}: "
+    return (f"{info.path.name} at {n_ctx} tokens needs {need.describe()} and has {available.describe()}: "
             "llama.cpp may fail to load it or the machine may swap; a shorter --context needs less")
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvphase.errors import GGUFError
-from kvphase.gguf.header import GGUFHeader, Metadata, read_gguf_header
+from kvphase.gguf.header import GGUFHeader, read_gguf_header
+from kvphase.gguf.metadata import Metadata
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvphase.gguf.header import Metadata, TensorInfo, read_gguf_header
+from kvphase.gguf.header import GGUFHeader, TensorInfo, read_gguf_header
+from kvphase.gguf.metadata import Metadata
 
 from kvphase.gguf.trained import GLM5_REFERENCE_DESIGNS, TRAINED_PREFIX, TrainedSpec, read_trained_spec
 
@@ -51,6 +52,7 @@ class ModelInfo:
     tokenizer_model: str
     vocab_size: int
     compression: CompressionSpec
+    header: GGUFHeader = field(repr=False, compare=False)  # the parse all of the above comes from, for what reads more
     trained: TrainedSpec | None = None  # what `kvphase train` declared, for its models
     weights_size: int | None = None  # a header-only file (kvphase header): the model's size; None: the weights are here
     needed_size: int | None = None  # a file cut inside its tensor data (partial=True): the whole file's size
@@ -66,8 +68,14 @@ class ModelInfo:
         return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-") or "model"
 
 
+def as_model_info(model: str | Path | ModelInfo) -> ModelInfo:
+    """A model already opened as it is; a path (a script's, a test's) opened by `read_model_info`."""
+    return model if isinstance(model, ModelInfo) else read_model_info(model)
+
+
 def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
-    """Read a GGUF file's (or URL's) metadata; raise ModelFileError (GGUFError) if the file is unusable.
+    """Open a model: parse a GGUF file's (or URL's) header, the one parse everything below reads
+    (`ModelInfo.header`); raise ModelFileError (GGUFError) if the file is unusable.
     `partial`: a file cut inside its tensor data is read too (`read_gguf_header`)."""
     header = read_gguf_header(path, partial=partial)
     path = header.path
@@ -87,6 +95,7 @@ def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
         tokenizer_model=meta.text("tokenizer.ggml.model", "unknown"),
         vocab_size=vocab,
         compression=compression_spec(arch, meta, [t.name for t in tensors], n_layers),
+        header=header,
         trained=read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0)),
         weights_size=header.source_size,
         needed_size=header.needed_size,

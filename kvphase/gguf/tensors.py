@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from kvphase.errors import PlanError
-from kvphase.gguf.header import TensorInfo, read_gguf_header
+from kvphase.gguf.header import TensorInfo
 from kvphase.gguf.header_only import no_weights
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 = 0, 1, 30  # ggml_type (GGMLQuantizationType) ids
 
@@ -37,10 +38,11 @@ def tensor_array(data: np.ndarray, info: TensorInfo) -> np.ndarray:
     return dequantize(raw, GGMLQuantizationType(info.type_id)).astype(np.float32).reshape(shape)
 
 
-def read_model_tensor(path: str | Path, name: str) -> np.ndarray:
-    """One tensor of a GGUF file as float32, numpy order; PlanError when the file has none of that name."""
-    header = read_gguf_header(path)
+def read_model_tensor(model: str | Path | ModelInfo, name: str) -> np.ndarray:
+    """One tensor of a GGUF file (a path, or a model already opened) as float32, numpy order; PlanError
+    when the file has none of that name."""
+    header = as_model_info(model).header
     info = next((t for t in header.tensors if t.name == name), None)
     if info is None:
-        raise PlanError(f"{path} has no tensor {name}")
-    return tensor_array(np.memmap(path, dtype=np.uint8, mode="r"), info)
+        raise PlanError(f"{header.path} has no tensor {name}")
+    return tensor_array(np.memmap(header.path, dtype=np.uint8, mode="r"), info)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvphase.gguf.header import Metadata
+from kvphase.gguf.metadata import Metadata
 
 TRAINED_PREFIX = "kvphase.trained."
 GPT2_DESIGNS = ("dense", "gated", "meanpool", "kpool", "cowa", "rolling")  # gpt2 blocks + kvphase's gate tensors: the reference runs them

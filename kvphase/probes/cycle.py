@@ -16,14 +16,14 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Optional
 
 import numpy as np
 import pandas as pd
 
 from kvphase.backends.base import Backend
 from kvphase.errors import ModelFileError, PlanError
-from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.gguf.tensors import tensor_array
 from kvphase.gguf.writer import overwrite_tensor
 from kvphase.probes.gates import find_sources
@@ -43,9 +43,10 @@ def check_k(k: int, stride: int) -> None:
         raise PlanError(f"--k must be between 1 and S - 1 = {stride - 1}, got {k}")
 
 
-def write_rolled_model(model: Path, out: Path, k: int) -> list[str]:
+def write_rolled_model(model: Path | ModelInfo, out: Path, k: int) -> list[str]:
     """Copy `model` to `out` with every per-phase bias rolled by k phases; the tensors rolled."""
-    header = read_gguf_header(model)
+    header = as_model_info(model).header
+    model = header.path
     sources = find_sources(header)
     for source in sources:
         check_k(k, source.stride)
@@ -82,25 +83,27 @@ def r_squared(table: pd.DataFrame) -> float | None:
     return 1.0 - float(((observed - predicted) ** 2).sum()) / total
 
 
-def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_model: Callable[[Path], ContextManager[Backend]]) -> str:
+def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_model: Callable[[ModelInfo], ContextManager[Backend]],
+              info: Optional[ModelInfo] = None) -> str:
     """Sweep the model and its rolled copy with `plan` into run_dir/k0 and run_dir/k<k> (each on the
-    backend `open_model(its path)` opens and closes); report."""
-    from kvphase.gguf.modelinfo import read_model_info
+    backend `open_model(its ModelInfo)` opens and closes); report. `info`: the plan's model, already opened."""
     from kvphase.probes import folder
     from kvphase.sweep.run import execute_sweep
 
     check_k(k, plan.stride)
     started = time.time()
-    model, run_dir = Path(plan.model), Path(run_dir)
+    info = as_model_info(Path(plan.model) if info is None else info)
+    model, run_dir = info.path, Path(run_dir)
     folder.start_folder(run_dir, {"probe": "cycle", "model": str(model), "k": k, "stride": plan.stride},
                         [PHASES_FILE, FIGURE_FILE])
     rolled = run_dir / f"{model.name.removesuffix('.gguf')}-rolled-k{k}.gguf"
-    tensors = write_rolled_model(model, rolled, k)
-    for path, name in ((model, BASE_RUN), (rolled, rolled_run(k))):
-        with open_model(path) as backend:
-            execute_sweep(replace(plan, model=str(path)), backend, run_dir / name, read_model_info(path))
+    tensors = write_rolled_model(info, rolled, k)
+    for swept, name in ((info, BASE_RUN), (rolled, rolled_run(k))):
+        swept = as_model_info(swept)  # the rolled copy: another file, opened here
+        with open_model(swept) as backend:
+            execute_sweep(replace(plan, model=str(swept.path)), backend, run_dir / name, swept)
     write_json(run_dir / MANIFEST_FILE, folder.manifest(
-        model, str(read_gguf_header(model).fields.get("general.architecture", "unknown")), time.time() - started,
+        model, str(info.header.fields.get("general.architecture", "unknown")), time.time() - started,
         rolled_tensors=tensors, rolled_model=rolled.name))
     return build_report(run_dir)
 

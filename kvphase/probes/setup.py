@@ -72,7 +72,7 @@ def probe_plan(info: ModelInfo, stride: Optional[int], options: ProbeOptions, ba
     if backend == "llama.cpp":
         refuse_trained_compressor(info)
     if backend != "reference" or info.trained is None:  # the reference reads a trained file's tokenizer itself
-        check_llama_limits(info.path)
+        check_llama_limits(info.header)
     context = context if context is not None else defaults.context if options.context is None else options.context
     plan = make_plan(info, stride=stride, modulus=None, context=context, per_residue=per_residue,
                      padding=defaults.padding, task=options.task or defaults.task, seed=options.seed,
@@ -97,12 +97,11 @@ def probe_gate_activations(model: Path, options: ProbeOptions, contexts: int = A
                            say: Say = log_notice) -> tuple[str, Path]:
     """`kvphase gate-activations`: the plan's contexts on the model's shortest gate window; (headline, run folder)."""
     from kvphase.defaults import default_threads
-    from kvphase.gguf.header import read_gguf_header
     from kvphase.probes.activations import run_gate_activations
     from kvphase.probes.gates import find_sources, select_sources
 
     info = read_model_info(model)
-    declared = find_sources(read_gguf_header(model))  # refuses a model without a gate
+    declared = find_sources(info.header)  # refuses a model without a gate
     stride = min(s.stride for s in declared)  # the plan only provides contexts: the model's shortest window
     sources = select_sources(declared, list(layers) if layers else None, info.path.name)
     plan = probe_plan(info, stride, options, auto_backend(info), probe_defaults(info).per_residue, say=say)
@@ -148,22 +147,21 @@ def probe_flip(model: Optional[Path], options: ProbeOptions, stride: Optional[in
 def probe_cycle(model: Path, k: int, options: ProbeOptions, out: Optional[Path] = None,
                 say: Say = log_notice) -> tuple[str, Path]:
     """`kvphase cycle`: the model and its copy with every gate bias rolled by k; (headline, run folder)."""
-    from kvphase.gguf.header import read_gguf_header
     from kvphase.probes.cycle import check_k, run_cycle
     from kvphase.probes.gates import find_sources
 
     info = read_model_info(model)
-    stride = min(s.stride for s in find_sources(read_gguf_header(model)))  # refuses a model without a gate bias
+    stride = min(s.stride for s in find_sources(info.header))  # refuses a model without a gate bias
     check_k(k, stride)
     backend = auto_backend(info) if options.backend == "auto" else options.backend
     per_residue = probe_defaults(info).per_residue if options.per_residue is None else options.per_residue
     plan = probe_plan(info, stride, options, backend, per_residue, say=say)
     run_dir = out or Path("reports") / f"{info.short_name}-cycle-k{k}"
 
-    def open_copy(path: Path):
-        return open_backend(replace(plan, model=str(path)), read_model_info(path), options.threads, say=say)
+    def open_copy(swept: ModelInfo):
+        return open_backend(replace(plan, model=str(swept.path)), swept, options.threads, say=say)
 
-    return run_cycle(plan, k, run_dir, open_copy), run_dir
+    return run_cycle(plan, k, run_dir, open_copy, info), run_dir
 
 
 def probe_knockout(model: Path, options: ProbeOptions, layers: Optional[Sequence[int]] = None, slots: bool = False,

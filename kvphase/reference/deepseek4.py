@@ -14,7 +14,6 @@ for are a few hundred kilobytes and their contexts under a few hundred tokens.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -24,9 +23,11 @@ import numpy as np
 from kvphase.designs.dsv4 import CSA_RATIO, DSV4, HCA_RATIO, rms_norm, rope
 from kvphase.designs.windows import softmax
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.header import GGUFHeader
+from kvphase.gguf.metadata import Metadata
+from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
-from kvphase.reference.model import silu
+from kvphase.reference.model import per_file, silu
 
 ARCH = "deepseek4"
 
@@ -90,9 +91,9 @@ class TokenCache:
         del self.tokens[n:]
 
 
-@functools.lru_cache(maxsize=4)
-def _load(path: str) -> tuple[DSV4Config, dict[str, np.ndarray]]:
-    header = read_gguf_header(path)
+@per_file(kept=4)
+def _load(header: GGUFHeader) -> tuple[DSV4Config, dict[str, np.ndarray]]:
+    path = header.path
     meta = Metadata(header)
     if meta.text("general.architecture") != ARCH:
         raise ModelFileError(f"{path} is not a {ARCH} file")
@@ -133,7 +134,7 @@ def identity_hc_base(n: int, streams: int = 4) -> np.ndarray:
 class WholeSequence:
     """A reference model for a file in an engine's own layout that runs the whole sequence again at
     every call; `forward(tokens, cache, logits_for)` as the other reference models have it.
-    Subclasses name their `arch`, give `load(path) -> (config, weights)` and `hidden(tokens)`."""
+    Subclasses name their `arch`, give `load(model) -> (config, weights)` and `hidden(tokens)`."""
 
     policy = None  # the file's own compressor; no post-hoc policy applies
     arch = ""
@@ -145,14 +146,14 @@ class WholeSequence:
         self.config, self.w = config, weights
 
     @staticmethod
-    def load(path: str) -> tuple:
+    def load(model: str | Path | ModelInfo) -> tuple:
         raise NotImplementedError
 
     @classmethod
-    def from_gguf(cls, path: str | Path, policy=None):
+    def from_gguf(cls, model: str | Path | ModelInfo, policy=None):
         if policy is not None:
             raise ModelFileError(f"a {cls.arch} file runs its own compressor; --design does not apply to it")
-        return cls(*cls.load(str(Path(path).resolve())))
+        return cls(*cls.load(model))
 
     def new_cache(self, capacity: int = 0) -> TokenCache:
         return TokenCache()

@@ -16,7 +16,6 @@ reference does: the models it is for are small and their contexts short.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 import numpy as np
 
@@ -26,10 +25,11 @@ from kvphase.designs.msa import MSA
 from kvphase.gguf.trained import GLM5_REFERENCE_DESIGNS, TRAINED_PREFIX
 from kvphase.designs.windows import causal_mask, softmax
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.header import GGUFHeader
+from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.tensors import tensor_array
 from kvphase.reference.deepseek4 import WholeSequence, check_identity_hyper_connections, swiglu
-from kvphase.reference.model import silu
+from kvphase.reference.model import per_file, silu
 
 ARCH = "glm5-next"
 
@@ -75,9 +75,9 @@ class Glm5Config:
         )
 
 
-@functools.lru_cache(maxsize=4)
-def _load(path: str) -> tuple[Glm5Config, dict[str, np.ndarray]]:
-    header = read_gguf_header(path)
+@per_file(kept=4)
+def _load(header: GGUFHeader) -> tuple[Glm5Config, dict[str, np.ndarray]]:
+    path = header.path
     meta = Metadata(header)
     if meta.text("general.architecture") != ARCH:
         raise ModelFileError(f"{path} is not a {ARCH} file")

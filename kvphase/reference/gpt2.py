@@ -12,7 +12,6 @@ the per-layer gate tensors and offsets the file declares.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -20,9 +19,10 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.header import GGUFHeader
+from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
-from kvphase.reference.model import AttentionPolicy, DenseAttention, KVCache, hidden_rows
+from kvphase.reference.model import AttentionPolicy, DenseAttention, KVCache, hidden_rows, per_file
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,10 @@ class GPT2Weights:
     layers: list[GPT2Layer]
 
 
-@functools.lru_cache(maxsize=4)
-def load_gpt2(path: str) -> tuple[GPT2Config, GPT2Weights]:
-    """Read a gpt2 GGUF file once per process (cached per path)."""
-    header = read_gguf_header(path)
+@per_file(kept=4)
+def load_gpt2(header: GGUFHeader) -> tuple[GPT2Config, GPT2Weights]:
+    """Read a gpt2 GGUF file's weights."""
+    path = header.path
     tensors = {t.name: t for t in header.tensors}
     for name in ("token_embd.weight", "position_embd.weight"):
         if name not in tensors:
@@ -157,8 +157,8 @@ class GPT2:
         self.policy = policy if policy is not None else DenseAttention()
 
     @classmethod
-    def from_gguf(cls, path: str | Path, policy: AttentionPolicy | None = None) -> GPT2:
-        return cls(*load_gpt2(str(Path(path).resolve())), policy=policy)
+    def from_gguf(cls, model: str | Path | ModelInfo, policy: AttentionPolicy | None = None) -> GPT2:
+        return cls(*load_gpt2(model), policy=policy)
 
     def new_cache(self, capacity: int = 1024) -> KVCache:
         return KVCache(self.config, capacity)

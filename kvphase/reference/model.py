@@ -20,16 +20,21 @@ Two llama.cpp conventions matter:
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from kvphase.designs.windows import masked_softmax
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import GGUFHeader, Metadata, TensorInfo, read_gguf_header
+from kvphase.gguf.header import GGUFHeader, TensorInfo
+from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.limits import LLAMA_MAX_LAYERS
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
+
+Loaded = TypeVar("Loaded")
 from kvphase.gguf.tensors import tensor_array
 
 # architecture -> RoPE pairing (llama_model_rope_type in src/llama-model.cpp)
@@ -136,17 +141,37 @@ class Weights:
     layers: list[Layer]
 
 
-@functools.lru_cache(maxsize=2)
-def load(path: str) -> tuple[Config, Weights]:
-    """Read and dequantize a GGUF file once per process (cached per path)."""
-    header = read_gguf_header(path)
+def per_file(kept: int) -> Callable[[Callable[[GGUFHeader], Loaded]], Callable[[str | Path | ModelInfo], Loaded]]:
+    """A weights loader `load(header)` run once per file for the last `kept` files (dequantizing
+    takes seconds), called with a model already opened (its header parsed) or a path."""
+    def wrap(load: Callable[[GGUFHeader], Loaded]) -> Callable[[str | Path | ModelInfo], Loaded]:
+        held: OrderedDict[str, Loaded] = OrderedDict()
+
+        @functools.wraps(load)
+        def cached(model: str | Path | ModelInfo) -> Loaded:
+            key = str(Path(model.path if isinstance(model, ModelInfo) else model).resolve())
+            if key not in held:
+                held[key] = load(as_model_info(model).header)
+                if len(held) > kept:
+                    held.popitem(last=False)
+            held.move_to_end(key)
+            return held[key]
+
+        return cached
+
+    return wrap
+
+
+@per_file(kept=2)
+def load(header: GGUFHeader) -> tuple[Config, Weights]:
+    """Read and dequantize a GGUF file's weights."""
     tensors = {t.name: t for t in header.tensors}
     config = Config.from_gguf(header, tensors)
-    raw = np.memmap(path, dtype=np.uint8, mode="r")  # (file_size,)
+    raw = np.memmap(header.path, dtype=np.uint8, mode="r")  # (file_size,)
 
     def get(name: str) -> np.ndarray:
         if name not in tensors:
-            raise ModelFileError(f"{Path(path).name} lacks tensor {name}, which a {config.arch} model has")
+            raise ModelFileError(f"{header.path.name} lacks tensor {name}, which a {config.arch} model has")
         return tensor_array(raw, tensors[name])  # numpy order: slowest first
 
     def opt(name: str) -> np.ndarray | None:
@@ -309,8 +334,8 @@ class Transformer:
         self.policy = policy if policy is not None else DenseAttention()
 
     @classmethod
-    def from_gguf(cls, path: str | Path, policy: AttentionPolicy | None = None) -> Transformer:
-        return cls(*load(str(Path(path).resolve())), policy=policy)
+    def from_gguf(cls, model: str | Path | ModelInfo, policy: AttentionPolicy | None = None) -> Transformer:
+        return cls(*load(model), policy=policy)
 
     def new_cache(self, capacity: int = 1024) -> KVCache:
         return KVCache(self.config, capacity)

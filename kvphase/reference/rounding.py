@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as Quant
 
 from kvphase.designs.windows import round_to_cache
 from kvphase.errors import PlanError
-from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.reference.model import Transformer, dense_attention, load
 
 Q4_1_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of 4-bit quants per 32 weights
@@ -56,12 +56,12 @@ class LlamaCppRounding(Transformer):
     (Q8_0 for Q8_0 weights; Q8_1 for Q4_1 weights, whose dot product adds the weights'
     block minimums times the activations' fp16 block sums), attention in F16."""
 
-    def __init__(self, path: Path):
-        config, weights = load(str(path))
+    def __init__(self, model: Path | ModelInfo):
+        info = as_model_info(model)
+        config, weights = load(info)
         super().__init__(config, weights, policy=F16Attention())
-        header = read_gguf_header(path)
-        tensors = {t.name: t for t in header.tensors}
-        raw = np.memmap(path, dtype=np.uint8, mode="r")  # (file_size,)
+        tensors = {t.name: t for t in info.header.tensors}
+        raw = np.memmap(info.path, dtype=np.uint8, mode="r")  # (file_size,)
 
         def scheme(names: list[str]) -> tuple[int, np.ndarray | None]:
             kinds = {tensors[name].type_id for name in names}

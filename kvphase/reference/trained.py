@@ -16,7 +16,8 @@ import numpy as np
 
 from kvphase.designs import CoWindow, GatedPool, GatedTopK, MeanPool
 from kvphase.errors import ModelFileError
-from kvphase.gguf.header import Metadata, read_gguf_header
+from kvphase.gguf.metadata import Metadata
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.gguf.trained import GATED_DESIGNS, TrainedSpec, read_trained_spec, window_step
 from kvphase.gguf.tensors import tensor_array
 from kvphase.reference.model import DenseAttention
@@ -59,9 +60,10 @@ class TrainedCompression(CompressedAttention):
                         local_window=self.spec.local_window)
 
 
-def trained_policy(path: str | Path, seed: int = 0):
+def trained_policy(model: str | Path | ModelInfo, seed: int = 0):
     """The attention a trained file declares (dense for the control), or None for other files."""
-    header = read_gguf_header(path)
+    header = as_model_info(model).header
+    path = header.path
     meta = Metadata(header)
     n_layer, n_head = meta.integer("gpt2.block_count", 0), meta.integer("gpt2.attention.head_count", 0)
     spec = read_trained_spec(meta, n_layer, n_head)

@@ -151,11 +151,11 @@ def open_backend(plan: SweepPlan, info: ModelInfo, threads: Optional[int] = None
     if plan.backend == "llama.cpp":
         from kvphase.engines.memory import memory_warning
 
-        warning = memory_warning(info.path, n_ctx, plan.backend_options.get("cache_type", "f16"))
+        warning = memory_warning(info, n_ctx, plan.backend_options.get("cache_type", "f16"))
         if warning:
             say(Notice(warning, "warning"))
     tap = {"selection": True} if plan.selection or head_tap else {}  # the factory's one tap serves both
-    backend = BACKENDS[plan.backend](info.path, n_ctx=n_ctx, n_threads=threads or default_threads(),
+    backend = BACKENDS[plan.backend](info, n_ctx=n_ctx, n_threads=threads or default_threads(),
                                      options={**plan.backend_options, **(connect or {}), **tap})
     if isinstance(backend, ServerFleet):  # a server that leaves mid-run: the others take its contexts
         backend.on_lost = lambda line: say(Notice(line, "warning"))

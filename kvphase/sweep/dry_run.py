@@ -52,7 +52,7 @@ def dry_run_sweep(planned: PlannedSweep, plan: SweepPlan, run_dir: Path, say: Sa
     timed = info.weights_size is None or plan.backend == "server"
     # a header-only file: the prompts from its vocabulary, nothing to run here
     opened = open_backend(plan, info, planned.options.threads, planned.connect, say) if timed else \
-        closed_after(Vocab.load(info.path))
+        closed_after(Vocab.load(info))
     with opened as backend:
         estimate = estimate_sweep(plan, backend, run_dir, info, timed, announce=lambda line: say(Notice(line)))
     memory = expected_memory(info, plan) if plan.backend == "llama.cpp" and estimate.pending_contexts else None
@@ -63,6 +63,6 @@ def expected_memory(info: ModelInfo, plan: SweepPlan) -> str:
     """The estimate of `engines.memory` for the plan's backend context, and what is available."""
     from kvphase.engines.memory import available_memory, memory_need
 
-    need = memory_need(info.path, backend_context(info, plan), cache_type=plan.backend_options.get("cache_type", "f16"))
+    need = memory_need(info, backend_context(info, plan), cache_type=plan.backend_options.get("cache_type", "f16"))
     available = available_memory()
     return need.describe() + (f"; {available.describe()}" if available else "")

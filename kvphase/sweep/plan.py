@@ -217,7 +217,7 @@ def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: i
         plan = replace(plan, least_per_residue=per_residue_for_dip(DEFAULT_DETECT / 100, modulus))
     sized_later = per_residue is None
     load_task(task)
-    open_tokenizer = cache(lambda: Vocab.load(info.path))
+    open_tokenizer = cache(lambda: Vocab.load(info))
     plan = behind_raw_window(info, plan, open_tokenizer)
     plan = fit_padding(plan, open_tokenizer) if fit else plan
     plan = sized(plan, open_tokenizer()) if sized_later else plan

@@ -62,7 +62,7 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     """Every run the options ask for, planned and named; PlanError, ModelFileError or GGUFError
     before any weights load. `say` hears the strides --stride all skips and each stride's power."""
     info = read_model_info(model if model is not None else default_model_path())
-    check_llama_limits(info.path)  # both backends read the file with llama.cpp: refuse what it would abort on
+    check_llama_limits(info.header)  # both backends read the file with llama.cpp: refuse what it would abort on
     if options.selection:
         indexer_unit(info)  # a file without an indexer is refused before its plans are built
     chosen = parse_stride(options.stride)  # None (the file's own), S, or ALL

@@ -31,7 +31,7 @@ def check_runs(info: ModelInfo, runs: list[tuple[SweepPlan, Path]]) -> None:
     that cannot run."""
     from kvphase.sweep.contexts import build_probes
 
-    vocab = Vocab.load(info.path)
+    vocab = Vocab.load(info)
     for plan, run_dir in runs:
         check_run_dir(run_dir, plan, info)
         build_probes(load_task(plan.task), vocab, plan.probe_settings, rounds=1)

@@ -8,7 +8,6 @@ import numpy as np
 
 from kvphase.designs.dsv4 import dsv4_rope_scaling, hadamard_rotate
 from kvphase.engines.capture import CaptureRun
-from kvphase.gguf.header import read_gguf_header
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import read_model_tensor
 from kvphase.validate.common import FamilyCheck, compare_scores, first_capture, live_scores, captured_rows, set_agreement
@@ -60,12 +59,12 @@ class DSV4Check(FamilyCheck):
     def __init__(self, info: ModelInfo, ape_roll: int = 0, cache_dtype: str = "f32"):
         from kvphase.designs.dsv4 import DSV4
 
-        fields = read_gguf_header(info.path).fields
+        fields = info.header.fields
         arch = info.architecture
         ratios = [int(r) for r in np.atleast_1d(fields.get(f"{arch}.attention.compress_ratios", []))]
         if len(ratios) == 1:
             ratios = ratios * info.n_layers
-        self.path = info.path
+        self.model = info
         self.ape_roll = ape_roll  # a deliberately wrong reference: every per-phase bias rolled by this many offsets
         self.eps = float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
         self.n_rot = int(fields.get(f"{arch}.rope.dimension_count", 0))
@@ -101,7 +100,7 @@ class DSV4Check(FamilyCheck):
 
     def tensor(self, name: str) -> np.ndarray:
         if name not in self._tensors:
-            t = read_model_tensor(self.path, name)
+            t = read_model_tensor(self.model, name)
             if name.endswith("_ape.weight"):  # (ratio, C): one row per phase
                 t = np.roll(t, self.ape_roll, axis=0)
             self._tensors[name] = t

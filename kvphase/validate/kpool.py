@@ -24,14 +24,14 @@ class KPoolCheck(FamilyCheck):
 
         p = info.compression.params
         self.design = KPool(kpool=p["kpool"], top_k=p["top_k"], select_tail=p["select_tail"], cache_dtype=cache_dtype)
-        self.path = info.path
+        self.model = info
         self.ape_roll = ape_roll  # a deliberately wrong reference: the per-phase bias rolled by this many offsets
         self.layers = info.compression.layers
         self._ape: dict[int, np.ndarray] = {}
 
     def ape(self, layer: int) -> np.ndarray:
         if layer not in self._ape:
-            ape = read_model_tensor(self.path, f"blk.{layer}.indexer_compressor_ape.weight")  # (kpool, d)
+            ape = read_model_tensor(self.model, f"blk.{layer}.indexer_compressor_ape.weight")  # (kpool, d)
             self._ape[layer] = np.roll(ape, self.ape_roll, axis=0)
         return self._ape[layer]
 

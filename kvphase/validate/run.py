@@ -92,7 +92,7 @@ def validate_model(
         )
     if cache not in CACHE_TYPES:
         raise PlanError(f"unknown cache type {cache!r}; expected one of {', '.join(CACHE_TYPES)}")
-    check_llama_limits(info.path)  # what llama.cpp would abort on, refused before it loads the file
+    check_llama_limits(info.header)  # what llama.cpp would abort on, refused before it loads the file
     try:
         checker = FAMILIES[family](info, perturb, cache_dtype=cache)
     except ValueError as exc:  # a design refuses the file's compression settings
@@ -113,7 +113,7 @@ def validate_model(
     for i, split in enumerate(plan):
         if on_split is not None:
             on_split(i, len(plan), split)
-        run = run_and_capture(info.path, tokens.tolist(), split, checker.want, settings)
+        run = run_and_capture(info, tokens.tolist(), split, checker.want, settings)
         checker.compare(run, checks)
     for layer, reasons in checker.uncompared(n_tokens).items():
         checks.setdefault(layer, LayerCheck(layer)).uncompared.extend(reasons)
