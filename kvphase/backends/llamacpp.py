@@ -57,7 +57,7 @@ class LlamaCppBackend:
         import llama_cpp
 
         self._lc = llama_cpp
-        info = as_model_info(model)
+        info = self.info = as_model_info(model)  # a twin with a graph tap opens the same (conform.ties)
         self.model_path = info.path
         self.n_gpu_layers = n_gpu_layers  # a twin with a graph tap opens the same (conform.ties)
         self._model = engine.load_model(info, n_gpu_layers=n_gpu_layers)

@@ -113,7 +113,7 @@ def tapped(backend) -> Iterator:
     if backend.tap_point is not None:
         yield backend
         return
-    twin = type(backend)(backend.model_path, n_ctx=backend.n_ctx, n_threads=backend.n_threads,
+    twin = type(backend)(backend.info, n_ctx=backend.n_ctx, n_threads=backend.n_threads,
                          n_batch=backend.n_batch, flash_attn=backend.flash_attn, cache_type=backend.cache_type,
                          n_gpu_layers=backend.n_gpu_layers, head_tap=True)
     try:

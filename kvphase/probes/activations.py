@@ -138,12 +138,12 @@ def engine_windows(info, contexts: Sequence[Sequence[int]], sources: Sequence[Ga
     from kvphase.engines.capture import EngineSettings, by_name, run_and_capture
     from kvphase.gguf.tensors import read_model_tensor
 
-    apes = {s.tensor: read_model_tensor(info.path, s.tensor) for s in sources}  # (S, C) each
+    apes = {s.tensor: read_model_tensor(info, s.tensor) for s in sources}  # (S, C) each
     names = sorted({captured_node(info.architecture, s) for s in sources})
     frames = []
     for index, tokens in enumerate(contexts):
         split = [min(MAX_CAPTURE_BATCH, len(tokens) - i) for i in range(0, len(tokens), MAX_CAPTURE_BATCH)]
-        run = run_and_capture(info.path, list(tokens), split, by_name(names),
+        run = run_and_capture(info, list(tokens), split, by_name(names),
                               EngineSettings(n_ctx=len(tokens), n_threads=n_threads))
         for source in sources:
             weights, first = engine_weights(info, run, source, apes[source.tensor])  # (n_windows, W, C), (n_windows,)

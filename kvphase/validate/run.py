@@ -13,7 +13,7 @@ from kvphase.engines.capture import EngineSettings, run_and_capture
 from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.limits import check_llama_limits
-from kvphase.gguf.modelinfo import read_model_info
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info, read_model_info
 from kvphase.validate.common import FamilyCheck
 from kvphase.validate.dsv4 import DSV4Check
 from kvphase.validate.kpool import KPoolCheck
@@ -65,7 +65,7 @@ FAMILIES: dict[str, Callable[..., FamilyCheck]] = {"kpool": KPoolCheck, "msa": M
 
 
 def validate_model(
-    model: str | Path,
+    model: str | Path | ModelInfo,
     n_tokens: int | None = None,
     seed: int = DEFAULT_SEED,
     splits: Sequence[Sequence[int]] | None = None,
@@ -83,7 +83,7 @@ def validate_model(
     whole context where that is shorter.
     `on_split(index, count, split)` is called before each batch split runs.
     """
-    info = read_model_info(model)
+    info = as_model_info(model)
     family = info.compression.family
     if family not in FAMILIES:
         raise PlanError(
@@ -138,11 +138,12 @@ def validate_file(model: str | Path, n_tokens: int | None = None, seed: int = DE
     from kvphase.engines.llamacpp import check_threads
     from kvphase.gguf.header_only import require_weights
 
-    require_weights(model, "validate")  # a header-only file is refused before anything is said or planned
+    info = read_model_info(model)
+    require_weights(info.header, "validate")  # a header-only file is refused before anything is said or planned
     threads = default_threads() if threads is None else threads  # 0 is refused, not read as "the default"
     check_threads(threads)
     settings = EngineSettings(n_threads=threads, n_gpu_layers=gpu_layers)
-    return validate_model(model, n_tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
+    return validate_model(info, n_tokens, seed, splits, tolerances, settings, perturb, cache, on_split=on_split)
 
 
 def _round_up(n: int, multiple: int) -> int:
