@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install test bench bench-quick clean llama-server
+.PHONY: demo install test test-durations bench bench-quick clean llama-server
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,12 +49,12 @@ llama-server: $(LLAMA)
 # the extras install (one core, mostly unpacking) beside the server's build; then one pytest
 # worker per CPU, each pinned to its own (tests/conftest.py); a module runs whole on one worker,
 # so its module-scoped fixtures (a real model's sweep, a server) are made once; the longest
-# modules first, as conftest.py orders them (xdist would order by number of tests).
+# modules first, as measured in tests/durations.json (xdist would order by number of tests).
 # $(WAITING) mostly wait: for fake servers' timeouts (measured: 41 s of wall time, 5 CPU-s), for
 # hostile servers' deadlines (59 s, 16 CPU-s) and for llama-servers (163 s, 130 CPU-s), so they run in
 # a pytest of their own beside the workers, on the first CPU (one llama.cpp thread, as on a worker),
 # rather than idling a worker; their output follows
-WAITING := tests/test_server.py tests/test_hostile_servers.py tests/test_server_real.py
+WAITING := tests/backends/test_server.py tests/backends/test_hostile_servers.py tests/backends/test_server_real.py
 FIRST_CPU := $(shell command -v taskset >/dev/null && echo taskset -c 0)
 test: $(LLAMA)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
@@ -62,6 +62,11 @@ test: $(LLAMA)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 $(addprefix --ignore=,$(WAITING)); \
 	status=$$?; wait $$waiting; waited=$$?; echo "== $(WAITING), beside them:"; cat $$log; rm -f $$log; \
 	[ $$status -eq 0 ] && [ $$waited -eq 0 ]
+
+# the run order's measurements: the suite as `make test` runs it, each module's seconds written into
+# tests/durations.json (tests/conftest.py reads it); commit the file
+test-durations: $(STAMP) llama-server
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --store-durations $(addprefix --ignore=,$(WAITING))
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power bench_conform bench_selection bench_query_phases
 

@@ -9,13 +9,13 @@ A document holds a generated table between two markers:
 `python scripts/claims.py` rewrites every such block in README.md, docs/, reports/README.md (the index of
 the studies) and the study pages beside it (reports/study-*.md), and, run without documents, the pages a
 study script derives from run folders (DERIVED: reports/trained/fixes/fixes.md);
-`--check` only compares (exit 1 naming each block that differs); tests/test_claims.py runs the
+`--check` only compares (exit 1 naming each block that differs); tests/project/test_claims.py runs the
 check. Every number in a block is read from a summary.json, config.json or manifest.json (a sweep's
 accuracies recomputed from its residues' counts, so that nothing is rounded twice), and
 each row's verdict is the report's own class (`Summary.verdict`, printed as it is: no list of
 verdicts is kept here). Prose around a block is written by hand and holds no measured number, no
 verdict word and no retired method word of its own (`hand_numbers`, `verdict_words`, tested in
-tests/test_claims.py); `--audit` prints the sentences outside blocks that name a run folder, for a
+tests/project/test_claims.py); `--audit` prints the sentences outside blocks that name a run folder, for a
 reviewer to read against it.
 """
 
@@ -1797,7 +1797,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 naming each block that differs")
     parser.add_argument("--hand-numbers", action="store_true",
                         help="list, by document and line, the measured-looking numbers the prose holds outside its "
-                             "blocks (tests/test_claims.py allows none)")
+                             "blocks (tests/project/test_claims.py allows none)")
     parser.add_argument("--audit", action="store_true",
                         help="print, for each document, the sentences outside its generated blocks that name a run "
                              "folder, for a reviewer to read against it")

@@ -1,7 +1,7 @@
 """docs/commands.md: every kvphase command's `--help`, as the command prints it.
 
 `python scripts/commands_doc.py` rewrites the page; `--check` only compares and exits 1 when the
-page differs from what the commands print now (tests/test_docs.py runs the check), so the
+page differs from what the commands print now (tests/project/test_docs.py runs the check), so the
 reference cannot fall behind an option added, renamed or given another default.
 
 The help is rendered at a fixed width without colour, so the page is the same on every terminal.

@@ -3,7 +3,7 @@
 Damaged GGUF files (truncations, random byte flips, targeted header edits) under
 `inspect` and `sweep`, crafted files and odd paths, damaged tiny models under `validate`,
 damaged run folders under `report`, resume and `compare`, abusive options, hostile servers
-(`tests/hostile_servers.py`: endless, trickling, looping, oversized, holding another model) under
+(`tests/helpers/hostile_servers.py`: endless, trickling, looping, oversized, holding another model) under
 `sweep`, `conform`, `header` and `inspect`, and wrong types through the Python API. Every trial
 runs `python -m kvphase.cli ...` (an API trial: `python -c CODE`, which prints the library's error
 in one line) as its own process and is classified:
@@ -23,7 +23,7 @@ not turn a slow start into a "hang"; on an idle machine the two are the same.
 
 Seeds: the default model (SmolLM2-135M-Instruct), a tiny llama carrying its tokenizer (so a
 sweep on a damaged copy that still loads takes a second, not a minute) and the `make-tiny`
-models; crafted files come from `tests/gguf_corpus.py`. The same --seed builds the same
+models; crafted files come from `tests/helpers/gguf_corpus.py`. The same --seed builds the same
 files. Work files live in a temporary folder removed at the end.
 """
 
@@ -55,7 +55,7 @@ sys.path.insert(0, str(REPO))
 from kvphase.defaults import default_model_path  # noqa: E402
 from kvphase.gguf.remote import REQUEST_DEADLINE  # noqa: E402
 from kvphase.gguf.tiny import TINY_ARCHS, write_tiny_model  # noqa: E402
-from tests.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, layout, patched,  # noqa: E402
+from tests.helpers.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, layout, patched,  # noqa: E402
                                u32)
 
 OUTCOMES = ("ok", "clean error", "traceback", "native crash", "hang", "rows differ")
@@ -477,7 +477,7 @@ class Campaign:
 
     # -- damaged training folders
     def training(self) -> list[Case]:
-        from tests.test_train_folders import DAMAGE
+        from tests.train.test_train_folders import DAMAGE
 
         good = self.work / "good-training"
         outcome, detail = run_cli(["train", "dense", str(good), *TRAIN], 300, self.work)
@@ -594,7 +594,7 @@ class Campaign:
         """Each mode under each command that reads a server or a URL; a case is a hang past twice its
         deadline (HOSTILE_START_S for the command's start besides). The servers stay up to the end."""
         from kvphase.conform.references import DEFAULT_REFERENCES
-        from tests.hostile_servers import MODES, HostileServer
+        from tests.helpers.hostile_servers import MODES, HostileServer
 
         models = {reference.name: reference.model for reference in DEFAULT_REFERENCES}
         model, other = models["csa-disjoint"], models["csa-top4"]  # one tokenizer, other facts

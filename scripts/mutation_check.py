@@ -41,27 +41,27 @@ STAT_POWER, STAT_INTERVALS = "kvphase/statistics/power.py", "kvphase/statistics/
 POSITIONS, LAYOUT, RUN = "kvphase/sweep/positions.py", "kvphase/sweep/layout.py", "kvphase/sweep/run.py"
 LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
 VREPORT, VCLI, VOPTIONS = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py", "kvphase/validate/options.py"
-T_ANALYSIS, T_STRAT, T_PROBES = "tests/test_analysis.py", "tests/test_stratified.py", "tests/test_probes.py"
-T_DESIGN, T_RUN, T_SCORING = "tests/test_design_statistics.py", "tests/test_run.py", "tests/test_scoring.py"
-T_VERDICT, T_COMPARE = "tests/test_validate_verdict.py", "tests/test_compare.py"
+T_ANALYSIS, T_STRAT, T_PROBES = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_probes.py"
+T_DESIGN, T_RUN, T_SCORING = "tests/statistics/test_design_statistics.py", "tests/sweep/test_run.py", "tests/backends/test_scoring.py"
+T_VERDICT, T_COMPARE = "tests/validate/test_validate_verdict.py", "tests/sweep/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout_hooks.py", "kvphase/engines/taps.py"
-CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/test_train_csa.py"
-T_GLM = "tests/test_train_glm5.py"
+CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/train/test_train_csa.py"
+T_GLM = "tests/train/test_train_glm5.py"
 REFERENCE = "kvphase/backends/reference.py"
 PROBE_FOLDER, RUN_FOLDER = "kvphase/probes/folder.py", "kvphase/runfolder/files.py"
-T_PROBE_DAMAGE = "tests/test_probe_gates.py::test_report_refuses_a_damaged_probe_folder_in_one_line"
-T_IN_TURN = "tests/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
-T_GAPS = "tests/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
+T_PROBE_DAMAGE = "tests/probes/test_probe_gates.py::test_report_refuses_a_damaged_probe_folder_in_one_line"
+T_IN_TURN = "tests/reference/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
+T_GAPS = "tests/sweep/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
 TRANSPORT, FLEET = "kvphase/backends/transport.py", "kvphase/backends/fleet.py"
-T_SERVER = "tests/test_server.py"
+T_SERVER = "tests/backends/test_server.py"
 TRAIN_RUN, TRAIN_LOOP = "kvphase/train/run.py", "kvphase/train/loop.py"
-T_SIGNALS = "tests/test_train.py::test_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped"
-T_TRAIN_FOLDERS = "tests/test_train_folders.py"
-T_CACHE = "tests/test_train.py::test_training_keeps_its_compilations_where_the_user_wants_them"
-T_CACHE_FILLED = "tests/test_train.py::test_a_training_run_fills_the_compilation_cache"
-T_TAP = "tests/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
-T_SLOT_TAP = "tests/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
-T_SLOT_MEANS = "tests/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
+T_SIGNALS = "tests/train/test_train.py::test_signals_during_training_each_keep_a_valid_checkpoint_and_the_run_ends_as_if_never_stopped"
+T_TRAIN_FOLDERS = "tests/train/test_train_folders.py"
+T_CACHE = "tests/train/test_train.py::test_training_keeps_its_compilations_where_the_user_wants_them"
+T_CACHE_FILLED = "tests/train/test_train.py::test_a_training_run_fills_the_compilation_cache"
+T_TAP = "tests/engines/test_knockout_llamacpp.py::test_head_outputs_of_a_multi_token_query_are_read_and_written_as_the_reference_computes_them"
+T_SLOT_TAP = "tests/engines/test_knockout_llamacpp.py::test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase"
+T_SLOT_MEANS = "tests/engines/test_knockout_llamacpp.py::test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves"
 
 CALIBRATE = "kvphase/sweep/calibrate.py"
 
@@ -114,19 +114,19 @@ MUTATIONS = [
     Mutation("server-same-url-twice", FLEET, "        if one.http.url in seen:", "        if False:",
              (T_SERVER + "::test_cli_the_same_server_twice_is_one_line",)),
     Mutation("rows-residue-unchecked", "kvphase/runfolder/rows.py", '("residue", rows["residue"].to_numpy() != position',
-             '("residue", 0 * rows["residue"].to_numpy() != 0 * position', ("tests/test_planned_rows.py",)),
+             '("residue", 0 * rows["residue"].to_numpy() != 0 * position', ("tests/sweep/test_planned_rows.py",)),
     Mutation("rows-counts-unchecked", "kvphase/runfolder/rows.py", "seen >= plan.per_residue,", "seen > plan.per_residue,",
-             ("tests/test_planned_rows.py",)),
+             ("tests/sweep/test_planned_rows.py",)),
     Mutation("matched-means-tolerance-doubled", POSITIONS, "MEAN_TOLERANCE = 0.5 ", "MEAN_TOLERANCE = 1.0 ",
-             ("tests/test_odd_inputs.py",)),
+             ("tests/gguf/test_odd_inputs.py",)),
     Mutation("matched-means-small-groups-bound-doubled", POSITIONS, "bound = modulus / 2 if n < modulus",
-             "bound = modulus if n < modulus", ("tests/test_odd_inputs.py",)),
+             "bound = modulus if n < modulus", ("tests/gguf/test_odd_inputs.py",)),
     Mutation("smallest-context-one-short", LAYOUT, "return first + m - 1 + below_highest",
-             "return first + m - 2 + below_highest", ("tests/test_nearest_values.py",)),
+             "return first + m - 2 + below_highest", ("tests/sweep/test_nearest_values.py",)),
     Mutation("smallest-detect-too-small", "kvphase/sweep/plan.py", "smallest = smallest if fits(smallest) else high",
-             "smallest = low", ("tests/test_nearest_values.py",)),
+             "smallest = low", ("tests/sweep/test_nearest_values.py",)),
     Mutation("special-token-last-id-refused", "kvphase/gguf/limits.py", "not 0 <= value < n_vocab)",
-             "not 0 <= value < n_vocab - 1)", ("tests/test_odd_inputs.py",)),
+             "not 0 <= value < n_vocab - 1)", ("tests/gguf/test_odd_inputs.py",)),
     # statistics
     Mutation("report-intervals-90", STATS, "low, high = wilson_interval(hits, n)",
              "low, high = wilson_interval(hits, n, z=1.6448536269514722)", (T_ANALYSIS,)),
@@ -262,7 +262,7 @@ MUTATIONS = [
              'scores_tol: float = typer.Option(Tolerances.scores_rel * 100,', (T_VERDICT,)),
     Mutation("keys-tolerance-100x", VOPTIONS, "keys_abs: float = 1e-5", "keys_abs: float = 1e-3", (T_VERDICT,)),
     Mutation("mismatched-sets-ignored", VREPORT, "        if self.mismatched:", "        if False:",
-             ("tests/test_validate.py::test_deepseek4_rolled_ape_fails",), slow=True),
+             ("tests/validate/test_validate.py::test_deepseek4_rolled_ape_fails",), slow=True),
     # the deepseek4-layout training (issue 18): export, the numpy reference, the probes' backend
     Mutation("csa-disjoint-rows-kept", CSA_EXPORT, "kv[:hd], gate[:hd], ape[:, :hd] = 0.0, 0.0, MASKED",
              "kv[:hd], gate[:hd] = 0.0, 0.0", (T_CSA + "::test_llamacpp_runs_the_trained_layout_as_trained",), slow=True),
@@ -295,29 +295,34 @@ MUTATIONS = [
     # issue 22 item 6: threads for the CPUs granted, and training's compilation cache
     Mutation("threads-default-to-every-cpu-of-the-machine", "kvphase/defaults.py",
              "return len(os.sched_getaffinity(0))", "return os.cpu_count() or 1",
-             ("tests/test_cli.py::test_threads_default_to_the_cpus_the_process_may_use",), slow=True),
-    Mutation("validate-threads-zero-read-as-the-default", "kvphase/validate/run.py",
+VREPORT, VCLI, VOPTIONS = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py", "kvphase/validate/options.py"
+T_ANALYSIS, T_STRAT, T_PROBES = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_probes.py"
+T_DESIGN, T_RUN, T_SCORING = "tests/statistics/test_design_statistics.py", "tests/sweep/test_run.py", "tests/backends/test_scoring.py"
+T_VERDICT, T_COMPARE = "tests/validate/test_validate_verdict.py", "tests/sweep/test_compare.py"
+KNOCKOUT, TAPS = "kvphase/probes/knockout_hooks.py", "kvphase/engines/taps.py"
+CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/train/test_train_csa.py"
+T_GLM = "tests/train/test_train_glm5.py"
              "threads = default_threads() if threads is None else threads", "threads = threads or default_threads()",
-             ("tests/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",), slow=True),
+             ("tests/validate/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",), slow=True),
     Mutation("compilations-never-kept", TRAIN_LOOP, '    jax.config.update("jax_compilation_cache_dir", str(folder))\n',
              "", (T_CACHE, T_CACHE_FILLED), slow=True),
     Mutation("compile-cache-overrides-the-users-choice", TRAIN_LOOP,
              "    if jax.config.jax_compilation_cache_dir:\n        return\n", "", (T_CACHE,)),
     # --calibrate
     Mutation("pilot-scores-the-sweeps-own-contexts", CALIBRATE, "seed=plan.seed + PILOT_SEED_OFFSET)", "seed=plan.seed)",
-             ("tests/test_calibrate.py::test_the_pilot_scores_no_context_the_sweep_scores",)),
+             ("tests/sweep/test_calibrate.py::test_the_pilot_scores_no_context_the_sweep_scores",)),
     Mutation("pilot-budget-unchecked", CALIBRATE, "    if spent + tokens_of(pilot) > PILOT_BUDGET * sweep_tokens:",
-             "    if False:", ("tests/test_calibrate.py::test_the_budget_stops_a_walk_whose_next_step_would_cost_more"
+             "    if False:", ("tests/sweep/test_calibrate.py::test_the_budget_stops_a_walk_whose_next_step_would_cost_more"
                                "_than_it_allows",)),
     Mutation("calibrated-folder-runs-a-second-pilot", CALIBRATE,
              'return held if held.calibration.get("requested") == _request(plan, band, knobs) else None',
-             "return None", ("tests/test_calibrate.py::test_the_calibration_round_trips_through_config_json_and_a_"
+             "return None", ("tests/sweep/test_calibrate.py::test_the_calibration_round_trips_through_config_json_and_a_"
                              "rerun_reuses_it",)),
     Mutation("walk-stops-at-the-bands-edge", CALIBRATE, "    low, high = band.middle\n    for level in levels:",
              "    low, high = band\n    for level in levels:",
-             ("tests/test_calibrate.py::test_a_step_at_the_edge_of_the_band_walks_on_to_its_middle",)),
+             ("tests/sweep/test_calibrate.py::test_a_step_at_the_edge_of_the_band_walks_on_to_its_middle",)),
     Mutation("walk-goes-on-past-the-band", CALIBRATE, "        if step.accuracy <= high if above else step.accuracy >= low:",
-             "        if low <= step.accuracy <= high:", ("tests/test_calibrate.py::test_a_walk_that_crosses_the_band_"
+             "        if low <= step.accuracy <= high:", ("tests/sweep/test_calibrate.py::test_a_walk_that_crosses_the_band_"
                                                         "takes_the_step_nearest_it_that_the_budget_allows",)),
 ]
 

@@ -22,7 +22,9 @@ def _pin_xdist_worker() -> None:
 _pin_xdist_worker()
 
 import faulthandler  # noqa: E402
+import json  # noqa: E402
 import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -62,24 +64,46 @@ def tiny_deepseek4(default_model, tmp_path_factory):
     return write_tiny_model("deepseek4", tmp_path_factory.mktemp("ds4") / "tiny-ds4.gguf", tokenizer_from=default_model)
 
 
-# Modules longest first (a cold `make test`'s per-module wall time: 160 s down to 5 s on one CPU),
-# the rest after them: under `pytest -n 2 --dist loadfile` each worker takes the next module when it
-# runs dry, so the last ones to start are short and neither worker waits long for the other at the
-# end (collected alphabetically, test_train_csa.py's minute came last)
-LONGEST_FIRST = ("test_train.py", "test_docs.py", "test_train_csa.py", "test_train_glm5.py",
-                 "test_default_sweep.py", "test_reference_model.py", "test_full_disk_probes.py",
-                 "test_tokenizer_fit.py", "test_full_disk.py", "test_stride_all.py", "test_watchdog.py",
-                 "test_cli.py", "test_run.py", "test_calibrate.py", "test_train_gated_start.py",
-                 "test_knockout_llamacpp.py", "test_query_phases.py", "test_tiny_sweeps.py", "test_wheel.py", "test_offsets.py",
-                 "test_scoring.py", "test_train_copy.py", "test_density.py", "test_density_statistics.py",
-                 "test_dry_run.py", "test_probe_knockout.py", "test_cache_type.py", "test_selection.py",
-                 "test_python_api.py", "test_fuzz.py", "test_header_only.py", "test_claims.py", "test_memory.py",
-                 "test_probe_activations.py", "test_cowa.py", "test_header_remote.py", "test_theory.py")
+# Modules longest first, as measured: under `pytest -n 2 --dist loadfile` each worker takes the next
+# module when it runs dry, so the last ones to start are short and neither worker waits long for the
+# other at the end. tests/durations.json holds each module's seconds (setup, call and teardown of its
+# tests) from a real run; `--store-durations` writes it again (docs/development.md, "Tests").
+DURATIONS = Path(__file__).parent / "durations.json"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write each module's measured seconds into {DURATIONS.name}, for the run order")
+
+
+def _module(item_or_report, root: Path) -> str:
+    path = getattr(item_or_report, "path", None)
+    return path.relative_to(root).as_posix() if path else item_or_report.nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: the rest keep their order
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    # stable: modules not measured yet come last, in the order they were collected
+    items.sort(key=lambda item: -seconds.get(_module(item, config.rootpath), -1.0))
+
+
+class _Durations:
+    """Sums each module's test durations as the reports arrive (from every xdist worker, on the controller)."""
+
+    def __init__(self, root: Path):
+        self.root, self.seconds = root, {}
+
+    def pytest_runtest_logreport(self, report):
+        module = _module(report, self.root)
+        self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        if hasattr(session.config, "workerinput"):  # a worker: the controller writes
+            return
+        kept = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+        kept.update({module: round(s, 1) for module, s in self.seconds.items()})
+        kept = {m: s for m, s in kept.items() if (self.root / m).is_file()}  # modules moved or removed go
+        DURATIONS.write_text(json.dumps(dict(sorted(kept.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
 # A test that hangs fails instead (SIGALRM in pytest's main thread, where every test runs): the
@@ -90,6 +114,8 @@ DEFAULT_TIME_LIMIT_S = 1800.0
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "time_limit(seconds): fail the test when it runs longer than this")
+    if config.getoption("store_durations"):
+        config.pluginmanager.register(_Durations(config.rootpath), "kvphase-durations")
 
 
 @pytest.hookimpl(hookwrapper=True)

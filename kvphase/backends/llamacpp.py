@@ -12,7 +12,7 @@ own sequence and removed again (`engines.llamacpp.SPARSE_NEEDS_FLASH_ONE_STREAM`
 
 One query per decode: with several queries' sequences in one batch, llama.cpp 0.3.36
 gave some queries log-probabilities up to 0.19 away from the same query scored as its
-own prompt (tests/test_scoring.py checks the equality). scripts/batched_queries_repro.py
+own prompt (tests/backends/test_scoring.py checks the equality). scripts/batched_queries_repro.py
 narrows it: without flash attention in a unified cache, every sequence of the batch but the
 first moves (the default model); with flash attention, or one stream per sequence, none does;
 and one batch saved under a tenth of the queries' decode time there (their decode is compute-

@@ -25,7 +25,7 @@ entries, not positions: glm5-next lays out the pools of every sequence one after
 sees its own sequence's pools as one run of visible slots; deepseek4's visible entries start at
 slot 0. So the n-th visible slot is the sequence's n-th pool or entry, positions
 [n * unit, (n + 1) * unit) from the sequence's start at position 0: `units` counts from the
-first visible slot. tests/test_selection.py checks this against the numpy reference.
+first visible slot. tests/sweep/test_selection.py checks this against the numpy reference.
 """
 
 from __future__ import annotations

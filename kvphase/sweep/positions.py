@@ -140,7 +140,7 @@ def _spread_keeping_choice(anchors: np.ndarray, k: int, modulus: int, refine: bo
     of two targets, leave the first choice several percent off).
 
     "Just above the middle" is pinned by outcome, not by a test of its own: the plans'
-    fingerprints (tests/test_reproducibility.py) fix every position, and the moments are
+    fingerprints (tests/sweep/test_reproducibility.py) fix every position, and the moments are
     checked on every plan. Anchors sit on the M grid, so their deviations from the mean come
     in pairs symmetric about it, and "nearest the middle" picks the same anchors: on both
     fingerprinted plans (7 large choices each) the two rules differ nowhere, which is why

@@ -32,7 +32,7 @@ denominator, the same for every target at a given query position; its first `hin
 also train the induction hint (`induction_hint`), without which it never learned the task.
 (Compress ratio 0 on every layer, the plain dense layout, kills llama.cpp 0.3.36 with
 SIGFPE: it needs at least one ratio-4 layer; measured.) The export is `kvphase/train/export_deepseek4.py`;
-tests/test_train_csa.py checks this forward equals llama.cpp's on the exported file.
+tests/train/test_train_csa.py checks this forward equals llama.cpp's on the exported file.
 Arrays are (batch, ...) throughout; shape comments name the axes.
 """
 

@@ -36,7 +36,7 @@ of the first indexer head's q . k (unscaled; one head, as MLA has one KV group),
 own block always kept (local_blocks 1), and the top `top_k` other blocks read exactly;
 distilled as k-pool's indexer is. llama.cpp's glm5-next computes k-pool, not this: the
 reference runs glm-msa files (`kvphase/reference/glm5.py`). The export is `kvphase/train/export_glm5.py`;
-tests/test_train_glm5.py checks this forward equals llama.cpp's on the exported file.
+tests/train/test_train_glm5.py checks this forward equals llama.cpp's on the exported file.
 """
 
 from __future__ import annotations

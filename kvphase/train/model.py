@@ -26,7 +26,7 @@ reads a chunked-compressed cache:
   projection): said plainly in docs/training.md.
 
 The numpy truth is `kvphase/designs/gatedpool.py` (with stride 1 for "rolling"; and `meanpool.py`, `kpool.py`, `cowindow.py`) run by
-`kvphase/reference/gpt2.py`; tests/test_train.py checks this forward equals it to 1e-4.
+`kvphase/reference/gpt2.py`; tests/train/test_train.py checks this forward equals it to 1e-4.
 Arrays are (batch, ...) throughout; shape comments name the axes.
 """
 
