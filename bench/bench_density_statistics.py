@@ -38,7 +38,7 @@ import numpy as np
 CONTEXT_SD = 1.0  # logits
 ACCURACY, DIPPED_ACCURACY = 0.65, 0.45  # every residue, and residue 0 in the runs with a gap
 CONTEXT_COUNTS = (4, 8, 16, 32)
-DESIGNS = [(8, 32), (8, 160), (8, 672), (4, 2), (4, 32), (4, 160), (4, 672)]  # (M, targets per context)
+PLAN_SHAPES = [(8, 32), (8, 160), (8, 672), (4, 2), (4, 32), (4, 160), (4, 672)]  # (M, targets per context)
 LOWEST = 50  # first token a target may take
 
 
@@ -105,10 +105,10 @@ def coverage(residues: np.ndarray, contexts: np.ndarray, modulus: int, runs: int
 def false_positive_rate(residues: np.ndarray, contexts: np.ndarray, modulus: int, runs: int, seed: int,
                         permutations: int) -> tuple[float, float]:
     """Share of null runs the report's accuracy test rejects at ALPHA, and the share that took permutations."""
-    from kvphase.statistics.stratified import ALPHA, Design, stratified_p_values
+    from kvphase.statistics.stratified import ALPHA, Stratification, stratified_p_values
 
     outcomes = simulate(residues, contexts, np.full(modulus, ACCURACY), runs, np.random.default_rng(seed + 1))
-    p, exact = stratified_p_values(outcomes, Design.of(residues, contexts), binary=True, seed=seed,
+    p, exact = stratified_p_values(outcomes, Stratification.of(residues, contexts), binary=True, seed=seed,
                                    permutations=permutations)
     return float((p < ALPHA).mean()), float(exact.mean())
 
@@ -127,7 +127,7 @@ def main() -> None:
     print("| design | contexts | targets | gap CI coverage of the gap on its contexts % | mean CI coverage % | CMH FPR % | "
           "null runs by permutation % | median gap CI width (points) |")
     print("|---|---|---|---|---|---|---|---|")
-    for modulus, per_context in DESIGNS:
+    for modulus, per_context in PLAN_SHAPES:
         for n_contexts in CONTEXT_COUNTS:
             residues, contexts = placed(modulus, per_context, n_contexts)
             seed = 1_000 * modulus + per_context + n_contexts

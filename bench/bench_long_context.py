@@ -2,7 +2,7 @@
 
 On the default model (SmolLM2-135M, 8192-token training context) one real sweep context of
 `--context` tokens (8128 = 8192 less the 64 kvphase keeps for the query, built by
-`build_probes` as `kvphase sweep` builds it) is timed, interleaved and best of `--repeats`:
+`build_contexts` as `kvphase sweep` builds it) is timed, interleaved and best of `--repeats`:
 
 - raw: llama.cpp's prompt processing of those tokens in a context of its own (the memory
   cleared before each pass), decoded in chunks of n_batch through `kvphase.engines.llamacpp`
@@ -80,9 +80,9 @@ def density_rows(lengths: list[int], threads: int, budget: float) -> None:
     16 targets per context against the default density, from one context timed with its queries."""
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.layout import Layout
-    from kvphase.sweep.probe_settings import AUTO_DENSITY, TASK_DENSITY, ProbeSettings
+    from kvphase.sweep.context_settings import AUTO_DENSITY, TASK_DENSITY, ContextSettings
     from kvphase.sweep.strides import planned_dip
     from kvphase.sweep.tasks import load_task
 
@@ -92,9 +92,9 @@ def density_rows(lengths: list[int], threads: int, budget: float) -> None:
     for length in lengths:
         backend = LlamaCppBackend(default_model_path(), n_ctx=length + QUERY_ROOM, n_threads=threads)
         task = load_task("records")
-        lanes = Layout.of(task, backend, ProbeSettings(length, 4, 8, 1, "prefix", 0, AUTO_DENSITY)).lanes
-        context = build_probes(task, backend, ProbeSettings(length, 4, 8, lanes, "prefix", 0, AUTO_DENSITY))[0]
-        task_lanes = len(build_probes(task, backend, ProbeSettings(length, 4, 8, 16, "prefix", 0, TASK_DENSITY))[0].targets)
+        lanes = Layout.of(task, backend, ContextSettings(length, 4, 8, 1, "prefix", 0, AUTO_DENSITY)).lanes
+        context = build_contexts(task, backend, ContextSettings(length, 4, 8, lanes, "prefix", 0, AUTO_DENSITY))[0]
+        task_lanes = len(build_contexts(task, backend, ContextSettings(length, 4, 8, 16, "prefix", 0, TASK_DENSITY))[0].targets)
         backend.score(list(context.tokens[:BACKEND_BATCH]), [])  # warm-up
         seconds_context, seconds_queries = sweep_context(backend, list(context.tokens),
                                                          [t.query for t in context.targets])
@@ -129,8 +129,8 @@ def _resident_after(backend, tokens, queries) -> tuple[float, float]:
 def main() -> int:
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path, default_threads
-    from kvphase.sweep.contexts import build_probes
-    from kvphase.sweep.probe_settings import ProbeSettings
+    from kvphase.sweep.contexts import build_contexts
+    from kvphase.sweep.context_settings import ContextSettings
     from kvphase.sweep.tasks import load_task
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,7 +151,7 @@ def main() -> int:
     model_path = default_model_path()
     n_ctx = args.context + QUERY_ROOM
     backend = LlamaCppBackend(model_path, n_ctx=n_ctx, n_threads=args.threads)  # as `kvphase sweep` opens it
-    context = build_probes(load_task("records"), backend, ProbeSettings(args.context, 4, 8, 32, "prefix", seed=0))[0]
+    context = build_contexts(load_task("records"), backend, ContextSettings(args.context, 4, 8, 32, "prefix", seed=0))[0]
     tokens, queries = list(context.tokens), [t.query for t in context.targets]
     raws = {b: RawPrompt(backend._model, n_ctx, b, args.threads) for b in batches}
 

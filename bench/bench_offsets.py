@@ -24,7 +24,7 @@ FIXES = {"offsets 2 (mean)": dict(offsets=2), "offsets 4 (mean)": dict(offsets=4
 def main() -> None:
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.sweep.backend_setup import open_backend
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.offsets import ShiftedScorer, offset_plan_from_options
     from kvphase.sweep.plan import SweepDefaults, SweepPlan
     from kvphase.sweep.tasks import load_task
@@ -49,7 +49,7 @@ def main() -> None:
         shift_by = "window" if plan.backend == "reference" else "prefix"
         with open_backend(plan, info, threads=1) as backend:
             task = load_task(plan.task)
-            contexts = build_probes(task, backend, plan.probe_settings)[:2 if args.quick else None]
+            contexts = build_contexts(task, backend, plan.context_settings)[:2 if args.quick else None]
             filler = backend.tokenize(task.filler_text)
 
             def plain() -> None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from bench_density_statistics import CONTEXT_SD, intercepts, placed, simulate
 
-DESIGNS = [("1K default", 8, 32, 24), ("8K", 8, 328, 8), ("16K", 8, 504, 8), ("trained, 1 per context", 4, 1, 1024)]
+PLAN_SHAPES = [("1K default", 8, 32, 24), ("8K", 8, 328, 8), ("16K", 8, 504, 8), ("trained, 1 per context", 4, 1, 1024)]
 ACCURACIES = (0.02, 0.10, 0.50, 0.90, 0.98)
 PERMUTATIONS = 1_000  # the report's test takes 4,000; at alpha = 0.05 a thousand decide the same
 
@@ -48,10 +48,10 @@ def one_cell(residues, contexts, modulus, base, runs, seed) -> dict:
     from kvphase.statistics.intervals import mean_coverage
     from kvphase.sweep.analysis import context_intervals, what_the_run_can_see
     from kvphase.sweep.report import SHORT_COVERAGE
-    from kvphase.statistics.stratified import Design
+    from kvphase.statistics.stratified import Stratification
 
     rng = np.random.default_rng(seed)
-    design = Design.of(residues, contexts)
+    stratification = Stratification.of(residues, contexts)
     found = {"share": 0, "logit": 0}
     printed = null_held = dipped_held = mean_held = said_short = 0
     dips = []
@@ -61,7 +61,7 @@ def one_cell(residues, contexts, modulus, base, runs, seed) -> dict:
         mean_ci, gap_ci, seen = what_the_run_can_see(correct, residues, contexts, seed + run)
         null_held += gap_ci[0] <= 0 <= gap_ci[1]
         mean_held += mean_ci[0] <= 100 * base <= mean_ci[1]
-        coverage = mean_coverage(correct, design, contexts, seed + run)
+        coverage = mean_coverage(correct, stratification, contexts, seed + run)
         said_short += coverage is not None and coverage < SHORT_COVERAGE
         if seen.dip is None:
             continue
@@ -72,13 +72,13 @@ def one_cell(residues, contexts, modulus, base, runs, seed) -> dict:
         # accuracy falls by the dip on average (to 0 when the printed dip exceeds the true accuracy)
         shared = np.where(dipped, rates * max(1 - seen.dip / base, 0.0), rates)  # (N,)
         outcome = (rng.random(len(rates)) < shared).astype(float)
-        found["share"] += rejects(outcome, design, run)
+        found["share"] += rejects(outcome, stratification, run)
         _, gap_ci = context_intervals(outcome, residues, contexts, seed + run)
         planted_gap = 100 * (rates[dipped].mean() - shared[dipped].mean())  # the dipped residue's expected loss here
         dipped_held += gap_ci[0] <= planted_gap <= gap_ci[1]
         accuracies = np.full(modulus, base)  # the same mean dip as a shift on the logit scale instead
-        accuracies[list(design.labels).index(seen.residue)] = max(base - seen.dip, 1e-6)
-        found["logit"] += rejects(simulate(residues, contexts, accuracies, 1, rng)[0], design, run)
+        accuracies[list(stratification.labels).index(seen.residue)] = max(base - seen.dip, 1e-6)
+        found["logit"] += rejects(simulate(residues, contexts, accuracies, 1, rng)[0], stratification, run)
     return {"printed": printed / runs, "power": found["share"] / printed if printed else math.nan,
             "logit": found["logit"] / printed if printed else math.nan,
             "dip": float(np.median(dips)) if dips else math.nan, "null_gap": null_held / runs,
@@ -94,11 +94,11 @@ def context_rates(contexts: np.ndarray, base: float, rng: np.random.Generator) -
     return special.expit(intercepts(np.array([base]))[0] + effects[contexts])
 
 
-def rejects(outcome: np.ndarray, design, seed: int) -> bool:
+def rejects(outcome: np.ndarray, stratification, seed: int) -> bool:
     """The report's accuracy test at ALPHA (chi-square law, or permutations where counts are small)."""
     from kvphase.statistics.stratified import ALPHA, stratified_p_values
 
-    p, _ = stratified_p_values(outcome[None], design, binary=True, seed=seed, permutations=PERMUTATIONS)
+    p, _ = stratified_p_values(outcome[None], stratification, binary=True, seed=seed, permutations=PERMUTATIONS)
     return bool(p[0] < ALPHA)
 
 
@@ -119,7 +119,7 @@ def main() -> None:
           "power of the printed dip % | as a logit shift % | gap CI covers 0 (no effect) % | "
           "gap CI covers the planted dip % | mean CI covers % | reports saying the mean CI falls short % |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, modulus, per_context, n_contexts in DESIGNS:
+    for name, modulus, per_context, n_contexts in PLAN_SHAPES:
         residues, contexts = placed(modulus, per_context, n_contexts)
         for base in accuracies:
             cell = one_cell(residues, contexts, modulus, base, runs, seed=int(1000 * base) + n_contexts)

@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.contexts import build_contexts
 from kvphase.sweep.positions import query_phase
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.context_settings import ContextSettings
 from kvphase.statistics.context_units import ContextUnits, interaction_test, query_phase_test
-from kvphase.statistics.stratified import Design, stratified_p_values
+from kvphase.statistics.stratified import Stratification, stratified_p_values
 from kvphase.sweep.query_phases import with_query_residue
 
 M = 8
-DESIGNS = {"1K default: 3 rounds of 8 contexts x 32": (3, 32), "8K default: 1 round of 8 contexts x 256": (1, 256),
+PLAN_SHAPES = {"1K default: 3 rounds of 8 contexts x 32": (3, 32), "8K default: 1 round of 8 contexts x 256": (1, 256),
            "4 rounds of 8 contexts x 64": (4, 64)}
 
 
@@ -54,13 +54,13 @@ def simulated(rounds: int, lanes: int, rng: np.random.Generator, query_dip: floa
 
 def false_positive_rates(runs: int) -> pd.DataFrame:
     out = []
-    for name, (rounds, lanes) in DESIGNS.items():
+    for name, (rounds, lanes) in PLAN_SHAPES.items():
         rng = np.random.default_rng(61)
         residue, query, interaction = [], [], []
         for seed in range(runs):
             dipped = with_query_residue(simulated(rounds, lanes, rng, query_dip=1.0), M)
-            design = Design.of(dipped["residue"].to_numpy(), dipped["context"].to_numpy())
-            p, _ = stratified_p_values(dipped["correct"].to_numpy(dtype=float)[None, :], design, binary=True,
+            stratification = Stratification.of(dipped["residue"].to_numpy(), dipped["context"].to_numpy())
+            p, _ = stratified_p_values(dipped["correct"].to_numpy(dtype=float)[None, :], stratification, binary=True,
                                        seed=seed, permutations=500)
             residue.append(p[0] < 0.05)
             interaction.append(interaction_test(ContextUnits.of(dipped, M), seed).p_value)
@@ -89,10 +89,10 @@ def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "t
         backend = LlamaCppBackend(path, n_ctx=context + M + 64, n_threads=default_threads())
         plans = {}
         for varied in (False, True):
-            settings = ProbeSettings(context, 4, M, 32, "prefix", 0, "auto", varied)
-            lanes = len(build_probes(load_task("records"), backend, settings)[0].targets)
-            settings = ProbeSettings(context, 4, M, lanes, "prefix", 0, "auto", varied)
-            plans[varied] = build_probes(load_task("records"), backend, settings)[:n_contexts]
+            settings = ContextSettings(context, 4, M, 32, "prefix", 0, "auto", varied)
+            lanes = len(build_contexts(load_task("records"), backend, settings)[0].targets)
+            settings = ContextSettings(context, 4, M, lanes, "prefix", 0, "auto", varied)
+            plans[varied] = build_contexts(load_task("records"), backend, settings)[:n_contexts]
         backend.score(plans[False][0].tokens, [t.query for t in plans[False][0].targets])  # warm-up, not timed
         spent = {False: 0.0, True: 0.0}
         for repeat in range(repeats):  # context by context, the two plans alternating, so load drifts hit both

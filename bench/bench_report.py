@@ -58,7 +58,7 @@ def main() -> None:
     from kvphase.sweep.run import load_results
     from kvphase.statistics.intervals import bootstrap_gaps
     from kvphase.statistics.power import detectable_dip
-    from kvphase.statistics.stratified import Design, stratified_test
+    from kvphase.statistics.stratified import Stratification, stratified_test
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=65_536, help="results in the large run (one run holds at most 65,536)")
@@ -73,15 +73,15 @@ def main() -> None:
             results = load_results(folder)
             correct, logprob = results["correct"].to_numpy(float), results["logprob"].to_numpy(float)
             residues, contexts = results["residue"].to_numpy(), results["context"].to_numpy()
-            design = Design.of(residues, contexts)
+            stratification = Stratification.of(residues, contexts)
             build_report(folder)  # warm-up: imports, fonts
             table.append((len(results), {
                 "whole report": best_time(lambda: build_report(folder), repeats),
-                "test, correct": best_time(lambda: stratified_test(correct, design, binary=True), repeats),
-                "test, log-probability (permutations)": best_time(lambda: stratified_test(logprob, design, binary=False), repeats),
+                "test, correct": best_time(lambda: stratified_test(correct, stratification, binary=True), repeats),
+                "test, log-probability (permutations)": best_time(lambda: stratified_test(logprob, stratification, binary=False), repeats),
                 "bootstrap of the gap": best_time(lambda: bootstrap_gaps(correct, residues, contexts), repeats),
-                "power": best_time(lambda: detectable_dip(correct, design), repeats),
-                "coverage of the mean's interval": best_time(lambda: mean_coverage(correct, design, contexts), repeats),
+                "power": best_time(lambda: detectable_dip(correct, stratification), repeats),
+                "coverage of the mean's interval": best_time(lambda: mean_coverage(correct, stratification, contexts), repeats),
             }))
     (n_small, small_times), (n_large, large_times) = table
     print(f"kvphase report, best of {repeats}: {n_small} rows against {n_large} rows")

@@ -28,7 +28,7 @@ def main() -> None:
     from kvphase.engines.llama_server import find_llama_server, llama_server, rpc_options, rpc_server
     from kvphase.gguf.modelinfo import read_model_info
     from kvphase.sweep.backend_setup import open_backend
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.plan import SweepPlan, query_room
     from kvphase.sweep.tasks import load_task
 
@@ -48,7 +48,7 @@ def main() -> None:
     binary = find_llama_server()
     with ExitStack() as stack:
         local = stack.enter_context(open_backend(plan, info, threads=1))
-        contexts = build_probes(load_task(plan.task), local, plan.probe_settings)[:args.contexts]
+        contexts = build_contexts(load_task(plan.task), local, plan.context_settings)[:args.contexts]
         jobs = [(c.tokens, [t.query for t in c.targets]) for c in contexts]
         targets = sum(len(queries) for _, queries in jobs)
         running = [stack.enter_context(llama_server(info.path, binary=binary, threads=1, slots=1,

@@ -52,18 +52,18 @@ def measure(args, length: int, first) -> None:
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path
     from kvphase.engines.llamacpp import high_level_llama
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.layout import Layout
-    from kvphase.sweep.probe_settings import ProbeSettings
+    from kvphase.sweep.context_settings import ContextSettings
     from kvphase.sweep.tasks import load_task
 
     args.context = length
     model = default_model_path()
     backend = LlamaCppBackend(model, n_ctx=args.context + 64, n_threads=args.threads)
-    task, settings = load_task("records"), ProbeSettings(args.context, 4, 8, 1, "prefix", 0, args.targets_per_context)
+    task, settings = load_task("records"), ContextSettings(args.context, 4, 8, 1, "prefix", 0, args.targets_per_context)
     lanes = Layout.of(task, backend, settings).lanes
-    settings = ProbeSettings(args.context, 4, 8, args.per_residue or lanes, "prefix", 0, args.targets_per_context)
-    contexts = build_probes(task, backend, settings)[:first]
+    settings = ContextSettings(args.context, 4, 8, args.per_residue or lanes, "prefix", 0, args.targets_per_context)
+    contexts = build_contexts(task, backend, settings)[:first]
     targets = [(c, t) for c in contexts for t in c.targets]
     backend.score(contexts[-1].tokens[:512], [])  # warm-up: page in the weights (not a context that is timed)
 

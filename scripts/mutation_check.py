@@ -41,7 +41,7 @@ STAT_POWER, STAT_INTERVALS = "kvphase/statistics/power.py", "kvphase/statistics/
 POSITIONS, LAYOUT, RUN = "kvphase/sweep/positions.py", "kvphase/sweep/layout.py", "kvphase/sweep/run.py"
 LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
 VREPORT, VCLI, VOPTIONS = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py", "kvphase/validate/options.py"
-T_ANALYSIS, T_STRAT, T_PROBES = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_probes.py"
+T_ANALYSIS, T_STRAT, T_CONTEXTS = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_contexts.py"
 T_DESIGN, T_RUN, T_SCORING = "tests/statistics/test_design_statistics.py", "tests/sweep/test_run.py", "tests/backends/test_scoring.py"
 T_VERDICT, T_COMPARE = "tests/validate/test_validate_verdict.py", "tests/sweep/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout_hooks.py", "kvphase/engines/taps.py"
@@ -51,7 +51,7 @@ REFERENCE = "kvphase/backends/reference.py"
 PROBE_FOLDER, RUN_FOLDER = "kvphase/probes/folder.py", "kvphase/runfolder/files.py"
 T_PROBE_DAMAGE = "tests/probes/test_probe_gates.py::test_report_refuses_a_damaged_probe_folder_in_one_line"
 T_IN_TURN = "tests/reference/test_reference_model.py::test_contexts_scored_in_turn_equal_each_scored_afresh"
-T_GAPS = "tests/sweep/test_probes.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
+T_GAPS = "tests/sweep/test_contexts.py::test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1"
 TRANSPORT, FLEET = "kvphase/backends/transport.py", "kvphase/backends/fleet.py"
 T_SERVER = "tests/backends/test_server.py"
 TRAIN_RUN, TRAIN_LOOP = "kvphase/train/run.py", "kvphase/train/loop.py"
@@ -89,8 +89,8 @@ MUTATIONS = [
     Mutation("server-timeout-named-as-other", TRANSPORT, "problem = _describe(exc) if not isinstance(exc, TimeoutError)",
              "problem = _describe(exc) if True", (T_SERVER,)),
     Mutation("server-first-contact-waits-the-whole-timeout", TRANSPORT,
-             "limit = self._retry.timeout_s if self._answered else min(self._retry.timeout_s, FIRST_CONTACT_S)",
-             "limit = self._retry.timeout_s", (T_SERVER,)),
+             "limit = self._retry.request_timeout if self._answered else min(self._retry.request_timeout, FIRST_CONTACT_S)",
+             "limit = self._retry.request_timeout", (T_SERVER,)),
     # issue 56: a silent server, the fleet's failover, rows against the plan, nearest values
     Mutation("server-silent-taken-for-alive", TRANSPORT, "            return True\n        except (OSError, http.client",
              "            return True\n        except ZeroDivisionError:  # (OSError, http.client", (T_SERVER,)),
@@ -157,7 +157,7 @@ MUTATIONS = [
              "return float(min(successes.min(), (table.sum(axis=0) - successes).min()))",
              "return float(successes.min())", (T_STRAT,)),
     Mutation("expected-counts-from-the-pooled-rate", STRAT,
-             "rate = np.bincount(design.strata, weights=correct) / table.sum(axis=1)  # (H,)",
+             "rate = np.bincount(stratification.strata, weights=correct) / table.sum(axis=1)  # (H,)",
              "rate = np.full(len(table), correct.mean())  # (H,)", (T_STRAT,)),
     Mutation("balanced-asks-every-residue-of-every-context", STRAT,
              "return bool(all(len(set(row[row > 0])) == 1 for row in table))",
@@ -173,19 +173,19 @@ MUTATIONS = [
     # and means stay exact): SDs 1.7% apart, inside the planner's own 2% check
     Mutation("sd-drift", POSITIONS, "slots[r] = anchors + r - modulus * shifted  # (n,)",
              "slots[r] = anchors + r - modulus * shifted + modulus * np.round((anchors - anchors.mean()) * r / "
-             "(480 * modulus)).astype(int)", (T_PROBES,)),
+             "(480 * modulus)).astype(int)", (T_CONTEXTS,)),
     Mutation("no-residue-rotation", POSITIONS, "residue = (lane + c) % modulus", "residue = lane % modulus",
-             (T_PROBES, T_DESIGN)),
+             (T_CONTEXTS, T_DESIGN)),
     Mutation("rounds-not-multiples-of-m", POSITIONS, "t = t // modulus * modulus if t >= modulus else t",
-             "t = t", (T_PROBES,)),
+             "t = t", (T_CONTEXTS,)),
     Mutation("phase-mod-m", LAYOUT, "Target(first_target_id + i, index, p, p % m, p % s,",
-             "Target(first_target_id + i, index, p, p % m, p % m,", (T_PROBES,)),
+             "Target(first_target_id + i, index, p, p % m, p % m,", (T_CONTEXTS,)),
     Mutation("in-sequence-gaps-short-of-m-minus-1", LAYOUT, "gap = int(rng.integers(self.settings.modulus))",
              "gap = int(rng.integers(self.settings.modulus - 1))", (T_GAPS,)),
     Mutation("in-sequence-gaps-never-0", LAYOUT, "gap = int(rng.integers(self.settings.modulus))",
              "gap = int(rng.integers(1, self.settings.modulus))", (T_GAPS,)),
     Mutation("mean-not-cancelled", POSITIONS, "slots[r] = anchors + r - modulus * shifted",
-             "slots[r] = anchors + r", (T_PROBES,)),
+             "slots[r] = anchors + r", (T_CONTEXTS,)),
     # scoring
     Mutation("chunk-restart", LLAMA, "(t, start + i, CONTEXT_SEQ, False)", "(t, i, CONTEXT_SEQ, False)",
              (T_SCORING,), slow=True),
@@ -296,7 +296,7 @@ MUTATIONS = [
     Mutation("threads-default-to-every-cpu-of-the-machine", "kvphase/defaults.py",
              "return len(os.sched_getaffinity(0))", "return os.cpu_count() or 1",
 VREPORT, VCLI, VOPTIONS = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py", "kvphase/validate/options.py"
-T_ANALYSIS, T_STRAT, T_PROBES = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_probes.py"
+T_ANALYSIS, T_STRAT, T_CONTEXTS = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_contexts.py"
 T_DESIGN, T_RUN, T_SCORING = "tests/statistics/test_design_statistics.py", "tests/sweep/test_run.py", "tests/backends/test_scoring.py"
 T_VERDICT, T_COMPARE = "tests/validate/test_validate_verdict.py", "tests/sweep/test_compare.py"
 KNOCKOUT, TAPS = "kvphase/probes/knockout_hooks.py", "kvphase/engines/taps.py"

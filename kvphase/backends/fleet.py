@@ -299,8 +299,8 @@ def _next(done: queue.Queue):
 
 
 def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kind, urls: Sequence[str] = (),
-                        slots: int | None = None, request_timeout_s: float = Retry.timeout_s,
-                        deadline_s: float | None = None, allow_model_mismatch: bool = False) -> ServerBackend:
+                        slots: int | None = None, request_timeout: float = Retry.request_timeout,
+                        deadline: float | None = None, allow_model_mismatch: bool = False) -> ServerBackend:
     """Servers at `urls` checked against the model file's vocabulary and the facts of its model
     (read locally, no weights); the deadline's clock starts here."""
     from kvphase.engines.llamacpp import Vocab
@@ -309,10 +309,10 @@ def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kin
         raise PlanError(f"unknown server engine {engine!r}; expected one of {', '.join(ENGINES)}")
     if not urls:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    for option, seconds in (("--request-timeout", request_timeout_s), ("--deadline", deadline_s)):
+    for option, seconds in (("--request-timeout", request_timeout), ("--deadline", deadline)):
         if seconds is not None:
             check_seconds(option, seconds)
-    retry = Retry(timeout_s=request_timeout_s, deadline_s=deadline_s)
+    retry = Retry(request_timeout=request_timeout, deadline=deadline)
     engines = [ENGINES[engine](url, retry) for url in urls]
     seen: dict[str, str] = {}
     for url, one in zip(urls, engines):

@@ -29,26 +29,26 @@ from kvphase.errors import BackendError, PlanError
 class Retry:
     """How long to keep trying a server that does not answer.
 
-    `timeout_s` bounds each request, from sending it to the last byte of its answer;
-    `deadline_s` bounds every request of the run together, from when this record is made
+    `request_timeout` bounds each request, from sending it to the last byte of its answer;
+    `deadline` bounds every request of the run together, from when this record is made
     (None: no bound). Either one, when hit, is named in the error."""
 
     attempts: int = 6  # tries per request before giving up
     first_wait_s: float = 0.25  # wait after the first failure, doubled after each next one
-    timeout_s: float = 300.0  # per request: a long context on a slow machine takes a while
-    deadline_s: float | None = None
+    request_timeout: float = 300.0  # per request: a long context on a slow machine takes a while
+    deadline: float | None = None
     started: float = field(default_factory=time.monotonic, compare=False)
 
     def __post_init__(self) -> None:
-        finite = math.isfinite(self.timeout_s) and (self.deadline_s is None or math.isfinite(self.deadline_s))
-        if self.attempts < 1 or self.first_wait_s < 0 or self.timeout_s <= 0 or not finite or (
-                self.deadline_s is not None and self.deadline_s <= 0):
-            raise ValueError(f"Retry expects attempts >= 1, first_wait_s >= 0, finite timeout_s > 0 and "
-                             f"deadline_s > 0, got {self}")
+        finite = math.isfinite(self.request_timeout) and (self.deadline is None or math.isfinite(self.deadline))
+        if self.attempts < 1 or self.first_wait_s < 0 or self.request_timeout <= 0 or not finite or (
+                self.deadline is not None and self.deadline <= 0):
+            raise ValueError(f"Retry expects attempts >= 1, first_wait_s >= 0, finite request_timeout > 0 and "
+                             f"deadline > 0, got {self}")
 
     def seconds_left(self) -> float:
         """Until the deadline (infinite without one)."""
-        return math.inf if self.deadline_s is None else self.deadline_s - (time.monotonic() - self.started)
+        return math.inf if self.deadline is None else self.deadline - (time.monotonic() - self.started)
 
 
 class DeadlinePassed(BackendError):
@@ -150,9 +150,9 @@ class Http:
                 wait *= 2
             left = self._retry.seconds_left()
             if left <= 0:
-                raise DeadlinePassed(f"the --deadline of {self._retry.deadline_s:g} s passed while waiting for "
+                raise DeadlinePassed(f"the --deadline of {self._retry.deadline:g} s passed while waiting for "
                                      f"{self.url}" + (f" ({problem})" if problem else ""))
-            limit = self._retry.timeout_s if self._answered else min(self._retry.timeout_s, FIRST_CONTACT_S)
+            limit = self._retry.request_timeout if self._answered else min(self._retry.request_timeout, FIRST_CONTACT_S)
             timeout = min(limit, left)
             patience = self.pace.patience(timeout) if self._answered else timeout
             started = time.monotonic()
@@ -165,10 +165,10 @@ class Http:
             except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, cut mid-answer
                 self._drop_connection()
                 if isinstance(exc, TimeoutError) and timeout < limit:
-                    raise DeadlinePassed(f"the --deadline of {self._retry.deadline_s:g} s passed while waiting for "
+                    raise DeadlinePassed(f"the --deadline of {self._retry.deadline:g} s passed while waiting for "
                                          f"{self.url}{path} to answer") from None
                 problem = _describe(exc) if not isinstance(exc, TimeoutError) else (
-                    f"no answer within --request-timeout {limit:g} s" if limit == self._retry.timeout_s
+                    f"no answer within --request-timeout {limit:g} s" if limit == self._retry.request_timeout
                     else f"no first answer within {limit:g} s")
                 continue
             self._answered = True

@@ -36,7 +36,7 @@ def conform(
                                             "log-probability may move (the random-weight references' check)."),
     threads: Optional[int] = typer.Option(None, help="CPU threads for llama.cpp; default the CPUs this process may use."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
-                                                    f"server: the longest one request may take; default {Retry.timeout_s:g}."),
+                                                    f"server: the longest one request may take; default {Retry.request_timeout:g}."),
     out: Optional[Path] = typer.Option(None, callback=own_folder, help="Run folder; default reports/conform-<backend>."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary line."),
 ) -> None:

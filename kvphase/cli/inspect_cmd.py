@@ -33,7 +33,7 @@ def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its he
           if info.needed_size is not None else []),
         ("parameters", f"{info.n_params / 1e6:,.1f} M"),
         ("quantization", info.quantization),
-        ("layers", str(info.n_layers)),
+        ("layers", str(info.n_layer)),
         ("context length", f"{info.context_length} tokens"),
         ("tokenizer", f"{info.tokenizer_model}, {info.vocab_size} tokens"),
         ("compression", info.compression.describe()),

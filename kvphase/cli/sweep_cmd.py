@@ -25,7 +25,7 @@ from kvphase.sweep.notices import Notice
 from kvphase.sweep.options import PADDINGS, SweepOptions, parse_options
 from kvphase.sweep.plan import CONTROL_STRIDE, DEFAULT_DETECT, TRAINED_PER_RESIDUE, SweepDefaults
 from kvphase.sweep.planning import stride_plan_lines
-from kvphase.sweep.probe_settings import MIN_CONTEXTS
+from kvphase.sweep.context_settings import MIN_CONTEXTS
 from kvphase.sweep.run import SweepProgress
 from kvphase.sweep.strides import ALL
 from kvphase.sweep.tasks import available_tasks
@@ -82,7 +82,7 @@ def sweep(
     engine: ServerEngine = typer.Option(SweepOptions.engine, help="--backend server: llama-server, or an "
                                         "OpenAI-compatible engine with prompt logprobs (vLLM)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
-                                                    f"server: the longest one request may take; default {Retry.timeout_s:g}."),
+                                                    f"server: the longest one request may take; default {Retry.request_timeout:g}."),
     deadline: Optional[float] = typer.Option(None, "--deadline", metavar="SECONDS", help="--backend server: stop "
                                              "after this long in all (finished contexts are kept); default none."),
     allow_model_mismatch: bool = typer.Option(False, "--allow-model-mismatch", help="--backend server: score a "

@@ -67,7 +67,7 @@ class Prepared:
     reference: Reference
     info: ModelInfo
     plan: SweepPlan
-    contexts: list  # ProbeContext, the first whole rounds of the folder's plan
+    contexts: list  # Context, the first whole rounds of the folder's plan
     committed: pd.DataFrame  # the folder's results.csv
     committed_cis: dict  # residue -> the folder's 95% interval (percent)
 
@@ -93,7 +93,7 @@ def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
     """The reference's plan retargeted to its file and the chosen engine, and the contexts it
     builds, checked against the folder (RunFolderError, ModelFileError) before any engine starts."""
     from kvphase.engines.llamacpp import Vocab
-    from kvphase.sweep.contexts import build_probes, plan_fingerprint
+    from kvphase.sweep.contexts import build_contexts, plan_fingerprint
     from kvphase.sweep.run import load_manifest, load_plan, load_results, model_sha256
     from kvphase.sweep.tasks import load_task
 
@@ -105,7 +105,7 @@ def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
                              f"(sha256 differs from {reference.folder / 'manifest.json'}'s); restore it")
     info = read_model_info(reference.model)
     plan = replace(load_plan(reference.folder), model=str(reference.model))
-    contexts = build_probes(load_task(plan.task), Vocab.load(info), plan.probe_settings)
+    contexts = build_contexts(load_task(plan.task), Vocab.load(info), plan.context_settings)
     recorded = load_manifest(reference.folder).get("plan_sha256")
     if recorded and recorded != plan_fingerprint(contexts):
         raise RunFolderError(f"reference {reference.name}: this kvphase builds other contexts from "
@@ -138,7 +138,7 @@ def engine_plan(prepared: Prepared, choice: EngineChoice) -> tuple[SweepPlan, di
     plan = replace(prepared.plan, backend="llama.cpp", backend_options={})
     connect = server_connection(choice.backend, choice.backend_settings)
     if choice.backend == "reference":
-        return with_reference_design(plan, "trained", {}, prepared.info.n_layers), connect
+        return with_reference_design(plan, "trained", {}, prepared.info.n_layer), connect
     return with_backend(plan, connect, choice.backend_settings), connect
 
 
@@ -204,7 +204,7 @@ def served_references(references: tuple[Reference, ...], choice: EngineChoice) -
     from kvphase.backends.dialects import ENGINES, ModelFacts, served_model_mismatch
     from kvphase.backends.transport import Retry
 
-    retry = Retry() if choice.request_timeout is None else Retry(timeout_s=choice.request_timeout)
+    retry = Retry() if choice.request_timeout is None else Retry(request_timeout=choice.request_timeout)
     held = set()
     for url in choice.urls:
         try:

@@ -62,11 +62,11 @@ def memory_need(model: str | Path | ModelInfo, n_ctx: int, n_batch: int = 512, c
     header = as_model_info(model).header
     meta = Metadata(header)
     arch = meta.text("general.architecture", "unknown")
-    n_layers = meta.integer(f"{arch}.block_count", 0)
+    n_layer = meta.integer(f"{arch}.block_count", 0)
     n_head = max(meta.integers(f"{arch}.attention.head_count", [0]) or [0])
     n_embd = meta.integer(f"{arch}.embedding_length", 0)
     head_dim = n_embd // n_head if n_head else 0
-    kv_heads = _per_layer(meta.integers(f"{arch}.attention.head_count_kv", [n_head]), n_layers)
+    kv_heads = _per_layer(meta.integers(f"{arch}.attention.head_count_kv", [n_head]), n_layer)
     width = meta.integer(f"{arch}.attention.key_length", head_dim) + meta.integer(f"{arch}.attention.value_length",
                                                                                   head_dim)
     kv = sum(kv_heads) * width * n_ctx * bytes_per_value(cache_type)
@@ -86,8 +86,8 @@ def bytes_per_value(cache_type: str) -> float:
     return size / values
 
 
-def _per_layer(values: list[int], n_layers: int) -> list[int]:
-    return values * n_layers if len(values) == 1 else values
+def _per_layer(values: list[int], n_layer: int) -> list[int]:
+    return values * n_layer if len(values) == 1 else values
 
 
 def available_memory() -> Available | None:

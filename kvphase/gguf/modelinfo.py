@@ -48,7 +48,7 @@ class ModelInfo:
     n_params: int
     quantization: str  # general.file_type, or the most common tensor type
     context_length: int  # the training context (n_ctx_train)
-    n_layers: int
+    n_layer: int
     tokenizer_model: str
     vocab_size: int
     compression: CompressionSpec
@@ -82,7 +82,7 @@ def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
     meta, tensors = Metadata(header), header.tensors
     arch = meta.text("general.architecture", "unknown")
     vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
-    n_layers = meta.integer(f"{arch}.block_count", 0)
+    n_layer = meta.integer(f"{arch}.block_count", 0)
     return ModelInfo(
         path=path,
         file_size=header.file_size,
@@ -91,18 +91,18 @@ def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
         n_params=sum(t.n_elements for t in tensors),
         quantization=_quantization(meta, tensors),
         context_length=meta.integer(f"{arch}.context_length", 0),
-        n_layers=n_layers,
+        n_layer=n_layer,
         tokenizer_model=meta.text("tokenizer.ggml.model", "unknown"),
         vocab_size=vocab,
-        compression=compression_spec(arch, meta, [t.name for t in tensors], n_layers),
+        compression=compression_spec(arch, meta, [t.name for t in tensors], n_layer),
         header=header,
-        trained=read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0)),
+        trained=read_trained_spec(meta, n_layer, meta.integer(f"{arch}.attention.head_count", 0)),
         weights_size=header.source_size,
         needed_size=header.needed_size,
     )
 
 
-def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layers: int) -> CompressionSpec:
+def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer: int) -> CompressionSpec:
     """The compression an architecture declares; `none` for architectures without one."""
     if arch == "glm5-next":
         kpool = meta.integer(f"{arch}.attention.indexer.kpool", 0)
@@ -123,8 +123,8 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
         )
     if arch == "deepseek4":
         ratios = meta.integers(f"{arch}.attention.compress_ratios", [])
-        if len(ratios) == 1 and n_layers > 1:
-            ratios = ratios * n_layers
+        if len(ratios) == 1 and n_layer > 1:
+            ratios = ratios * n_layer
         compressed = sorted({r for r in ratios if r > 1})
         return CompressionSpec(
             family="dsv4",
@@ -146,7 +146,7 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
                 "local_blocks": meta.integer(f"{arch}.attention.indexer.local_blocks", 0),
             },
         )
-    trained = read_trained_spec(meta, n_layers, meta.integer(f"{arch}.attention.head_count", 0))
+    trained = read_trained_spec(meta, n_layer, meta.integer(f"{arch}.attention.head_count", 0))
     if trained is not None and trained.design != "dense":
         params = {"design": trained.design, "local_window": trained.local_window, "offsets": trained.offsets,
                   "starts": [list(layer) for layer in trained.starts]}
@@ -160,7 +160,7 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
             params |= {"slice_length": trained.stride, "heads": n_head}
             stride = n_head * trained.stride
         return CompressionSpec(family=f"trained-{trained.design}", stride=stride,
-                               layers=tuple(range(n_layers)), params=params)
+                               layers=tuple(range(n_layer)), params=params)
     return CompressionSpec(family="none", stride=None)
 
 

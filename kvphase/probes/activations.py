@@ -174,14 +174,14 @@ def run_gate_activations(plan, backend, run_dir: Path, info, sources: Sequence[G
     """Build the plan's contexts, record the windows' gate weights of `sources` (`gates.find_sources`,
     `select_sources`) on the first `n_contexts`, write the folder."""
     from kvphase.probes import folder
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.tasks import load_task
 
     started, run_dir = time.time(), Path(run_dir)
     chosen = sorted({s.layer for s in sources})
     if n_contexts < 1:
         raise PlanError(f"--contexts must be at least 1, got {n_contexts}")
-    contexts = [c.tokens for c in build_probes(load_task(plan.task), backend, plan.probe_settings)][:n_contexts]
+    contexts = [c.tokens for c in build_contexts(load_task(plan.task), backend, plan.context_settings)][:n_contexts]
     config = {"probe": "gate-activations", "model": plan.model, "plan": asdict(plan), "layers": chosen,
               "contexts": len(contexts)}
     folder.start_folder(run_dir, config, [WINDOWS_FILE, FIGURE_FILE])

@@ -23,8 +23,8 @@ import pandas as pd
 from kvphase.backends.base import Backend, Query
 from kvphase.errors import PlanError
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
-from kvphase.sweep.contexts import build_probes
-from kvphase.sweep.layout import ProbeContext, Target
+from kvphase.sweep.contexts import build_contexts
+from kvphase.sweep.layout import Context, Target
 from kvphase.sweep.offsets import prefix_pad
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.records import RecordMaker
@@ -35,7 +35,7 @@ COLUMNS = ["target_id", "shift", "position", "phase", "query_pos", "logprob_righ
            "distractor", "margin", "correct"]
 
 
-def pick_targets(contexts: Sequence[ProbeContext], n_targets: int) -> list[tuple[ProbeContext, Target]]:
+def pick_targets(contexts: Sequence[Context], n_targets: int) -> list[tuple[Context, Target]]:
     """The first `n_targets` targets of the plan, in context order."""
     picked = [(c, t) for c in contexts for t in c.targets][:n_targets]
     if len(picked) < n_targets:
@@ -56,13 +56,13 @@ def distractors(records: RecordMaker, tokens: Sequence[int], target: Target) -> 
     return found
 
 
-def shifted(context: ProbeContext, target: Target, filler: Sequence[int], shift: int) -> list[int]:
+def shifted(context: Context, target: Target, filler: Sequence[int], shift: int) -> list[int]:
     """The context with `shift` filler tokens inserted right before the target record."""
     tokens = list(context.tokens)
     return tokens[: target.position] + list(filler[:shift]) + tokens[target.position :]
 
 
-def flip_rows(backend: Backend, records: RecordMaker, context: ProbeContext, target: Target, filler: Sequence[int],
+def flip_rows(backend: Backend, records: RecordMaker, context: Context, target: Target, filler: Sequence[int],
               n_shifts: int, stride: int) -> list[dict]:
     """One row per shift: logprobs of the right value and of the strongest distractor."""
     others = distractors(records, context.tokens, target)
@@ -92,7 +92,7 @@ def run_flip(plan: SweepPlan, backend: Backend, run_dir: Path, n_targets: int, c
     records = RecordMaker(task, backend)
     if not records.values:
         raise PlanError(f"task {task.name} generates its values; the flip probe needs a task with a value list")
-    picked = pick_targets(build_probes(task, backend, plan.probe_settings), n_targets)
+    picked = pick_targets(build_contexts(task, backend, plan.context_settings), n_targets)
     n_shifts = cycles * plan.stride
     filler = prefix_pad(backend.tokenize(task.filler_text), n_shifts)
     config = {"probe": "flip", "model": plan.model, "plan": asdict(plan), "targets": n_targets, "cycles": cycles}

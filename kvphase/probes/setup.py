@@ -16,7 +16,7 @@ from kvphase.options_check import check_record
 from kvphase.sweep.backend_setup import (BackendSettings, open_backend, refuse_trained_compressor, with_gpu_layers,
                                          with_reference_design)
 from kvphase.sweep.notices import Say, log_notice
-from kvphase.sweep.probe_settings import AUTO_DENSITY
+from kvphase.sweep.context_settings import AUTO_DENSITY
 from kvphase.sweep.plan import CONTROL_STRIDE, SweepDefaults, SweepPlan, make_plan, query_room
 
 PROBE_CONTEXT = 512  # tokens before every query, where the model was not trained by kvphase
@@ -78,7 +78,7 @@ def probe_plan(info: ModelInfo, stride: Optional[int], options: ProbeOptions, ba
                      padding=defaults.padding, task=options.task or defaults.task, seed=options.seed,
                      targets_per_context=density)
     if backend == "reference":
-        plan = with_reference_design(plan, design or defaults.design, design_options or {}, info.n_layers)
+        plan = with_reference_design(plan, design or defaults.design, design_options or {}, info.n_layer)
     elif design not in (None, "dense") or design_options:
         raise PlanError("--design and --option apply to --backend reference only")
     return with_gpu_layers(plan, BackendSettings(gpu_layers=options.gpu_layers), say)

@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from kvphase.statistics.stratified import Design
+from kvphase.statistics.stratified import Stratification
 
 BOOTSTRAPS = 2_000
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -114,36 +114,36 @@ def small_sample_widening(n_contexts: int, level: float = 0.95) -> float:
 GAP_DRAWS = 20_000  # normal draws for the simultaneous intervals' critical value (fixed seed; its SE about 0.03)
 
 
-def gap_interval(outcome: np.ndarray, design: Design, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
+def gap_interval(outcome: np.ndarray, stratification: Stratification, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """The gap's interval (points) from simultaneous intervals on every pairwise difference between
     residue accuracies: with every difference d_rs inside d_rs +- c se_rs at once (c: the `level`
     quantile of the largest |Z_r - Z_s| / se_rs over pairs, Z the residue means' normal law), the gap,
     max |d_rs|, lies in [max (|d_rs| - c se_rs), max (|d_rs| + c se_rs)]. The lower end can be 0 or
     less (the data allow no gap at all); it is reported as computed.
 
-    The standard errors come from the variance within each context (a stratum of `design`), as the
+    The standard errors come from the variance within each context (a stratum of `stratification`), as the
     test's do: a context's effect moves all of its residues alike and leaves their differences. A
     bootstrap of the best - worst difference over whole contexts (the interval kvphase printed before)
     does not cover near 0, and resampling 8 contexts misjudges the spread: its interval held a true gap
     of 0 in 70-82% of simulated runs without an effect (bench/bench_power.py)."""
     y = np.asarray(outcome, dtype=float)  # (N,)
-    table = design.counts  # (H, G)
+    table = stratification.counts  # (H, G)
     size = table.sum(axis=1)  # (H,)
-    sums = np.bincount(design.strata, weights=y, minlength=len(table))  # (H,)
-    squares = np.bincount(design.strata, weights=y * y, minlength=len(table))  # (H,)
+    sums = np.bincount(stratification.strata, weights=y, minlength=len(table))  # (H,)
+    squares = np.bincount(stratification.strata, weights=y * y, minlength=len(table))  # (H,)
     spread = np.where(size > 1, np.clip(squares - sums**2 / size, 0, None) / np.maximum(size - 1, 1), 0.0)  # (H,)
     # a stratum all right or all wrong shows no spread, which would claim a gap known exactly: its variance
     # is taken no lower than that of its rate with half a target added each way (as Agresti-Coull do)
     settled = (sums + 0.5) / (size + 1)  # (H,)
     spread = np.maximum(spread, settled * (1 - settled))  # (H,)
     per_group = table.sum(axis=0)  # (G,)
-    accuracy = 100 * np.bincount(design.groups, weights=y, minlength=design.n_groups) / per_group  # (G,)
+    accuracy = 100 * np.bincount(stratification.groups, weights=y, minlength=stratification.n_groups) / per_group  # (G,)
     variance = 100**2 * (spread @ table) / per_group**2  # (G,) of each residue's accuracy
-    first, second = np.triu_indices(design.n_groups, k=1)  # (P,), (P,) each pair once
+    first, second = np.triu_indices(stratification.n_groups, k=1)  # (P,), (P,) each pair once
     shown = np.abs(accuracy[first] - accuracy[second])  # (P,)
     error = np.sqrt(variance[first] + variance[second])  # (P,)
     varies = error > 0
-    z = np.random.default_rng(seed).standard_normal((GAP_DRAWS, design.n_groups)) * np.sqrt(variance)  # (D, G)
+    z = np.random.default_rng(seed).standard_normal((GAP_DRAWS, stratification.n_groups)) * np.sqrt(variance)  # (D, G)
     largest = np.zeros(GAP_DRAWS)  # (D,) the largest studentized difference in each draw
     for start in range(0, len(first), 512):  # pairs in chunks: M = 128 has 8,128
         pair = slice(start, start + 512)
@@ -163,7 +163,7 @@ def basic_interval(samples: np.ndarray, observed: float, level: float = 0.95) ->
     return 2 * observed - high, 2 * observed - low
 
 
-def mean_intervals(correct: np.ndarray, design: Design, contexts: np.ndarray) -> np.ndarray:
+def mean_intervals(correct: np.ndarray, stratification: Stratification, contexts: np.ndarray) -> np.ndarray:
     """The mean accuracy's 95% interval (%) of each of R runs on one design, (R, 2) from `correct` (R, N):
     Wilson's score interval at the effective number of targets (n p (1 - p) / variance, at most n), the
     variance that of the mean over residues with whole contexts as the sampled units (each context's
@@ -176,11 +176,11 @@ def mean_intervals(correct: np.ndarray, design: Design, contexts: np.ndarray) ->
     n_contexts, n_targets = context_codes.max() + 1, correct.shape[1]
     if n_contexts < 2:
         return np.tile([0.0, 100.0], (len(correct), 1))  # one context: the mean's interval is unknown
-    cells = context_codes.ravel() * design.n_groups + design.groups  # (N,)
+    cells = context_codes.ravel() * stratification.n_groups + stratification.groups  # (N,)
     member = sparse.csr_matrix((np.ones(n_targets), (np.arange(n_targets), cells)),
-                               shape=(n_targets, n_contexts * design.n_groups))  # (N, H*G)
-    hits = np.asarray((member.T @ correct.T).T).reshape(len(correct), n_contexts, design.n_groups)  # (R, H, G)
-    sizes = np.asarray(member.sum(axis=0)).reshape(n_contexts, design.n_groups)  # (H, G)
+                               shape=(n_targets, n_contexts * stratification.n_groups))  # (N, H*G)
+    hits = np.asarray((member.T @ correct.T).T).reshape(len(correct), n_contexts, stratification.n_groups)  # (R, H, G)
+    sizes = np.asarray(member.sum(axis=0)).reshape(n_contexts, stratification.n_groups)  # (H, G)
     per_group = sizes.sum(axis=0)  # (G,)
     accuracy = hits.sum(axis=1) / per_group  # (R, G)
     share = ((hits - sizes * accuracy[:, None, :]) / per_group).mean(axis=2)  # (R, H) each context's part of the mean
@@ -196,7 +196,7 @@ COVERAGE_RUNS = 400  # runs simulated for a mean interval's coverage (its Monte 
 SIMULATED_CELLS = 1_000_000  # targets simulated at once (runs x targets): some 8 MB per array
 
 
-def mean_coverage(correct: np.ndarray, design: Design, contexts: np.ndarray, seed: int = 0,
+def mean_coverage(correct: np.ndarray, stratification: Stratification, contexts: np.ndarray, seed: int = 0,
                   runs: int = COVERAGE_RUNS) -> float | None:
     """How often the mean's interval holds the true mean in `runs` runs simulated like this one: its
     design, its mean accuracy, and contexts as varied as its own (a normal context effect on the logit
@@ -221,7 +221,7 @@ def mean_coverage(correct: np.ndarray, design: Design, contexts: np.ndarray, see
         effects = spread * rng.standard_normal((min(batch, runs - start), len(size)))  # (R', H)
         chance = special.expit(intercept + effects[:, context_codes])  # (R', N)
         simulated = (rng.random(chance.shape) < chance).astype(float)  # (R', N)
-        bounds = mean_intervals(simulated, design, contexts)  # (R', 2)
+        bounds = mean_intervals(simulated, stratification, contexts)  # (R', 2)
         held += int(np.sum((bounds[:, 0] <= 100 * p) & (100 * p <= bounds[:, 1])))
     return held / runs
 

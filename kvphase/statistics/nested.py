@@ -7,7 +7,7 @@ row therefore shows its CSA layers' stride-4 weak spot even when its HCA layers 
 
 - between phases: the residues pooled by position mod the inner stride;
 - within phases: the residues of one phase class against each other, with strata that never mix
-  classes (`Design.of(..., blocks=)`), so neither a context's level nor a phase's counts. Its
+  classes (`Stratification.of(..., blocks=)`), so neither a context's level nor a phase's counts. Its
   degrees of freedom are M - s: M / s - 1 in each of the s classes.
 
 An effect between phases and none within them is the inner stride's weak spot seen through the
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from kvphase.statistics.power import POWER, detectable_dip
-from kvphase.statistics.stratified import ALPHA, Design, StratifiedTest, p_text, stratified_test
+from kvphase.statistics.stratified import ALPHA, Stratification, StratifiedTest, p_text, stratified_test
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,11 @@ def read_nested(results: pd.DataFrame, stride: int, modulus: int, inner: int, se
     contexts = results["context"].to_numpy()  # (N,)
     phases = residues % inner  # (N,)
     accuracy = [100 * correct[phases == k].mean() for k in range(inner)]
-    within = Design.of(residues, contexts, blocks=phases)
+    within = Stratification.of(residues, contexts, blocks=phases)
     dip = detectable_dip(correct, within)
     return NestedReading(
         inner=inner, stride=stride, modulus=modulus, phase_accuracy=tuple(round(float(a), 2) for a in accuracy),
-        between=stratified_test(correct, Design.of(phases, contexts), binary=True, seed=seed),
+        between=stratified_test(correct, Stratification.of(phases, contexts), binary=True, seed=seed),
         within=stratified_test(correct, within, binary=True, seed=seed),
         within_dip=None if dip is None else round(100 * dip, 2))
 

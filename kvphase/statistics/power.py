@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvphase.statistics.stratified import ALPHA, Design, pseudo_inverse
+from kvphase.statistics.stratified import ALPHA, Stratification, pseudo_inverse
 
 POWER = 0.80
 WHOLE_ROUNDS_BELOW = 32  # moduli whose auto sample sizes are rounded to a multiple of M (per_residue_for_dip)
@@ -115,14 +115,14 @@ def hardest_groups(table: np.ndarray, base: np.ndarray) -> np.ndarray:
     return distinct[np.argsort(per_unit[distinct], kind="stable")][:POWER_CANDIDATES]
 
 
-def stratum_rates(outcome: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray]:
+def stratum_rates(outcome: np.ndarray, stratification: Stratification) -> tuple[np.ndarray, np.ndarray]:
     """Each stratum's accuracy (H,), its observed rate shrunk toward the run's by how little its own
     targets say (the beta-binomial's empirical Bayes weight tau^2 / (tau^2 + p (1 - p) / N_h), tau^2
     the spread of the strata's rates beyond what sampling gives): a context of two targets reads 0, 50
     or 100%, and taken at its word it would hold no dip at 0% and no variance at 100%. Also returns the
     weights (H,): how much of each rate is the stratum's own reading."""
-    size = design.counts.sum(axis=1)  # (H,)
-    observed = np.bincount(design.strata, weights=outcome, minlength=len(size)) / size  # (H,)
+    size = stratification.counts.sum(axis=1)  # (H,)
+    observed = np.bincount(stratification.strata, weights=outcome, minlength=len(size)) / size  # (H,)
     mean = float(outcome.mean())
     sampling = mean * (1 - mean) / size  # (H,) each observed rate's variance were all strata alike
     spread = max(float(np.average((observed - mean) ** 2, weights=size)) - float(np.average(sampling, weights=size)),
@@ -132,7 +132,7 @@ def stratum_rates(outcome: np.ndarray, design: Design) -> tuple[np.ndarray, np.n
     return weight * observed + (1 - weight) * mean, weight
 
 
-def detectable(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power: float = POWER,
+def detectable(outcome: np.ndarray, stratification: Stratification, alpha: float = ALPHA, power: float = POWER,
                seed: int = 0, room: float | None = None) -> Detectable:
     """The smallest one-residue dip the stratified test detects with `power`, computed under the
     alternative (the dipped residue's own variance, the test's variance as it would estimate it) at
@@ -142,12 +142,12 @@ def detectable(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power:
     interval, so that a run whose accuracy came out high by chance does not print a dip larger
     than the model's true accuracy."""
     y = np.asarray(outcome, dtype=float)  # (N,)
-    table = design.counts  # (H, G)
-    base, own_share = stratum_rates(y, design)  # (H,), (H,)
+    table = stratification.counts  # (H, G)
+    base, own_share = stratum_rates(y, stratification)  # (H,), (H,)
     mean = float(y.mean())
     largest = mean if room is None else min(max(room, 0.0), mean)
-    draws = np.random.default_rng(seed).standard_normal((POWER_DRAWS, design.n_groups))  # (D, G)
-    if largest == 0 or design.n_groups < 2:
+    draws = np.random.default_rng(seed).standard_normal((POWER_DRAWS, stratification.n_groups))  # (D, G)
+    if largest == 0 or stratification.n_groups < 2:
         return Detectable(None, largest, 0.0)
     candidates = hardest_groups(table, base)
     # a group whose contexts do worse than the run's (an unbalanced design) has less room: the same share of it
@@ -157,11 +157,11 @@ def detectable(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power:
                   for group in candidates]
     if min(at_largest) < power:
         weakest = int(np.argmin(at_largest))
-        return Detectable(None, largest, at_largest[weakest], int(design.labels[candidates[weakest]]))
+        return Detectable(None, largest, at_largest[weakest], int(stratification.labels[candidates[weakest]]))
     dips = [smallest_dip(lambda dip: dip_power(table, base, group, dip, own[group], draws, alpha, own_share),
                          room_of[group], power) for group in candidates]
     hardest = int(np.argmax(dips))
-    return Detectable(dips[hardest], largest, at_largest[hardest], int(design.labels[candidates[hardest]]))
+    return Detectable(dips[hardest], largest, at_largest[hardest], int(stratification.labels[candidates[hardest]]))
 
 
 def smallest_dip(power_of: Callable[[float], float], largest: float, power: float) -> float:
@@ -173,9 +173,9 @@ def smallest_dip(power_of: Callable[[float], float], largest: float, power: floa
     return high
 
 
-def detectable_dip(outcome: np.ndarray, design: Design, alpha: float = ALPHA, power: float = POWER) -> float | None:
+def detectable_dip(outcome: np.ndarray, stratification: Stratification, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """`detectable(...).dip`: the smallest one-residue dip (a fraction) found with `power`, or None."""
-    return detectable(outcome, design, alpha, power).dip
+    return detectable(outcome, stratification, alpha, power).dip
 
 
 def balanced_power(per_residue: int, modulus: int, dip: float, alpha: float = ALPHA,

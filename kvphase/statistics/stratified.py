@@ -35,7 +35,7 @@ RCOND = 1e-10
 
 
 @dataclass(frozen=True)
-class Design:
+class Stratification:
     """Which residue group and which stratum each scored target belongs to.
 
     A stratum is a context; contexts holding a single target carry no within-context
@@ -52,7 +52,7 @@ class Design:
                              f"{self.groups.shape} and {self.strata.shape}")
 
     @classmethod
-    def of(cls, residues, contexts, blocks=None) -> "Design":
+    def of(cls, residues, contexts, blocks=None) -> "Stratification":
         """With `blocks` (one code per target), strata never mix blocks: a stratum is one context's
         targets within one block, and the singletons of a block share a stratum of their own."""
         labels, groups = np.unique(np.asarray(residues), return_inverse=True)
@@ -102,20 +102,20 @@ def one_hot(codes: np.ndarray, n: int):
     return sparse.csr_array((np.ones(len(codes)), (np.arange(len(codes)), codes)), shape=(len(codes), n))
 
 
-def cmh_parts(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, np.ndarray]:
+def cmh_parts(outcomes: np.ndarray, stratification: Stratification) -> tuple[np.ndarray, np.ndarray]:
     """Per batch row: each group's outcome sum minus its expectation within strata, and
     the covariance of those differences under within-stratum permutation."""
     y = np.atleast_2d(np.asarray(outcomes, dtype=float))  # (B, N)
-    in_stratum = one_hot(design.strata, design.strata.max() + 1)  # (N, H) sparse
-    in_group = one_hot(design.groups, design.n_groups)  # (N, G) sparse
-    table = design.counts  # (H, G)
+    in_stratum = one_hot(stratification.strata, stratification.strata.max() + 1)  # (N, H) sparse
+    in_group = one_hot(stratification.groups, stratification.n_groups)  # (N, G) sparse
+    table = stratification.counts  # (H, G)
     size = table.sum(axis=1)  # (H,)
     sums = (in_stratum.T @ y.T).T  # (B, H)
     means = sums / size  # (B, H)
     excess = (in_group.T @ y.T).T - means @ table  # (B, G)
     squares = np.clip((in_stratum.T @ (y * y).T).T - sums * means, 0, None)  # (B, H) sum of squared deviations
     spread = np.where(size > 1, squares / np.maximum(size - 1, 1), 0.0)  # (B, H) within-stratum variance
-    shape = np.einsum("hg,gk->hgk", table, np.eye(design.n_groups)) - (
+    shape = np.einsum("hg,gk->hgk", table, np.eye(stratification.n_groups)) - (
         table[:, :, None] * table[:, None, :] / size[:, None, None])  # (H, G, G)
     covariance = np.einsum("bh,hgk->bgk", spread, shape)  # (B, G, G)
     return excess, covariance
@@ -138,10 +138,10 @@ def pseudo_inverse(covariance: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return inverse, kept.sum(axis=-1)
 
 
-def cmh_statistic(outcomes: np.ndarray, design: Design) -> tuple[np.ndarray, int]:
+def cmh_statistic(outcomes: np.ndarray, stratification: Stratification) -> tuple[np.ndarray, int]:
     """Generalized CMH statistic for each row of `outcomes` (B, N), and its degrees of freedom
     (the rank of the first row's covariance)."""
-    excess, covariance = cmh_parts(outcomes, design)  # (B, G), (B, G, G)
+    excess, covariance = cmh_parts(outcomes, stratification)  # (B, G), (B, G, G)
     inverse, rank = pseudo_inverse(covariance)  # (B, G, G), (B,)
     statistic = np.einsum("bg,bgk,bk->b", excess, inverse, excess)  # (B,)
     dof = int(rank[0]) if len(rank) else 0
@@ -160,31 +160,31 @@ def _shuffled_within(values: np.ndarray, strata: np.ndarray, n: int, rng: np.ran
         yield slots, np.take_along_axis(np.broadcast_to(values[slots], picks.shape), picks, axis=2)
 
 
-def permuted_group_sums(outcome: np.ndarray, design: Design, n: int, rng: np.random.Generator) -> np.ndarray:
+def permuted_group_sums(outcome: np.ndarray, stratification: Stratification, n: int, rng: np.random.Generator) -> np.ndarray:
     """Each group's outcome sum (n, G) in `n` arrangements with the outcomes shuffled within
     every stratum."""
-    sums = np.zeros((n, design.n_groups))  # (n, G)
-    for slots, shuffled in _shuffled_within(np.asarray(outcome, dtype=float), design.strata, n, rng):
-        in_group = np.eye(design.n_groups)[design.groups[slots].ravel()]  # (H_s * size, G)
+    sums = np.zeros((n, stratification.n_groups))  # (n, G)
+    for slots, shuffled in _shuffled_within(np.asarray(outcome, dtype=float), stratification.strata, n, rng):
+        in_group = np.eye(stratification.n_groups)[stratification.groups[slots].ravel()]  # (H_s * size, G)
         sums += shuffled.reshape(n, -1) @ in_group  # (n, G)
     return sums
 
 
-def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: int,
+def permutation_p(outcome: np.ndarray, stratification: Stratification, observed: float, seed: int,
                   permutations: int = PERMUTATIONS) -> float:
     """Share of within-context permutations whose CMH statistic reaches the observed one
     (counting the observed arrangement itself, so p is never 0).
 
     Shuffling within strata keeps every stratum's sum and spread, so the expected group
     sums and the covariance are the observed ones: only the group sums move."""
-    excess, covariance = cmh_parts(outcome, design)  # (1, G), (1, G, G)
-    expected = np.bincount(design.groups, weights=np.asarray(outcome, dtype=float), minlength=design.n_groups) - excess[0]  # (G,)
+    excess, covariance = cmh_parts(outcome, stratification)  # (1, G), (1, G, G)
+    expected = np.bincount(stratification.groups, weights=np.asarray(outcome, dtype=float), minlength=stratification.n_groups) - excess[0]  # (G,)
     inverse, _ = pseudo_inverse(covariance[0])  # (G, G)
     chunk = max(1, min(permutations, _CHUNK_VALUES // len(outcome)))
     sizes = [min(chunk, permutations - start) for start in range(0, permutations, chunk)]
 
     def reached(size: int, seed_sequence: np.random.SeedSequence) -> int:
-        moved = permuted_group_sums(outcome, design, size, np.random.default_rng(seed_sequence)) - expected  # (b, G)
+        moved = permuted_group_sums(outcome, stratification, size, np.random.default_rng(seed_sequence)) - expected  # (b, G)
         statistic = np.einsum("bg,gk,bk->b", moved, inverse, moved)  # (b,)
         return int((statistic >= observed * (1 - 1e-9) - 1e-12).sum())
 
@@ -194,16 +194,16 @@ def permutation_p(outcome: np.ndarray, design: Design, observed: float, seed: in
         return (sum(counts) + 1) / (permutations + 1)
 
 
-def stratified_test(outcome: np.ndarray, design: Design, binary: bool, seed: int = 0) -> StratifiedTest:
+def stratified_test(outcome: np.ndarray, stratification: Stratification, binary: bool, seed: int = 0) -> StratifiedTest:
     """CMH test that the outcome is the same in every group, stratified by context."""
     kind = "residue x correct" if binary else "answer log-probability by residue"
-    name = (f"Cochran-Mantel-Haenszel test stratified by context ({kind})" if design.strata.max() > 0
+    name = (f"Cochran-Mantel-Haenszel test stratified by context ({kind})" if stratification.strata.max() > 0
             else f"chi-square test of homogeneity, independent targets ({kind})")
-    statistic, dof = cmh_statistic(outcome, design)
+    statistic, dof = cmh_statistic(outcome, stratification)
     if dof == 0:
         return StratifiedTest(name, 0.0, 0, 1.0, "no context holds two targets that differ, so nothing varies "
                               "within a context")
-    p, exact = _p_values(np.atleast_2d(outcome), design, binary, seed, PERMUTATIONS, statistic, dof)
+    p, exact = _p_values(np.atleast_2d(outcome), stratification, binary, seed, PERMUTATIONS, statistic, dof)
     if not exact[0]:
         return StratifiedTest(name, float(statistic[0]), dof, float(p[0]),
                               f"chi-square law (df = {dof}); every expected count is at least {MIN_EXPECTED}")
@@ -212,33 +212,33 @@ def stratified_test(outcome: np.ndarray, design: Design, binary: bool, seed: int
                           f"p from {PERMUTATIONS} permutations of residue labels within contexts ({why})", PERMUTATIONS)
 
 
-def stratified_p_values(outcomes: np.ndarray, design: Design, binary: bool, seed: int = 0,
+def stratified_p_values(outcomes: np.ndarray, stratification: Stratification, binary: bool, seed: int = 0,
                         permutations: int = PERMUTATIONS) -> tuple[np.ndarray, np.ndarray]:
     """p-values of the stratified test for each row of `outcomes` (B, N), and whether each
     came from permutations. A 0/1 outcome uses the chi-square law when every group's
     expected number of successes and failures is at least MIN_EXPECTED; a continuous one
     (heavy-tailed log-probabilities) always takes its p from within-context permutations."""
-    statistic, dof = cmh_statistic(outcomes, design)  # (B,)
-    return _p_values(outcomes, design, binary, seed, permutations, statistic, dof)
+    statistic, dof = cmh_statistic(outcomes, stratification)  # (B,)
+    return _p_values(outcomes, stratification, binary, seed, permutations, statistic, dof)
 
 
-def _p_values(outcomes: np.ndarray, design: Design, binary: bool, seed: int, permutations: int,
+def _p_values(outcomes: np.ndarray, stratification: Stratification, binary: bool, seed: int, permutations: int,
               statistic: np.ndarray, dof: int) -> tuple[np.ndarray, np.ndarray]:
     from scipy import stats  # imported here: scipy.stats alone takes seconds, and most commands never test
 
     p = stats.chi2.sf(statistic, max(dof, 1))  # (B,)
     exact = np.ones(len(outcomes), dtype=bool) if not binary else np.array(
-        [_expected_extremes(row, design) < MIN_EXPECTED for row in outcomes])  # (B,)
+        [_expected_extremes(row, stratification) < MIN_EXPECTED for row in outcomes])  # (B,)
     for i in np.flatnonzero(exact):
-        p[i] = permutation_p(outcomes[i], design, statistic[i], seed, permutations)
+        p[i] = permutation_p(outcomes[i], stratification, statistic[i], seed, permutations)
     return p, exact
 
 
-def _expected_extremes(correct: np.ndarray, design: Design) -> float:
+def _expected_extremes(correct: np.ndarray, stratification: Stratification) -> float:
     """The smallest expected count of successes or failures of any group, given each
     stratum's own success rate."""
-    table = design.counts  # (H, G)
-    rate = np.bincount(design.strata, weights=correct) / table.sum(axis=1)  # (H,)
+    table = stratification.counts  # (H, G)
+    rate = np.bincount(stratification.strata, weights=correct) / table.sum(axis=1)  # (H,)
     successes = rate @ table  # (G,)
     return float(min(successes.min(), (table.sum(axis=0) - successes).min()))
 
@@ -247,7 +247,7 @@ def homogeneity_test(correct: np.ndarray, groups: np.ndarray, seed: int = 0) -> 
     """The accuracy test for targets independent of one another (each its own context, as
     a trained model's held-out questions): one stratum, so (N - 1) / N x Pearson's chi-square."""
     correct = np.asarray(correct, dtype=float)  # (N,)
-    return stratified_test(correct, Design.of(groups, np.arange(len(correct))), binary=True, seed=seed)
+    return stratified_test(correct, Stratification.of(groups, np.arange(len(correct))), binary=True, seed=seed)
 
 
 def format_p(p: float) -> str:

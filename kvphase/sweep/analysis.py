@@ -15,7 +15,7 @@ import pandas as pd
 from kvphase.statistics.intervals import (basic_interval, bootstrap_gaps, design_effect, gap_interval,
                                          intra_context_correlation, mean_coverage, mean_intervals, wilson_interval)
 from kvphase.statistics.power import POWER, Detectable, detectable, per_residue_for_dip
-from kvphase.statistics.stratified import ALPHA, Design, StratifiedTest, p_text, stratified_test
+from kvphase.statistics.stratified import ALPHA, Stratification, StratifiedTest, p_text, stratified_test
 
 DEGENERATE_SHARE = 0.9  # one answer given to this share of targets or more: the answers ignore the query
 NARROW_ANSWERS = 2.0  # or this few answers in effect (the exponential of their entropy)...
@@ -240,26 +240,26 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
-                      design: Design | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
+                      stratification: Stratification | None = None) -> tuple[tuple[float, float], tuple[float, float]]:
     """95% intervals (%) of the mean accuracy over residues (whole contexts the sampled units, widened
     for few contexts) and of the gap (points; simultaneous intervals of the residues' differences
-    within contexts, its lower end as computed: 0 or below when the data allow no gap). `design`: the
-    residues' and contexts' `Design`, when the caller has it."""
-    design = Design.of(residues, contexts) if design is None else design
-    gap_ci = tuple(round(v, 2) for v in gap_interval(correct, design, seed=seed))
-    (low, high), = mean_intervals(correct, design, contexts)
+    within contexts, its lower end as computed: 0 or below when the data allow no gap). `stratification`: the
+    residues' and contexts' `Stratification`, when the caller has it."""
+    stratification = Stratification.of(residues, contexts) if stratification is None else stratification
+    gap_ci = tuple(round(v, 2) for v in gap_interval(correct, stratification, seed=seed))
+    (low, high), = mean_intervals(correct, stratification, contexts)
     return (round(float(low), 2), round(float(high), 2)), gap_ci
 
 
 def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
-                         design: Design | None = None, chance: float = 0.0,
+                         stratification: Stratification | None = None, chance: float = 0.0,
                          ) -> tuple[tuple[float, float], tuple[float, float], Detectable]:
     """The mean's and the gap's intervals, and the dip the run detects: a dip fits between the lower end
     of the mean's interval and `chance` (a fraction: what guessing scores), so a run at its floor whose
     accuracy came out high by chance does not print a dip the model cannot have."""
-    design = Design.of(residues, contexts) if design is None else design
-    mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed, design)
-    seen = detectable(correct, design, seed=seed, room=mean_ci[0] / 100 - chance)
+    stratification = Stratification.of(residues, contexts) if stratification is None else stratification
+    mean_ci, gap_ci = context_intervals(correct, residues, contexts, seed, stratification)
+    seen = detectable(correct, stratification, seed=seed, room=mean_ci[0] / 100 - chance)
     return mean_ci, gap_ci, seen
 
 
@@ -275,16 +275,16 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
     if modulus == 2 * stride and all(r in acc.index for r in range(modulus)):
         periodicity = round(float(np.mean([abs(acc[r] - acc[r + stride]) for r in range(stride)])), 2)
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
-    design = Design.of(results["residue"].to_numpy(), results["context"].to_numpy())
+    stratification = Stratification.of(results["residue"].to_numpy(), results["context"].to_numpy())
     mean_ci, gap_ci, seen = what_the_run_can_see(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
-                                                 seed, design, chance)
+                                                 seed, stratification, chance)
     per_context = len(results) / results["context"].nunique()
     icc = intra_context_correlation(correct, results["context"].to_numpy())
-    coverage = mean_coverage(correct, design, results["context"].to_numpy(), seed)
+    coverage = mean_coverage(correct, stratification, results["context"].to_numpy(), seed)
     return Summary(
         n_targets=len(results),
         n_contexts=int(results["context"].nunique()),
-        balanced=design.balanced,
+        balanced=stratification.balanced,
         control=control,
         mean_accuracy=round(float(acc.mean()), 2),
         mean_ci=mean_ci,
@@ -296,8 +296,8 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         gap_ci=gap_ci,
         periodicity=periodicity,
         detectable_dip=None if seen.dip is None else round(100 * seen.dip, 2),
-        test=stratified_test(correct, design, binary=True, seed=seed),
-        logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), design, binary=False, seed=seed),
+        test=stratified_test(correct, stratification, binary=True, seed=seed),
+        logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), stratification, binary=False, seed=seed),
         per_residue=by_residue.to_dict("records"),
         per_phase=by_phase.to_dict("records"),
         targets_per_context=round(per_context, 2),

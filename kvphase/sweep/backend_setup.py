@@ -67,7 +67,7 @@ def server_connection(backend: str, settings: BackendSettings) -> dict:
         return {}
     if not settings.url:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
-    given = {"request_timeout_s": settings.request_timeout, "deadline_s": settings.deadline,
+    given = {"request_timeout": settings.request_timeout, "deadline": settings.deadline,
              "allow_model_mismatch": settings.allow_model_mismatch or None}
     return {"urls": list(settings.url), "slots": settings.slots, **{k: v for k, v in given.items() if v is not None}}
 

@@ -25,9 +25,9 @@ import numpy as np
 from kvphase.backends.base import Backend
 from kvphase.errors import PlanError
 from kvphase.runfolder import CONFIG_FILE
-from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.contexts import build_contexts
 from kvphase.sweep.estimate import evaluated_tokens
-from kvphase.sweep.layout import ProbeContext
+from kvphase.sweep.layout import Context
 from kvphase.sweep.plan import SweepPlan, fit_padding, sized
 from kvphase.sweep.run import load_plan
 from kvphase.sweep.tasks import difficulty_chain, load_task
@@ -258,27 +258,27 @@ def _plan_at(plan: SweepPlan, level: Level, tokenizer, fit: str | None) -> Sweep
     return sized(fit_padding(at, lambda: tokenizer), tokenizer)
 
 
-def _pilot_contexts(plan: SweepPlan, tokenizer) -> list[ProbeContext]:
+def _pilot_contexts(plan: SweepPlan, tokenizer) -> list[Context]:
     """The first contexts, holding at least 1/PILOT_FRACTION of the sweep's targets, of the plan
     the sweep would make from another seed. Not balanced over residues as a whole sweep is (that
     takes M contexts at least): the pilot asks how often the model answers, not at which phase."""
     wanted = plan.per_residue * plan.modulus / PILOT_FRACTION
-    settings = replace(plan.probe_settings, seed=plan.seed + PILOT_SEED_OFFSET)
-    contexts = build_probes(load_task(plan.task), tokenizer, settings)
+    settings = replace(plan.context_settings, seed=plan.seed + PILOT_SEED_OFFSET)
+    contexts = build_contexts(load_task(plan.task), tokenizer, settings)
     counts = np.cumsum([len(c.targets) for c in contexts])  # (n_contexts,)
     return contexts[:int(np.searchsorted(counts, wanted)) + 1]
 
 
-def _sweep_contexts(plan: SweepPlan, tokenizer) -> list[ProbeContext]:
-    return build_probes(load_task(plan.task), tokenizer, plan.probe_settings)
+def _sweep_contexts(plan: SweepPlan, tokenizer) -> list[Context]:
+    return build_contexts(load_task(plan.task), tokenizer, plan.context_settings)
 
 
-def tokens_of(contexts: Sequence[ProbeContext]) -> int:
+def tokens_of(contexts: Sequence[Context]) -> int:
     """Tokens a backend evaluates to score every target of these contexts."""
     return sum(evaluated_tokens(c.tokens, c.targets) for c in contexts)
 
 
-def _score(plan: SweepPlan, contexts: list[ProbeContext], backend: Backend, sweep_tokens: int) -> PilotStep:
+def _score(plan: SweepPlan, contexts: list[Context], backend: Backend, sweep_tokens: int) -> PilotStep:
     correct = sum(score.correct for c in contexts for score in backend.score(c.tokens, [t.query for t in c.targets]))
     return PilotStep(plan.task, plan.context, plan.padding, sum(len(c.targets) for c in contexts), int(correct),
                      tokens_of(contexts), sweep_tokens)

@@ -1,7 +1,7 @@
 """A sweep's contexts: target positions planned first (`positions`), each context laid out around them (`layout`).
 
-Every context is a `ProbeContext` of exactly `context_length` tokens whose target records
-start at exact positions (`build_probes`), deterministic in the seed; `plan_fingerprint`
+Every context is a `Context` of exactly `context_length` tokens whose target records
+start at exact positions (`build_contexts`), deterministic in the seed; `plan_fingerprint`
 names the result the same on every machine.
 """
 
@@ -15,16 +15,16 @@ import json
 import numpy as np
 
 from kvphase.errors import PlanError
-from kvphase.sweep.layout import Layout, ProbeContext, Target
+from kvphase.sweep.layout import Layout, Context, Target
 from kvphase.sweep.positions import (check_matched_positions, check_query_phases_fit, lanes_for, plan_contexts,
                                      round_sizes)
-from kvphase.sweep.probe_settings import MIN_CONTEXTS, TASK_DENSITY, ProbeSettings
+from kvphase.sweep.context_settings import MIN_CONTEXTS, TASK_DENSITY, ContextSettings
 from kvphase.sweep.records import RecordMaker, Tokenizer
 from kvphase.sweep.tasks import Task
 
 
-def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings,
-                 rounds: int | None = None) -> list[ProbeContext]:
+def build_contexts(task: Task, tokenizer: Tokenizer, settings: ContextSettings,
+                 rounds: int | None = None) -> list[Context]:
     """Plan target positions context by context and lay each context out around them;
     deterministic in the seed. `rounds`: only the contexts of the first that many rounds (M
     contexts each), which is what checking that a plan can be laid out needs: a round puts every
@@ -35,7 +35,7 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings,
     lanes = checked_lanes(settings, layout)
     planned = _planned_slots(layout, settings, lanes)
     planned = planned if rounds is None else planned[:rounds * settings.modulus]
-    contexts: list[ProbeContext] = []
+    contexts: list[Context] = []
     n_targets = 0
     for index, slots in enumerate(planned):
         rng = np.random.default_rng([settings.seed, index])
@@ -47,7 +47,7 @@ def build_probes(task: Task, tokenizer: Tokenizer, settings: ProbeSettings,
     return contexts
 
 
-def _planned_slots(layout: Layout, settings: ProbeSettings, lanes: int) -> list[np.ndarray]:
+def _planned_slots(layout: Layout, settings: ContextSettings, lanes: int) -> list[np.ndarray]:
     """`plan_contexts`'s slots; where they miss the matched moments (contexts of one or two targets
     can), planned again with the spread refined (`residue_slots`). Plans that meet them unrefined
     keep their slots, as every plan made before the refinement did (the others were refused)."""
@@ -63,13 +63,13 @@ def _planned_slots(layout: Layout, settings: ProbeSettings, lanes: int) -> list[
         return planned(refine=True)
 
 
-def check_density(task: Task, tokenizer: Tokenizer, settings: ProbeSettings) -> None:
+def check_density(task: Task, tokenizer: Tokenizer, settings: ContextSettings) -> None:
     """PlanError when the plan's targets per context do not fit its context or leave fewer than
-    MIN_CONTEXTS contexts: what `build_probes` would find, found before a run writes anything."""
+    MIN_CONTEXTS contexts: what `build_contexts` would find, found before a run writes anything."""
     checked_lanes(settings, Layout.of(task, tokenizer, settings))
 
 
-def checked_lanes(settings: ProbeSettings, layout: Layout) -> int:
+def checked_lanes(settings: ContextSettings, layout: Layout) -> int:
     """The lanes a plan's rounds have (`lanes_for`), checked to fill MIN_CONTEXTS contexts at least
     (but for TASK_DENSITY's plans, which every earlier run made)."""
     lanes = lanes_for(layout.density, settings, layout.lanes)
@@ -91,7 +91,7 @@ def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
     check_matched_positions(np.array([t.position for t in targets]), modulus)
 
 
-def plan_fingerprint(contexts: Sequence[ProbeContext]) -> str:
+def plan_fingerprint(contexts: Sequence[Context]) -> str:
     """sha256 of every context's token ids and every target's id, position, key and answer.
 
     It depends on the tokenizer, the task files and the plan only, so it is the same on

@@ -1,7 +1,7 @@
 """`kvphase sweep --dry-run`: what a sweep would evaluate and how long it would take, from its
 plan and one scored context, with no run folder created or touched.
 
-The counts are the sweep's own: the contexts `build_probes` lays out, less the targets a
+The counts are the sweep's own: the contexts `build_contexts` lays out, less the targets a
 folder already holds (checked as a resume checks them), and the tokens a backend decodes for
 them: each context once, then per query its prompt and every answer token but the last
 (teacher forcing: `LlamaCppBackend.tokens_evaluated` counts the same). The wall time is the
@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from kvphase.backends.base import Backend, score_contexts
 from kvphase.gguf.modelinfo import ModelInfo
-from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.contexts import build_contexts, plan_fingerprint
 from kvphase.sweep.layout import Target
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import _check_finished_rows_match, check_run_dir, load_results
@@ -65,7 +65,7 @@ def estimate_sweep(plan: SweepPlan, backend: Backend, run_dir: Path, info: Model
     a target left, timing it (`timed`; `backend` need only tokenize when not), after a line to
     `announce` saying so (a long context's hundreds of queries take minutes). Reads `run_dir` only."""
     check_run_dir(run_dir, plan, info)
-    contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
+    contexts = build_contexts(load_task(plan.task), backend, plan.context_settings)
     done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir, plan_fingerprint(contexts))
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]

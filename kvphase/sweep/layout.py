@@ -1,4 +1,4 @@
-"""One context laid out token by token around its planned target positions (`Layout`): a `ProbeContext` of `Target`s.
+"""One context laid out token by token around its planned target positions (`Layout`): a `Context` of `Target`s.
 
 Two padding modes:
 
@@ -28,7 +28,7 @@ import numpy as np
 from kvphase.backends.base import Query
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep.positions import query_phase, slot_range
-from kvphase.sweep.probe_settings import AUTO_DENSITY, TASK_DENSITY, ProbeSettings
+from kvphase.sweep.context_settings import AUTO_DENSITY, TASK_DENSITY, ContextSettings
 from kvphase.sweep.records import Record, RecordLengths, RecordMaker, Tokenizer
 from kvphase.sweep.tasks import Task
 
@@ -48,7 +48,7 @@ class Target(NamedTuple):
     query: Query
 
 
-class ProbeContext(NamedTuple):
+class Context(NamedTuple):
     """One context's tokens and the targets planned in it."""
 
     index: int
@@ -61,7 +61,7 @@ class Layout:
     """Where things go in a context of `settings.context_length` tokens."""
 
     task: Task
-    settings: ProbeSettings
+    settings: ContextSettings
     records: RecordMaker
     head: tuple[int, ...]  # prefix ids + header
     footer: tuple[int, ...]
@@ -71,7 +71,7 @@ class Layout:
     records_end: int  # records stay below this position
 
     @classmethod
-    def of(cls, task: Task, tokenizer: Tokenizer, settings: ProbeSettings,
+    def of(cls, task: Task, tokenizer: Tokenizer, settings: ContextSettings,
            records: RecordMaker | None = None) -> "Layout":
         """The layout of `settings`' contexts; `records`: the task's RecordMaker, where the caller
         keeps one to build contexts with (made here otherwise)."""
@@ -205,7 +205,7 @@ class Layout:
     def prefix(self) -> bool:
         return self.task.distractors and self.settings.padding == "prefix"
 
-    def build(self, index: int, slots: list[int], rng: np.random.Generator, first_target_id: int) -> ProbeContext:
+    def build(self, index: int, slots: list[int], rng: np.random.Generator, first_target_id: int) -> Context:
         """The context whose target records start exactly at `slots` (sorted)."""
         if self.task.distractors_per_context:
             items = self._scattered_items(slots, rng)
@@ -354,7 +354,7 @@ class Layout:
         stream = self.filler * (2 + n // len(self.filler))
         return ("filler", stream[start:start + n])
 
-    def _assemble(self, index, items, chosen, rng, first_target_id) -> ProbeContext:
+    def _assemble(self, index, items, chosen, rng, first_target_id) -> Context:
         body: list[int] = list(self.head)
         targets, distractors = [], []
         for kind, item in items:
@@ -374,7 +374,7 @@ class Layout:
         if len(tokens) != length or [p for p, _ in targets] != chosen:
             raise AssertionError("probe layout broke its own invariants")  # a bug, not a user error
         m, s = self.settings.modulus, self.settings.stride
-        return ProbeContext(index, tokens, tuple(
+        return Context(index, tokens, tuple(
             Target(first_target_id + i, index, p, p % m, p % s, r.key, r.value, r.query)
             for i, (p, r) in enumerate(targets)
         ))

@@ -31,7 +31,7 @@ SHIFT_BY = ("prefix", "window")
 COMBINE_RULES = ("mean", "max")
 OFFSETS_FILE = "offsets.csv"  # one row per (target, shift): each shift's own score
 OFFSET_COLUMNS = ["target_id", "shift", "correct", "logprob", "confidence", "predicted"]
-RANDOM_STREAM = 20  # keeps the random offsets' draws apart from build_probes's rng([seed, context])
+RANDOM_STREAM = 20  # keeps the random offsets' draws apart from build_contexts's rng([seed, context])
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,7 @@ from kvphase.backends import BACKENDS
 from kvphase.errors import PlanError
 from kvphase.options_check import check_record
 from kvphase.sweep.backend_setup import BackendSettings
-from kvphase.sweep.probe_settings import AUTO_DENSITY
-
-
-PADDINGS = ("prefix", "in-sequence")
+from kvphase.sweep.context_settings import AUTO_DENSITY, PADDINGS
 COMPARISON_DIR = Path("reports") / "comparison"  # where `compare` writes without an `out`
 
 

@@ -13,11 +13,11 @@ import numpy as np
 
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.gguf.reach import reach_of
-from kvphase.sweep.contexts import build_probes, check_density
+from kvphase.sweep.contexts import build_contexts, check_density
 from kvphase.sweep.layout import Layout
 from kvphase.sweep.offsets import OffsetPlan
 from kvphase.sweep.positions import query_phase
-from kvphase.sweep.probe_settings import MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, ProbeSettings
+from kvphase.sweep.context_settings import MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, ContextSettings
 from kvphase.sweep.records import Tokenizer
 from kvphase.sweep.tasks import load_task
 
@@ -69,7 +69,7 @@ class SweepPlan:
             value = getattr(self, f.name)
             if kind is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise PlanError(f"{f.name} is {str(value)[:60]!r}, expected {f.type}")
-        self.probe_settings  # context, stride, modulus, sample size, padding and seed in range
+        self.context_settings  # context, stride, modulus, sample size, padding and seed in range
         self.offset_plan  # shifts, rule and how they are made
 
     @property
@@ -85,8 +85,8 @@ class SweepPlan:
         return f"{self.backend} ({options})"
 
     @property
-    def probe_settings(self) -> ProbeSettings:
-        return ProbeSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed,
+    def context_settings(self) -> ContextSettings:
+        return ContextSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed,
                              self.targets_per_context, self.query_phases, self.raw_window)
 
     def query_positions(self, contexts) -> np.ndarray:
@@ -111,20 +111,20 @@ def fit_padding(plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> Swe
     in-sequence padding and the reason in `adjusted`: prefix padding needs runs of records exactly as
     long as the gaps between targets, which record lengths that are all multiples of a few tokens
     cannot make (Gemma 3's tokenizer at the defaults). Both keep every residue balanced and matched in
-    depth (`build_probes` checks it); PlanError when neither fits. One round of contexts is laid out
+    depth (`build_contexts` checks it); PlanError when neither fits. One round of contexts is laid out
     for each: it puts every residue in every lane, and the whole plan is laid out once, to score it. `open_tokenizer` is called only
     for a prefix plan: loading a vocabulary is the cost."""
     if plan.padding != "prefix":
         return plan
     task, tokenizer = load_task(plan.task), open_tokenizer()
     try:
-        build_probes(task, tokenizer, sized(plan, tokenizer).probe_settings, rounds=1)
+        build_contexts(task, tokenizer, sized(plan, tokenizer).context_settings, rounds=1)
         return plan
     except RecordLayoutError as prefix_failed:
         fitted = replace(plan, padding="in-sequence", adjusted="in-sequence padding, because prefix padding cannot "
                          f"lay out this tokenizer's records ({str(prefix_failed).split('; use ')[0]})")
         try:
-            build_probes(task, tokenizer, sized(fitted, tokenizer).probe_settings, rounds=1)
+            build_contexts(task, tokenizer, sized(fitted, tokenizer).context_settings, rounds=1)
         except PlanError as failed:
             raise PlanError(f"no padding fits this tokenizer: prefix: {prefix_failed}; in-sequence: {failed}") from None
         return fitted
@@ -180,7 +180,7 @@ def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:
     """How many targets one context of this plan holds (its lanes); PlanError when a
     --targets-per-context does not fit."""
     task = load_task(plan.task)
-    settings = replace(plan.probe_settings, per_residue=1)  # the count is what is being sized
+    settings = replace(plan.context_settings, per_residue=1)  # the count is what is being sized
     return Layout.of(task, tokenizer, settings).lanes
 
 
@@ -222,7 +222,7 @@ def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: i
     plan = fit_padding(plan, open_tokenizer) if fit else plan
     plan = sized(plan, open_tokenizer()) if sized_later else plan
     if plan.targets_per_context != TASK_DENSITY:  # a density that cannot be, refused before anything is written
-        check_density(load_task(task), open_tokenizer(), plan.probe_settings)
+        check_density(load_task(task), open_tokenizer(), plan.context_settings)
     return with_query_phases(info, plan, query_phases, open_tokenizer)
 
 
@@ -240,7 +240,7 @@ def behind_raw_window(info, plan: SweepPlan, open_tokenizer: Callable[[], Tokeni
                         f"model reads raw, as long as the --context {plan.context}: no target would sit behind the "
                         "compressor; use a longer --context")
     task = load_task(plan.task)
-    layout = Layout.of(task, open_tokenizer(), plan.probe_settings)
+    layout = Layout.of(task, open_tokenizer(), plan.context_settings)
     reaches_in = layout.records_top > plan.context - reach.raw_window
     return replace(plan, raw_window=reach.raw_window) if reaches_in else plan
 
@@ -260,7 +260,7 @@ def with_query_phases(info, plan: SweepPlan, asked: Optional[bool], open_tokeniz
         raise PlanError(f"--query-phases does not fit: {info.path.name} has a {info.context_length}-token context, "
                         f"the contexts take up to {plan.context + chosen.query_shift_room} and the query needs {room} "
                         "more; use a shorter --context or --no-query-phases")
-    check_density(load_task(plan.task), open_tokenizer(), chosen.probe_settings)  # every context holds every residue
+    check_density(load_task(plan.task), open_tokenizer(), chosen.context_settings)  # every context holds every residue
     return chosen
 
 

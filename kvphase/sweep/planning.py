@@ -25,7 +25,7 @@ from kvphase.sweep.offsets import offset_plan_from_options
 from kvphase.sweep.options import SweepOptions
 from kvphase.sweep.plan import (SweepDefaults, SweepPlan, default_context, make_plan, query_room,
                                 stride_and_modulus)
-from kvphase.sweep.probe_settings import MIN_CONTEXTS
+from kvphase.sweep.context_settings import MIN_CONTEXTS
 from kvphase.sweep.reach_check import backend_reach, plan_inactive, reach_notice
 from kvphase.sweep.run import default_run_dir, load_plan
 from kvphase.sweep.selection import check_selection_plan, indexer_unit
@@ -120,7 +120,7 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], options: SweepOptions, ev
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
     if (options.backend or defaults.backend) == "reference":
-        return with_reference_design(plan, options.design or defaults.design, options.design_options, info.n_layers)
+        return with_reference_design(plan, options.design or defaults.design, options.design_options, info.n_layer)
     if options.design is not None or options.design_options:
         raise PlanError("--design and --option apply to --backend reference only")
     refuse_trained_compressor(info)

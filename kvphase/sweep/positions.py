@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from kvphase.errors import PlanError
-from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS, ProbeSettings
+from kvphase.sweep.context_settings import AUTO_DENSITY, MIN_CONTEXTS, ContextSettings
 
 MEAN_TOLERANCE = 0.5  # tokens: largest distance of a residue group's mean position from the common mean
 EXHAUSTIVE_CHOICES = 20_000  # up to this many ways to pick the moved anchors, try them all
@@ -31,7 +31,7 @@ def query_phase(index: int, modulus: int) -> int:
     return (index % modulus + index // modulus) % modulus
 
 
-def check_query_phases_fit(settings: ProbeSettings, lanes: int) -> None:
+def check_query_phases_fit(settings: ContextSettings, lanes: int) -> None:
     """PlanError unless every context holds every residue equally (every round's lanes a multiple of
     M): a context holding some residues only would tie its residues to its query's phase."""
     sizes = round_sizes(settings.per_residue, settings.modulus, lanes)
@@ -42,7 +42,7 @@ def check_query_phases_fit(settings: ProbeSettings, lanes: int) -> None:
                         "or --no-query-phases")
 
 
-def lanes_for(density: str, settings: ProbeSettings, most: int) -> int:
+def lanes_for(density: str, settings: ContextSettings, most: int) -> int:
     """Lanes per round: at auto density as many as a context holds (`most`), but never so many
     that the run has fewer than MIN_CONTEXTS contexts (rounds of M contexts)."""
     if density != AUTO_DENSITY:

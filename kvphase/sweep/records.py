@@ -49,9 +49,9 @@ class RecordMaker:
         self._tokenize_cached: dict[str, tuple[int, ...]] = {}
         self._tokenizer = tokenizer
         self._uses_other = any("{other}" in s for s in task.record + task.query + task.answer)
-        probe_value = task.values[0] if task.values else "1" * task.value_digits
+        sample_value = task.values[0] if task.values else "1" * task.value_digits
         # the value stands in for {other} too, so a kept value joins cleanly in either place
-        keys = [k for k in task.keys if self._joins_cleanly(k, probe_value, other=probe_value)]
+        keys = [k for k in task.keys if self._joins_cleanly(k, sample_value, other=sample_value)]
         key0 = keys[0] if keys else ""
         self.values = tuple(v for v in task.values if self._joins_cleanly(key0, v, other=v))
         self.single_keys = tuple(keys)

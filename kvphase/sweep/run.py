@@ -31,8 +31,8 @@ from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writab
                                flags_in, make_folder, numbers_in, read_json_object, read_table, write_csv, write_json,
                                writing)
 from kvphase.runfolder.rows import check_planned_rows, refuse_repeated_rows
-from kvphase.sweep.contexts import build_probes, plan_fingerprint
-from kvphase.sweep.layout import ProbeContext, Target
+from kvphase.sweep.contexts import build_contexts, plan_fingerprint
+from kvphase.sweep.layout import Context, Target
 from kvphase.sweep.machine import machine_info
 from kvphase.sweep.offsets import OFFSET_COLUMNS, OFFSETS_FILE, ShiftedScore, ShiftedScorer, score_shifted
 from kvphase.sweep.plan import SweepPlan
@@ -218,7 +218,7 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
                     progress: SweepProgress) -> pd.DataFrame:
     started = time.time()
     check_run_dir(run_dir, plan, info)
-    contexts = build_probes(load_task(plan.task), backend, plan.probe_settings)
+    contexts = build_contexts(load_task(plan.task), backend, plan.context_settings)
     fingerprint = plan_fingerprint(contexts)
     done = _check_finished_rows_match(load_results(run_dir), contexts, run_dir, fingerprint)
     prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
@@ -249,7 +249,7 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     return load_results(run_dir)
 
 
-def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[ProbeContext, list[Target]]],
+def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Context, list[Target]]],
                      run_dir: Path, info: ModelInfo) -> Iterator[tuple[int, list, list[dict]]]:
     """(index into `pending`, its targets' scores, their selection columns) as contexts finish;
     under an offset plan each target's score under each shift goes to offsets.csv first (so a row
@@ -299,7 +299,7 @@ def _offset_row(target: Target, shifted: ShiftedScore, backend: Backend) -> dict
             "predicted": backend.detokenize(shifted.score.predicted).strip()}
 
 
-def _check_finished_rows_match(results: pd.DataFrame, contexts: list[ProbeContext], run_dir: Path,
+def _check_finished_rows_match(results: pd.DataFrame, contexts: list[Context], run_dir: Path,
                                fingerprint: str) -> set[int]:
     """The finished target ids, after checking they were scored on these very contexts (a
     different kvphase or tokenizer version could build other probes from the same plan): the
@@ -375,4 +375,4 @@ def _update_manifest(run_dir: Path, info: ModelInfo, plan: SweepPlan, wall_s: fl
 
 
 __all__ = ["SweepPlan", "execute_sweep", "load_plan", "load_results", "load_manifest", "default_run_dir",
-           "ProbeContext", "RESULT_COLUMNS", "result_row"]
+           "Context", "RESULT_COLUMNS", "result_row"]

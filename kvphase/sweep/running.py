@@ -29,12 +29,12 @@ def check_runs(info: ModelInfo, runs: list[tuple[SweepPlan, Path]]) -> None:
     """Each run's folder, and that its contexts can be laid out (a sweep finds that out only once
     its model has loaded; one round of contexts shows it): PlanError or RunFolderError for the first
     that cannot run."""
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
 
     vocab = Vocab.load(info)
     for plan, run_dir in runs:
         check_run_dir(run_dir, plan, info)
-        build_probes(load_task(plan.task), vocab, plan.probe_settings, rounds=1)
+        build_contexts(load_task(plan.task), vocab, plan.context_settings, rounds=1)
 
 
 ProgressBar = Callable[[], ContextManager[SweepProgress]]  # entered around each run's scoring

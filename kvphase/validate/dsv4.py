@@ -63,7 +63,7 @@ class DSV4Check(FamilyCheck):
         arch = info.architecture
         ratios = [int(r) for r in np.atleast_1d(fields.get(f"{arch}.attention.compress_ratios", []))]
         if len(ratios) == 1:
-            ratios = ratios * info.n_layers
+            ratios = ratios * info.n_layer
         self.model = info
         self.ape_roll = ape_roll  # a deliberately wrong reference: every per-phase bias rolled by this many offsets
         self.eps = float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))

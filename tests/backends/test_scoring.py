@@ -7,8 +7,8 @@ import pytest
 
 from kvphase.backends.base import Query, score_from_logits
 from kvphase.defaults import default_threads
-from kvphase.sweep.contexts import build_probes
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.contexts import build_contexts
+from kvphase.sweep.context_settings import ContextSettings
 from kvphase.sweep.tasks import load_task
 
 
@@ -49,8 +49,8 @@ def long_tiny(default_model, tmp_path_factory):
 # 384 tokens: its 3 queries, each evaluated again as a whole prompt (at 512 its 5 took twice as long)
 def test_shared_context_equals_separate_prompts(default_model, llama_backend, long_tiny, model, task, length):
     path, backend = (default_model, llama_backend) if model == "real" else long_tiny
-    settings = ProbeSettings(length, 4, 8, 8, "in-sequence", seed=3)
-    context = build_probes(load_task(task), backend, settings)[0]
+    settings = ContextSettings(length, 4, 8, 8, "in-sequence", seed=3)
+    context = build_contexts(load_task(task), backend, settings)[0]
     queries = [t.query for t in context.targets][:8]
     shared = backend.score(context.tokens, queries)
     separate = _separate_prompt_scores(path, context.tokens, queries)

@@ -22,7 +22,7 @@ from tests.helpers.fake_servers import BOS, ByteVocab, FakeServer, fake_logits
 from tests.helpers.paths import TRAINED
 
 pytestmark = pytest.mark.time_limit(60)  # a failover that never ends fails here in a minute, not never
-QUICK = Retry(attempts=3, first_wait_s=0.01, timeout_s=5)
+QUICK = Retry(attempts=3, first_wait_s=0.01, request_timeout=5)
 CONTEXT = tuple([BOS] + ByteVocab().tokenize("Records: alpha=17, beta=42, gamma=99. " * 4))
 QUERIES = [Query(tuple(ByteVocab().tokenize(f" {k}=")), tuple(ByteVocab().tokenize(v)))
            for k, v in [("alpha", ">?"), ("beta", "42"), ("gamma", ">"), ("delta", ">x")]]  # the model says ">?@..." after "="
@@ -234,7 +234,7 @@ def test_a_stalled_server_stops_a_single_server_run_within_two_patiences(short_p
     """SIGSTOP: the socket accepts, nothing answers, /health neither. One line in about twice the
     patience, not the tries of --request-timeout (6 x 300 s at the defaults)."""
     with FakeServer(slots=1, down_after=12, hostile="stalled") as server:
-        finished, message, seconds = _run_until_error(server, Retry(attempts=6, first_wait_s=0.01, timeout_s=20))
+        finished, message, seconds = _run_until_error(server, Retry(attempts=6, first_wait_s=0.01, request_timeout=20))
     assert finished == [0, 1]
     assert re.fullmatch(r"every server has stopped answering \(since [\d\-T:+]+: " + re.escape(
         _stall_line(server.url, short_patience)) + r"\); finished contexts are kept: run the same command again "
@@ -247,7 +247,7 @@ def test_a_stalled_server_hands_its_contexts_to_the_others_within_two_patiences(
 
     jobs = [(CONTEXT, QUERIES)] * 8
     with FakeServer(slots=1, down_after=12, hostile="stalled") as stalled, FakeServer(slots=1) as staying:
-        backend = ServerBackend([ENGINES["llama-server"](s.url, Retry(first_wait_s=0.01, timeout_s=20))
+        backend = ServerBackend([ENGINES["llama-server"](s.url, Retry(first_wait_s=0.01, request_timeout=20))
                                  for s in (stalled, staying)], ByteVocab(), n_ctx_needed=512)
         told = []
         backend.on_lost = told.append
@@ -318,7 +318,7 @@ def _run_until_error(server, retry, n_jobs=6):
 @pytest.mark.parametrize("hostile", ["silent", "trickle", "slow-headers"])
 def test_a_server_that_stops_answering_hits_the_request_timeout(hostile):
     with FakeServer(slots=1, down_after=12, hostile=hostile) as server:
-        finished, message, seconds = _run_until_error(server, Retry(attempts=2, first_wait_s=0.01, timeout_s=0.4))
+        finished, message, seconds = _run_until_error(server, Retry(attempts=2, first_wait_s=0.01, request_timeout=0.4))
     assert finished == [0, 1]
     assert re.fullmatch(r"every server has stopped answering \(since [\d\-T:+]+: " + re.escape(
         f"{server.url} does not answer (no answer within --request-timeout 0.4 s) after 2 tries); finished contexts "
@@ -328,8 +328,8 @@ def test_a_server_that_stops_answering_hits_the_request_timeout(hostile):
 
 def test_a_silent_server_hits_the_deadline_before_its_request_timeout():
     with FakeServer(slots=1, down_after=12, hostile="silent") as server:
-        finished, message, seconds = _run_until_error(server, Retry(attempts=6, first_wait_s=0.01, timeout_s=60,
-                                                                    deadline_s=1.5))
+        finished, message, seconds = _run_until_error(server, Retry(attempts=6, first_wait_s=0.01, request_timeout=60,
+                                                                    deadline=1.5))
     assert finished == [0, 1]
     assert message.startswith(f"the --deadline of 1.5 s passed while waiting for {server.url}/completion to answer; "
                               "finished contexts are kept")
@@ -346,8 +346,8 @@ def test_a_server_that_answers_garbage_or_cuts_its_answer_is_one_line(hostile, p
 
 def test_a_deadline_that_passes_between_requests_is_named():
     with FakeServer(slots=1, delay_s=0.2) as server:  # 5 requests a context: 1 s each
-        finished, message, _ = _run_until_error(server, Retry(attempts=3, first_wait_s=0.01, timeout_s=60,
-                                                              deadline_s=3.0), n_jobs=20)
+        finished, message, _ = _run_until_error(server, Retry(attempts=3, first_wait_s=0.01, request_timeout=60,
+                                                              deadline=3.0), n_jobs=20)
     assert 0 < len(finished) < 20 and "the --deadline of 3 s passed" in message
 
 

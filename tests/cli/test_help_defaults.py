@@ -97,8 +97,8 @@ def help_of(command: str, option: str) -> str:
 NAMED_IN_HELP = [
     ("sweep", "context", f"Default {SweepDefaults.context}"),
     ("sweep", "stride", f"{CONTROL_STRIDE} for a control run"),
-    ("sweep", "request_timeout", f"default {Retry.timeout_s:g}"),
-    ("conform", "request_timeout", f"default {Retry.timeout_s:g}"),
+    ("sweep", "request_timeout", f"default {Retry.request_timeout:g}"),
+    ("conform", "request_timeout", f"default {Retry.request_timeout:g}"),
     ("validate", "tokens", f"default: {DEFAULT_TOKENS}, deepseek4 {deepseek4_tokens([128])}"),
     ("theory", "components", f"default {', '.join(map(str, DEFAULT_COMPONENTS[:-1]))} and {DEFAULT_COMPONENTS[-1]}"),
     ("flip", "stride", f"{CONTROL_STRIDE} for a control run"),

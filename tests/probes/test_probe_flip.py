@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from kvphase.backends.base import Query, Score
 from kvphase.probes.flip import build_report, pick_targets, run_flip, shifted
-from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.contexts import build_contexts
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.tasks import load_task
 from kvphase.cli import app
@@ -52,7 +52,7 @@ class _Info:
 def test_shift_inserts_before_the_target_only(tmp_path):
     backend = PhaseBackend()
     plan = _plan(tmp_path)
-    context, target = pick_targets(build_probes(load_task("records"), backend, plan.probe_settings), 1)[0]
+    context, target = pick_targets(build_contexts(load_task("records"), backend, plan.context_settings), 1)[0]
     tokens = shifted(context, target, [0] * 8, 3)
     p = target.position
     assert tokens[:p] == list(context.tokens[:p]) and tokens[p : p + 3] == [0, 0, 0]

@@ -17,7 +17,7 @@ PACKAGE = Path(kvphase.__file__).resolve().parent
 LAYER = {"cli": 5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "theory": 4, "conform": 4, "backends": 3,
          "engines": 2, "reference": 2, "options_check": 2, "designs": 1, "statistics": 1, "gguf": 0, "errors": 0,
          "defaults": 0, "runfolder": 0}
-CONTEXT_ROOMS = {"probe_settings": 0, "positions": 1, "records": 1, "layout": 2, "contexts": 3}  # in sweep/, lowest first
+CONTEXT_ROOMS = {"context_settings": 0, "positions": 1, "records": 1, "layout": 2, "contexts": 3}  # in sweep/, lowest first
 
 
 def _room(path: Path) -> str:
@@ -90,7 +90,7 @@ def _sweep_imports(path: Path) -> set[str]:
 
 
 def test_the_rooms_that_build_a_sweeps_contexts_import_only_downward():
-    """probe_settings -> positions, records -> layout -> contexts; of the rest of sweep/ only the task files."""
+    """context_settings -> positions, records -> layout -> contexts; of the rest of sweep/ only the task files."""
     wrong = []
     for room, level in CONTEXT_ROOMS.items():
         allowed = {other for other, below in CONTEXT_ROOMS.items() if below < level} | {"tasks"}

@@ -140,17 +140,17 @@ def test_the_gap_is_taken_from_unrounded_residue_accuracies():
 def test_detectable_dip_in_a_balanced_run_by_simulation():
     """The printed dip planted on one residue of this design (one target per residue and context,
     32 contexts) is found about 80% of the time by the test itself (2,000 simulated runs, SE 0.9%)."""
-    from kvphase.statistics.stratified import Design
+    from kvphase.statistics.stratified import Stratification
 
     rng = np.random.default_rng(1)
     frame = results_frame([0.5] * 8, n=32)
     frame["correct"] = rng.random(len(frame)) < 0.64
     summary = summarize(frame, stride=4, modulus=8)
-    design = Design.of(frame["residue"].to_numpy(), frame["context"].to_numpy())
+    stratification = Stratification.of(frame["residue"].to_numpy(), frame["context"].to_numpy())
     hits = frame.groupby("context")["correct"].transform("mean").to_numpy()  # each context's own rate
     shrink = 1 - summary.detectable_dip / 100 / frame["correct"].mean()
     rates = np.where(frame["residue"] == 0, hits * shrink, hits)
-    power = simulated_power(design, rates)
+    power = simulated_power(stratification, rates)
     assert 0.76 <= power <= 0.86, (summary.detectable_dip, power)
     assert summary.headline().startswith(f"No phase effect larger than {summary.detectable_dip:.1f} points")
 
@@ -283,14 +283,14 @@ def test_uninformative_is_decided_at_80_percent_power_of_the_largest_dip():
     """The rule's threshold itself: asked for a power just above what a dip to 0% has, no dip is
     reported; just below, the dip reported is (nearly) the whole accuracy."""
     from kvphase.statistics.power import detectable
-    from kvphase.statistics.stratified import Design
+    from kvphase.statistics.stratified import Stratification
 
     groups = np.tile(np.arange(8), 8 * 41)
-    design = Design.of(groups, np.repeat(np.arange(8), 328))
+    stratification = Stratification.of(groups, np.repeat(np.arange(8), 328))
     y = (np.random.default_rng(3).random(len(groups)) < 0.02).astype(float)
-    at_floor = detectable(y, design).power_at_largest
-    assert detectable(y, design, power=at_floor + 0.002).dip is None
-    near = detectable(y, design, power=at_floor - 0.002).dip
+    at_floor = detectable(y, stratification).power_at_largest
+    assert detectable(y, stratification, power=at_floor + 0.002).dip is None
+    near = detectable(y, stratification, power=at_floor - 0.002).dip
     assert near is not None and near == pytest.approx(y.mean(), rel=0.05)
 
 
@@ -332,11 +332,11 @@ def test_the_gap_interval_for_two_groups_is_the_wald_interval_of_the_difference(
     """Independent targets, two groups: one pair, so the simultaneous interval is the difference
     +- 1.96 standard errors (the pooled within-stratum variance, n - 1), computed here by hand."""
     from kvphase.statistics.intervals import gap_interval
-    from kvphase.statistics.stratified import Design
+    from kvphase.statistics.stratified import Stratification
 
     y = np.r_[np.ones(60), np.zeros(40), np.ones(45), np.zeros(55)]  # 60% and 45%
     groups = np.repeat([0, 1], 100)
-    low, high = gap_interval(y, Design.of(groups, np.arange(200)))
+    low, high = gap_interval(y, Stratification.of(groups, np.arange(200)))
     se = 100 * np.sqrt(y.var(ddof=1) * (1 / 100 + 1 / 100))
     want = (15 - 1.959964 * se, 15 + 1.959964 * se)
     assert (low, high) == pytest.approx(want, abs=0.3), (low, high, want)
@@ -346,12 +346,12 @@ def test_the_gap_interval_for_three_groups_takes_the_studentized_range():
     """Three balanced groups of independent targets: the critical value of all pairwise differences
     at once is the studentized range's 95% point over sqrt(2) (2.344 at 3 groups), not 1.96."""
     from kvphase.statistics.intervals import gap_interval
-    from kvphase.statistics.stratified import Design
+    from kvphase.statistics.stratified import Stratification
 
     y = np.tile(np.r_[np.ones(50), np.zeros(50)], 3)  # every group at 50%: every difference 0
     y[:10] = 0  # group 0 at 40%
     groups = np.repeat([0, 1, 2], 100)
-    low, high = gap_interval(y, Design.of(groups, np.arange(300)))
+    low, high = gap_interval(y, Stratification.of(groups, np.arange(300)))
     critical = stats.studentized_range.ppf(0.95, 3, 10_000) / np.sqrt(2)
     variance = y.var(ddof=1)  # one stratum: independent targets
     se = 100 * np.sqrt(2 * variance / 100)
@@ -362,16 +362,16 @@ def test_the_gap_interval_covers_a_true_gap_of_zero_in_95_percent_of_runs():
     """300 simulated runs without an effect on the 8K design's shape (8 contexts, a context effect):
     the interval holds 0 in at least 92% (the basic bootstrap of the gap it replaced held 0 in 70-82%)."""
     from kvphase.statistics.intervals import gap_interval
-    from kvphase.statistics.stratified import Design
+    from kvphase.statistics.stratified import Stratification
 
     rng = np.random.default_rng(7)
     groups = np.tile(np.arange(8), 8 * 41)
     contexts = np.repeat(np.arange(8), 328)
-    design = Design.of(groups, contexts)
+    stratification = Stratification.of(groups, contexts)
     held = 0
     for run in range(300):
         rates = 1 / (1 + np.exp(-(rng.standard_normal(8)[contexts])))  # (N,) around 50%
-        held += gap_interval((rng.random(len(groups)) < rates).astype(float), design, seed=run)[0] <= 0
+        held += gap_interval((rng.random(len(groups)) < rates).astype(float), stratification, seed=run)[0] <= 0
     assert held / 300 >= 0.92, held / 300
 
 

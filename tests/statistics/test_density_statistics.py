@@ -27,7 +27,7 @@ from kvphase.sweep.report import _clustering_line, render_markdown
 from kvphase.sweep.run import load_plan
 from kvphase.statistics.intervals import design_effect, intra_context_correlation
 from kvphase.statistics.power import detectable_dip
-from kvphase.statistics.stratified import (ALPHA, MIN_EXPECTED, Design, StratifiedTest, cmh_parts, cmh_statistic,
+from kvphase.statistics.stratified import (ALPHA, MIN_EXPECTED, Stratification, StratifiedTest, cmh_parts, cmh_statistic,
                                           stratified_test)
 from tests.helpers.by_hand import generalized_cmh_loop
 from tests.helpers.paths import EXAMPLE
@@ -39,10 +39,10 @@ CHUNK = 1_000  # simulated runs held at once: 16K contexts hold 5,376 targets ea
 MONTE_CARLO = 2.5  # standard errors a simulated rate may stray from its target
 
 # name -> (context length, targets per context, rounds of M contexts), M = 8: the auto density's designs
-DESIGNS = {"1K: 16 x 32": (1024, 32, 2), "4K: 8 x 160": (4096, 160, 1), "16K: 8 x 672": (16384, 672, 1)}
+PLAN_SHAPES = {"1K: 16 x 32": (1024, 32, 2), "4K: 8 x 160": (4096, 160, 1), "16K: 8 x 672": (16384, 672, 1)}
 
 
-def _design(context: int, per_context: int, rounds: int, modulus: int = 8):
+def _plan_shape(context: int, per_context: int, rounds: int, modulus: int = 8):
     """Every target's position and context (N,), (N,) as `plan_contexts` places them, and the
     span of depths they were placed in."""
     highest = LOWEST + 99 * 8 * context // 1024  # records fill about 80% of the context
@@ -64,11 +64,11 @@ def _probabilities(positions, contexts, span, context_sd, depth, runs, rng):
     return special.expit(logit)
 
 
-def _smallest_expected_count(outcomes: np.ndarray, design: Design) -> float:
+def _smallest_expected_count(outcomes: np.ndarray, stratification: Stratification) -> float:
     """Over runs and groups, the smallest expected number of successes or failures given each
     context's own rate: below MIN_EXPECTED the report would take a permutation p-value."""
-    table = design.counts  # (H, G)
-    in_stratum = np.eye(len(table))[design.strata]  # (N, H)
+    table = stratification.counts  # (H, G)
+    in_stratum = np.eye(len(table))[stratification.strata]  # (N, H)
     rates = outcomes @ in_stratum / table.sum(axis=1)  # (B, H)
     successes = rates @ table  # (B, G)
     return float(min(successes.min(), (table.sum(axis=0) - successes).min()))
@@ -77,16 +77,16 @@ def _smallest_expected_count(outcomes: np.ndarray, design: Design) -> float:
 @lru_cache(maxsize=None)
 def _null_rate(name: str, context_sd: float, depth: bool) -> float:
     """The stratified test's rejection rate at ALPHA over NULL_RUNS runs without a residue effect."""
-    positions, contexts, span = _design(*DESIGNS[name])
-    design = Design.of(positions % 8, contexts)
+    positions, contexts, span = _plan_shape(*PLAN_SHAPES[name])
+    stratification = Stratification.of(positions % 8, contexts)
     rng = np.random.default_rng([int(context_sd), int(depth), len(positions)])
     rejected = 0
     for _ in range(NULL_RUNS // CHUNK):
         outcomes = (rng.random((CHUNK, len(positions))) < _probabilities(
             positions, contexts, span, context_sd, depth, CHUNK, rng)).astype(float)  # (CHUNK, N)
         # the chi-square law is what `stratified_test` uses on every such run, so it is what is simulated
-        assert _smallest_expected_count(outcomes, design) >= MIN_EXPECTED
-        statistic, dof = cmh_statistic(outcomes, design)  # (CHUNK,)
+        assert _smallest_expected_count(outcomes, stratification) >= MIN_EXPECTED
+        statistic, dof = cmh_statistic(outcomes, stratification)  # (CHUNK,)
         assert dof == 7
         rejected += int((stats.chi2.sf(statistic, dof) < ALPHA).sum())
     rate = rejected / NULL_RUNS
@@ -161,7 +161,7 @@ def test_design_effect_is_the_variance_ratio_of_a_mean():
 
 def _results(context_sd=1.0, seed=0) -> pd.DataFrame:
     """A results frame on the 1K design: 16 contexts of 32 targets, no residue effect."""
-    positions, contexts, span = _design(*DESIGNS["1K: 16 x 32"])
+    positions, contexts, span = _plan_shape(*PLAN_SHAPES["1K: 16 x 32"])
     rng = np.random.default_rng(seed)
     correct = rng.random(len(positions)) < _probabilities(positions, contexts, span, context_sd, False, 1, rng)[0]
     return pd.DataFrame({"target_id": np.arange(len(positions)), "context": contexts, "residue": positions % 8,
@@ -209,24 +209,24 @@ def test_report_says_why_no_correlation_was_measured():
 
 # --- degrees of freedom ---
 
-def _old_rank(outcome: np.ndarray, design: Design) -> int:
+def _old_rank(outcome: np.ndarray, stratification: Stratification) -> int:
     """The degrees of freedom as the test took them before: numpy's default rank tolerance."""
-    return int(np.linalg.matrix_rank(cmh_parts(outcome, design)[1][0], hermitian=True))
+    return int(np.linalg.matrix_rank(cmh_parts(outcome, stratification)[1][0], hermitian=True))
 
 
 def test_degrees_of_freedom_never_count_the_null_direction_of_many_strata():
     """256 contexts of 4 targets, one per residue (M = 4): rounding over the strata leaves the
     covariance's null direction an eigenvalue of about 1e-15 of the largest, which numpy's
     default tolerance counted as a dimension (df 4) for about half of all outcomes."""
-    design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
+    stratification = Stratification.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     outcomes = ((np.random.default_rng(seed).random(1024) < 0.5).astype(float) for seed in range(200))
-    y = next((y for y in outcomes if _old_rank(y, design) == 4), None)
+    y = next((y for y in outcomes if _old_rank(y, stratification) == 4), None)
     assert y is not None, "no outcome in 200 gave the old rank 4: the case this test pins is gone"
-    want = generalized_cmh_loop(y, design.groups, design.strata, 4)  # textbook: drop one group, solve
-    (statistic,), dof = cmh_statistic(y, design)
+    want = generalized_cmh_loop(y, stratification.groups, stratification.strata, 4)  # textbook: drop one group, solve
+    (statistic,), dof = cmh_statistic(y, stratification)
     assert dof == 3
     assert statistic == pytest.approx(want, rel=1e-9)
-    test = stratified_test(y, design, binary=True)
+    test = stratified_test(y, stratification, binary=True)
     assert (test.dof, test.p_value) == (3, pytest.approx(stats.chi2.sf(want, 3), rel=1e-9))
 
 
@@ -236,20 +236,20 @@ def test_detectable_dip_takes_the_same_degrees_of_freedom():
     (with df = 4 it would be about 3.5%)."""
     from kvphase.statistics.power import POWER_DRAWS, dip_power
 
-    design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
+    stratification = Stratification.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     outcomes = ((np.random.default_rng(seed).random(1024) < 0.5).astype(float) for seed in range(200))
-    y = next(y for y in outcomes if _old_rank(y, design) == 4)
+    y = next(y for y in outcomes if _old_rank(y, stratification) == 4)
     base = y.reshape(256, 4).mean(axis=1)  # (H,)
     draws = np.random.default_rng(0).standard_normal((POWER_DRAWS, 4))
-    assert dip_power(design.counts, base, 0, 1e-9, float(y.mean()), draws) == pytest.approx(ALPHA, abs=0.01)
-    assert detectable_dip(y, design) is not None
+    assert dip_power(stratification.counts, base, 0, 1e-9, float(y.mean()), draws) == pytest.approx(ALPHA, abs=0.01)
+    assert detectable_dip(y, stratification) is not None
 
 
 # --- false positive rate and power on the auto density's designs ---
 
 @pytest.mark.parametrize("depth", [False, True], ids=["flat", "u-curve"])
 @pytest.mark.parametrize("context_sd", [0.0, 1.0, 2.0])
-@pytest.mark.parametrize("name", list(DESIGNS))
+@pytest.mark.parametrize("name", list(PLAN_SHAPES))
 def test_false_positive_rate_is_at_most_alpha(name, context_sd, depth):
     rate = _null_rate(name, context_sd, depth)
     assert rate <= ALPHA + _monte_carlo_error(ALPHA, NULL_RUNS)
@@ -257,7 +257,7 @@ def test_false_positive_rate_is_at_most_alpha(name, context_sd, depth):
 
 @pytest.mark.parametrize("depth", [False, True], ids=["flat", "u-curve"])
 @pytest.mark.parametrize("context_sd", [0.0, 1.0, 2.0])
-@pytest.mark.parametrize("name", list(DESIGNS))
+@pytest.mark.parametrize("name", list(PLAN_SHAPES))
 def test_false_positive_rate_is_not_far_below_alpha(name, context_sd, depth):
     """At least half of alpha: a test this conservative throws power away. The depth curve
     alone makes the stratified test somewhat conservative (targets of one context then differ,
@@ -270,14 +270,14 @@ def test_false_positive_rate_is_not_far_below_alpha(name, context_sd, depth):
 def test_a_15_point_dip_at_one_residue_is_found_most_of_the_time():
     """4K design (8 contexts x 160), context SD 1 logit, the depth curve, residue 3's chance
     scaled down so that its accuracy drops by 15 points."""
-    positions, contexts, span = _design(*DESIGNS["4K: 8 x 160"])
-    design = Design.of(positions % 8, contexts)
+    positions, contexts, span = _plan_shape(*PLAN_SHAPES["4K: 8 x 160"])
+    stratification = Stratification.of(positions % 8, contexts)
     rng = np.random.default_rng(11)
     chance = _probabilities(positions, contexts, span, 1.0, True, POWER_RUNS, rng)  # (runs, N)
     dipped = positions % 8 == 3  # (N,)
     chance[:, dipped] *= 1 - 0.15 / chance[:, dipped].mean()
     outcomes = (rng.random(chance.shape) < chance).astype(float)  # (runs, N)
-    statistic, dof = cmh_statistic(outcomes, design)
+    statistic, dof = cmh_statistic(outcomes, stratification)
     power = (stats.chi2.sf(statistic, dof) < ALPHA).mean()
     print(f"\npower {power:.3f} against a 15-point dip, {POWER_RUNS} runs of {len(positions)} targets")
     assert power >= 0.6

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvphase.sweep.contexts import build_probes
-from kvphase.sweep.probe_settings import ProbeSettings
-from kvphase.statistics.stratified import ALPHA, Design, stratified_p_values
+from kvphase.sweep.contexts import build_contexts
+from kvphase.sweep.context_settings import ContextSettings
+from kvphase.statistics.stratified import ALPHA, Stratification, stratified_p_values
 from kvphase.sweep.tasks import load_task
 
 MEAN_ACCURACY = 0.64  # SmolLM2's mean accuracy in the default sweep
@@ -26,7 +26,7 @@ NULL_RUNS, POWER_RUNS = 4_000, 1_000
 def _plan(backend, per_residue, context=1024):
     """Residue and context of every target of `kvphase sweep`'s default plan (records,
     1024 tokens, a control run's S = 4 and M = 8, prefix padding, seed 0)."""
-    contexts = build_probes(load_task("records"), backend, ProbeSettings(context, 4, 8, per_residue, "prefix", 0))
+    contexts = build_contexts(load_task("records"), backend, ContextSettings(context, 4, 8, per_residue, "prefix", 0))
     targets = [t for c in contexts for t in c.targets]
     return np.array([t.residue for t in targets]), np.array([t.context_index for t in targets])
 
@@ -61,7 +61,7 @@ def test_false_positive_rate_at_most_five_percent(default_plan):
     residues, contexts = default_plan
     outcomes = _simulate(residues, contexts, NULL_RUNS, np.random.default_rng(0))  # (runs, N)
     per_context = np.stack([outcomes[:, contexts == c].mean(axis=1) for c in np.unique(contexts)], axis=1)
-    p, _ = stratified_p_values(outcomes, Design.of(residues, contexts), binary=True)
+    p, _ = stratified_p_values(outcomes, Stratification.of(residues, contexts), binary=True)
     rate = (p < ALPHA).mean()
     error = np.sqrt(ALPHA * (1 - ALPHA) / NULL_RUNS)
     print(f"\nfalse positive rate {rate:.4f} over {NULL_RUNS} simulated null runs (Monte Carlo SE {error:.4f}); "
@@ -74,7 +74,7 @@ def test_false_positive_rate_at_most_five_percent(default_plan):
 def test_power_against_a_20_point_dip_at_256_per_residue(llama_backend):
     residues, contexts = _plan(llama_backend, 256)
     outcomes = _simulate(residues, contexts, POWER_RUNS, np.random.default_rng(1), dip=0.20)
-    p, _ = stratified_p_values(outcomes, Design.of(residues, contexts), binary=True)
+    p, _ = stratified_p_values(outcomes, Stratification.of(residues, contexts), binary=True)
     power = (p < ALPHA).mean()
     print(f"\npower {power:.4f} against one residue 20 points down, {POWER_RUNS} simulated runs of "
           f"{len(residues)} targets in {contexts.max() + 1} contexts")

@@ -14,7 +14,7 @@ from kvphase.statistics.intervals import logit_intercept, mean_coverage, mean_in
 from kvphase.sweep.analysis import summarize
 from kvphase.sweep.report import SHORT_COVERAGE, _clustering_line, _overview_rows
 from kvphase.statistics.intervals import bootstrap_residue_accuracy
-from kvphase.statistics.stratified import Design
+from kvphase.statistics.stratified import Stratification
 from tests.helpers.by_hand import results_frame
 
 
@@ -37,7 +37,7 @@ def test_a_balanced_runs_interval_is_wilson_at_the_contexts_spread_of_means():
     p = correct.mean()
     effective = p * (1 - p) / variance
     expected = 100 * np.array(wilson_interval(p * effective, effective))
-    got = mean_intervals(correct, Design.of(residues, contexts), contexts)[0]
+    got = mean_intervals(correct, Stratification.of(residues, contexts), contexts)[0]
     assert got == pytest.approx(expected, abs=1e-9), f"max difference {np.max(np.abs(got - expected)):.3g}"
 
 
@@ -47,7 +47,7 @@ def test_an_unbalanced_runs_interval_has_the_width_a_bootstrap_over_contexts_giv
     residues = rng.integers(0, 4, len(contexts))  # (N,) residues unevenly spread
     chance = special.expit(-0.5 + rng.standard_normal(30)[contexts])
     correct = (rng.random(len(contexts)) < chance).astype(float)
-    low, high = mean_intervals(correct, Design.of(residues, contexts), contexts)[0]
+    low, high = mean_intervals(correct, Stratification.of(residues, contexts), contexts)[0]
     resampled = bootstrap_residue_accuracy(correct, residues, contexts, seed=1, n=20_000).mean(axis=1)  # (n',)
     widened = stats.t.isf(0.025, 29) / stats.norm.isf(0.025) * np.sqrt(30 / 29)
     # Wilson's half-width at the effective n is z times the standard error, up to its small-n terms
@@ -56,16 +56,16 @@ def test_an_unbalanced_runs_interval_has_the_width_a_bootstrap_over_contexts_giv
 
 def test_runs_given_together_get_the_intervals_they_get_alone():
     residues, contexts, correct = _clustered(6, 16, 4, 0.3, 1.0, seed=1)
-    design = Design.of(residues, contexts)
+    stratification = Stratification.of(residues, contexts)
     flipped = 1 - correct
-    together = mean_intervals(np.stack([correct, flipped]), design, contexts)  # (2, 2)
-    alone = np.concatenate([mean_intervals(c, design, contexts) for c in (correct, flipped)])
+    together = mean_intervals(np.stack([correct, flipped]), stratification, contexts)  # (2, 2)
+    alone = np.concatenate([mean_intervals(c, stratification, contexts) for c in (correct, flipped)])
     assert together == pytest.approx(alone)
 
 
 def test_independent_targets_are_covered_about_95_percent_of_the_time():
     residues, contexts, correct = _clustered(2000, 1, 4, 0.5, 0.0, seed=2)
-    coverage = mean_coverage(correct, Design.of(residues, contexts), contexts, seed=4)
+    coverage = mean_coverage(correct, Stratification.of(residues, contexts), contexts, seed=4)
     assert 0.92 <= coverage <= 0.98  # 400 runs: Monte Carlo SE about 0.011
 
 
@@ -76,9 +76,9 @@ def test_the_stated_coverage_is_what_runs_of_the_datas_own_law_show():
     stated, truth = [], []
     for seed in range(30):
         residues, contexts, correct = _clustered(4, 200, 8, 0.15, 2.0, seed=seed)
-        design = Design.of(residues, contexts)
-        stated.append(mean_coverage(correct, design, contexts, seed=seed))
-        bounds = mean_intervals(correct, design, contexts)[0]
+        stratification = Stratification.of(residues, contexts)
+        stated.append(mean_coverage(correct, stratification, contexts, seed=seed))
+        bounds = mean_intervals(correct, stratification, contexts)[0]
         truth.append(bounds[0] <= 15 <= bounds[1])
     assert np.mean(stated) < SHORT_COVERAGE and np.mean(truth) < SHORT_COVERAGE
     assert np.mean(stated) == pytest.approx(np.mean(truth), abs=0.15)
@@ -86,9 +86,9 @@ def test_the_stated_coverage_is_what_runs_of_the_datas_own_law_show():
 
 def test_a_run_all_right_or_of_one_context_states_no_coverage():
     residues, contexts, _ = _clustered(8, 8, 4, 0.5, 0.0, seed=0)
-    design = Design.of(residues, contexts)
-    assert mean_coverage(np.ones(len(contexts)), design, contexts) is None
-    assert mean_coverage(np.tile([0.0, 1.0], 32), Design.of(residues, np.zeros(64)), np.zeros(64)) is None
+    stratification = Stratification.of(residues, contexts)
+    assert mean_coverage(np.ones(len(contexts)), stratification, contexts) is None
+    assert mean_coverage(np.tile([0.0, 1.0], 32), Stratification.of(residues, np.zeros(64)), np.zeros(64)) is None
 
 
 @pytest.mark.parametrize("coverage, said", [(0.89, True), (SHORT_COVERAGE - 1e-4, True), (SHORT_COVERAGE, False),

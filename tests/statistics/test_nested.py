@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from kvphase.statistics.nested import inner_stride, read_nested
-from kvphase.statistics.stratified import Design
+from kvphase.statistics.stratified import Stratification
 
 
 def one_per_context(hits_per_residue: dict[int, int], n: int) -> pd.DataFrame:
@@ -82,13 +82,13 @@ def test_context_levels_alone_make_no_effect_within_phases():
     assert all(r.within_dip is not None and r.within_dip < 20 for r in readings)
 
 
-def test_design_blocks_keep_strata_apart():
+def test_blocks_keep_strata_apart():
     """Two contexts, each holding targets of two blocks: four strata; without blocks, two."""
     residues, contexts, blocks = [0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1, 0, 1]
-    assert len(set(Design.of(residues, contexts, blocks).strata)) == 4
-    assert len(set(Design.of(residues, contexts).strata)) == 2
+    assert len(set(Stratification.of(residues, contexts, blocks).strata)) == 4
+    assert len(set(Stratification.of(residues, contexts).strata)) == 2
     # singletons pool within their block only
-    assert Design.of([0, 1, 2, 3], [0, 1, 2, 3], [0, 0, 1, 1]).strata.tolist() == [0, 0, 1, 1]
+    assert Stratification.of([0, 1, 2, 3], [0, 1, 2, 3], [0, 0, 1, 1]).strata.tolist() == [0, 0, 1, 1]
 
 
 def test_the_inner_stride_is_the_largest_smaller_one_that_divides_the_modulus():

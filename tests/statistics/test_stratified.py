@@ -14,7 +14,7 @@ from scipy import optimize, stats
 
 from kvphase.statistics.intervals import basic_interval, bootstrap_gaps, percentile_interval
 from kvphase.statistics.power import detectable, detectable_dip, per_residue_for_dip
-from kvphase.statistics.stratified import (Design, cmh_statistic, permutation_p, permuted_group_sums, stratified_p_values,
+from kvphase.statistics.stratified import (Stratification, cmh_statistic, permutation_p, permuted_group_sums, stratified_p_values,
                                           stratified_test)
 from tests.helpers.by_hand import generalized_cmh_loop, simulated_power
 
@@ -42,8 +42,8 @@ def test_two_groups_match_the_mantel_haenszel_formula():
     strata = rng.integers(0, 12, 300)
     groups = rng.integers(0, 2, 300)
     y = (rng.random(300) < 0.3 + 0.04 * strata).astype(float)
-    design = Design.of(groups, strata)
-    (q,), dof = cmh_statistic(y, design)
+    stratification = Stratification.of(groups, strata)
+    (q,), dof = cmh_statistic(y, stratification)
     want = _mantel_haenszel_2x2(y, groups, strata)
     assert dof == 1
     assert q == pytest.approx(want, rel=1e-9), _report(q, want)
@@ -55,7 +55,7 @@ def test_many_groups_match_a_stratum_by_stratum_loop(binary):
     strata = rng.integers(0, 20, 400)  # unbalanced: residues fall into contexts at random
     groups = rng.integers(0, 5, 400)
     y = (rng.random(400) < 0.6).astype(float) if binary else rng.normal(-2, 1, 400) + 0.3 * strata
-    (q,), dof = cmh_statistic(y, Design.of(groups, strata))
+    (q,), dof = cmh_statistic(y, Stratification.of(groups, strata))
     want = generalized_cmh_loop(y, groups, strata, 5)
     assert dof == 4
     assert q == pytest.approx(want, rel=1e-9), _report(q, want)
@@ -67,27 +67,27 @@ def test_one_stratum_is_pearson_chi_square_times_n_minus_1_over_n():
     y = (rng.random(200) < 0.5).astype(float)
     table = np.array([[y[groups == g].sum(), 50 - y[groups == g].sum()] for g in range(4)])
     chi2 = stats.chi2_contingency(table, correction=False)[0]
-    (q,), _ = cmh_statistic(y, Design.of(groups, np.zeros(200)))
+    (q,), _ = cmh_statistic(y, Stratification.of(groups, np.zeros(200)))
     assert q == pytest.approx(chi2 * 199 / 200, rel=1e-9)
 
 
 def test_single_target_contexts_share_one_stratum():
-    design = Design.of([0, 1, 0, 1, 2, 2], [7, 8, 9, 9, 3, 5])
-    assert design.strata.tolist() == [0, 0, 1, 1, 0, 0]  # contexts 7, 8, 3, 5 hold one target each
-    assert design.labels.tolist() == [0, 1, 2]
+    stratification = Stratification.of([0, 1, 0, 1, 2, 2], [7, 8, 9, 9, 3, 5])
+    assert stratification.strata.tolist() == [0, 0, 1, 1, 0, 0]  # contexts 7, 8, 3, 5 hold one target each
+    assert stratification.labels.tolist() == [0, 1, 2]
 
 
 def test_balanced_means_equal_counts_within_every_context():
-    assert Design.of([0, 1, 0, 1], [0, 0, 1, 1]).balanced
-    assert Design.of([0, 1, 2, 0, 1, 2], [0, 0, 0, 1, 1, 1]).balanced
-    assert not Design.of([0, 0, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]).balanced
+    assert Stratification.of([0, 1, 0, 1], [0, 0, 1, 1]).balanced
+    assert Stratification.of([0, 1, 2, 0, 1, 2], [0, 0, 0, 1, 1, 1]).balanced
+    assert not Stratification.of([0, 0, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]).balanced
 
 
 def test_contexts_serving_fewer_residues_than_m_are_balanced_when_each_is_served_equally():
     """Short contexts hold fewer targets than M = 4 residues and serve a rotating subset, each once."""
-    assert Design.of([0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 1, 1, 2, 2, 3, 3]).balanced
-    assert Design.of([0, 1, 2, 3, 0, 0, 2, 2], [0, 0, 0, 0, 1, 1, 1, 1]).balanced  # residues 0 and 2, twice each
-    assert not Design.of([0, 1, 2, 3, 0, 0, 2], [0, 0, 0, 0, 1, 1, 1]).balanced  # residue 0 twice, 2 once
+    assert Stratification.of([0, 1, 2, 3, 0, 1, 2, 3], [0, 0, 1, 1, 2, 2, 3, 3]).balanced
+    assert Stratification.of([0, 1, 2, 3, 0, 0, 2, 2], [0, 0, 0, 0, 1, 1, 1, 1]).balanced  # residues 0 and 2, twice each
+    assert not Stratification.of([0, 1, 2, 3, 0, 0, 2], [0, 0, 0, 0, 1, 1, 1]).balanced  # residue 0 twice, 2 once
 
 
 def _every_arrangement(y, strata):
@@ -108,12 +108,12 @@ _Y = np.array([0.5, -1.0, 2.0, -0.3, 1.5, 0.9, -2.2, 0.1, 3.0])
 
 
 def test_permuted_group_sums_follow_the_exact_within_context_law():
-    design = Design.of(_GROUPS, _STRATA)
+    stratification = Stratification.of(_GROUPS, _STRATA)
     exact = {}
     for arranged in _every_arrangement(_Y, _STRATA):  # 3! 2! 4! = 288, equally likely
         key = tuple(np.round(np.bincount(_GROUPS, weights=arranged), 9))
         exact[key] = exact.get(key, 0) + 1 / 288
-    sums = permuted_group_sums(_Y, design, 40_000, np.random.default_rng(0))  # (n, G)
+    sums = permuted_group_sums(_Y, stratification, 40_000, np.random.default_rng(0))  # (n, G)
     drawn = {}
     for row in np.round(sums, 9):
         drawn[tuple(row)] = drawn.get(tuple(row), 0) + 1 / len(sums)
@@ -128,10 +128,10 @@ def test_permutation_p_is_the_exact_permutation_p(binary, chunk, monkeypatch):
     if chunk:  # many chunks, as a run of thousands of targets takes them: each must draw its own shuffles
         monkeypatch.setattr("kvphase.statistics.stratified._CHUNK_VALUES", chunk)
     y = (_Y > 0.4).astype(float) if binary else _Y
-    (observed,), _ = cmh_statistic(y, Design.of(_GROUPS, _STRATA))
+    (observed,), _ = cmh_statistic(y, Stratification.of(_GROUPS, _STRATA))
     statistics = np.array([generalized_cmh_loop(a, _GROUPS, _STRATA, 3) for a in _every_arrangement(y, _STRATA)])
     exact = (statistics >= observed - 1e-9).mean()
-    got = permutation_p(y, Design.of(_GROUPS, _STRATA), observed, seed=0, permutations=20_000)
+    got = permutation_p(y, Stratification.of(_GROUPS, _STRATA), observed, seed=0, permutations=20_000)
     assert got == pytest.approx(exact, abs=4 * np.sqrt(exact * (1 - exact) / 20_000) + 1e-4), (got, exact)
 
 
@@ -139,9 +139,9 @@ def test_permutation_p_never_falls_below_one_over_permutations_plus_one():
     strata = np.repeat(np.arange(40), 2)
     groups = np.tile([0, 1], 40)
     y = (groups == 0).astype(float)  # every context: residue 0 right, residue 1 wrong; a shuffle matches it at 2^-40
-    design = Design.of(groups, strata)
-    (observed,), _ = cmh_statistic(y, design)
-    assert permutation_p(y, design, observed, seed=0, permutations=999) == 1 / 1000
+    stratification = Stratification.of(groups, strata)
+    (observed,), _ = cmh_statistic(y, stratification)
+    assert permutation_p(y, stratification, observed, seed=0, permutations=999) == 1 / 1000
 
 
 def test_permutation_and_chi_square_p_values_agree_on_large_samples():
@@ -149,9 +149,9 @@ def test_permutation_and_chi_square_p_values_agree_on_large_samples():
     strata = np.repeat(np.arange(40), 16)
     groups = np.tile(np.repeat(np.arange(8), 2), 40)
     y = rng.normal(size=640) + 0.15 * (groups == 3)
-    design = Design.of(groups, strata)
-    permuted = stratified_test(y, design, binary=False).p_value
-    asymptotic = stats.chi2.sf(cmh_statistic(y, design)[0][0], 7)
+    stratification = Stratification.of(groups, strata)
+    permuted = stratified_test(y, stratification, binary=False).p_value
+    asymptotic = stats.chi2.sf(cmh_statistic(y, stratification)[0][0], 7)
     assert permuted == pytest.approx(asymptotic, abs=0.02)
 
 
@@ -159,7 +159,7 @@ def test_small_binary_samples_take_the_permutation_p_value():
     groups = np.tile(np.arange(4), 6)
     strata = np.repeat(np.arange(6), 4)
     y = (groups % 2 == 0).astype(float)  # residues 0 and 2 always right, 1 and 3 always wrong
-    test = stratified_test(y, Design.of(groups, strata), binary=True)
+    test = stratified_test(y, Stratification.of(groups, strata), binary=True)
     assert "permutations" in test.note and test.p_value < 0.01
 
 
@@ -172,10 +172,10 @@ def test_a_large_run_near_ceiling_or_floor_takes_the_permutation_p_value(accurac
     y = np.ones(320)
     y[[3, 11, 19, 27, 35, 43]] = 0  # residue 3 fails six times
     y = y if accuracy == "high" else 1 - y
-    design = Design.of(groups, strata)
-    p, exact = stratified_p_values(y[None], design, binary=True, permutations=2000)
+    stratification = Stratification.of(groups, strata)
+    p, exact = stratified_p_values(y[None], stratification, binary=True, permutations=2000)
     assert exact.tolist() == [True]
-    assert "permutations" in stratified_test(y, design, binary=True).note
+    assert "permutations" in stratified_test(y, stratification, binary=True).note
 
 
 def test_the_chi_square_law_is_used_from_five_expected_per_group_on():
@@ -183,11 +183,11 @@ def test_the_chi_square_law_is_used_from_five_expected_per_group_on():
     once, every residue expects 40/8 = 5 failures (each context's own rate is 1/8): the law holds.
     With 39, a residue expects 39/8 < 5: permutations."""
     groups, strata = np.tile(np.arange(8), 40), np.repeat(np.arange(40), 8)
-    design = Design.of(groups, strata)
+    stratification = Stratification.of(groups, strata)
     for failures, exact in ((40, False), (39, True)):
         y = np.ones(320)
         y[np.arange(failures) * 8 + np.arange(failures) % 8] = 0  # context c fails at residue c mod 8
-        assert stratified_p_values(y[None], design, binary=True, permutations=200)[1].tolist() == [exact], failures
+        assert stratified_p_values(y[None], stratification, binary=True, permutations=200)[1].tolist() == [exact], failures
 
 
 def test_expected_counts_use_each_contexts_own_rate():
@@ -201,11 +201,11 @@ def test_expected_counts_use_each_contexts_own_rate():
     groups = np.concatenate([groups] * 20)
     strata = np.concatenate([strata + 26 * k for k in range(20)])
     y = np.concatenate([y] * 20)
-    assert stratified_p_values(y[None], Design.of(groups, strata), binary=True, permutations=200)[1].tolist() == [True]
+    assert stratified_p_values(y[None], Stratification.of(groups, strata), binary=True, permutations=200)[1].tolist() == [True]
 
 
 def test_constant_outcome_gives_p_one():
-    test = stratified_test(np.ones(16), Design.of(np.arange(16) % 8, np.arange(16) // 8), binary=True)
+    test = stratified_test(np.ones(16), Stratification.of(np.arange(16) % 8, np.arange(16) // 8), binary=True)
     assert test.p_value == 1.0 and test.dof == 0
 
 
@@ -229,7 +229,7 @@ def test_detectable_dip_for_two_groups_is_fleiss_formula_under_the_alternative(p
     y = np.r_[np.ones(round(n * p)), np.zeros(n - round(n * p))]
     y = np.r_[y, y]  # (2n,) both groups at p exactly
     groups = np.repeat([0, 1], n)
-    dip = detectable_dip(y, Design.of(groups, np.arange(2 * n)))  # every target its own context
+    dip = detectable_dip(y, Stratification.of(groups, np.arange(2 * n)))  # every target its own context
     want = optimize.brentq(lambda d: _fleiss_power(d, p, n) - 0.8, 1e-6, p)
     assert dip == pytest.approx(want, rel=0.02), f"dip {dip:.4f}, Fleiss {want:.4f}"
 
@@ -240,11 +240,11 @@ def test_detectable_dip_has_80_percent_power_by_simulation():
     rng = np.random.default_rng(5)
     groups = np.tile(np.repeat(np.arange(8), 2), 16)
     strata = np.repeat(np.arange(16), 16)
-    design = Design.of(groups, strata)
+    stratification = Stratification.of(groups, strata)
     p = np.full(256, 0.64)
-    dip = detectable_dip((rng.random(256) < p).astype(float), design)
+    dip = detectable_dip((rng.random(256) < p).astype(float), stratification)
     p[groups == 3] -= dip
-    power = simulated_power(design, p)
+    power = simulated_power(stratification, p)
     assert 0.76 <= power <= 0.86, f"detectable dip {100 * dip:.1f} points, simulated power {power:.3f}"
 
 
@@ -257,11 +257,11 @@ def test_the_dip_is_the_hardest_residues_in_an_unbalanced_design():
     pairs = [(0, 1)] * 32 + [(r, s) for r in range(1, 8) for s in range(1, 8) if r < s] * 8  # residue 0 rare
     groups = np.array(pairs).ravel()  # (N,)
     strata = np.repeat(np.arange(len(pairs)), 2)  # (N,)
-    design = Design.of(groups, strata)
+    stratification = Stratification.of(groups, strata)
     base = 0.6
-    seen = detectable((rng.random(len(groups)) < base).astype(float), design)
+    seen = detectable((rng.random(len(groups)) < base).astype(float), stratification)
     assert seen.dip is not None
-    powers = [simulated_power(design, np.where(groups == residue, base - seen.dip, base), runs=1500)
+    powers = [simulated_power(stratification, np.where(groups == residue, base - seen.dip, base), runs=1500)
               for residue in range(8)]
     named = powers[seen.residue]
     # two targets a context estimate each context's rate poorly, and the rule errs on the safe side (89%)
@@ -275,14 +275,14 @@ def test_a_run_at_its_floor_has_no_dip_that_fits():
     with the test's own power by simulation; at 30% accuracy a dip is reported, and it fits."""
     groups = np.tile(np.arange(8), 8 * 41)
     strata = np.repeat(np.arange(8), 328)
-    design = Design.of(groups, strata)
+    stratification = Stratification.of(groups, strata)
     rng = np.random.default_rng(3)
-    floor = detectable((rng.random(len(groups)) < 0.016).astype(float), design)
+    floor = detectable((rng.random(len(groups)) < 0.016).astype(float), stratification)
     assert floor.dip is None and floor.power_at_largest < 0.8
     rates = np.where(groups == floor.residue, 0.0, floor.largest)
-    simulated = simulated_power(design, rates, runs=1500)
+    simulated = simulated_power(stratification, rates, runs=1500)
     assert abs(simulated - floor.power_at_largest) < 0.12, (simulated, floor.power_at_largest)
-    middle = detectable((rng.random(len(groups)) < 0.3).astype(float), design)
+    middle = detectable((rng.random(len(groups)) < 0.3).astype(float), stratification)
     assert middle.dip is not None and 0 < middle.dip <= middle.largest
 
 
@@ -291,9 +291,9 @@ def test_the_power_rule_rejects_at_alpha_without_a_dip():
     degrees of freedom (M - 1 = 3 here; with M it would be about 3%)."""
     from kvphase.statistics.power import POWER_DRAWS, dip_power
 
-    design = Design.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
+    stratification = Stratification.of(np.tile(np.arange(4), 256), np.repeat(np.arange(256), 4))
     draws = np.random.default_rng(0).standard_normal((POWER_DRAWS, 4))
-    size = dip_power(design.counts, np.full(256, 0.5), 0, 1e-9, 0.5, draws)
+    size = dip_power(stratification.counts, np.full(256, 0.5), 0, 1e-9, 0.5, draws)
     assert size == pytest.approx(0.05, abs=0.012)
 
 
@@ -305,8 +305,8 @@ def test_per_residue_for_dip_has_the_power_it_plans_for_by_simulation():
 
     def simulated(per_residue):
         groups = np.repeat(np.arange(8), per_residue)
-        design = Design.of(groups, np.arange(len(groups)))
-        return simulated_power(design, np.where(groups == 0, 0.4, 0.6), runs=2000)
+        stratification = Stratification.of(groups, np.arange(len(groups)))
+        return simulated_power(stratification, np.where(groups == 0, 0.4, 0.6), runs=2000)
 
     assert simulated(n) >= 0.77 and simulated(n - 16) < 0.8
     with pytest.raises(ValueError, match="between 0 and 1"):
@@ -320,8 +320,8 @@ def test_large_moduli_take_the_smallest_sample_size_not_a_whole_round():
     n = per_residue_for_dip(0.5, 128)
     assert n < 64
     groups = np.repeat(np.arange(128), n)
-    design = Design.of(groups, np.arange(len(groups)))
-    power = simulated_power(design, np.where(groups == 0, 0.25, 0.75), runs=600)
+    stratification = Stratification.of(groups, np.arange(len(groups)))
+    power = simulated_power(stratification, np.where(groups == 0, 0.25, 0.75), runs=600)
     assert 0.74 <= power <= 0.88, (n, power)
 
 

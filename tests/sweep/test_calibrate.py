@@ -15,7 +15,7 @@ from kvphase.sweep import calibrate as calibration
 from kvphase.sweep.backend_setup import closed_after
 from kvphase.sweep.calibrate import (PILOT_BUDGET, Band, Calibration, calibrate, calibrated_run_dir, easier_levels,
                                      harder_levels, plan_for_folder, tokens_of)
-from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.contexts import build_contexts
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.run import load_plan, prepare_run_dir
 from kvphase.sweep.tasks import load_task
@@ -108,7 +108,7 @@ def test_the_pilot_scores_no_context_the_sweep_scores():
     backend = KnownDifficulty(falling)
     result = calibrate(PLAN, backend, BAND, ["context"], 4096)
     chosen = SweepPlan(**{**asdict(PLAN), "context": result.choice.context, "padding": result.choice.padding})
-    sweep = {c.tokens for c in build_probes(load_task("records"), backend, chosen.probe_settings)}
+    sweep = {c.tokens for c in build_contexts(load_task("records"), backend, chosen.context_settings)}
     assert backend.scored_contexts and not sweep & set(backend.scored_contexts)
 
 
@@ -117,7 +117,7 @@ def test_the_pilot_costs_at_most_its_budget_of_the_sweep_it_chooses():
         backend = KnownDifficulty(accuracy_at)
         result = calibrate(PLAN, backend, BAND, ["context"], 8192)
         chosen = SweepPlan(**{**asdict(PLAN), "context": result.choice.context, "padding": result.choice.padding})
-        sweep = tokens_of(build_probes(load_task("records"), backend, chosen.probe_settings))
+        sweep = tokens_of(build_contexts(load_task("records"), backend, chosen.context_settings))
         assert backend.tokens_evaluated == result.pilot_tokens  # the pilot counts what it evaluated
         assert result.choice.sweep_tokens == sweep
         assert result.pilot_tokens <= PILOT_BUDGET * sweep, (result.pilot_tokens, sweep)

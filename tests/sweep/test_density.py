@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from kvphase.cli import app
 from kvphase.errors import PlanError
-from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.contexts import build_contexts, plan_fingerprint
 from kvphase.sweep.layout import Layout
-from kvphase.sweep.probe_settings import AUTO_DENSITY, MIN_CONTEXTS, TASK_DENSITY, ProbeSettings
+from kvphase.sweep.context_settings import AUTO_DENSITY, MIN_CONTEXTS, TASK_DENSITY, ContextSettings
 from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import load_task
 from tests.helpers.cli_checks import one_line_error
@@ -36,7 +36,7 @@ def vocab(default_model):
 
 
 def _settings(mode, context, per_residue, density=AUTO_DENSITY, modulus=8):
-    return ProbeSettings(context, 4, modulus, per_residue, mode, 0, density)
+    return ContextSettings(context, 4, modulus, per_residue, mode, 0, density)
 
 
 def _most(vocab, settings, task="records") -> int:
@@ -61,7 +61,7 @@ def test_dense_plans_keep_every_rule_of_the_design(vocab, mode, context):
     in every lane."""
     most = _most(vocab, _settings(mode, context, 1))
     settings = _settings(mode, context, 2 * most)  # two rounds at full density
-    contexts = build_probes(load_task("records"), vocab, settings)
+    contexts = build_contexts(load_task("records"), vocab, settings)
     maker = RecordMaker(load_task("records"), vocab)
     assert len(contexts) == 16 and {len(c.targets) for c in contexts} == {most}
     for c in contexts:
@@ -84,7 +84,7 @@ def test_a_distractor_record_sits_between_every_two_targets(vocab, mode):
     """So a target's neighbours keep random phases (never ones its residue decides): between two
     targets of a context lies at least one whole record (one ':' per record; the filler has none)."""
     most = _most(vocab, _settings(mode, 1024, 1))
-    contexts = build_probes(load_task("records"), vocab, _settings(mode, 1024, most))
+    contexts = build_contexts(load_task("records"), vocab, _settings(mode, 1024, most))
     maker, colon = RecordMaker(load_task("records"), vocab), vocab.tokenize(":")[0]
     for c in contexts:
         for a, b in zip(c.targets, c.targets[1:]):
@@ -96,11 +96,11 @@ def test_the_most_a_context_holds_is_the_most_that_plan(vocab):
     """One more round of lanes than `most_lanes` is refused in one line naming the largest that fits."""
     most = _most(vocab, _settings("prefix", 1024, 1))
     for fits in (most, 8, 3):
-        assert len(build_probes(load_task("records"), vocab, _settings("prefix", 1024, fits, str(fits)))[0].targets) == fits
+        assert len(build_contexts(load_task("records"), vocab, _settings("prefix", 1024, fits, str(fits)))[0].targets) == fits
     with pytest.raises(PlanError, match=f"--targets-per-context {most + 8} does not fit.* at most {most} "):
-        build_probes(load_task("records"), vocab, _settings("prefix", 1024, most, str(most + 8)))
+        build_contexts(load_task("records"), vocab, _settings("prefix", 1024, most, str(most + 8)))
     with pytest.raises(PlanError, match="must be a multiple of the modulus 8.*use 8"):
-        build_probes(load_task("records"), vocab, _settings("prefix", 1024, 16, "12"))
+        build_contexts(load_task("records"), vocab, _settings("prefix", 1024, 16, "12"))
 
 
 def test_plans_made_before_the_option_replan_exactly():
@@ -114,7 +114,7 @@ def test_plans_made_before_the_option_replan_exactly():
     assert plan.targets_per_context == TASK_DENSITY
     from kvphase.defaults import default_model_path
 
-    planned = build_probes(load_task(plan.task), Vocab.load(default_model_path()), plan.probe_settings)
+    planned = build_contexts(load_task(plan.task), Vocab.load(default_model_path()), plan.context_settings)
     with open(OLD_RUN / "results.csv") as f:
         rows = sorted((int(r["target_id"]), int(r["context"]), int(r["target_pos"]), r["answer"]) for r in csv.DictReader(f))
     assert rows == [(t.target_id, t.context_index, t.position, t.answer) for c in planned for t in c.targets]
@@ -129,7 +129,7 @@ def test_a_trained_models_context_with_room_for_fewer_than_m_targets_keeps_the_t
     from kvphase.engines.llamacpp import Vocab
 
     vocab, task = Vocab.load(GATED), load_task("pairs")
-    plans = {d: build_probes(task, vocab, ProbeSettings(64, 4, 4, 8, "in-sequence", 0, d))
+    plans = {d: build_contexts(task, vocab, ContextSettings(64, 4, 4, 8, "in-sequence", 0, d))
              for d in (TASK_DENSITY, AUTO_DENSITY, "2")}
     assert plan_fingerprint(plans[AUTO_DENSITY]) == plan_fingerprint(plans[TASK_DENSITY])
     keys = set(RecordMaker(task, vocab).single_keys)
@@ -142,10 +142,10 @@ def test_a_trained_models_context_with_room_for_fewer_than_m_targets_keeps_the_t
 def test_auto_density_keeps_at_least_the_fewest_contexts(vocab):
     """A small sample at auto density spreads over MIN_CONTEXTS contexts rather than filling fewer;
     a density that would leave fewer is refused in one line."""
-    settings = ProbeSettings(1024, 2, 4, 8, "prefix", 0, AUTO_DENSITY)
-    assert len(build_probes(load_task("records"), vocab, settings)) == MIN_CONTEXTS
+    settings = ContextSettings(1024, 2, 4, 8, "prefix", 0, AUTO_DENSITY)
+    assert len(build_contexts(load_task("records"), vocab, settings)) == MIN_CONTEXTS
     with pytest.raises(PlanError, match=f"only 4 contexts.* at least {MIN_CONTEXTS}"):
-        build_probes(load_task("records"), vocab, replace(settings, targets_per_context="8"))
+        build_contexts(load_task("records"), vocab, replace(settings, targets_per_context="8"))
 
 
 def test_the_sample_is_sized_at_the_density_of_the_context(default_model):
@@ -166,7 +166,7 @@ def test_the_sample_is_sized_at_the_density_of_the_context(default_model):
                         seed=0, targets_per_context=AUTO_DENSITY)
     assert default.least_per_residue == 72 and default.per_residue == -(-72 // lanes[1024]) * lanes[1024]
     assert sized(replace(default, context=4096), vocab).per_residue == lanes[4096]  # one round: 8 contexts
-    assert len(build_probes(load_task("records"), vocab, default.probe_settings)) == 8 * -(-72 // lanes[1024])
+    assert len(build_contexts(load_task("records"), vocab, default.context_settings)) == 8 * -(-72 // lanes[1024])
 
 
 @pytest.mark.parametrize("options, fragment", [

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from tests.helpers.cli_checks import one_line_error
 from kvphase.cli import app
-from kvphase.sweep.contexts import build_probes
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.contexts import build_contexts
+from kvphase.sweep.context_settings import ContextSettings
 from kvphase.sweep.tasks import load_task
 
 runner = CliRunner()
@@ -32,12 +32,12 @@ def _numbers(output: str) -> dict:
             "memory": int(memory[1].replace(",", ""))}
 
 
-def _independent_count(model, settings: ProbeSettings) -> tuple[int, int, int]:
-    """(contexts, targets, tokens) from build_probes' contexts: each context once, then per target
+def _independent_count(model, settings: ContextSettings) -> tuple[int, int, int]:
+    """(contexts, targets, tokens) from build_contexts' contexts: each context once, then per target
     its query's prompt and every answer token but the last (teacher forcing)."""
     from kvphase.engines.llamacpp import Vocab
 
-    contexts = build_probes(load_task("records"), Vocab.load(model), settings)
+    contexts = build_contexts(load_task("records"), Vocab.load(model), settings)
     targets = [t for c in contexts for t in c.targets]
     tokens = sum(len(c.tokens) for c in contexts) + sum(len(t.query.prompt) + len(t.query.answer) - 1 for t in targets)
     return len(contexts), len(targets), tokens
@@ -55,7 +55,7 @@ def test_a_dry_run_counts_what_the_sweep_evaluates_and_writes_nothing(tiny_llama
     assert list(tmp_path.iterdir()) == []  # no folder, no lock
     numbers = _numbers(dry.output)
     assert (numbers["contexts"], numbers["targets"], numbers["tokens"]) == _independent_count(
-        tiny_llama, ProbeSettings(256, 4, 8, 2, "prefix", 0))
+        tiny_llama, ContextSettings(256, 4, 8, 2, "prefix", 0))
     assert numbers["estimated_contexts"] == numbers["contexts"]
     assert numbers["seconds"] > 0 and numbers["memory"] > 0
     # the sweep itself evaluates exactly that many tokens
@@ -114,7 +114,7 @@ def test_a_dry_run_through_llama_server(tiny_llama, tmp_path):
         dry = runner.invoke(app, ["sweep", str(tiny_llama), *SWEEP, "--backend", "server", "--url", server.url,
                                   "--dry-run", "--out", str(tmp_path / "run")])
     assert dry.exit_code == 0, dry.output
-    assert _numbers(dry.output)["tokens"] == _independent_count(tiny_llama, ProbeSettings(256, 4, 8, 2, "prefix", 0))[2]
+    assert _numbers(dry.output)["tokens"] == _independent_count(tiny_llama, ContextSettings(256, 4, 8, 2, "prefix", 0))[2]
     assert "the servers' own is not counted" in dry.output and not (tmp_path / "run").exists()
 
 

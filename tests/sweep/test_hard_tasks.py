@@ -15,17 +15,16 @@ import pytest
 from tests.helpers.fakes import CharBackend
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep import tasks
-from kvphase.sweep.contexts import build_probes
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.contexts import build_contexts
+from kvphase.sweep.context_settings import ContextSettings, PADDINGS
 from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import CALIBRATION_KNOBS, available_tasks, difficulty_chain, load_task
 
 NEW_TASKS = ["records-similar", "records-digits", "records-two-values", "records-dense", "records-hardest"]
-PADDINGS = ["prefix", "in-sequence"]
 
 
-def _settings(padding: str, context: int = 1024) -> ProbeSettings:
-    return ProbeSettings(context, 4, 8, 8, padding, 0)
+def _settings(padding: str, context: int = 1024) -> ContextSettings:
+    return ContextSettings(context, 4, 8, 8, padding, 0)
 
 
 def _build(name: str, backend, padding: str):
@@ -33,9 +32,9 @@ def _build(name: str, backend, padding: str):
     records (every record as long as the next, say), in-sequence padding, as `kvphase sweep`
     falls back to by itself."""
     try:
-        return build_probes(load_task(name), backend, _settings(padding))
+        return build_contexts(load_task(name), backend, _settings(padding))
     except RecordLayoutError:
-        return build_probes(load_task(name), backend, _settings("in-sequence"))
+        return build_contexts(load_task(name), backend, _settings("in-sequence"))
 
 
 # --- the task files and their chain -------------------------------------------------------
@@ -249,7 +248,7 @@ def test_the_tasks_also_build_at_the_longer_contexts_calibration_walks_to(name):
     """Calibration lengthens the context before it moves along the chain: 8192 tokens here
     need more keys than a 1024-token context (three-word keys for records-similar)."""
     backend = CharBackend()
-    contexts = build_probes(load_task(name), backend, ProbeSettings(8192, 4, 8, 2, "in-sequence", 0))
+    contexts = build_contexts(load_task(name), backend, ContextSettings(8192, 4, 8, 2, "in-sequence", 0))
     assert {len(c.tokens) for c in contexts} == {8192}
     if name == "records-similar":
         keys = [t.key for c in contexts for t in c.targets]
@@ -266,7 +265,7 @@ def test_dense_records_put_more_distractors_in_the_same_context():
     backend = CharBackend()
 
     def records_per_context(name: str, separator: str) -> float:
-        contexts = build_probes(load_task(name), backend, _settings("prefix"))
+        contexts = build_contexts(load_task(name), backend, _settings("prefix"))
         return sum(backend.detokenize(c.tokens).count(separator) for c in contexts) / len(contexts)
 
     # one character less a record here; a token less (3 not 4) on a real tokenizer

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from kvphase.cli import app
 from kvphase.errors import PlanError
 from kvphase.gguf.modelinfo import read_model_info
-from kvphase.sweep.probe_settings import MAX_TARGETS
+from kvphase.sweep.context_settings import MAX_TARGETS
 from kvphase.sweep.plan import make_plan, per_residue_for_detect
 from tests.helpers.cli_checks import one_line_error
 

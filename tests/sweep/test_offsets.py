@@ -181,7 +181,7 @@ def test_mean_combines_the_shifted_contexts_rows_by_hand(csa_runs):
     """Each target's context shifted by hand (the filler after BOS), scored at each shift through
     llama.cpp, and the log-softmax rows averaged by hand."""
     from kvphase.backends.llamacpp import LlamaCppBackend
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.run import load_plan
     from kvphase.sweep.tasks import load_task
 
@@ -189,7 +189,7 @@ def test_mean_combines_the_shifted_contexts_rows_by_hand(csa_runs):
     backend = LlamaCppBackend(CSA, n_ctx=72, n_threads=1)
     try:
         task = load_task(plan.task)
-        contexts = build_probes(task, backend, plan.probe_settings)
+        contexts = build_contexts(task, backend, plan.context_settings)
         filler = backend.tokenize(task.filler.strip() + " ")
         results = load_results(csa_runs["mean"]).set_index("target_id")
         for context in contexts[:4]:

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from kvphase.cli import app
 from kvphase.errors import PlanError
 from kvphase.statistics.context_units import QUERY_PERMUTATIONS, ContextUnits, interaction_test, query_phase_test
-from kvphase.sweep.contexts import build_probes
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.contexts import build_contexts
+from kvphase.sweep.context_settings import ContextSettings
 from kvphase.sweep.query_phases import summarize_query_phases
 from kvphase.sweep.report import build_report
 from kvphase.sweep.tasks import load_task
@@ -29,8 +29,8 @@ M = 8
 
 
 def _contexts(query_phases: bool, per_residue: int = 64, context: int = 1024):
-    settings = ProbeSettings(context, 4, M, per_residue, "in-sequence", 0, "auto", query_phases)
-    return build_probes(load_task("records"), WordBackend(), settings)
+    settings = ContextSettings(context, 4, M, per_residue, "in-sequence", 0, "auto", query_phases)
+    return build_contexts(load_task("records"), WordBackend(), settings)
 
 
 def test_queries_end_at_every_residue_with_the_fixed_plans_targets():

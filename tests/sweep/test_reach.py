@@ -193,7 +193,7 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
     from dataclasses import replace
 
     from kvphase.engines.llamacpp import Vocab
-    from kvphase.sweep.contexts import build_probes
+    from kvphase.sweep.contexts import build_contexts
     from kvphase.sweep.layout import Layout
     from kvphase.sweep.plan import make_plan
     from kvphase.sweep.tasks import load_task
@@ -203,10 +203,10 @@ def test_targets_end_before_the_window_the_model_reads_raw(shaped, tmp_path):
                      seed=0, fit=False, targets_per_context="auto")
     assert plan.raw_window == 128
     vocab, task = Vocab.load(info.path), load_task("pairs")
-    record_max = Layout.of(task, vocab, plan.probe_settings).record_max
+    record_max = Layout.of(task, vocab, plan.context_settings).record_max
 
     def last_record_end(p):
-        return max(t.position for c in build_probes(task, vocab, p.probe_settings) for t in c.targets) + record_max
+        return max(t.position for c in build_contexts(task, vocab, p.context_settings) for t in c.targets) + record_max
 
     assert last_record_end(plan) <= 2048 - 128
     assert last_record_end(replace(plan, raw_window=0)) > 2048 - 128  # without it, targets sit in the window

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvphase.sweep.contexts import build_probes, plan_fingerprint
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.contexts import build_contexts, plan_fingerprint
+from kvphase.sweep.context_settings import ContextSettings
 from kvphase.sweep.tasks import load_task
 
 # `kvphase sweep`'s default plan on SmolLM2-135M-Instruct before --targets-per-context (records, 1024
@@ -23,7 +23,7 @@ DENSE_PLAN_SHA256 = "70839abe988931f4d394e139ffa250c86697342bfd8cd03edeb9b45b8af
 
 @pytest.fixture(scope="module")
 def default_contexts(llama_backend):
-    return build_probes(load_task("records"), llama_backend, ProbeSettings(1024, 4, 8, 32, "prefix", 0))
+    return build_contexts(load_task("records"), llama_backend, ContextSettings(1024, 4, 8, 32, "prefix", 0))
 
 
 def test_the_default_plan_matches_its_fingerprint(default_contexts):
@@ -31,5 +31,5 @@ def test_the_default_plan_matches_its_fingerprint(default_contexts):
 
 
 def test_the_dense_default_plan_matches_its_fingerprint(llama_backend):
-    dense = build_probes(load_task("records"), llama_backend, ProbeSettings(1024, 4, 8, 96, "prefix", 0, "auto"))
+    dense = build_contexts(load_task("records"), llama_backend, ContextSettings(1024, 4, 8, 96, "prefix", 0, "auto"))
     assert plan_fingerprint(dense) == DENSE_PLAN_SHA256

@@ -19,7 +19,7 @@ from kvphase.gguf.modelinfo import read_model_info
 from kvphase.runfolder import RunLock, write_atomic
 from kvphase.sweep.report import build_report
 from kvphase.sweep.plan import SweepPlan
-from kvphase.sweep.contexts import build_probes, plan_fingerprint
+from kvphase.sweep.contexts import build_contexts, plan_fingerprint
 from kvphase.sweep.run import execute_sweep, load_plan, load_results
 from kvphase.sweep.tasks import load_task
 from tests.helpers.fakes import CharBackend
@@ -126,7 +126,7 @@ def test_results_have_the_documented_columns(tmp_path, info):
 
 @pytest.mark.parametrize("column, change", [("target_pos", lambda v: v + 1), ("key", lambda v: v + "x"),
                                             ("answer", lambda v: v + "x"), ("context", lambda v: v + 1)])
-def test_rows_from_a_different_probe_layout_are_refused(tmp_path, info, column, change):
+def test_rows_from_a_different_context_layout_are_refused(tmp_path, info, column, change):
     plan = _plan(info)
     execute_sweep(plan, CharBackend(), tmp_path, info)
     path = tmp_path / "results.csv"
@@ -145,7 +145,7 @@ def test_rows_scored_on_contexts_built_differently_are_refused(tmp_path, info):
     with pytest.raises(KeyboardInterrupt):
         execute_sweep(plan, CharBackend(interrupt_after=2), tmp_path, info)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    contexts = build_probes(load_task(plan.task), CharBackend(), plan.probe_settings)
+    contexts = build_contexts(load_task(plan.task), CharBackend(), plan.context_settings)
     assert manifest["plan_sha256"] == plan_fingerprint(contexts)
     manifest["plan_sha256"] = "0" * 64
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from tests.helpers.fakes import CharBackend
 from kvphase.cli import app
 from kvphase.errors import PlanError, RecordLayoutError
-from kvphase.sweep.contexts import build_probes
+from kvphase.sweep.contexts import build_contexts
 from kvphase.sweep.plan import SweepPlan, fit_padding
 from kvphase.sweep.tasks import load_task
 
@@ -32,10 +32,10 @@ class TwoTokensPerCharacter(CharBackend):
 
 def test_a_tokenizer_the_prefix_layout_cannot_fit_gets_in_sequence_padding_with_the_reason():
     with pytest.raises(PlanError):  # what the default plan did before
-        build_probes(load_task("records"), TwoTokensPerCharacter(), DEFAULT_PLAN.probe_settings)
+        build_contexts(load_task("records"), TwoTokensPerCharacter(), DEFAULT_PLAN.context_settings)
     fitted = fit_padding(DEFAULT_PLAN, TwoTokensPerCharacter)
     assert fitted.padding == "in-sequence" and "prefix padding cannot lay out" in fitted.adjusted
-    contexts = build_probes(load_task("records"), TwoTokensPerCharacter(), fitted.probe_settings)
+    contexts = build_contexts(load_task("records"), TwoTokensPerCharacter(), fitted.context_settings)
     residues = [[t.residue for t in c.targets] for c in contexts]
     served = [np.bincount(row, minlength=8) for row in residues]
     assert all(len(set(counts[counts > 0])) == 1 for counts in served)  # each residue a context serves, equally often
@@ -65,7 +65,7 @@ def test_when_no_padding_fits_the_error_gives_both_reasons(monkeypatch):
             raise RecordLayoutError("no run of records reaches position 40")
         raise PlanError("3 distractors do not fit")
 
-    monkeypatch.setattr(plan_module, "build_probes", neither)
+    monkeypatch.setattr(plan_module, "build_contexts", neither)
     with pytest.raises(PlanError, match="no padding fits this tokenizer: prefix: no run of records reaches position 40; "
                                         "in-sequence: 3 distractors do not fit"):
         fit_padding(DEFAULT_PLAN, CharBackend)
@@ -77,7 +77,7 @@ def test_a_plan_that_fails_for_another_reason_is_left_to_fail_where_it_always_di
     short = SweepPlan(model="x.gguf", task="records", stride=4, modulus=8, context=256, per_residue=32,
                       padding="prefix", seed=0, control=True)
     with pytest.raises(PlanError) as failed:
-        build_probes(load_task("records"), TwoTokensPerCharacter(), short.probe_settings)
+        build_contexts(load_task("records"), TwoTokensPerCharacter(), short.context_settings)
     assert not isinstance(failed.value, RecordLayoutError)
     assert fit_padding(short, TwoTokensPerCharacter) == short
 
@@ -119,6 +119,6 @@ def test_a_context_longer_than_the_keys_can_fill_is_one_layout_error_not_a_crash
     from kvphase.sweep.layout import Layout
 
     tokenizer, task = CharBackend(), load_task("records")
-    layout = Layout.of(task, tokenizer, DEFAULT_PLAN.probe_settings)
+    layout = Layout.of(task, tokenizer, DEFAULT_PLAN.context_settings)
     with pytest.raises(RecordLayoutError, match="needs more distinct keys than its word lists make"):
         layout._new_record(set(layout.keys), np.random.default_rng(0))

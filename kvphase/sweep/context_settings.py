@@ -1,4 +1,4 @@
-"""What a sweep's contexts must satisfy (`ProbeSettings`), and the limits and density words it is checked against."""
+"""What a sweep's contexts must satisfy (`ContextSettings`), and the limits and density words it is checked against."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from kvphase.errors import PlanError
 
-PADDING_MODES = ("prefix", "in-sequence")
+PADDINGS = ("prefix", "in-sequence")
 MAX_TARGETS = 1 << 16  # targets in one run: about a minute of planning, and more than any test needs
 MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
 MIN_CONTEXTS = 8  # contexts a run needs at least (but for TASK_DENSITY's plans): the bootstrap resamples them
@@ -15,7 +15,7 @@ AUTO_DENSITY = "auto"  # as many targets as the context's records allow
 
 
 @dataclass(frozen=True)
-class ProbeSettings:
+class ContextSettings:
     """What the probes must satisfy."""
 
     context_length: int  # tokens in every context; queries start here
@@ -45,8 +45,8 @@ class ProbeSettings:
             raise PlanError(f"--per-residue {self.per_residue} asks for {self.per_residue * self.modulus} targets "
                             f"(mod {self.modulus}); one run holds at most {MAX_TARGETS}: the largest --per-residue "
                             f"that fits is {MAX_TARGETS // self.modulus}")
-        if self.padding not in PADDING_MODES:
-            raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDING_MODES)}")
+        if self.padding not in PADDINGS:
+            raise PlanError(f"unknown padding {self.padding!r}; expected one of {', '.join(PADDINGS)}")
         if self.seed < 0:
             raise PlanError(f"--seed must be a non-negative integer, got {self.seed}")
         if not 0 <= self.raw_window < self.context_length:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from kvphase.errors import PlanError
-from kvphase.sweep.contexts import build_probes, check_matched_moments
+from kvphase.sweep.contexts import build_contexts, check_matched_moments
 from kvphase.sweep.layout import Target
 from kvphase.sweep.positions import plan_contexts, residue_slots
-from kvphase.sweep.probe_settings import ProbeSettings
+from kvphase.sweep.context_settings import ContextSettings
 from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import load_task
 from tests.helpers.fakes import CharBackend
@@ -19,7 +19,7 @@ MODES = ["prefix", "in-sequence"]
 
 
 def _settings(mode, context=1024, stride=4, modulus=8, per_residue=16, seed=0):
-    return ProbeSettings(context, stride, modulus, per_residue, mode, seed)
+    return ContextSettings(context, stride, modulus, per_residue, mode, seed)
 
 
 def _moments(contexts, modulus):
@@ -37,7 +37,7 @@ def _moments(contexts, modulus):
 @pytest.mark.parametrize("task", ["records", "passkey"])
 def test_targets_sit_at_their_residue_and_queries_share_one_position(llama_backend, mode, task):
     settings = _settings(mode)
-    contexts = build_probes(load_task(task), llama_backend, settings)
+    contexts = build_contexts(load_task(task), llama_backend, settings)
     maker = RecordMaker(load_task(task), llama_backend)
     assert {len(c.tokens) for c in contexts} == {settings.context_length}
     for context in contexts:
@@ -51,7 +51,7 @@ def test_targets_sit_at_their_residue_and_queries_share_one_position(llama_backe
 @pytest.mark.parametrize("mode", MODES)
 def test_matched_position_moments(llama_backend, mode):
     """The planner's own check allows 2%; it achieves far better, and a drift of 1% would show."""
-    contexts = build_probes(load_task("records"), llama_backend, _settings(mode, per_residue=32))
+    contexts = build_contexts(load_task("records"), llama_backend, _settings(mode, per_residue=32))
     means, sds, counts = _moments(contexts, 8)
     assert set(counts) == {32}
     assert means.max() - means.min() == 0, f"per-residue means {means}"  # n a multiple of M: exact
@@ -62,7 +62,7 @@ def test_matched_position_moments(llama_backend, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("context, per_residue", [(1024, 32), (768, 24)])
 def test_every_context_serves_every_residue_equally(llama_backend, mode, context, per_residue):
-    contexts = build_probes(load_task("records"), llama_backend, _settings(mode, context=context,
+    contexts = build_contexts(load_task("records"), llama_backend, _settings(mode, context=context,
                                                                           per_residue=per_residue))
     for c in contexts:
         counts = np.bincount([t.residue for t in c.targets], minlength=8)  # (8,)
@@ -81,7 +81,7 @@ def test_contexts_that_hold_fewer_targets_than_residues_rotate_them():
 
 
 def test_query_asks_for_a_key_present_once_in_its_context(llama_backend):
-    contexts = build_probes(load_task("records"), llama_backend, _settings("in-sequence"))
+    contexts = build_contexts(load_task("records"), llama_backend, _settings("in-sequence"))
     maker = RecordMaker(load_task("records"), llama_backend)
     for context in contexts[:5]:
         body = context.tokens
@@ -96,7 +96,7 @@ def test_query_asks_for_a_key_present_once_in_its_context(llama_backend):
 
 def test_prefix_padding_moves_distractors_with_the_target(llama_backend):
     """Back-to-back records: the distance from the target to its neighbour is one record."""
-    contexts = build_probes(load_task("records"), llama_backend, _settings("prefix"))
+    contexts = build_contexts(load_task("records"), llama_backend, _settings("prefix"))
     maker = RecordMaker(load_task("records"), llama_backend)
     context = contexts[0]
     target = context.targets[0]
@@ -106,7 +106,7 @@ def test_prefix_padding_moves_distractors_with_the_target(llama_backend):
 
 def test_in_sequence_gaps_vary(llama_backend):
     """Distractor phases are independent of the target: gaps between records differ."""
-    contexts = build_probes(load_task("records"), llama_backend, _settings("in-sequence"))
+    contexts = build_contexts(load_task("records"), llama_backend, _settings("in-sequence"))
     newline = llama_backend.tokenize("\n")[0]
     colon = llama_backend.tokenize(":")[0]
     tokens = contexts[0].tokens
@@ -123,7 +123,7 @@ def test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1():
     25% (about 4 standard deviations)."""
     task, backend, m = load_task("records"), CharBackend(), 8
     gaps, residues = [], []
-    for context in build_probes(task, backend, _settings("in-sequence", context=1024, modulus=m, per_residue=64)):
+    for context in build_contexts(task, backend, _settings("in-sequence", context=1024, modulus=m, per_residue=64)):
         text = backend.detokenize(context.tokens)
         body = text[: text.index(task.footer)]  # the demonstrations after it restate records
         targets, end = {t.position for t in context.targets}, len(task.header)
@@ -140,7 +140,7 @@ def test_in_sequence_gaps_before_distractors_are_uniform_over_0_to_m_minus_1():
 
 def test_long_context_uses_multi_token_keys(llama_backend):
     task = load_task("records")
-    contexts = build_probes(task, llama_backend, _settings("prefix", context=2048, per_residue=8))
+    contexts = build_contexts(task, llama_backend, _settings("prefix", context=2048, per_residue=8))
     keys = [t.key for c in contexts for t in c.targets]
     assert all(" " in k for k in keys)  # "modifier animal": more keys than single words give
     for context in contexts:
@@ -149,7 +149,7 @@ def test_long_context_uses_multi_token_keys(llama_backend):
 
 def test_bos_is_placed_first_and_counted():
     backend = CharBackend(prefix_ids=[1])
-    contexts = build_probes(load_task("records"), backend, _settings("prefix", context=1200, per_residue=4))
+    contexts = build_contexts(load_task("records"), backend, _settings("prefix", context=1200, per_residue=4))
     assert all(c.tokens[0] == 1 for c in contexts)
     for context in contexts:
         for target in context.targets:
@@ -213,7 +213,7 @@ def test_impossible_settings_raise_plan_errors(llama_backend):
     with pytest.raises(PlanError, match="unknown padding"):
         _settings("sideways")
     with pytest.raises(PlanError, match="no room for targets"):
-        build_probes(load_task("records"), llama_backend, _settings("prefix", context=64, per_residue=4))
+        build_contexts(load_task("records"), llama_backend, _settings("prefix", context=64, per_residue=4))
 
 
 def test_scattered_distractors_sit_at_random_free_places():
@@ -222,7 +222,7 @@ def test_scattered_distractors_sit_at_random_free_places():
     task = load_task("pairs")
     assert task.distractors_per_context == 3
     backend = CharBackend()
-    contexts = build_probes(task, backend, _settings("in-sequence", context=512, modulus=4, per_residue=8))
+    contexts = build_contexts(task, backend, _settings("in-sequence", context=512, modulus=4, per_residue=8))
     keys, starts = set(task.keys), set()
     for context in contexts:
         words = backend.detokenize(context.tokens).split()
@@ -240,7 +240,7 @@ def test_a_task_with_more_distractors_than_room_is_a_plan_error():
 
     task = dataclasses.replace(load_task("pairs"), distractors_per_context=40)
     with pytest.raises(PlanError, match="40 distractors do not fit"):
-        build_probes(task, CharBackend(), _settings("in-sequence", context=256, modulus=4, per_residue=4))
+        build_contexts(task, CharBackend(), _settings("in-sequence", context=256, modulus=4, per_residue=4))
 
 
 def test_a_trained_word_vocabulary_plans_long_contexts_with_scattered_distractors():
@@ -261,6 +261,6 @@ def test_a_trained_word_vocabulary_plans_long_contexts_with_scattered_distractor
                      backend_options={"design": defaults.design})
     task = load_task("pairs")
     with open_backend(plan, info, threads=1) as backend:
-        contexts = build_probes(task, backend, _settings("in-sequence", context=256, modulus=8, per_residue=8))
+        contexts = build_contexts(task, backend, _settings("in-sequence", context=256, modulus=8, per_residue=8))
     assert sum(len(c.targets) for c in contexts) == 8 * 8
     assert all(len(c.tokens) == 256 for c in contexts)
