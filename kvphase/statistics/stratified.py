@@ -91,7 +91,7 @@ class StratifiedTest:
     dof: int
     p_value: float
     note: str
-    permutations: int = 0  # how many the p came from (0: the chi-square law); summaries from before lack it
+    permutations: int = 0  # how many the p came from (0: the chi-square law, and a summary.json without the key)
 
 
 def one_hot(codes: np.ndarray, n: int):

@@ -94,7 +94,7 @@ class Summary:
     logprob_test: StratifiedTest  # answer log-probability
     per_residue: list[dict]
     per_phase: list[dict]
-    # the fields below have defaults because summary.json files written before them lack them
+    # the fields below have defaults so that a summary.json without them still loads
     targets_per_context: float | None = None  # mean over contexts; None only as a default, filled in below
     icc: float | None = None  # intra-context correlation of correctness; None when it cannot be measured
     design_effect: float | None = None  # 1 + (targets_per_context - 1) icc
@@ -106,7 +106,7 @@ class Summary:
     chance: float = 0.0  # percent: the accuracy of a guess among the task's values (0: unknown)
 
     def __post_init__(self) -> None:
-        if self.targets_per_context is None:  # a summary from before it was recorded: it follows from the counts
+        if self.targets_per_context is None:  # a summary.json without it: it follows from the counts
             object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
 
     @property

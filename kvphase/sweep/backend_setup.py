@@ -75,7 +75,8 @@ def server_connection(backend: str, settings: BackendSettings) -> dict:
 def with_backend(plan: SweepPlan, connect: dict, settings: BackendSettings) -> SweepPlan:
     """The plan with the server engine (when `connect` names servers) and llama.cpp's cache type:
     recorded in backend_options only when it is not the default f16, so an f16 plan's config.json
-    is what it always was, and a folder cannot be resumed with another cache type."""
+    holds no key for it (and matches folders written without the option), and a folder cannot be
+    resumed with another cache type."""
     if connect:
         plan = replace(plan, backend="server", backend_options={"engine": settings.engine})
     if settings.cache_type is None:
@@ -89,7 +90,7 @@ def with_backend(plan: SweepPlan, connect: dict, settings: BackendSettings) -> S
 
 def with_gpu_layers(plan: SweepPlan, settings: BackendSettings, say: Say = log_notice) -> SweepPlan:
     """The plan with --gpu-layers in its backend options (only when above 0, so a CPU plan's
-    config.json is what it always was); a warning when this llama.cpp build cannot offload."""
+    config.json holds no key for it); a warning when this llama.cpp build cannot offload."""
     if not settings.gpu_layers:
         return plan
     if plan.backend != "llama.cpp":

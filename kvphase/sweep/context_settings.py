@@ -10,13 +10,13 @@ PADDINGS = ("prefix", "in-sequence")
 MAX_TARGETS = 1 << 16  # targets in one run: about a minute of planning, and more than any test needs
 MAX_CONTEXT = 1 << 22  # tokens; beyond every model's context, and a plan of that size fits in memory
 MIN_CONTEXTS = 8  # contexts a run needs at least (but for TASK_DENSITY's plans): the bootstrap resamples them
-TASK_DENSITY = "task"  # at most the task file's targets_per_context: how every run before --targets-per-context planned
+TASK_DENSITY = "task"  # at most the task file's targets_per_context: a config.json without targets_per_context
 AUTO_DENSITY = "auto"  # as many targets as the context's records allow
 
 
 @dataclass(frozen=True)
 class ContextSettings:
-    """What the probes must satisfy."""
+    """What a sweep's contexts must satisfy."""
 
     context_length: int  # tokens in every context; queries start here
     stride: int  # S: tokens per compressed entry

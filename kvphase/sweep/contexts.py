@@ -50,7 +50,7 @@ def build_contexts(task: Task, tokenizer: Tokenizer, settings: ContextSettings,
 def _planned_slots(layout: Layout, settings: ContextSettings, lanes: int) -> list[np.ndarray]:
     """`plan_contexts`'s slots; where they miss the matched moments (contexts of one or two targets
     can), planned again with the spread refined (`residue_slots`). Plans that meet them unrefined
-    keep their slots, as every plan made before the refinement did (the others were refused)."""
+    keep their slots, so the plans of existing run folders (their fingerprints) stay put."""
     def planned(refine: bool) -> list[np.ndarray]:
         return plan_contexts(layout.lowest_slot, layout.highest_slot, settings.modulus, settings.per_residue, lanes,
                              refine)
@@ -71,7 +71,8 @@ def check_density(task: Task, tokenizer: Tokenizer, settings: ContextSettings) -
 
 def checked_lanes(settings: ContextSettings, layout: Layout) -> int:
     """The lanes a plan's rounds have (`lanes_for`), checked to fill MIN_CONTEXTS contexts at least
-    (but for TASK_DENSITY's plans, which every earlier run made)."""
+    (but for TASK_DENSITY's plans, which may fill fewer: the task file's density, which existing run
+    folders were planned with)."""
     lanes = lanes_for(layout.density, settings, layout.lanes)
     if settings.query_phases:
         check_query_phases_fit(settings, lanes)

@@ -115,7 +115,7 @@ class Layout:
         at ones its residue decides. In-sequence: a record and its random gap of up to M - 1
         tokens. Prefix: a run of back-to-back records whatever the target's length (every run
         from `shortest` tokens on can be made exactly). TASK_DENSITY plans keep the in-sequence
-        room under prefix padding too (as every earlier run did)."""
+        room under prefix padding too, so their plans stay the same."""
         longest = max(self._fill.lengths)  # the records these word lists make; record_max only bounds them
         gap = 2 * longest + self.settings.modulus
         if not self.prefix:
@@ -142,7 +142,7 @@ class Layout:
     def lanes(self) -> int:
         """Targets one context holds. With TASK_DENSITY the task's targets_per_context, fewer when
         that many, spaced by `min_separation`, do not fit between the lowest and highest slot (by
-        the rule every earlier run planned with, so their plans stay put); otherwise as many as fit
+        the rule the task-density plans of existing run folders were made with, so they stay put); otherwise as many as fit
         (`most_lanes`), at most --targets-per-context, PlanError when that many do not fit."""
         m = self.settings.modulus
         blocks = self._blocks
@@ -372,7 +372,7 @@ class Layout:
         body += self._filler(length - len(footer) - len(body), rng)[1]
         tokens = tuple(body + footer)
         if len(tokens) != length or [p for p, _ in targets] != chosen:
-            raise AssertionError("probe layout broke its own invariants")  # a bug, not a user error
+            raise AssertionError("context layout broke its own invariants")  # a bug, not a user error
         m, s = self.settings.modulus, self.settings.stride
         return Context(index, tokens, tuple(
             Target(first_target_id + i, index, p, p % m, p % s, r.key, r.value, r.query)

@@ -3,7 +3,7 @@
 Per-target log-probabilities are machine-bound: llama.cpp picks its CPU kernels by
 instruction set (and rounds activations to 8 bits in them), so two CPUs give slightly
 different logits, and now and then a near-tie flips a target's correctness. Plans,
-probes and target positions are not: they depend on the tokenizer and the seed only.
+contexts and target positions are not: they depend on the tokenizer and the seed only.
 Recording the CPU, llama.cpp's build and system info, the thread count and numpy's BLAS
 lets a reader tell why two runs of one plan differ.
 """

@@ -48,18 +48,18 @@ class SweepPlan:
     calibration: dict = field(default_factory=dict)  # --calibrate's pilot and choice (sweep.calibrate); {} without
     offsets: dict = field(default_factory=dict)  # phase shifts at inference (sweep.offsets.OffsetPlan); {} without
     # targets one context holds: "auto" (as many as fit), a number (at most that), or "task" (at most the task
-    # file's targets_per_context: what every run before the option planned, so their folders read as they did)
+    # file's targets_per_context: the default, so folders whose config.json has no such key read as planned)
     targets_per_context: str = TASK_DENSITY
     # how per_residue was sized where it was not given (both 0 when it was): for `contexts` contexts, or as the
     # fewest whole rounds of contexts holding `least_per_residue`; re-sized where calibration changes the context
     contexts: int = 0
     least_per_residue: int = 0
     selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
-    # each context's query at its own phase mod M (positions.query_phase); False, as every run before the
-    # option: every query at `context`
+    # each context's query at its own phase mod M (positions.query_phase); False (and in a config.json
+    # without the key): every query at `context`
     query_phases: bool = False
     # the last tokens before the query that the compressor reads raw (`gguf.reach`): targets end before them.
-    # 0 where the layout keeps targets out of them anyway, as in every run before the field
+    # 0 where the layout keeps targets out of them anyway (and in a config.json without the key)
     raw_window: int = 0
 
     def __post_init__(self) -> None:

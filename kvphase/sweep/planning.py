@@ -158,7 +158,7 @@ def with_selection(info: ModelInfo, plan: SweepPlan) -> SweepPlan:
 
 def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
     """The plan with the query-phase setting of the folder it resumes, where the option was not given:
-    a folder a compressed model's sweep wrote before query phases existed resumes as one query phase."""
+    a compressed model's folder whose config.json has no query_phases key resumes as one query phase."""
     if not (run_dir / CONFIG_FILE).is_file():
         return plan
     try:

@@ -62,7 +62,7 @@ def plan_contexts(lowest: int, highest: int, modulus: int, per_residue: int, lan
     moduli) each holds t different residues once each. Every residue thus sits at the same
     depths, and `residue_slots` moves some of its targets down by M so that the groups'
     means and SDs agree (`refine`: to the token, as `residue_slots` says; TASK_DENSITY's plans
-    keep the choice every earlier run made).
+    keep the unrefined choice, so existing run folders' plans stay put).
     """
     first, last = slot_range(lowest, highest, modulus)
     sizes = round_sizes(per_residue, modulus, lanes)

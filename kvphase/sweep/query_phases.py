@@ -57,7 +57,7 @@ def with_query_residue(results: pd.DataFrame, modulus: int) -> pd.DataFrame:
 
 def summarize_query_phases(results: pd.DataFrame, modulus: int, seed: int = 0) -> QueryPhaseSummary | None:
     """The query-phase summary of a run whose queries sit at more than one residue; None for one
-    (every run before query phases), so such a run's report is what it was."""
+    (every plan without query phases), whose report then has no query-phase section."""
     frame = with_query_residue(results, modulus)
     if frame["query_residue"].nunique() < 2:
         return None

@@ -1,4 +1,4 @@
-"""A sweep as files: plan -> probes -> backend -> results.csv (appended as it goes) ->
+"""A sweep as files: plan -> contexts -> backend -> results.csv (appended as it goes) ->
 summary.json, report.md, figure, manifest.json.
 
 A run folder describes itself (`config.json`) and resumes: rows already in
@@ -100,11 +100,13 @@ def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
     """Create the folder and write its config (after `check_run_dir` has accepted the folder)."""
     make_folder(run_dir)
     config = asdict(plan)
-    if not plan.offsets:  # a plain sweep's config.json stays what it was before offsets existed
+    # a plain sweep's config.json has no key for an option it does not use, so folders written
+    # without these keys and the plans that reproduce them stay byte-identical
+    if not plan.offsets:
         del config["offsets"]
-    if not plan.selection:  # and before selection records existed
+    if not plan.selection:
         del config["selection"]
-    if not plan.query_phases:  # and before query phases existed
+    if not plan.query_phases:
         del config["query_phases"]
     write_json(run_dir / CONFIG_FILE, config)
 
@@ -302,7 +304,7 @@ def _offset_row(target: Target, shifted: ShiftedScore, backend: Backend) -> dict
 def _check_finished_rows_match(results: pd.DataFrame, contexts: list[Context], run_dir: Path,
                                fingerprint: str) -> set[int]:
     """The finished target ids, after checking they were scored on these very contexts (a
-    different kvphase or tokenizer version could build other probes from the same plan): the
+    different kvphase or tokenizer version could build other contexts from the same plan): the
     manifest's fingerprint of every context's tokens, and each row's context, position, key and
     answer (the manifest is written when a session ends, so a killed first session has none)."""
     recorded = load_manifest(run_dir).get("plan_sha256")

@@ -1,4 +1,4 @@
-"""Probe layout on the real tokenizer: exact residues, one query position, matched moments."""
+"""Context layout on the real tokenizer: exact residues, one query position, matched moments."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What reproduces across machines (docs/run-folder.md, "What reproduces across machines").
 
-The plan is not machine-bound: the default sweep's probes hash to a committed fingerprint. The
+The plan is not machine-bound: the default sweep's contexts hash to a committed fingerprint. The
 numbers are, within stated tolerances: tests/sweep/test_default_sweep.py scores 4 of the 24 contexts of `make demo`'s
 sweep again and compares it with the committed example.
 """
