@@ -51,7 +51,7 @@ def alternative_moments(table: np.ndarray, base: np.ndarray, group: int, dip: fl
     of it everywhere (rate x (1 - dip / mean), `mean` the group's own accuracy at those rates): its
     accuracy falls by `dip` and no rate falls below 0. Targets are independent given their rates, so a stratum's group sums S_h have covariance
     diag(n_hk v_hk), and its differences are (I - n_h 1' / N_h) S_h. `table`: targets per stratum and
-    group (H, G), a design's counts."""
+    group (H, G), a stratification's counts."""
     size = table.sum(axis=1)  # (H,)
     n_groups = table.shape[1]
     rates = np.repeat(base[:, None], n_groups, axis=1)  # (H, G)
