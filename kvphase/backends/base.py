@@ -22,13 +22,9 @@ class Score(NamedTuple):
     predicted: tuple[int, ...]  # the argmax token at each answer position
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """An engine that tokenizes and scores queries against a shared context. The abilities only
-    some backends have are the protocols below, asked for with `isinstance`."""
-
-    tokens_evaluated: int  # tokens decoded so far (the manifest's cost of a session)
-    n_threads: int | None  # CPU threads it decodes with; None where it does not choose them
+class Tokenizer(Protocol):
+    """A model's vocabulary as a sweep uses it: every backend is one, and so is llama.cpp's
+    vocabulary read alone (`engines.llamacpp.Vocab`), which plans and the server backend use."""
 
     def tokenize(self, text: str) -> list[int]: ...
 
@@ -41,6 +37,15 @@ class Backend(Protocol):
 
     @property
     def n_ctx_train(self) -> int: ...
+
+
+@runtime_checkable
+class Backend(Tokenizer, Protocol):
+    """An engine that tokenizes and scores queries against a shared context. The abilities only
+    some backends have are the protocols below, asked for with `isinstance`."""
+
+    tokens_evaluated: int  # tokens decoded so far (the manifest's cost of a session)
+    n_threads: int | None  # CPU threads it decodes with; None where it does not choose them
 
     def score(self, context: Sequence[int], queries: Sequence[Query]) -> list[Score]:
         """Evaluate `context` once and each query after it; equal to scoring each

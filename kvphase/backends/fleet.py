@@ -16,7 +16,7 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from kvphase.backends.base import Query, Score
 from kvphase.backends.dialects import (ENGINES, LlamaServer, ModelFacts, ServerInfo, compared_facts,
@@ -25,6 +25,9 @@ from kvphase.backends.server_paths import path_warnings
 from kvphase.backends.transport import Pace, Retry, ServerGone, ServerRefused
 from kvphase.errors import BackendError, PlanError
 from kvphase.options_check import check_seconds
+
+if TYPE_CHECKING:  # an annotation only: llama.cpp's module loads when a vocabulary does
+    from kvphase.engines.llamacpp import Vocab
 
 # Strings both sides must tokenize alike: words, digits, code, accents, CJK, emoji and
 # whitespace runs, where tokenizers of different models part ways.
@@ -35,30 +38,13 @@ TOKENIZER_PROBES = (
 )
 
 
-
-class Vocab(Protocol):
-    """The local tokenizer of the model the plan names (llama.cpp, vocabulary only)."""
-
-    n_vocab: int
-
-    def tokenize(self, text: str) -> list[int]: ...
-
-    def detokenize(self, ids: Sequence[int]) -> str: ...
-
-    @property
-    def prefix_ids(self) -> list[int]: ...
-
-    @property
-    def n_ctx_train(self) -> int: ...
-
-
 @dataclass
 class ServerBackend:
     """Scores on one or many servers; tokenizes locally with the model's own vocabulary,
     after checking that every server tokenizes the same way."""
 
     engines: list  # Engine, one per URL
-    vocab: Vocab
+    vocab: Vocab  # the model file's own, read by llama.cpp without weights (a fake in tests)
     n_ctx_needed: int  # context plus the room a query needs
     slots: int | None = None  # workers per server; default: every slot it has
     model: ModelFacts | None = None  # what each server's model must match (None: the vocabulary only)

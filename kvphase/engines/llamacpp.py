@@ -136,7 +136,7 @@ def model_meta(model, key: str) -> str:
 
 class Vocab:
     """A model's tokenizer in llama.cpp: text <-> ids with no special-token parsing, and
-    the ids every prompt starts with."""
+    the ids every prompt starts with (a `backends.base.Tokenizer`, and its size `n_vocab`)."""
 
     def __init__(self, model, owned: bool = False):
         import llama_cpp

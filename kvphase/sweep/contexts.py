@@ -14,12 +14,13 @@ import json
 
 import numpy as np
 
+from kvphase.backends.base import Tokenizer
 from kvphase.errors import PlanError
 from kvphase.sweep.layout import Layout, Context, Target
 from kvphase.sweep.positions import (check_matched_positions, check_query_phases_fit, lanes_for, plan_contexts,
                                      round_sizes)
 from kvphase.sweep.context_settings import MIN_CONTEXTS, TASK_DENSITY, ContextSettings
-from kvphase.sweep.records import RecordMaker, Tokenizer
+from kvphase.sweep.records import RecordMaker
 from kvphase.sweep.tasks import Task
 
 

@@ -25,11 +25,11 @@ import itertools
 
 import numpy as np
 
-from kvphase.backends.base import Query
+from kvphase.backends.base import Query, Tokenizer
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.sweep.positions import query_phase, slot_range
 from kvphase.sweep.context_settings import AUTO_DENSITY, TASK_DENSITY, ContextSettings
-from kvphase.sweep.records import Record, RecordLengths, RecordMaker, Tokenizer
+from kvphase.sweep.records import Record, RecordLengths, RecordMaker
 from kvphase.sweep.tasks import Task
 
 EXACT_RUN_STEPS = 10_000  # records drawn (or taken back) for one exact run before giving up

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from kvphase.backends.base import Tokenizer
 from kvphase.errors import PlanError, RecordLayoutError
 from kvphase.gguf.reach import reach_of
 from kvphase.sweep.contexts import build_contexts, check_density
@@ -18,7 +19,6 @@ from kvphase.sweep.layout import Layout
 from kvphase.sweep.offsets import OffsetPlan
 from kvphase.sweep.positions import query_phase
 from kvphase.sweep.context_settings import MAX_TARGETS, MIN_CONTEXTS, TASK_DENSITY, ContextSettings
-from kvphase.sweep.records import Tokenizer
 from kvphase.sweep.tasks import load_task
 
 CONTROL_STRIDE = 4  # the stride of a control run: a model that declares no compression

@@ -9,26 +9,17 @@ says which runs of back-to-back records can be made exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Sequence
 
 import hashlib
 
 import numpy as np
 
-from kvphase.backends.base import Query
+from kvphase.backends.base import Query, Tokenizer
 from kvphase.errors import PlanError
 from kvphase.sweep.tasks import Task
 
 MAX_NUMBER_DRAWS = 1_000  # random numbers drawn for one value before deciding none tokenizes cleanly
-
-
-class Tokenizer(Protocol):
-    def tokenize(self, text: str) -> list[int]: ...
-
-    @property
-    def prefix_ids(self) -> list[int]:
-        """Tokens every sequence starts with (BOS where the model adds one)."""
-        ...
 
 
 class Record(NamedTuple):
