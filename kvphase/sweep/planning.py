@@ -119,12 +119,14 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], options: SweepOptions, ev
                      contexts=contexts, query_phases=options.query_phases)
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
-    if (options.backend or defaults.backend) == "reference":
+    chosen = options.backend or defaults.backend
+    if chosen == "reference":
         return with_reference_design(plan, options.design or defaults.design, options.design_options, info.n_layer)
     if options.design is not None or options.design_options:
         raise PlanError("--design and --option apply to --backend reference only")
     refuse_trained_compressor(info)
-    return plan
+    # llama.cpp is make_plan's own; a server's engine is added with its connection (`with_backend`)
+    return plan if chosen in ("llama.cpp", "server") else replace(plan, backend=chosen)
 
 
 def with_offsets(info: ModelInfo, plan: SweepPlan, offsets: Optional[int], combine: Optional[str],

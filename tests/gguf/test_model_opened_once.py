@@ -67,3 +67,14 @@ def test_a_calibrated_sweep_parses_the_header_once(tiny_llama, parses, tmp_path)
     kvphase.sweep(tiny_llama, out=tmp_path / "run", calibrate=True, on_notice=lambda notice: None, **SMALL)
     _opened_once(tiny_llama, parses)
 
+
+
+def test_validating_a_file_parses_the_header_once(parses, tmp_path):
+    """`kvphase validate`'s library call: the weights check, the limits and every batch split's capture."""
+    from kvphase.gguf.tiny import write_tiny_model
+    from kvphase.validate.run import validate_file
+
+    model = write_tiny_model("glm5-next", tmp_path / "glm.gguf")
+    parses.clear()  # the writer reads back what it wrote
+    validate_file(model, threads=1)
+    _opened_once(model, parses)

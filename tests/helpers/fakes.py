@@ -74,3 +74,14 @@ class WordBackend(CharBackend):
             self._ids[piece] = len(self._pieces)
             self._pieces.append(piece)
         return self._ids[piece]
+
+
+def validate_without_a_model_file(monkeypatch) -> None:
+    """`kvphase validate` on a stand-in for a model file that is not there: the file is not opened
+    and the check that it holds weights (validate refuses a header-only one first) is left out;
+    tests/gguf/test_odd_inputs.py has that check."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("kvphase.validate.run.read_model_info", lambda model: SimpleNamespace(header=None, path=Path(model)))
+    monkeypatch.setattr("kvphase.gguf.header_only.require_weights", lambda model, command: None)

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvphase.cli import app
+from tests.helpers.fakes import validate_without_a_model_file
 
 DEPRECATION = "--cache is deprecated, use --cache-type"
 
@@ -26,7 +27,7 @@ def handed(monkeypatch):
         raise Stop
 
     monkeypatch.setattr("kvphase.validate.run.validate_model", record)  # the command imports it when it runs
-    monkeypatch.setattr("kvphase.gguf.header_only.require_weights", lambda model, command: None)  # no file here
+    validate_without_a_model_file(monkeypatch)
     return seen
 
 

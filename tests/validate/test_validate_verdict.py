@@ -13,15 +13,14 @@ from typer.testing import CliRunner
 from kvphase.cli import app
 from kvphase.validate import Tolerances, ValidationReport
 from kvphase.validate.report import LayerCheck
+from tests.helpers.fakes import validate_without_a_model_file
 
 SCALE = 20.0  # the largest score llama.cpp produced on the layer
 
 
 @pytest.fixture(autouse=True)
 def no_weights_check(monkeypatch):
-    """The commands here validate a stand-in for a model file that is not there: the check that a file
-    holds weights (validate refuses a header-only one first) is left out; tests/gguf/test_odd_inputs.py has it."""
-    monkeypatch.setattr("kvphase.gguf.header_only.require_weights", lambda model, command: None)
+    validate_without_a_model_file(monkeypatch)
 
 
 def _layer(score_error: float = 0.0, key_error: float = 0.0) -> LayerCheck:
@@ -49,7 +48,7 @@ def test_keys_tolerance_is_1e_5(error, fails):
 @pytest.mark.parametrize("relative, verdict, code", [(0.5e-4, "PASS", 0), (2e-4, "FAIL", 1)])
 def test_the_last_line_and_exit_code_follow_the_tolerance(relative, verdict, code, monkeypatch, tmp_path):
     def fake_validate(model, tokens, seed, splits, tolerances, *args, **kwargs):
-        return ValidationReport(Path(model), "glm5-next", "kpool", 64, [[64]], tolerances, [_layer(relative)])
+        return ValidationReport(model.path, "glm5-next", "kpool", 64, [[64]], tolerances, [_layer(relative)])
 
     monkeypatch.setattr("kvphase.validate.run.validate_model", fake_validate)
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "m.gguf")])
