@@ -91,17 +91,22 @@ class TokenCache:
         del self.tokens[n:]
 
 
+def hyper_connected_weights(header: GGUFHeader, arch: str, config_type):
+    """(config, weights) of a file of `arch`, whose hyper-connections must be the identity (glm5-next
+    shares deepseek4's); ModelFileError for a file of another architecture."""
+    meta = Metadata(header)
+    if meta.text("general.architecture") != arch:
+        raise ModelFileError(f"{header.path} is not a {arch} file")
+    config = config_type.from_meta(meta)  # a configuration the reference cannot run is refused before the weights
+    raw = np.memmap(header.path, dtype=np.uint8, mode="r")
+    weights = {t.name: tensor_array(raw, t) for t in header.tensors}
+    check_identity_hyper_connections(weights, arch)
+    return config, weights
+
+
 @per_file(kept=4)
 def _load(header: GGUFHeader) -> tuple[DSV4Config, dict[str, np.ndarray]]:
-    path = header.path
-    meta = Metadata(header)
-    if meta.text("general.architecture") != ARCH:
-        raise ModelFileError(f"{path} is not a {ARCH} file")
-    config = DSV4Config.from_meta(meta)
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    weights = {t.name: tensor_array(raw, t) for t in header.tensors}
-    check_identity_hyper_connections(weights, ARCH)
-    return config, weights
+    return hyper_connected_weights(header, ARCH, DSV4Config)
 
 
 def check_identity_hyper_connections(weights: dict[str, np.ndarray], arch: str) -> None:

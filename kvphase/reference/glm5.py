@@ -27,8 +27,7 @@ from kvphase.designs.windows import causal_mask, softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import GGUFHeader
 from kvphase.gguf.metadata import Metadata
-from kvphase.gguf.tensors import tensor_array
-from kvphase.reference.deepseek4 import WholeSequence, check_identity_hyper_connections, swiglu
+from kvphase.reference.deepseek4 import WholeSequence, hyper_connected_weights, swiglu
 from kvphase.reference.model import per_file, silu
 
 ARCH = "glm5-next"
@@ -77,15 +76,7 @@ class Glm5Config:
 
 @per_file(kept=4)
 def _load(header: GGUFHeader) -> tuple[Glm5Config, dict[str, np.ndarray]]:
-    path = header.path
-    meta = Metadata(header)
-    if meta.text("general.architecture") != ARCH:
-        raise ModelFileError(f"{path} is not a {ARCH} file")
-    config = Glm5Config.from_meta(meta)
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    weights = {t.name: tensor_array(raw, t) for t in header.tensors}
-    check_identity_hyper_connections(weights, ARCH)
-    return config, weights
+    return hyper_connected_weights(header, ARCH, Glm5Config)
 
 
 class Glm5Next(WholeSequence):
