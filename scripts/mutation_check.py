@@ -295,13 +295,8 @@ MUTATIONS = [
     # issue 22 item 6: threads for the CPUs granted, and training's compilation cache
     Mutation("threads-default-to-every-cpu-of-the-machine", "kvphase/defaults.py",
              "return len(os.sched_getaffinity(0))", "return os.cpu_count() or 1",
-VREPORT, VCLI, VOPTIONS = "kvphase/validate/report.py", "kvphase/cli/validate_cmd.py", "kvphase/validate/options.py"
-T_ANALYSIS, T_STRAT, T_CONTEXTS = "tests/statistics/test_analysis.py", "tests/statistics/test_stratified.py", "tests/sweep/test_contexts.py"
-T_DESIGN, T_RUN, T_SCORING = "tests/statistics/test_design_statistics.py", "tests/sweep/test_run.py", "tests/backends/test_scoring.py"
-T_VERDICT, T_COMPARE = "tests/validate/test_validate_verdict.py", "tests/sweep/test_compare.py"
-KNOCKOUT, TAPS = "kvphase/probes/knockout_hooks.py", "kvphase/engines/taps.py"
-CSA_EXPORT, T_CSA = "kvphase/train/export_deepseek4.py", "tests/train/test_train_csa.py"
-T_GLM = "tests/train/test_train_glm5.py"
+             ("tests/cli/test_cli.py::test_threads_default_to_the_cpus_the_process_may_use",), slow=True),
+    Mutation("validate-threads-zero-read-as-the-default", "kvphase/validate/run.py",
              "threads = default_threads() if threads is None else threads", "threads = threads or default_threads()",
              ("tests/validate/test_validate.py::test_validate_refuses_a_thread_count_llama_cpp_cannot_run",), slow=True),
     Mutation("compilations-never-kept", TRAIN_LOOP, '    jax.config.update("jax_compilation_cache_dir", str(folder))\n',
