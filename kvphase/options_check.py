@@ -82,6 +82,14 @@ def _is_path(value: Any) -> bool:
     return isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes)
 
 
+def check_choices(record, choices: dict[str, tuple[str, ...]]) -> None:
+    """Each field `choices` names None or one of its allowed values; PlanError for the first that is not."""
+    for name, allowed in choices.items():
+        value = getattr(record, name)
+        if value is not None and value not in allowed:
+            raise PlanError(f"{option_name(name)} must be one of {', '.join(allowed)}, got {value!r}")
+
+
 def check_seconds(option: str, seconds: float) -> None:
     """A wait: a finite number of seconds above 0."""
     if not (math.isfinite(seconds) and seconds > 0):

@@ -58,11 +58,10 @@ class LlamaCppBackend:
 
         self._lc = llama_cpp
         info = self.info = as_model_info(model)  # a twin with a graph tap opens the same (conform.ties)
-        self.model_path = info.path
         self.n_gpu_layers = n_gpu_layers  # a twin with a graph tap opens the same (conform.ties)
         self._model = engine.load_model(info, n_gpu_layers=n_gpu_layers)
         if not self._model:
-            raise BackendError(f"llama.cpp could not load {self.model_path} "
+            raise BackendError(f"llama.cpp could not load {self.info.path} "
                                f"({_out_of_memory(info, n_ctx, cache_type, 'weights') or UNLOADABLE})")
         self.vocab = engine.Vocab(self._model)
         self.n_vocab = self.vocab.n_vocab
@@ -81,14 +80,14 @@ class LlamaCppBackend:
             self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
                                            n_seq_max=1 if self.one_sequence else 2, flash_attn=self.flash_attn,
                                            kv_unified=not self.one_sequence, cache_type=cache_type,
-                                           label=str(self.model_path),
+                                           label=str(self.info.path),
                                            cb_eval=self.tap_point.c_callback if head_tap else None)
         except BackendError as exc:
             memory = _out_of_memory(info, n_ctx, cache_type, "context")
             self.close()
             if memory is None:
                 raise
-            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.model_path} "
+            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.info.path} "
                                f"({memory})") from exc
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx)
         self._memory = llama_cpp.llama_get_memory(self._ctx)

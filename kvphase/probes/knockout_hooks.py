@@ -217,7 +217,7 @@ class EngineHeads:
         self.layers = backend.layers_where(named(self.node))
         if not self.layers:
             raise PlanError(f"llama.cpp computes no per-head attention output ({self.node}) "
-                            f"in {backend.model_path.name}; there are no heads to knock out")
+                            f"in {backend.info.path.name}; there are no heads to knock out")
         self.gate, self.stride, self.channels = None, 0, 0
 
     def recorder(self, context: int) -> TapRecorder:

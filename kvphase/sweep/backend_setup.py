@@ -14,7 +14,7 @@ from kvphase.backends.base import Closes, ServerFleet
 from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads, gpu_layer_count
 from kvphase.errors import PlanError
 from kvphase.gguf.modelinfo import ModelInfo
-from kvphase.options_check import check_record
+from kvphase.options_check import check_choices, check_record
 from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.plan import SweepPlan, query_room
 
@@ -43,10 +43,7 @@ class BackendSettings:
 
         check_record(self)  # types and ranges, as every command's options are checked
         object.__setattr__(self, "url", (self.url,) if isinstance(self.url, str) else tuple(self.url))
-        for name, allowed in (("engine", SERVER_ENGINES), ("cache_type", tuple(CACHE_TYPES))):
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
+        check_choices(self, {"engine": SERVER_ENGINES, "cache_type": tuple(CACHE_TYPES)})
         object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))
 
     @property

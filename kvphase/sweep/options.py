@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 from kvphase.backends import BACKENDS
 from kvphase.errors import PlanError
-from kvphase.options_check import check_record
+from kvphase.options_check import check_choices, check_record
 from kvphase.sweep.backend_setup import BackendSettings
 from kvphase.sweep.context_settings import AUTO_DENSITY, PADDINGS
 COMPARISON_DIR = Path("reports") / "comparison"  # where `compare` writes without an `out`
@@ -69,10 +69,7 @@ class SweepOptions:
                   "out": None if self.out is None else Path(self.out)}
         for name, value in normal.items():
             object.__setattr__(self, name, value)
-        for name, allowed in (("padding", PADDINGS), ("backend", tuple(BACKENDS))):
-            value = getattr(self, name)
-            if value is not None and value not in allowed:
-                raise PlanError(f"--{name.replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}")
+        check_choices(self, {"padding": PADDINGS, "backend": tuple(BACKENDS)})
         settings = self.backend_settings  # checks the backend's options
         object.__setattr__(self, "url", settings.url)
         object.__setattr__(self, "gpu_layers", settings.gpu_layers)  # a count, -1 or 'all': every layer
