@@ -62,14 +62,6 @@ class Backend(Tokenizer, Protocol):
 
 
 @runtime_checkable
-class Closes(Protocol):
-    """What `sweep.backend_setup.closed_after` closes: every backend (not the dry run's bare
-    vocabulary, which frees itself)."""
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
 class ScoresMany(Protocol):
     """Scores several contexts at once (the server backend's fleet of slots)."""
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Union
 
 from kvphase.backends import BACKENDS, Backend
-from kvphase.backends.base import Closes, ServerFleet
+from kvphase.backends.base import ServerFleet
 from kvphase.defaults import DEFAULT_GPU_LAYERS, default_threads, gpu_layer_count
 from kvphase.errors import PlanError
 from kvphase.gguf.modelinfo import ModelInfo
@@ -162,10 +162,9 @@ def open_backend(plan: SweepPlan, info: ModelInfo, threads: Optional[int] = None
 
 
 @contextmanager
-def closed_after(backend) -> Iterator:
-    """`backend` for the block, closed when it ends (the dry run's bare vocabulary frees itself)."""
+def closed_after(backend: Backend) -> Iterator[Backend]:
+    """`backend` for the block, closed when it ends."""
     try:
         yield backend
     finally:
-        if isinstance(backend, Closes):
-            backend.close()
+        backend.close()

@@ -4,6 +4,7 @@ timed, the estimated wall time and llama.cpp's expected memory; no folder create
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -11,7 +12,7 @@ from typing import Optional
 from kvphase.engines.llamacpp import Vocab
 from kvphase.errors import PlanError
 from kvphase.gguf.modelinfo import ModelInfo
-from kvphase.sweep.backend_setup import backend_context, closed_after, open_backend
+from kvphase.sweep.backend_setup import backend_context, open_backend
 from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.plan import SweepPlan
 from kvphase.sweep.planning import PlannedSweep, plan_notices
@@ -52,7 +53,7 @@ def dry_run_sweep(planned: PlannedSweep, plan: SweepPlan, run_dir: Path, say: Sa
     timed = info.weights_size is None or plan.backend == "server"
     # a header-only file: the prompts from its vocabulary, nothing to run here
     opened = open_backend(plan, info, planned.options.threads, planned.connect, say) if timed else \
-        closed_after(Vocab.load(info))
+        nullcontext(Vocab.load(info))  # the bare vocabulary frees itself
     with opened as backend:
         estimate = estimate_sweep(plan, backend, run_dir, info, timed, announce=lambda line: say(Notice(line)))
     memory = expected_memory(info, plan) if plan.backend == "llama.cpp" and estimate.pending_contexts else None
