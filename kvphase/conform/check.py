@@ -19,7 +19,8 @@ import pandas as pd
 
 from kvphase.backends.base import ServerFleet
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
-from kvphase.conform.paths import SERVER_PATHS, PathCheck, cannot_run, model_paths, server_paths
+from kvphase.conform.paths import (SERVER_PATHS, PathCheck, cannot_run, large_blocks, model_paths,
+                                   server_paths)
 from kvphase.conform.references import Reference
 from kvphase.errors import BackendError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
@@ -186,16 +187,18 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
 
 
 def engine_paths(backend, prepared: Prepared, choice: EngineChoice) -> list[PathCheck]:
-    """The model's engine paths (`conform.paths`), each against the same text as one prompt."""
-    info = prepared.info
+    """The model's engine paths (`conform.paths`), each against the same text as one prompt, with
+    answers starting at every residue mod the plan's modulus (at least 4) and around its large blocks."""
+    info, plan = prepared.info, prepared.plan
+    modulus, blocks = max(plan.stride, plan.modulus), large_blocks(info)
     if choice.backend != "server":
-        return model_paths(backend, info.architecture, prepared.plan.stride, info.vocab_size, info.context_length)
+        return model_paths(backend, plan.stride, info.vocab_size, info.context_length, modulus, blocks)
     engine, server = backend.engines[0], backend.servers[0]
     if engine.kind != "llama-server":
         return cannot_run(f"a {engine.kind} server has no slots or prompt cache kvphase can address", SERVER_PATHS)
     words = sorted({int(t) for context in prepared.contexts for t in context.tokens} - set(backend.prefix_ids))
-    return server_paths(engine, info.architecture, prepared.plan.stride, words,
-                        min(server.n_ctx, info.context_length), server.slots)
+    return server_paths(engine, plan.stride, words, min(server.n_ctx, info.context_length), server.slots, modulus,
+                        blocks)
 
 
 def served_references(references: tuple[Reference, ...], choice: EngineChoice) -> tuple[Reference, ...]:

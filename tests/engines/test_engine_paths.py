@@ -113,11 +113,65 @@ def test_the_unplanted_reference_passes_every_path():
     assert all(c.status == "PASS" for c in checks), _failures(checks)
 
 
+class _SpoilsWhereGenerationStarts:
+    """A backend with a planted fault of where generation starts (vLLM #55927's class): when the
+    prompt is decoded at once and the answer one token per decode (token by token), and the first
+    answer token sits at `residue` mod `modulus`, every answer log-probability drops by 3 nats."""
+
+    SPOIL = 3.0
+
+    def __init__(self, backend, residue: int, modulus: int):
+        self.backend, self.residue, self.modulus = backend, residue, modulus
+
+    def answer_logprobs(self, context, queries, cuts=()):
+        rows = self.backend.answer_logprobs(context, queries, cuts=cuts)
+        generating = len(cuts) > 1 and all(b == a + 1 for a, b in zip(cuts, cuts[1:]))  # one token per decode
+        if generating and (len(context) + cuts[0]) % self.modulus == self.residue:
+            rows[-1] = rows[-1] - self.SPOIL
+        return rows
+
+
+@pytest.fixture(scope="module")
+def csa_disjoint_reference():
+    from kvphase.backends.reference import ReferenceBackend
+
+    return ReferenceBackend("tests/data/trained/csa-disjoint.gguf")
+
+
+@pytest.mark.parametrize("residue, modulus", [(3, 4), (6, 8)])
+def test_answers_spoiled_where_generation_starts_fail_token_by_token_naming_the_answer_residue(
+        csa_disjoint_reference, residue, modulus):
+    """The contexts end at every residue mod `modulus`, so the answers start at every residue; only
+    token by token starts generation after the prompt, and the line names the answer's residue (mod 8
+    it differs from the context's: the query is 4 tokens), by the planted 3 nats."""
+    spoiled = _SpoilsWhereGenerationStarts(csa_disjoint_reference, residue, modulus)
+    branch, token_by_token, cut = check_paths(spoiled, 64, 4, base=48, modulus=modulus)  # 72 positions
+    assert token_by_token.status == "FAIL" and token_by_token.tried == modulus, token_by_token.line()
+    assert token_by_token.failed_residues == (residue,), token_by_token.line()
+    assert token_by_token.failed_lengths == (48 + (residue - 4 - 48) % modulus,), token_by_token.line()
+    assert f"token by token: FAIL: answers starting at residue {residue} mod {modulus} moved by up to 3 nats" \
+        in token_by_token.line(), token_by_token.line()
+    assert abs(token_by_token.max_difference - _SpoilsWhereGenerationStarts.SPOIL) < 1e-6
+    assert all(c.status == "PASS" for c in (branch, cut)), _failures((branch, cut))
+    assert f"PASS at every residue mod {modulus} (positions 52-{51 + modulus})" in branch.line(), branch.line()
+
+
+def test_model_paths_start_answers_at_every_residue_and_around_the_large_blocks():
+    """csa-top4's sweep groups mod 8 and its model holds 136 positions: answers at 8 residues, and
+    contexts ending, and answers starting, just before, on and after the 128-token HCA boundary
+    that fits (the 256 one does not)."""
+    from kvphase.conform.paths import around_blocks
+
+    assert around_blocks((128,), 128) == [123, 124, 125, 127, 128]
+    assert around_blocks((256,), 600) == [251, 252, 253, 255, 256, 257, 507, 508, 509, 511, 512, 513]
+    assert around_blocks((), 1000) == []
+
+
 def test_a_failure_at_every_context_names_no_residue():
     everywhere = PathCheck("token by token", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(64, 65, 66, 67), tried=4)
     some = PathCheck("branch", 65, 4, 0.8, 0.4, 0.01, failed_lengths=(65,), tried=4)
     assert "residue" not in everywhere.line() and "after every context tried" in everywhere.line()
-    assert "residue 1 mod 4" in some.line()
+    assert "answers starting at residue 1 mod 4" in some.line()  # the 65-token context's answer starts at 69
 
 
 def test_a_server_of_minimax_m3_is_warned_of_the_settings_its_props_hide():
@@ -157,9 +211,11 @@ def test_llama_server_paths_give_the_fresh_answer_on_minimax_m3_with_two_slots()
     with llama_server(Path(model), binary=find_llama_server(), threads=1, slots=2, n_ctx_per_slot=512) as server:
         engine = LlamaServer(server.url)
         info = engine.info()
-        checks = server_paths(engine, "minimax-m3", 4, engine.tokenize(WORDS)[1:], info.n_ctx, info.slots)
+        checks = server_paths(engine, 4, engine.tokenize(WORDS)[1:], info.n_ctx, info.slots)
     assert [c.path for c in checks] == list(SERVER_PATHS)
-    assert all(c.status == "PASS" and c.tried == 4 for c in checks), _failures(checks)
+    assert all(c.status == "PASS" for c in checks), _failures(checks)
+    # one prompt: every text's answer generated from its 4 answer positions (64-67 on: 7 starts)
+    assert [c.tried for c in checks] == [7, 4, 4], [c.line() for c in checks]
 
 
 class _NoPrefixCache:
@@ -180,7 +236,8 @@ class _NoPrefixCache:
 def test_a_server_without_prefix_reuse_or_a_second_slot_cannot_run_those_paths():
     from kvphase.conform.paths import server_paths
 
-    hit, slots = server_paths(_NoPrefixCache(), "minimax-m3", 4, list(range(10, 60)), 512, 1)
+    one_prompt, hit, slots = server_paths(_NoPrefixCache(), 4, list(range(10, 60)), 512, 1)
+    assert one_prompt.status == "PASS", one_prompt.line()
     assert hit.status == "cannot run" and "no prefix-cache hit" in hit.reason, hit.line()
     assert slots.status == "cannot run" and "1 slot" in slots.reason, slots.line()
     assert hit.line().startswith("prefix-cache hit: cannot run: the server evaluated")
