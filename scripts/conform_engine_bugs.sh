@@ -4,7 +4,8 @@
 # scripts/conform_patches/ (each plants one defect: the deepseek4 compressor's block boundary one token
 # early, glm5-next's k-pool pooling a plain mean; and, for the engine paths of issue 62, deepseek4's
 # compressor state dropped by a sequence copy, a block completed in a one-token decode pooled one token
-# early, a block begun in an earlier micro-batch re-pooled one row late), and `kvphase conform` run against each build through
+# early, a block begun in an earlier micro-batch re-pooled one row late; for issue 70, generation that starts at
+# residue 3 mod 4 spoiled in every architecture), and `kvphase conform` run against each build through
 # llama.cpp in process (llama-cpp-python loads libllama from LLAMA_CPP_LIB_PATH) and, when a llama-server
 # binary is built (scripts/build_llama_server.sh), through llama-server (its libllama from LD_LIBRARY_PATH).
 # The unpatched build must PASS, each patched one FAIL naming the moved residue or the path it breaks.

@@ -18,9 +18,9 @@ from typing import Callable, Optional, Sequence
 import pandas as pd
 
 from kvphase.backends.base import ServerFleet
-from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows
-from kvphase.conform.paths import (SERVER_PATHS, PathCheck, cannot_run, large_blocks, model_paths,
-                                   server_paths)
+from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows, paired_rows
+from kvphase.conform.paths import (MIN_ANSWER_MODULUS, SERVER_PATHS, PathCheck, cannot_run, large_blocks,
+                                   model_paths, server_paths)
 from kvphase.conform.references import Reference
 from kvphase.errors import BackendError, ModelFileError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
@@ -183,7 +183,28 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
     engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
     check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,
                          choice.margin, choice.logprob_tolerance, seed=prepared.plan.seed)
-    return Outcome(name, check.verdict, check.reason, time.monotonic() - started, check, engine, tuple(paths))
+    reason = check.reason + answer_start_note(check, prepared, engine)
+    return Outcome(name, check.verdict, reason, time.monotonic() - started, check, engine, tuple(paths))
+
+
+def answer_start_note(check: ModelCheck, prepared: Prepared, engine: pd.DataFrame) -> str:
+    """For a model that FAILs, where its moved targets' answers start (mod the paths' modulus): a
+    fault of where generation starts moves every target of a plan whose answers all start at one
+    residue, whatever the target's phase, so the target residue the verdict names says nothing of it
+    ("" for a PASS)."""
+    if check.verdict != "FAIL":
+        return ""
+    plan = prepared.plan
+    modulus = max(MIN_ANSWER_MODULUS, plan.stride, plan.modulus)
+    starts = {t.target_id: (len(c.tokens) + len(t.query.prompt)) % modulus for c in prepared.contexts for t in c.targets}
+    rows = paired_rows(prepared.committed, engine)
+    moved = rows["correct"] != rows["correct_ref"] if check.check == "profile" else \
+        (rows["logprob"] - rows["logprob_ref"]).abs() > check.logprob_tolerance
+    planned, at = sorted(set(starts.values())), sorted({starts[i] for i in rows.loc[moved, "target_id"]})
+    if len(planned) == 1:
+        return f"; its plan's answers all start at residue {planned[0]} mod {modulus} (the engine paths move them)"
+    return (f"; the moved targets' answers start at residue{'s' if len(at) > 1 else ''} "
+            f"{', '.join(map(str, at))} mod {modulus} (the plan's at {', '.join(map(str, planned))})")
 
 
 def engine_paths(backend, prepared: Prepared, choice: EngineChoice) -> list[PathCheck]:

@@ -10,11 +10,12 @@ from kvphase.runfolder import ReportPage, markdown_table
 def headline(run) -> str:
     counts = {status: sum(o.status == status for o in run.outcomes) for status in ("PASS", "FAIL", "cannot run")}
     said = f"{run.engine}: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['cannot run']} cannot run"
-    failed = [f"{o.name} ({o.reason})" for o in run.outcomes if o.status == "FAIL"]
-    said += f"; {'; '.join(failed)}" if failed else ""
-    # a path's FAIL fails the run: the line says so even when every model's own check passed
+    # a path's FAIL fails the run: the line says so even when every model's own check passed, before
+    # the models' reasons (long ones, which the console cuts)
     paths = [f"{o.name}'s {p.path} ({p.moved})" for o in run.outcomes for p in o.paths if p.status == "FAIL"]
     said += f"; engine paths FAIL: {', '.join(paths)}" if paths else ""
+    failed = [f"{o.name} ({o.reason})" for o in run.outcomes if o.status == "FAIL"]
+    said += f"; {'; '.join(failed)}" if failed else ""
     undecided = [f"{o.name}'s {p.path}" for o in run.outcomes for p in o.paths if p.status == "UNDECIDED"]
     if undecided:
         said += (f"; UNDECIDED (an indexer tie llama.cpp broke the other way, no engine defect shown): "
