@@ -1647,6 +1647,9 @@ def conform_path_bugs_table(study: str) -> str:
 def _path_where(path: dict) -> str:
     """The residue a failing path names, or none when it failed after every context it tried."""
     if len(path["failed_lengths"]) < path.get("tried", 0):
+        if "failed_answer_residues" in path:  # issue 70 on: the residues where the moved answers start
+            residues = path["failed_answer_residues"]
+            return f"answers at residue{'s' if len(residues) > 1 else ''} {', '.join(map(str, residues))}"
         return f"residue {path['length'] % path['stride']}"
     return "every context"
 
