@@ -37,6 +37,9 @@ class Mutation:
 
 
 STATS, STRAT = "kvphase/sweep/analysis.py", "kvphase/statistics/stratified.py"
+CONFORM_PATHS = "kvphase/conform/paths.py"
+T_GENERATION_START = ("tests/engines/test_engine_paths.py::test_answers_spoiled_where_generation_starts_fail_token_by_"
+                      "token_naming_the_answer_residue")
 STAT_POWER, STAT_INTERVALS = "kvphase/statistics/power.py", "kvphase/statistics/intervals.py"
 POSITIONS, LAYOUT, RUN = "kvphase/sweep/positions.py", "kvphase/sweep/layout.py", "kvphase/sweep/run.py"
 LLAMA, BASE = "kvphase/backends/llamacpp.py", "kvphase/backends/base.py"
@@ -319,6 +322,11 @@ MUTATIONS = [
     Mutation("walk-goes-on-past-the-band", CALIBRATE, "        if step.accuracy <= high if above else step.accuracy >= low:",
              "        if low <= step.accuracy <= high:", ("tests/sweep/test_calibrate.py::test_a_walk_that_crosses_the_band_"
                                                         "takes_the_step_nearest_it_that_the_budget_allows",)),
+    # conform moves where generation starts (issue 70)
+    Mutation("conform-one-answer-residue", CONFORM_PATHS, "    return sorted({base + r for r in range(stride)} | set(extra))",
+             "    return sorted({base} | set(extra))", (T_GENERATION_START,)),
+    Mutation("conform-names-the-contexts-residue", CONFORM_PATHS, "    return (length + PROMPT_TOKENS) % stride",
+             "    return length % stride", (T_GENERATION_START,)),
 ]
 
 
