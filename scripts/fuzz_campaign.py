@@ -771,6 +771,7 @@ class Campaign:
             sweep(*SWEEP, "--offsets", "2", "--backend", "server", "--url", "http://127.0.0.1:1"),
             sweep(*SWEEP, "--gpu-layers", "-1"), sweep(*SWEEP, "--gpu-layers", str(2**40)), sweep(*SWEEP, "--gpu-layers", "x"),
             sweep(*SWEEP, "--gpu-layers", "2"), ref("--gpu-layers", "1"),
+            *self.routes_and_options(out, afile),  # issue 76: every option and engine route of this wave
             # issue 56: errors that name what was typed and the nearest value that fits
             sweep("--contexts", "100000", "--context", "256"), sweep("--per-residue", "auto", "--detect", "0.1"),
             sweep("--per-residue", "auto", "--detect", "100"), sweep("--per-residue", "auto", "--detect", "0"),
@@ -857,6 +858,66 @@ class Campaign:
         ]
         return [self._own_folder(Case("options", " ".join(short(x) for x in argv if x not in (m, str(out))), [argv],
                                       cleanup=[out]), out) for argv in argvs]
+
+    def routes_and_options(self, out: Path, afile: Path) -> list[list[str]]:
+        """Issue 76: the options no other case gives (--option, --slots, --selection, --query-phases, make-tiny's
+        --tokenizer-from / --vocab-from / --shape, validate --attention-tol, the probes' --layer, --targets, --cycles,
+        --slots, train's --records / --queries, conform --logprob-tolerance) and the engine routes they open:
+        selection read from llama.cpp's graph and from the reference, minimax-m3 in process under flash attention,
+        the released shapes' reach (a window as long as the context, a short run labelled inactive)."""
+        ds4, probe = self.tiny_deepseek4(), self.probe_model()
+        shaped = {shape: str(self.work / f"shape-{shape}.gguf") for shape in ("deepseek-v4-flash", "glm-5.3-flash")}
+        for shape, arch in (("deepseek-v4-flash", "deepseek4"), ("glm-5.3-flash", "glm5-next")):
+            if not Path(shaped[shape]).is_file():
+                write_tiny_model(arch, shaped[shape], tokenizer_from=self.smol, shape=shape)
+        mm3 = self.work / "tiny-mm3-smol.gguf"
+        if not mm3.is_file():
+            write_tiny_model("minimax-m3", mm3, tokenizer_from=self.smol)
+        m, tiny = str(self.seed_model), str(self.work / "t76.gguf")
+
+        def on(model, *a):
+            return ["sweep", str(model), *SWEEP, "--out", str(out), *a]
+
+        server = ("--backend", "server", "--url", "http://127.0.0.1:1")
+        return [
+            on(m, "--option", "window=4"), on(m, "--backend", "reference", "--option", "layers=[100]"),
+            on(m, "--slots", "2"), on(m, *server, "--slots", "0"), on(m, *server, "--slots", "-1"),
+            on(m, *server, "--slots", "abc"), on(m, *server, "--slots", str(2**63)),
+            on(m, "--selection"), on(ds4, "--selection"), on(ds4, "--selection", "--backend", "reference"),
+            on(ds4, "--selection", "--backend", "reference", "--design", "trained"), on(mm3, "--selection"),
+            on(mm3, "--selection", "--backend", "reference", "--design", "trained"), on(mm3),
+            on(ds4, "--selection", "--offsets", "2"), on(ds4, "--selection", *server),
+            on(ds4, "--selection", "--dry-run"), on(m, "--query-phases"), on(ds4, "--no-query-phases"),
+            on(ds4, "--query-phases", "--per-residue", "8"), on(ds4, "--query-phases", "--no-query-phases"),
+            on(ds4, "--query-phases", "--dry-run", "--modulus", "7"), on(ds4, "--query-phases", "--offsets", "2"),
+            *(["sweep", shaped["deepseek-v4-flash"], *a, "--dry-run", "--out", str(out)] for a in (
+                ["--context", "100"], ["--context", "128", "--task", "pairs"], ["--context", "200", "--task", "pairs"])),
+            ["sweep", shaped["glm-5.3-flash"], "--context", "2040", "--per-residue", "8", "--dry-run", "--out", str(out)],
+            ["inspect", shaped["deepseek-v4-flash"]], ["inspect", shaped["glm-5.3-flash"]],
+            *(["make-tiny", arch, tiny, *a] for arch, a in (
+                ("llama", ["--tokenizer-from", str(self.work / "nope.gguf")]), ("llama", ["--tokenizer-from", str(afile)]),
+                ("llama", ["--tokenizer-from", ""]), ("llama", ["--vocab-from", self.header_only()]),
+                ("llama", ["--vocab-from", "/proc"]), ("glm5-next", ["--shape", "nope"]),
+                ("llama", ["--shape", "minimax-m3"]), ("deepseek4", ["--shape", "glm-5.3-flash"]),
+                ("minimax-m3", ["--shape", ""]), ("glm5-next", ["--shape", "glm-5.3-flash", "--top-k", "0"]),
+                ("llama", ["--top-k", "4"]), ("deepseek4", ["--top-k", str(2**40)]))),
+            *(["validate", ds4, "--threads", "1", "--tokens", "32", "--attention-tol", v]
+              for v in ("nan", "-1", "inf", "x")),
+            *(["gates", probe, "--layer", v, "--out", str(out)] for v in ("99", "-1", "x")),
+            *(["gate-activations", probe, "--contexts", "2", "--layer", v, "--out", str(out)] for v in ("99", "-1")),
+            *(["flip", probe, "--threads", "1", "--out", str(out), *a] for a in (
+                ["--targets", "0"], ["--targets", "-1"], ["--targets", str(2**63)], ["--cycles", "0"],
+                ["--cycles", "-2"], ["--cycles", str(10**9)], ["--option", "x"], ["-o", "="],
+                ["--backend", "reference", "--option", "window=0"])),
+            *(["knockout", probe, "--threads", "1", "--out", str(out), *a] for a in (
+                ["--layer", "99"], ["--layer", "-1"], ["--slots", "--layer", "99"],
+                ["--slots", "--per-residue", "0"])),
+            ["knockout", m, "--slots", "--threads", "1", "--out", str(out)],
+            *(["train", "csa", str(self.work / "train-run"), *a] for a in (
+                ["--records", "0"], ["--records", "-1"], ["--records", str(2**40)], ["--queries", "0"],
+                ["--queries", "-3"], ["--queries", str(10**9)], ["--records", "x"])),
+            *(["conform", "--logprob-tolerance", v, "--out", str(out)] for v in ("nan", "-1", "inf", "x")),
+        ]
 
     # -- real faults: a full disk, too little memory, folders that cannot be written (issue 42)
     def writers(self) -> dict[str, Callable[[Path], list[str]]]:

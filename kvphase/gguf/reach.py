@@ -95,11 +95,12 @@ class Reach(NamedTuple):
 
     def idle_at(self, tokens: int) -> Optional[str]:
         """Why no part of the compressor touches a target at this length, in words; None when one does.
-        Targets sit before `tokens - raw_window` or inside the window, so pooled entries act on the ones
-        outside it, and an indexer acts once it drops a unit."""
+        Pooled entries act once a position lies before the raw window in a complete block: position 0
+        does from max(raw_window + 1, stride) tokens on; an indexer acts once it drops a unit."""
         if not self.declared:
             return None
-        pooled_beyond_window = self.pooling and tokens > self.raw_window + min(p.stride for p in self.pooling)
+        pooled_beyond_window = (self.pooling and tokens > self.raw_window
+                                and tokens >= min(p.stride for p in self.pooling))
         if pooled_beyond_window or any(s.visible(tokens) > s.keeps for s in self.selection):
             return None
         parts = [f"{s.name} keeps every {s.unit} a query sees (at most {s.visible(tokens):,}; it keeps {s.keeps:,} "
