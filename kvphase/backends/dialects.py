@@ -16,6 +16,7 @@ prompt cache recognises, so only the query's own tokens are evaluated
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -181,7 +182,7 @@ class LlamaServer:
             raise BackendError(f"{self.http.url} generated {list(forced)} where a token-id grammar forced "
                                f"{list(answer)}: it does not support token-id grammars (`<[id]>`); use a newer llama-server")
         predicted = tuple(int(step["top_logprobs"][0]["id"]) for step in steps)
-        return Score(correct=predicted == forced, logprob=float(sum(step["logprob"] for step in steps)),
+        return Score(correct=predicted == forced, logprob=sum(logprob_of(step["logprob"]) for step in steps),
                      predicted=predicted)
 
 
@@ -230,12 +231,18 @@ class OpenAICompatible:
         logprob, predicted = 0.0, []
         for position, token in enumerate(answer, start=first):
             entry = {int(k): v for k, v in steps[position].items()}
-            logprob += float(entry[int(token)]["logprob"])
+            logprob += logprob_of(entry[int(token)]["logprob"])
             predicted.append(min(entry, key=lambda t: (entry[t]["rank"], t != token)))
         return Score(correct=tuple(predicted) == tuple(answer), logprob=logprob, predicted=tuple(predicted))
 
 
 ENGINES = {LlamaServer.kind: LlamaServer, OpenAICompatible.kind: OpenAICompatible}
+
+
+def logprob_of(value) -> float:
+    """A log-probability as an engine wrote it: JSON has no NaN, and llama-server (nlohmann::json) writes one as
+    null, which is NaN here; the fleet refuses it (`backends.base.finite_scores`)."""
+    return math.nan if value is None else float(value)
 
 
 def _evaluated(response: dict) -> int:

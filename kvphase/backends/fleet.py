@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from kvphase.backends.base import Query, Score
+from kvphase.backends.base import Query, Score, finite_scores
 from kvphase.backends.dialects import (ENGINES, LlamaServer, ModelFacts, ServerInfo, compared_facts,
                                        served_model_line, served_model_mismatch)
 from kvphase.backends.server_paths import path_warnings
@@ -138,8 +138,9 @@ class ServerBackend:
     def _check_forcing(self, engine) -> None:
         """Score one short query: a server that cannot teacher-force fails here, not mid-sweep."""
         ids = self.vocab.prefix_ids + self.vocab.tokenize(TOKENIZER_PROBES[0])  # at least 5 tokens in any vocabulary
+        context, probe = ids[:-3], [Query(tuple(ids[-3:-2]), tuple(ids[-2:]))]
         try:
-            engine.score(0, ids[:-3], [Query(tuple(ids[-3:-2]), tuple(ids[-2:]))])
+            finite_scores(engine.score(0, context, probe)[0], engine.http.url, context, probe)
         except ServerRefused as exc:
             raise BackendError(f"{engine.http.url} cannot teacher-force a query ({exc.message})") from None
 
@@ -219,6 +220,7 @@ class ServerBackend:
                 continue
             try:
                 scores, evaluated = engine.score(slot, *job)
+                scores = finite_scores(scores, engine.http.url, *job)
             except ServerGone as exc:
                 self._leave(engine.http.url, exc)  # before it is told, so that no reserve worker of its own starts
                 todo.put((index, job))

@@ -31,6 +31,8 @@ MODES = {
     "redirect-loop": "answers 302 to the very address it was asked, every time",
     "huge-size": "serves a model file by ranges, stating a size of 10^12 bytes",
     "wrong-model": "a llama-server with the tokenizer of `model` that states the facts of another model, `stated`",
+    "nan-scores": "a llama-server stating `model`'s facts that forces answers with a log-probability of -1 per "
+                  "token for its first `finite` completions, and of null (llama-server's NaN) after them",
 }
 
 
@@ -55,15 +57,18 @@ class HostileServer(LocalServer):
     """One mode of MODES on a free port of 127.0.0.1; use as a context manager. `sent` counts the
     body bytes written."""
 
-    def __init__(self, mode: str, model: Path | None = None, stated: Path | None = None):
+    def __init__(self, mode: str, model: Path | None = None, stated: Path | None = None, finite: int = 0):
         if mode not in MODES:
             raise ValueError(f"no hostile mode {mode!r}; expected one of {', '.join(MODES)}")
         self.mode, self.model, self.sent = mode, model and Path(model), 0
+        self.finite = finite  # nan-scores: completions answered with finite numbers (a test may raise it)
+        self.completions = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        if mode == "wrong-model":
+        if mode in ("wrong-model", "nan-scores"):
             from kvphase.engines.llamacpp import Vocab
 
+            stated = model if mode == "nan-scores" else stated
             self._vocab = Vocab.load(model)
             self._facts = {**gguf_facts(stated), "n_ctx": 4096}
             self._name = stated.name
@@ -165,9 +170,22 @@ class HostileServer(LocalServer):
         }
         if (method, path) == ("POST", "/tokenize"):
             answer = {"tokens": self._vocab.prefix_ids + self._vocab.tokenize(body.get("content", ""))}
+        elif (method, path) == ("POST", "/completion") and self.mode == "nan-scores":
+            answer = self._forced(body)
         else:
             answer = answers.get((method, path))
         status = "200 OK" if answer is not None else "500 Internal Server Error"
         data = json.dumps(answer if answer is not None else {"error": {"message": "no scoring here"}}).encode()
         sock.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
                      .encode() + data)
+
+    def _forced(self, body: dict) -> dict:
+        """llama-server's answer to a token-id grammar: each forced token as its own top-1, -1 nats each, or
+        null once `finite` completions have been answered."""
+        with self._lock:
+            self.completions += 1
+            logprob = -1.0 if self.completions <= self.finite else None
+        forced = [int(t) for t in re.findall(r"<\[(\d+)\]>", body.get("grammar", ""))]
+        return {"content": "", "timings": {"prompt_n": len(body.get("prompt", [])), "predicted_n": len(forced)},
+                "completion_probabilities": [{"id": t, "logprob": logprob, "top_logprobs": [{"id": t, "logprob": logprob}]}
+                                             for t in forced]}
