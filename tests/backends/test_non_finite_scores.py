@@ -60,7 +60,7 @@ def test_a_server_answering_nan_mid_sweep_writes_no_row_of_it_and_the_folder_res
 
 
 class NaNAfter(CharBackend):
-    """CharBackend whose `bad`-th score() call answers `value` as its first query's log-probability."""
+    """CharBackend whose `bad`-th score() call answers `value` as its last query's log-probability."""
 
     def __init__(self, bad: int, value: float):
         super().__init__()
@@ -69,7 +69,7 @@ class NaNAfter(CharBackend):
     def score(self, context, queries):
         scores = super().score(context, queries)
         if self.calls == self.bad:
-            scores[0] = Score(scores[0].correct, self.value, scores[0].predicted)
+            scores[-1] = Score(scores[-1].correct, self.value, scores[-1].predicted)
         return scores
 
 
@@ -105,3 +105,14 @@ def test_a_nan_difference_fails_either_check_where_it_exceeds_no_tolerance(check
     assert verdict.verdict == "FAIL", verdict
     assert "not a finite number" in verdict.reason
     assert compare_rows("m", check, committed, committed.copy(), {}).verdict == "PASS"
+
+
+def test_an_engine_path_whose_difference_is_nan_fails():
+    import numpy as np
+
+    from kvphase.conform.paths import _summarise
+
+    moved = {64: np.array([0.0, 0.001]), 65: np.array([math.nan, 0.0])}
+    check = _summarise("prefix-cache hit", moved, 4, 0.01)
+    assert check.status == "FAIL" and check.failed_lengths == (65,), check
+    assert _summarise("prefix-cache hit", {64: np.array([0.0, 0.001])}, 4, 0.01).status == "PASS"
