@@ -55,6 +55,8 @@ class ModelFacts:
     name: str  # how a refusal names it
     numbers: dict  # MODEL_FACTS -> the file's value
     file: Path | None = None
+    weights: Path | None = None  # the file holding its weights here, which a server's are identified against
+    no_weights: str = ""  # why there is none (a header-only file, a file cut short, a URL): only metadata is compared
 
     @classmethod
     def of(cls, model, n_vocab: int) -> "ModelFacts":
@@ -70,7 +72,26 @@ class ModelFacts:
         numbers = {"n_vocab": n_vocab, "n_ctx_train": first.fields.get(f"{arch}.context_length"),
                    "n_embd": first.fields.get(f"{arch}.embedding_length"),
                    "n_params": sum(t.n_elements for t in tensors), "size": sum(t.n_bytes for t in tensors)}
-        return cls(first.path.name, {k: v for k, v in numbers.items() if isinstance(v, int)})
+        return cls(first.path.name, {k: v for k, v in numbers.items() if isinstance(v, int)},
+                   weights=None if _without_weights(first) else Path(first.path), no_weights=_without_weights(first))
+
+
+def _without_weights(header) -> str:
+    """Why a model's header comes without its weights here ("" when the file holds them)."""
+    if not isinstance(header.path, Path):
+        return "the model is a URL"
+    if header.header_only:
+        return f"{header.path.name} is a header-only file"
+    return f"{header.path.name} is cut inside its tensor data" if header.needed_size is not None else ""
+
+
+def other_bytes(served: Path, file: Path) -> bool:
+    """Whether the file a server holds (readable here) is another file than `file`, byte for byte."""
+    from kvphase.runfolder import file_sha256
+
+    if served.resolve() == file.resolve():
+        return False
+    return served.stat().st_size != file.stat().st_size or file_sha256(served) != file_sha256(file)
 
 
 def stated_facts(meta: object) -> dict:
@@ -88,14 +109,12 @@ def stated_facts(meta: object) -> dict:
 def served_model_mismatch(server: ServerInfo, model: ModelFacts) -> str:
     """What differs between the model a server states it serves and `model` ("" when nothing does):
     every fact both state, and with `model.file` the file itself."""
-    from kvphase.runfolder import file_sha256
-
     differ = [f"{key} {server.facts[key]:,} where the file has {model.numbers[key]:,}" for key in MODEL_FACTS
               if key in server.facts and key in model.numbers and server.facts[key] != model.numbers[key]]
     if model.file is not None:
         served = Path(server.model)
-        if served.is_file() and served.resolve() != model.file.resolve():
-            if served.stat().st_size != model.file.stat().st_size or file_sha256(served) != file_sha256(model.file):
+        if served.is_file():
+            if other_bytes(served, model.file):
                 differ.append(f"its file {served} holds other bytes than {model.file}")
         elif not served.is_file() and served.name != model.file.name:
             differ.append(f"its file is named {served.name}, not {model.file.name}")

@@ -163,8 +163,9 @@ class HostileServer(LocalServer):
         """llama-server's checks (/props, /v1/models, /tokenize, /health) for another model than the
         tokenizer's; scoring is refused, so nothing is ever scored on it."""
         answers = {
-            ("GET", "/props"): {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,
-                                "model_path": f"/models/{self._name}", "build_info": "hostile"},
+            ("GET", "/props"): {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,  # nan-scores holds
+                                "model_path": str(self.model) if self.mode == "nan-scores" else f"/models/{self._name}",
+                                "build_info": "hostile"},  # `model` itself (the same bytes), wrong-model another
             ("GET", "/v1/models"): {"data": [{"id": self._name, "meta": self._facts}]},
             ("GET", "/health"): {"status": "ok"},
         }
