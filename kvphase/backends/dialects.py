@@ -196,11 +196,17 @@ class LlamaServer:
         })
 
     def _score(self, steps: list[dict], answer: Sequence[int]) -> Score:
+        if not isinstance(steps, list) or len(steps) != len(answer):
+            raise BackendError(f"{self.http.url}/completion answered {len(steps) if isinstance(steps, list) else 'no'} "
+                               f"token steps where a grammar forced {len(answer)}: not a llama-server scoring answer")
         forced = tuple(int(step["id"]) for step in steps)
-        if forced != tuple(answer):
+        predicted = tuple(int(step["top_logprobs"][0]["id"]) for step in steps)
+        if forced != tuple(answer) and forced == predicted:  # greedy tokens of its own: the grammar was ignored
             raise BackendError(f"{self.http.url} generated {list(forced)} where a token-id grammar forced "
                                f"{list(answer)}: it does not support token-id grammars (`<[id]>`); use a newer llama-server")
-        predicted = tuple(int(step["top_logprobs"][0]["id"]) for step in steps)
+        if forced != tuple(answer):
+            raise BackendError(f"{self.http.url}/completion answered tokens {list(forced)} where a grammar forced "
+                               f"{list(answer)}, and not its own top tokens {list(predicted)}: not a scoring answer")
         return Score(correct=predicted == forced, logprob=sum(logprob_of(step["logprob"]) for step in steps),
                      predicted=predicted)
 
@@ -223,6 +229,9 @@ class OpenAICompatible:
     def info(self) -> ServerInfo:
         model = self.http.get("/v1/models")["data"][0]
         self._model = str(model["id"])
+        if _is_llama_server(self.http):
+            raise BackendError(f"{self.http.url} is a llama-server (it answers /props), not an OpenAI-compatible "
+                               "engine with prompt logprobs: give --engine llama-server")
         try:
             version = str(self.http.get("/version").get("version", "unknown"))
         except BackendError:
@@ -256,6 +265,15 @@ class OpenAICompatible:
 
 
 ENGINES = {LlamaServer.kind: LlamaServer, OpenAICompatible.kind: OpenAICompatible}
+
+
+def _is_llama_server(http: Http) -> bool:
+    """Whether the server answers llama-server's own /props (vLLM and SGLang do not)."""
+    try:
+        props = http.get("/props")
+    except BackendError:
+        return False
+    return isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict)
 
 
 def logprob_of(value) -> float:
