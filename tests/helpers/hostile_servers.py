@@ -22,6 +22,7 @@ ENDLESS_LIMIT = 256 << 20  # bytes an endless answer sends at most: 4x the large
 GIVE_UP_S = 300.0  # a trickle stops after this long: past twice the longest deadline kvphase sets (120 s, header's)
 TRICKLE_S = 0.2  # seconds between two bytes of a trickle
 HUGE_SIZE = 10**12  # bytes `huge-size` states of its file
+SLOW_RANGE_S = 0.25  # seconds `slow-ranges` waits before each answer
 BLOCK = 1 << 20
 
 MODES = {
@@ -30,6 +31,7 @@ MODES = {
     "half-headers": "sends its status line and one header line, then nothing more (until it gives up)",
     "redirect-loop": "answers 302 to the very address it was asked, every time",
     "huge-size": "serves a model file by ranges, stating a size of 10^12 bytes",
+    "slow-ranges": "serves a model file by ranges, each answer after 0.25 s: many requests, each well inside a deadline",
     "wrong-model": "a llama-server with the tokenizer of `model` that states the facts of another model, `stated`",
     "nan-scores": "a llama-server stating `model`'s facts that forces answers with a log-probability of -1 per "
                   "token for its first `finite` completions, and of null (llama-server's NaN) after them",
@@ -117,8 +119,10 @@ class HostileServer(LocalServer):
         elif self.mode == "redirect-loop":
             sock.sendall(f"HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n".encode())
             return True
-        elif self.mode == "huge-size":
-            self._huge(sock, ranged)
+        elif self.mode in ("huge-size", "slow-ranges"):
+            if self.mode == "slow-ranges":
+                self._stop.wait(SLOW_RANGE_S)
+            self._huge(sock, ranged, HUGE_SIZE if self.mode == "huge-size" else self.model.stat().st_size)
             return True
         else:
             self._llama_server(sock, method, path, json.loads(body or b"{}"))
@@ -149,13 +153,13 @@ class HostileServer(LocalServer):
                 return
             self._send_body(sock, data[i:i + 1])
 
-    def _huge(self, sock, ranged) -> None:
+    def _huge(self, sock, ranged, size: int) -> None:
         start, end = (int(ranged.group(1)), int(ranged.group(2)) + 1) if ranged else (0, BLOCK)
         with self.model.open("rb") as f:
             f.seek(start)
             data = f.read(end - start)
         data += bytes(end - start - len(data))  # past the file's end: zeros, as far as the stated size goes
-        sock.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end - 1}/{HUGE_SIZE}\r\n"
+        sock.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end - 1}/{size}\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode())
         self._send_body(sock, data)
 
