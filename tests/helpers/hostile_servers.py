@@ -31,6 +31,7 @@ MODES = {
     "half-headers": "sends its status line and one header line, then nothing more (until it gives up)",
     "redirect-loop": "answers 302 to the very address it was asked, every time",
     "huge-size": "serves a model file by ranges, stating a size of 10^12 bytes",
+    "empty-steps": "a llama-server stating `model`'s facts that answers every completion with no token steps",
     "slow-ranges": "serves a model file by ranges, each answer after 0.25 s: many requests, each well inside a deadline",
     "wrong-model": "a llama-server with the tokenizer of `model` that states the facts of another model, `stated`",
     "nan-scores": "a llama-server stating `model`'s facts that forces answers with a log-probability of -1 per "
@@ -67,10 +68,10 @@ class HostileServer(LocalServer):
         self.completions = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        if mode in ("wrong-model", "nan-scores"):
+        if mode in ("wrong-model", "nan-scores", "empty-steps"):
             from kvphase.engines.llamacpp import Vocab
 
-            stated = model if mode == "nan-scores" else stated
+            stated = stated if mode == "wrong-model" else model
             self._vocab = Vocab.load(model)
             self._facts = {**gguf_facts(stated), "n_ctx": 4096}
             self._name = stated.name
@@ -168,7 +169,7 @@ class HostileServer(LocalServer):
         tokenizer's; scoring is refused, so nothing is ever scored on it."""
         answers = {
             ("GET", "/props"): {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,  # nan-scores holds
-                                "model_path": str(self.model) if self.mode == "nan-scores" else f"/models/{self._name}",
+                                "model_path": f"/models/{self._name}" if self.mode == "wrong-model" else str(self.model),
                                 "build_info": "hostile"},  # `model` itself (the same bytes), wrong-model another
             ("GET", "/v1/models"): {"data": [{"id": self._name, "meta": self._facts}]},
             ("GET", "/health"): {"status": "ok"},
@@ -177,6 +178,8 @@ class HostileServer(LocalServer):
             answer = {"tokens": self._vocab.prefix_ids + self._vocab.tokenize(body.get("content", ""))}
         elif (method, path) == ("POST", "/completion") and self.mode == "nan-scores":
             answer = self._forced(body)
+        elif (method, path) == ("POST", "/completion") and self.mode == "empty-steps":
+            answer = {"content": "", "completion_probabilities": [], "timings": {"prompt_n": 1, "predicted_n": 0}}
         else:
             answer = answers.get((method, path))
         status = "200 OK" if answer is not None else "500 Internal Server Error"
