@@ -39,7 +39,7 @@ TOKENIZER_PROBES = (
 )
 # The probe query (`_check_forcing`) scored by the file in process, to tell a server's weights from another
 # file's of the same shape: two tiny llamas differing only in their seed score it 13.4 nats apart, one file
-# through llama-server and in process within 1e-4 (same llama.cpp; another build or a GPU moves it more).
+# through llama-server and in process within 1e-3 (test_server_identity; another build or a GPU moves it more).
 PROBE_TOLERANCE = 0.5  # nats the probe's answer may move between the server and the file in process
 PROBE_MAX_BYTES = 1 << 30  # a larger file is not loaded here for the probe (the server is there to hold it)
 
