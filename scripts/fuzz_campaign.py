@@ -75,6 +75,7 @@ CATEGORIES = {
     "hostile": "endless, trickling, looping, oversized and wrong-model servers under sweep, header, inspect, conform",
     "api": "wrong types and values through the Python API's functions",
     "silent": "a llama-server stopped (SIGSTOP) mid-sweep, alone and in a fleet, then the sweep again",
+    "identity": "a tiny llama through a llama-server holding its seed twin (file here, file gone) or itself (gone)",
     "disk": "a full disk at every writing command (a tmpfs left 0 B to 64 KiB free)",
     "memory": "too little memory (RLIMIT_AS) under sweep, training, probes and theory",
     "readonly": "read-only and immutable folders under every writing command",
@@ -573,6 +574,13 @@ class Campaign:
                     "--out", str(folder), "-q"]
             cases.append(Case("signals", f"{signal.Signals(signum).name} after {delay:.1f} s: sweep", [argv, argv],
                               cleanup=[folder], signal_after=(signum, delay), cpu=600))
+        selecting = REPO / "reports" / "trained" / "engine" / "glm-kpool-top4-seed0" / "model.gguf"
+        for i in range(self.n(9)):  # issue 77: a Ctrl-C inside the graph tap was "the graph tap failed" once in nine
+            delay, folder = self.rng.uniform(0.8, 3.0), self.path("signalled-selection")  # the sweep takes about 4 s
+            argv = ["sweep", str(selecting), "--selection", "--per-residue", "16", "--threads", "1",
+                    "--out", str(folder), "-q"]
+            cases.append(Case("signals", f"SIGINT after {delay:.1f} s: sweep --selection", [argv, argv],
+                              cleanup=[folder], signal_after=(signal.SIGINT, delay), cpu=600))
         return cases
 
     # -- servers that answer wrongly, slowly or never
@@ -642,7 +650,8 @@ class Campaign:
             "kvphase.inspect(5)", "kvphase.inspect(None)", f"kvphase.inspect({m}, partial='yes')",
             "kvphase.load_run(5)", "kvphase.load_run('a\\0b')", "kvphase.report(5)", "kvphase.report([])",
             "kvphase.compare('path')", "kvphase.compare([5])", "kvphase.compare(5)", "kvphase.compare([], out=5)",
-            "kvphase.compare(['a\\0b'])"]
+            "kvphase.compare(['a\\0b'])", f"kvphase.sweep({m}, options=kvphase.SweepOptions(context=256), context=512)",
+            "kvphase.SweepOptions(bogus=1)"]
         code = ("import sys, kvphase\ntry:\n    {call}\nexcept kvphase.KvphaseError as exc:\n"
                 "    print('Error:', exc)\n    sys.exit(1)")
         return [Case("api", call.replace(m, "MODEL").replace(run, "RUN"), [["-c", code.format(call=call)]],
@@ -679,6 +688,38 @@ class Campaign:
                                   during=lambda i, f=fleet, o=out, r=rows: i == 0 and f.pause_at(o, r),
                                   between=lambda i, f=fleet: i and f.resume(),
                                   check=lambda o=out: same_rows(o, clean)))
+        return cases
+
+    # -- issue 77: a server holding another file of the very same metadata
+    def identity(self) -> list[Case]:
+        """Two make-tiny llamas differing only in their seed: one swept through a llama-server holding
+        the other, whose file is here (told by its bytes) or gone once loaded (told by a probe query),
+        must be refused; through one holding a gone copy of itself (the probe passes) it sweeps."""
+        from kvphase.engines.llama_server import find_llama_server, free_port, llama_server
+
+        try:
+            binary = find_llama_server()
+        except Exception as exc:  # no llama-server here: the category says so and runs nothing
+            print(f"identity: skipped, no llama-server ({exc})", flush=True)
+            return []
+        twins = [write_tiny_model("llama", self.work / f"twin-seed{seed}.gguf", seed=seed,
+                                  tokenizer_from=self.seed_model) for seed in (0, 1)]
+        cases = []
+        for served, gone in ((twins[1], False), (twins[1], True), (twins[0], True)):
+            port, held, out = free_port(), {}, self.path("identity-run")
+
+            def start(served=served, gone=gone, port=port, held=held) -> None:
+                copy = Path(shutil.copy(served, self.work / f"gone-{served.name}")) if gone else served
+                held["server"] = llama_server(copy, binary=binary, threads=1, slots=1, n_ctx_per_slot=512, port=port)
+                held["server"].__enter__()
+                if gone:
+                    copy.unlink()
+
+            argv = ["sweep", str(twins[0]), "--backend", "server", "--url", f"http://127.0.0.1:{port}", "--context",
+                    "256", "--per-residue", "1", "--threads", "1", "--out", str(out), "-q"]
+            cases.append(Case("identity", f"{twins[0].name} through a server of {served.name}"
+                              f"{' (its file gone)' if gone else ''}", [argv], prepare=start, cleanup=[out],
+                              release=lambda held=held: held["server"].__exit__(None, None, None)))
         return cases
 
     # -- abusive options
@@ -731,6 +772,7 @@ class Campaign:
             sweep(*SWEEP, "--cache-type", "q8_0", "--backend", "reference"), sweep(*SWEEP, "--cache-type", "f16",
                                                                                    "--backend", "server", "--url",
                                                                                    "http://127.0.0.1:1"),
+            sweep("--query-phases", "--no-query-phases"), sweep("--no-query-phases", "--query-phases"),
             sweep("--stride", "all"), sweep(*SWEEP, "--stride", "ALL"), sweep("--stride", "abc"), sweep("--stride", ""),
             sweep("--stride", "4.5"), sweep("--stride", "1e3"), sweep("--stride", "0x10"), sweep("--stride", "[red]"),
             sweep("--stride", str(10**30)), sweep(*SWEEP, "--stride", "all", "--modulus", "7"),

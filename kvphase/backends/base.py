@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from kvphase.errors import BackendError
 
 
 class Query(NamedTuple):
@@ -114,6 +117,32 @@ class RunsPolicy(Protocol):
 
     model: object
     policy: object | None
+
+
+class NonFiniteScore(BackendError):
+    """An engine scored a query with a log-probability that is not a finite number (NaN, inf, or a
+    JSON null, which is how llama-server writes a NaN): refused before the score is used or written.
+    `context` and `query` say which query it was, so that a sweep can name its target (`at`)."""
+
+    def __init__(self, source: str, logprob: float, context: Sequence[int], query: Query, target: str = ""):
+        self.source, self.logprob, self.context, self.query = source, logprob, tuple(context), query
+        where = target or f"a query after a {len(self.context)}-token context"
+        super().__init__(f"{source} scored {where} with a log-probability of {logprob}, not a finite number; "
+                         "nothing of it was written: check the engine and its model, then run the same command again")
+
+    def at(self, target: str) -> "NonFiniteScore":
+        """The same refusal naming the target it scored."""
+        return NonFiniteScore(self.source, self.logprob, self.context, self.query, target)
+
+
+def finite_scores(scores: Sequence[Score], source: str, context: Sequence[int],
+                  queries: Sequence[Query]) -> list[Score]:
+    """`scores` of `queries` after `context`, each checked finite (NonFiniteScore naming `source` otherwise):
+    every engine's answers pass here before anything uses them (the server fleet, `sweep.run.result_row`)."""
+    for query, score in zip(queries, scores):
+        if not math.isfinite(score.logprob):
+            raise NonFiniteScore(source, score.logprob, context, query)
+    return list(scores)
 
 
 def score_contexts(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]

@@ -16,6 +16,7 @@ prompt cache recognises, so only the query's own tokens are evaluated
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -54,6 +55,8 @@ class ModelFacts:
     name: str  # how a refusal names it
     numbers: dict  # MODEL_FACTS -> the file's value
     file: Path | None = None
+    weights: Path | None = None  # the file holding its weights here, which a server's are identified against
+    no_weights: str = ""  # why there is none (a header-only file, a file cut short, a URL): only metadata is compared
 
     @classmethod
     def of(cls, model, n_vocab: int) -> "ModelFacts":
@@ -69,7 +72,26 @@ class ModelFacts:
         numbers = {"n_vocab": n_vocab, "n_ctx_train": first.fields.get(f"{arch}.context_length"),
                    "n_embd": first.fields.get(f"{arch}.embedding_length"),
                    "n_params": sum(t.n_elements for t in tensors), "size": sum(t.n_bytes for t in tensors)}
-        return cls(first.path.name, {k: v for k, v in numbers.items() if isinstance(v, int)})
+        return cls(first.path.name, {k: v for k, v in numbers.items() if isinstance(v, int)},
+                   weights=None if _without_weights(first) else Path(first.path), no_weights=_without_weights(first))
+
+
+def _without_weights(header) -> str:
+    """Why a model's header comes without its weights here ("" when the file holds them)."""
+    if not isinstance(header.path, Path):
+        return "the model is a URL"
+    if header.header_only:
+        return f"{header.path.name} is a header-only file"
+    return f"{header.path.name} is cut inside its tensor data" if header.needed_size is not None else ""
+
+
+def other_bytes(served: Path, file: Path) -> bool:
+    """Whether the file a server holds (readable here) is another file than `file`, byte for byte."""
+    from kvphase.runfolder import file_sha256
+
+    if served.resolve() == file.resolve():
+        return False
+    return served.stat().st_size != file.stat().st_size or file_sha256(served) != file_sha256(file)
 
 
 def stated_facts(meta: object) -> dict:
@@ -87,14 +109,12 @@ def stated_facts(meta: object) -> dict:
 def served_model_mismatch(server: ServerInfo, model: ModelFacts) -> str:
     """What differs between the model a server states it serves and `model` ("" when nothing does):
     every fact both state, and with `model.file` the file itself."""
-    from kvphase.runfolder import file_sha256
-
     differ = [f"{key} {server.facts[key]:,} where the file has {model.numbers[key]:,}" for key in MODEL_FACTS
               if key in server.facts and key in model.numbers and server.facts[key] != model.numbers[key]]
     if model.file is not None:
         served = Path(server.model)
-        if served.is_file() and served.resolve() != model.file.resolve():
-            if served.stat().st_size != model.file.stat().st_size or file_sha256(served) != file_sha256(model.file):
+        if served.is_file():
+            if other_bytes(served, model.file):
                 differ.append(f"its file {served} holds other bytes than {model.file}")
         elif not served.is_file() and served.name != model.file.name:
             differ.append(f"its file is named {served.name}, not {model.file.name}")
@@ -176,12 +196,18 @@ class LlamaServer:
         })
 
     def _score(self, steps: list[dict], answer: Sequence[int]) -> Score:
+        if not isinstance(steps, list) or len(steps) != len(answer):
+            raise BackendError(f"{self.http.url}/completion answered {len(steps) if isinstance(steps, list) else 'no'} "
+                               f"token steps where a grammar forced {len(answer)}: not a llama-server scoring answer")
         forced = tuple(int(step["id"]) for step in steps)
-        if forced != tuple(answer):
+        predicted = tuple(int(step["top_logprobs"][0]["id"]) for step in steps)
+        if forced != tuple(answer) and forced == predicted:  # greedy tokens of its own: the grammar was ignored
             raise BackendError(f"{self.http.url} generated {list(forced)} where a token-id grammar forced "
                                f"{list(answer)}: it does not support token-id grammars (`<[id]>`); use a newer llama-server")
-        predicted = tuple(int(step["top_logprobs"][0]["id"]) for step in steps)
-        return Score(correct=predicted == forced, logprob=float(sum(step["logprob"] for step in steps)),
+        if forced != tuple(answer):
+            raise BackendError(f"{self.http.url}/completion answered tokens {list(forced)} where a grammar forced "
+                               f"{list(answer)}, and not its own top tokens {list(predicted)}: not a scoring answer")
+        return Score(correct=predicted == forced, logprob=sum(logprob_of(step["logprob"]) for step in steps),
                      predicted=predicted)
 
 
@@ -203,6 +229,9 @@ class OpenAICompatible:
     def info(self) -> ServerInfo:
         model = self.http.get("/v1/models")["data"][0]
         self._model = str(model["id"])
+        if _is_llama_server(self.http):
+            raise BackendError(f"{self.http.url} is a llama-server (it answers /props), not an OpenAI-compatible "
+                               "engine with prompt logprobs: give --engine llama-server")
         try:
             version = str(self.http.get("/version").get("version", "unknown"))
         except BackendError:
@@ -230,12 +259,27 @@ class OpenAICompatible:
         logprob, predicted = 0.0, []
         for position, token in enumerate(answer, start=first):
             entry = {int(k): v for k, v in steps[position].items()}
-            logprob += float(entry[int(token)]["logprob"])
+            logprob += logprob_of(entry[int(token)]["logprob"])
             predicted.append(min(entry, key=lambda t: (entry[t]["rank"], t != token)))
         return Score(correct=tuple(predicted) == tuple(answer), logprob=logprob, predicted=tuple(predicted))
 
 
 ENGINES = {LlamaServer.kind: LlamaServer, OpenAICompatible.kind: OpenAICompatible}
+
+
+def _is_llama_server(http: Http) -> bool:
+    """Whether the server answers llama-server's own /props (vLLM and SGLang do not)."""
+    try:
+        props = http.get("/props")
+    except BackendError:
+        return False
+    return isinstance(props, dict) and isinstance(props.get("default_generation_settings"), dict)
+
+
+def logprob_of(value) -> float:
+    """A log-probability as an engine wrote it: JSON has no NaN, and llama-server (nlohmann::json) writes one as
+    null, which is NaN here; the fleet refuses it (`backends.base.finite_scores`)."""
+    return math.nan if value is None else float(value)
 
 
 def _evaluated(response: dict) -> int:

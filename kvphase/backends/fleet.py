@@ -16,10 +16,11 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from kvphase.backends.base import Query, Score
-from kvphase.backends.dialects import (ENGINES, LlamaServer, ModelFacts, ServerInfo, compared_facts,
+from kvphase.backends.base import Query, Score, finite_scores
+from kvphase.backends.dialects import (ENGINES, LlamaServer, ModelFacts, ServerInfo, compared_facts, other_bytes,
                                        served_model_line, served_model_mismatch)
 from kvphase.backends.server_paths import path_warnings
 from kvphase.backends.transport import Pace, Retry, ServerGone, ServerRefused
@@ -36,6 +37,11 @@ TOKENIZER_PROBES = (
     " key-0042: value 1234567 | x_y = f(z) * 3.14;\n\tdef main():",
     "Ünïcödé naïve café, 東京タワー, 🙂👍 and  two  spaces\n\n",
 )
+# The probe query (`_check_forcing`) scored by the file in process, to tell a server's weights from another
+# file's of the same shape: two tiny llamas differing only in their seed score it 13.4 nats apart, one file
+# through llama-server and in process within 1e-3 (test_server_identity; another build or a GPU moves it more).
+PROBE_TOLERANCE = 0.5  # nats the probe's answer may move between the server and the file in process
+PROBE_MAX_BYTES = 1 << 30  # a larger file is not loaded here for the probe (the server is there to hold it)
 
 
 @dataclass
@@ -60,6 +66,8 @@ class ServerBackend:
         if self.slots is not None and self.slots < 1:
             raise PlanError(f"--slots must be at least 1, got {self.slots}")
         self._lock = threading.Lock()
+        self.identified: dict[str, str] = {}  # url -> how its weights were identified with the file's
+        self._own: Score | None = None  # the probe query scored by the file in process
         self._tell: Callable[[str], None] | None = None
         self._untold: list[str] = []  # servers lost before anyone listened (at the checks)
         pace = Pace()  # one for the fleet: a server stalled on its first context is judged by the others' pace
@@ -114,7 +122,7 @@ class ServerBackend:
         if info.n_ctx and info.n_ctx < self.n_ctx_needed:
             raise BackendError(f"{info.url} holds {info.n_ctx} tokens per slot, the sweep needs {self.n_ctx_needed}; "
                                f"restart it with a larger -c (times -np slots)")
-        self._check_forcing(engine)
+        self._check_weights(info, *self._check_forcing(engine))
         if self.slots is not None and engine.kind == LlamaServer.kind and self.slots > info.slots:
             raise BackendError(f"{info.url} has {info.slots} slots, --slots asks for {self.slots}; "
                                f"restart it with -np {self.slots}")
@@ -124,10 +132,57 @@ class ServerBackend:
         """The model the server states against the file's (MODEL_FACTS): refused, or with
         allow_other_model a warning."""
         line = served_model_line(info, self.model) if self.model is not None else ""
-        if line and not self.allow_other_model:
-            raise BackendError(f"{line}; `kvphase sweep --allow-model-mismatch` scores it anyway")
         if line:
-            self._warn(f"{line}; scored anyway (--allow-model-mismatch)")
+            self._refuse_other_model(line)
+
+    def _refuse_other_model(self, line: str) -> None:
+        """BackendError with `line`, or with allow_other_model a warning."""
+        if not self.allow_other_model:
+            raise BackendError(f"{line}; `kvphase sweep --allow-model-mismatch` scores it anyway")
+        self._warn(f"{line}; scored anyway (--allow-model-mismatch)")
+
+    def _check_weights(self, info: ServerInfo, context: list[int], probe: list[Query], served: Score) -> None:
+        """The server's weights against the file's (`self.model.weights`): the same bytes where the
+        server's model path is a file here, else the probe query scored in process within PROBE_TOLERANCE;
+        neither possible, a warning that only the metadata was compared. How: `self.identified`."""
+        model = self.model
+        if model is None or not (model.weights or model.no_weights):
+            return
+        why = model.no_weights
+        if model.weights is not None and Path(info.model).is_file():
+            differ = other_bytes(Path(info.model), model.weights)
+            self.identified[info.url] = "other file bytes" if differ else "the same file bytes"
+            if differ:
+                self._refuse_other_model(f"{info.url} serves other weights ({info.model}), not {model.name}: its "
+                                         f"file holds other bytes")
+            return
+        if model.weights is not None and model.weights.stat().st_size > PROBE_MAX_BYTES:
+            why = f"{model.name} is over {PROBE_MAX_BYTES >> 30} GiB, too large to score a probe in process here"
+        elif model.weights is not None:
+            own = self._own_probe(model.weights, context, probe)
+            moved = abs(own.logprob - served.logprob)
+            self.identified[info.url] = f"a probe query {moved:.3g} nats from the file's own score in process"
+            if not moved <= PROBE_TOLERANCE:
+                self._refuse_other_model(
+                    f"{info.url} serves other weights ({info.model}), not {model.name}: it scores a probe query "
+                    f"{served.logprob:.3f} nats, the file in process {own.logprob:.3f} (tolerance {PROBE_TOLERANCE:g})")
+            return
+        self.identified[info.url] = "metadata only"
+        where = "" if Path(info.model).is_file() else ", and the server's file is not readable here"
+        self._warn(f"{info.url}: only the metadata of its model was compared with {model.name} ({why}{where}): "
+                   "other weights of the same shape would be scored as its")
+
+    def _own_probe(self, weights: Path, context: list[int], probe: list[Query]) -> Score:
+        """The probe query scored by the model file in process (once for every server)."""
+        if self._own is None:
+            from kvphase.backends.llamacpp import LlamaCppBackend
+
+            backend = LlamaCppBackend(weights, n_ctx=max(64, len(context) + 8), n_threads=1)
+            try:
+                self._own = backend.score(context, probe)[0]
+            finally:
+                backend.close()
+        return self._own
 
     def _warn(self, line: str) -> None:
         if self._tell is None:
@@ -135,13 +190,16 @@ class ServerBackend:
         else:
             self._tell(line)
 
-    def _check_forcing(self, engine) -> None:
-        """Score one short query: a server that cannot teacher-force fails here, not mid-sweep."""
+    def _check_forcing(self, engine) -> tuple[list[int], list[Query], Score]:
+        """Score one short query: a server that cannot teacher-force fails here, not mid-sweep.
+        Returns the probe (context, query) and the server's score of it."""
         ids = self.vocab.prefix_ids + self.vocab.tokenize(TOKENIZER_PROBES[0])  # at least 5 tokens in any vocabulary
+        context, probe = ids[:-3], [Query(tuple(ids[-3:-2]), tuple(ids[-2:]))]
         try:
-            engine.score(0, ids[:-3], [Query(tuple(ids[-3:-2]), tuple(ids[-2:]))])
+            [served] = finite_scores(engine.score(0, context, probe)[0], engine.http.url, context, probe)
         except ServerRefused as exc:
             raise BackendError(f"{engine.http.url} cannot teacher-force a query ({exc.message})") from None
+        return context, probe, served
 
     # -- tokenizer: the local vocabulary, checked against the servers above -------------
 
@@ -219,6 +277,7 @@ class ServerBackend:
                 continue
             try:
                 scores, evaluated = engine.score(slot, *job)
+                scores = finite_scores(scores, engine.http.url, *job)
             except ServerGone as exc:
                 self._leave(engine.http.url, exc)  # before it is told, so that no reserve worker of its own starts
                 todo.put((index, job))
@@ -256,7 +315,7 @@ class ServerBackend:
     def engine_info(self) -> dict:
         """What the manifest records about the engines: their own build, model and slots."""
         return {"engine": self.servers[0].engine if self.servers else "server",
-                "servers": [{"url": s.url, "model": s.model, "build_info": s.build_info, "slots": s.slots,
+                "servers": [{"url": s.url, "stated_model": s.model, "build_info": s.build_info, "slots": s.slots,
                              "n_ctx": s.n_ctx, "model_check": self._model_check(s)} for s in self.servers],
                 "workers": len(self.workers), "lost": self.lost}
 
@@ -266,7 +325,8 @@ class ServerBackend:
         if self.model is None:
             return {"tokenizer": "same", "facts": {}}
         return {"tokenizer": "same", "facts": compared_facts(server, self.model),
-                "differs": served_model_mismatch(server, self.model), "scored_anyway": self.allow_other_model}
+                "differs": served_model_mismatch(server, self.model), "scored_anyway": self.allow_other_model,
+                **({"weights": self.identified[server.url]} if server.url in self.identified else {})}
 
     def close(self) -> None:
         """Nothing to free: each worker's keep-alive connection is its thread's, and goes with it."""

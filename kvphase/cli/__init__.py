@@ -103,6 +103,7 @@ class KvphaseGroup(TyperGroup):
         """The command, and what it keeps when a signal stops it."""
         name, command, rest = super().resolve_command(ctx, args)
         _kept[0] = KEPT_ON_INTERRUPT.get(name, _INTERRUPTED)
+        _refuse_both_ways(ctx, command, rest)
         return name, command, rest
 
     def invoke(self, ctx):
@@ -137,6 +138,16 @@ class KvphaseGroup(TyperGroup):
         finally:
             _command_over[0] = True
             sys.unraisablehook = previous_hook
+
+
+def _refuse_both_ways(ctx, command, args: list[str]) -> None:
+    """A usage error for an on/off flag given both ways (`--query-phases --no-query-phases`), which
+    click would settle silently by the last one."""
+    given = set(args[:args.index("--")] if "--" in args else args)
+    for param in getattr(command, "params", ()):
+        on, off = given & set(getattr(param, "opts", ())), given & set(getattr(param, "secondary_opts", ()) or ())
+        if getattr(param, "is_flag", False) and on and off:
+            raise typer.BadParameter(f"{min(on)} and {min(off)} are both given; give one of them", ctx, param)
 
 
 def system_error(exc: OSError) -> str:

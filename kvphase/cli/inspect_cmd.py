@@ -37,7 +37,7 @@ def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its he
         ("context length", f"{info.context_length} tokens"),
         ("tokenizer", f"{info.tokenizer_model}, {info.vocab_size} tokens"),
         ("compression", info.compression.describe()),
-        *(("reach", line) for line in reach_of(info.compression).lines()),
+        *(("reach", line) for line in reach_of(info.compression, info.header.fields).lines()),
     ]
     for name, value in rows:
         table.add_row(name, markup(value))

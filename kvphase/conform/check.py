@@ -155,8 +155,8 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
     """Score the prepared contexts through the engine and compare; "cannot run" when the engine
     lacks the architecture or refuses to load the file. `on_notice` hears the backend's warnings
     (memory, a server lost)."""
-    from kvphase.backends.base import score_contexts
-    from kvphase.sweep.run import RESULT_COLUMNS, result_row
+    from kvphase.backends.base import NonFiniteScore, score_contexts
+    from kvphase.sweep.run import RESULT_COLUMNS, naming_targets, result_row
 
     started = time.monotonic()
     name = prepared.reference.name
@@ -175,10 +175,14 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
         check_served_model(backend, prepared.reference)
         jobs = [(c.tokens, [t.query for t in c.targets]) for c in prepared.contexts]
         rows = []
-        for index, scores in score_contexts(backend, jobs):
-            context = prepared.contexts[index]
-            rows += [result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
-            advance(len(context.targets))
+        try:
+            for index, scores in naming_targets(score_contexts(backend, jobs),
+                                                [(c, c.targets) for c in prepared.contexts]):
+                context = prepared.contexts[index]
+                rows += [result_row(t, s, len(context.tokens), backend) for t, s in zip(context.targets, scores)]
+                advance(len(context.targets))
+        except NonFiniteScore as exc:  # an engine that answers NaN fails the check; it is not a server gone away
+            return Outcome(name, "FAIL", str(exc), time.monotonic() - started)
         paths = engine_paths(backend, prepared, choice)
     engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
     check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,

@@ -106,7 +106,13 @@ def _residue_check(residue: int, group: pd.DataFrame, committed_ci: tuple[float,
 
 def _verdict(check: str, residues: list[ResidueCheck], margin: float, tolerance: float) -> tuple[str, str]:
     """FAIL naming the residue that moved most: a profile outside the margin, or (random weights)
-    a log-probability beyond the tolerance."""
+    a log-probability beyond the tolerance; a difference that is not a number (NaN exceeds no
+    tolerance) fails either check."""
+    unknown = [r for r in residues if not np.isfinite([r.max_logprob_difference, r.mean_logprob_difference]).all()]
+    if unknown:
+        return "FAIL", (f"residue {unknown[0].residue}'s log-probability differences are "
+                        f"{unknown[0].max_logprob_difference} (not a finite number): the engine or the folder "
+                        "holds a score that is none")
     if check == "logprobs":
         worst = max(residues, key=lambda r: r.max_logprob_difference)
         if worst.max_logprob_difference > tolerance:

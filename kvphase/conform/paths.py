@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from kvphase.backends.base import Query
+from kvphase.backends.dialects import logprob_of
 from kvphase.conform.ties import IndexerTie, first_tie, recorded, tapped
 from kvphase.gguf.modelinfo import _ranges
 
@@ -218,7 +219,7 @@ def _summarise(path: str, by_length: dict[int, np.ndarray], stride: int, toleran
                baseline: str = "one prompt") -> PathCheck:
     worst = max(by_length, key=lambda length: by_length[length].max())
     every = np.concatenate(list(by_length.values()))
-    failed = tuple(sorted(length for length, d in by_length.items() if d.max() > tolerance))
+    failed = tuple(sorted(length for length, d in by_length.items() if not d.max() <= tolerance))  # a NaN difference fails
     return PathCheck(path, worst, stride, float(every.max()), float(every.mean()), tolerance, failed, len(by_length),
                      baseline=baseline, lengths=tuple(sorted(by_length)))
 
@@ -354,7 +355,7 @@ def _forced(engine, slot: int, text: list[int], length: int, prime: list[int], c
     `counted`, also the prompt tokens the server evaluated for the answer's request)."""
     engine.http.post("/completion", {"prompt": prime, "n_predict": 0, "id_slot": slot, "cache_prompt": False})
     response = engine._forced(slot, text[:length + PROMPT_TOKENS], text[length + PROMPT_TOKENS:])
-    steps = np.array([float(step["logprob"]) for step in response["completion_probabilities"]])  # (n_answer,)
+    steps = np.array([logprob_of(step["logprob"]) for step in response["completion_probabilities"]])  # (n_answer,)
     return (steps, int((response.get("timings") or {}).get("prompt_n", 0))) if counted else steps
 
 

@@ -282,6 +282,17 @@ def run_and_capture(
     return run
 
 
+def callback_error(error: BaseException, failed: str) -> BaseException:
+    """What a decode raises for the first exception its eval callback caught (none may unwind through C):
+    an interrupt as it was (a Ctrl-C landing inside the callback is the CLI's Interrupted, wherever it lands),
+    and a BackendError; anything else a BackendError "<failed>: <error>"."""
+    if isinstance(error, BackendError) or not isinstance(error, Exception):
+        return error
+    wrapped = BackendError(f"{failed}: {error!r}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
 def _new_context(model, n_batch: int, settings: EngineSettings, c_callback):
     _KEEP_ALIVE.append(c_callback)
     return engine.new_context(model, n_ctx=settings.n_ctx, n_batch=n_batch, n_threads=settings.n_threads,
@@ -303,7 +314,7 @@ def _decode_all(ctx, tokens, split, start_pos, run, current, errors) -> None:
             run.ubatches.append(Ubatch(index, positions, np.asarray(chunk)))
             rc = engine.decode(ctx, batch, rows)
             if errors:
-                raise BackendError(f"capture callback failed: {errors[0]!r}") from errors[0]
+                raise callback_error(errors[0], "capture callback failed")
             if rc != 0:
                 raise BackendError(f"llama_decode failed with code {rc} on ubatch {index} ({n} tokens)")
             offset += n

@@ -38,7 +38,7 @@ from typing import Hashable, NamedTuple, Protocol
 import numpy as np
 
 from kvphase.engines.capture import (
-    GgmlTensor, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
+    GgmlTensor, callback_error, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
 )
 from kvphase.errors import BackendError
 
@@ -170,9 +170,7 @@ class TapPoint:
     def raise_errors(self) -> None:
         if self.errors:
             first, self.errors = self.errors[0], []
-            if isinstance(first, BackendError):
-                raise first
-            raise BackendError(f"the graph tap failed: {first!r}") from first
+            raise callback_error(first, "the graph tap failed")
 
 
 def named(node: str):

@@ -28,7 +28,8 @@ Lengths here count the tokens of the sequence up to and including the token that
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import functools
+from typing import Collection, NamedTuple, Optional
 
 from kvphase.errors import GGUFError
 from kvphase.gguf.modelinfo import _ranges  # one writer of layer ranges
@@ -137,10 +138,12 @@ MSA_CONDITION = ("llama.cpp runs MiniMax-M3's block indexer only under flash att
                  "per-sequence caches; otherwise every layer is dense")
 
 
-def reach_of(compression) -> Reach:
+def reach_of(compression, declared: Collection[str] | None = None) -> Reach:
     """The reach of a `CompressionSpec`; GGUFError naming the key when its settings are missing or
-    contradictory. Families without an engine's indexer (kvphase-trained reference designs) have none."""
+    contradictory. Families without an engine's indexer (kvphase-trained reference designs) have none.
+    `declared`: the file's metadata keys, so that a key it lacks (read as 0) is named missing."""
     params, family = compression.params, compression.family
+    _positive = functools.partial(_positive_of, declared=declared)
     if family == "kpool":
         kpool, top_k = _positive(params, "kpool", "glm5-next.attention.indexer.kpool"), params.get("top_k", 0)
         _positive(params, "top_k", "glm5-next.attention.indexer.top_k")
@@ -152,7 +155,7 @@ def reach_of(compression) -> Reach:
                      raw_window=kpool - 1 if params.get("select_tail") else 0, raw_window_name="tail pool",
                      raw_window_key="glm5-next.attention.indexer.kpool_select_tail")
     if family == "dsv4":
-        return _deepseek4_reach(compression)
+        return _deepseek4_reach(compression, _positive)
     if family == "msa":
         block = _positive(params, "block_size", "minimax-m3.attention.indexer.block_size")
         top_k = _positive(params, "top_k", "minimax-m3.attention.indexer.top_k")
@@ -167,7 +170,7 @@ def reach_of(compression) -> Reach:
     return Reach(compression.family)
 
 
-def _deepseek4_reach(compression) -> Reach:
+def _deepseek4_reach(compression, _positive) -> Reach:
     params = compression.params
     ratios = _expand_runs(params.get("compress_ratios", ""))
     window = params.get("sliding_window")
@@ -184,8 +187,8 @@ def _deepseek4_reach(compression) -> Reach:
                  raw_window_name="sliding window", raw_window_key="deepseek4.attention.sliding_window")
 
 
-def _positive(params: dict, name: str, key: str) -> int:
-    value = params.get(name)
+def _positive_of(params: dict, name: str, key: str, declared: Collection[str] | None = None) -> int:
+    value = None if declared is not None and key not in declared else params.get(name)
     if not isinstance(value, int) or value < 1:
         raise GGUFError(f"{key} is {value if value is not None else 'missing'}, expected a positive whole number")
     return value

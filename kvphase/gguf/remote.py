@@ -12,7 +12,8 @@ the reader download a model.
 
 Every request is bounded in time as well as in bytes: `TIMEOUT` for each read, `REQUEST_DEADLINE`
 for a request and its whole answer (a server sending one byte a second never times a read out; the
-deadline shuts the socket), and an answer holds no more bytes than were asked for.
+deadline shuts the socket), `TOTAL_DEADLINE` for all of a file's requests together (a header of
+many blocks, each just inside its own deadline), and an answer holds no more bytes than were asked for.
 
 Errors (not found, refused, no answer, a redirect loop, a file that changes between requests) are
 one `ModelFileError` line naming the URL.
@@ -25,6 +26,7 @@ import posixpath
 import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.client import HTTPException, HTTPResponse
@@ -37,6 +39,7 @@ BLOCK = 1 << 20  # bytes a range request asks for at least (the hub's parsers as
 MAX_FETCH = 256 << 20  # bytes a header may take: a vocabulary of 10^6 tokens and 10^5 tensor records fit
 TIMEOUT = 30.0  # seconds a server may keep one read of an answer waiting
 REQUEST_DEADLINE = 120.0  # seconds a request and its whole answer may take (a block, or the first one with a redirect)
+TOTAL_DEADLINE = 600.0  # seconds every request for one file's header may take together: a header of many blocks
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -126,6 +129,9 @@ class RemoteFile:
 
     def __init__(self, url: Url, timeout: float = TIMEOUT, deadline: float | None = None):
         self.name, self.timeout, self.deadline_s = url, timeout, deadline or REQUEST_DEADLINE
+        self.total_s = TOTAL_DEADLINE
+        self.ends = time.monotonic() + self.total_s  # every request's deadline falls before this
+        self.total_bound = False  # whether the request under way ends at `ends` rather than at its own deadline
         self.deadline = Deadline(deadline)  # the request under way's
         self.pos = 0
         self.blocks: dict[int, bytes] = {}  # block index -> its bytes (BLOCK each, the last one shorter)
@@ -229,8 +235,13 @@ class RemoteFile:
                                  "more than any model's; a damaged file, or not a model")
 
     def _new_deadline(self, sockets: list[socket.socket] | tuple = ()) -> Deadline:
-        """The deadline of the next request (or of the next block of a whole-file answer, on its sockets)."""
-        self.deadline = Deadline(self.deadline_s, tuple(sockets))
+        """The deadline of the next request (or of the next block of a whole-file answer, on its sockets):
+        its own, or the end of all of the file's requests when that comes first."""
+        left = self.ends - time.monotonic()
+        self.total_bound = left < self.deadline_s
+        if left <= 0:
+            raise self._broken(TimeoutError(), total=True)
+        self.deadline = Deadline(min(self.deadline_s, left), tuple(sockets))
         return self.deadline
 
     def _request(self, start: int, end: int) -> HTTPResponse:
@@ -284,7 +295,11 @@ class RemoteFile:
                                  f"range from byte {start} (Content-Range: {response.headers.get('Content-Range')})")
         return int(match.group(3))
 
-    def _broken(self, exc: BaseException) -> ModelFileError:
+    def _broken(self, exc: BaseException, total: bool = False) -> ModelFileError:
+        if total or self.deadline.passed and self.total_bound:
+            self.close()
+            return ModelFileError(f"cannot read model URL {self.name}: no whole header within {self.total_s:g} s "
+                                  "(the limit of all of a file's requests)")
         if self.deadline.passed:
             return ModelFileError(f"cannot read model URL {self.name}: no whole answer within {self.deadline_s:g} s "
                                   "(the limit of one request)")

@@ -101,8 +101,8 @@ def sweep(model: Optional[PathLike] = None, options: Optional[SweepOptions] = No
     """Score a model's retrieval accuracy by token phase into a run folder (resuming what it holds)
     and write its report: `kvphase sweep MODEL`. `model` None: the default SmolLM2-135M.
     `progress(done, total)` as targets are scored; `on_notice(Notice)` hears what the command
-    prints on stderr (default: the "kvphase" logger). `options`: a `SweepOptions` record, which
-    `overrides` (its fields as keywords) change."""
+    prints on stderr (default: the "kvphase" logger). `options`: a `SweepOptions` record, whose options
+    left unset `overrides` (its fields as keywords) set; one it sets to another value is refused."""
     options = _options(options, overrides)
     if str(options.stride).strip().lower() == ALL:
         raise PlanError("stride='all' makes one run per stride: call kvphase.sweep_strides")
@@ -183,13 +183,14 @@ def inspect(model: PathLike, partial: bool = True):
 
 
 def _options(options: Optional[SweepOptions], overrides: dict) -> SweepOptions:
-    """The record with `overrides` applied (checked as a new record is); PlanError naming a keyword that
-    is no option, or an `options` that is not a SweepOptions."""
+    """The record with `overrides` applied to the options it leaves unset (checked as a new record is);
+    PlanError naming a keyword that is no option, one the record sets otherwise, or an `options` that is
+    not a SweepOptions."""
     if options is None:
         return SweepOptions.from_keywords(overrides)
     if not isinstance(options, SweepOptions):
         raise PlanError(f"options expects a kvphase.SweepOptions, got {type(options).__name__}")
-    return SweepOptions.from_keywords({**{f.name: getattr(options, f.name) for f in fields(options)}, **overrides})
+    return options.overridden(overrides)
 
 
 def _planned(model, options: SweepOptions, on_notice: Optional[Say], dry_run: bool = False):

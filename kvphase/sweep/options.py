@@ -60,6 +60,11 @@ class SweepOptions:
     selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
     query_phases: Optional[bool] = None  # each context's query at its own phase; None: on where it costs no target
 
+    def __new__(cls, *args, **keywords):
+        """PlanError naming a keyword that is no option (before Python's own TypeError would)."""
+        cls.refuse_unknown(keywords)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         check_record(self)  # types and ranges, as every command's and API function's options are checked
         normal = {"design_options": design_options_dict(self.design_options),
@@ -83,12 +88,26 @@ class SweepOptions:
     @classmethod
     def from_keywords(cls, keywords: dict) -> "SweepOptions":
         """The options from keyword arguments; PlanError naming any keyword that is no option."""
+        return cls(**keywords)
+
+    @classmethod
+    def refuse_unknown(cls, keywords: dict) -> None:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(keywords) - known)
         if unknown:
             raise PlanError(f"sweep has no option {', '.join(map(repr, unknown))}; its options: "
                             f"{', '.join(sorted(known))}")
-        return cls(**keywords)
+
+    def overridden(self, overrides: dict) -> "SweepOptions":
+        """This record with `overrides` (keywords) applied to the options it leaves at their default;
+        PlanError for one it sets to another value (`sweep(options=SweepOptions(context=256), context=512)`)."""
+        self.refuse_unknown(overrides)
+        defaults = {f.name: getattr(SweepOptions(), f.name) for f in fields(self)}
+        for name, value in overrides.items():
+            held = getattr(self, name)
+            if held != defaults[name] and value != held and str(value) != str(held):
+                raise PlanError(f"{name} is given twice, {held!r} in options and {value!r} as a keyword; give it once")
+        return SweepOptions.from_keywords({**{f.name: getattr(self, f.name) for f in fields(self)}, **overrides})
 
 
 def check_own_folder(folder: Optional[Path]) -> None:

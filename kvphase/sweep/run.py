@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 import pandas as pd
 
 from kvphase import __version__
-from kvphase.backends.base import Backend, score_contexts
+from kvphase.backends.base import Backend, NonFiniteScore, ServerFleet, score_contexts
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
@@ -239,9 +239,9 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
                          fingerprint)
 
     try:
-        for index, scores, chosen in _scored_contexts(plan, backend, pending, run_dir, info):  # as contexts finish
-            context, todo = pending[index]
-            writer.write(result_row(t, s, len(context.tokens), backend) | c for t, s, c in zip(todo, scores, chosen))
+        for index, scores, chosen in naming_targets(_scored_contexts(plan, backend, pending, run_dir, info), pending):
+            context, todo = pending[index]  # as contexts finish; each row checked before any of its context's is written
+            writer.write([result_row(t, s, len(context.tokens), backend) | c for t, s, c in zip(todo, scores, chosen)])
             progress.advance(len(todo))
     except BaseException:
         with suppress(RunFolderError):  # a full disk fails the manifest too: the first failure is the one to report
@@ -277,8 +277,8 @@ def _scored_contexts(plan: SweepPlan, backend: Backend, pending: list[tuple[Cont
     shift_writer = ResultWriter(run_dir / OFFSETS_FILE, OFFSET_COLUMNS)
     try:
         for index, combined, each in score_shifted(scorer, jobs):
-            shift_writer.write(_offset_row(t, shifted, backend) for t, per_target in zip(pending[index][1], each)
-                               for shifted in per_target)
+            shift_writer.write([_offset_row(t, shifted, backend) for t, per_target in zip(pending[index][1], each)
+                                for shifted in per_target])
             yield index, combined, [{}] * len(combined)
     finally:
         shift_writer.close()
@@ -296,6 +296,9 @@ def _drop_shifts_of(path: Path, targets: set[int]) -> None:
 
 
 def _offset_row(target: Target, shifted: ShiftedScore, backend: Backend) -> dict:
+    if not math.isfinite(shifted.score.logprob):
+        raise NonFiniteScore(engine_name(backend), shifted.score.logprob, (), target.query,
+                             f"{describe_target(target)} shifted by {shifted.shift}")
     return {"target_id": target.target_id, "shift": shifted.shift, "correct": shifted.score.correct,
             "logprob": round(shifted.score.logprob, 6), "confidence": round(shifted.confidence, 6),
             "predicted": backend.detokenize(shifted.score.predicted).strip()}
@@ -320,8 +323,33 @@ def _check_finished_rows_match(results: pd.DataFrame, contexts: list[Context], r
     return set(results["target_id"].astype(int))
 
 
+def naming_targets(scored: Iterator, contexts: list[tuple[Context, list[Target]]]) -> Iterator:
+    """What `scored` yields; a NonFiniteScore an engine raised names the target among `contexts`
+    ((context, its targets scored)) whose query it was."""
+    try:
+        yield from scored
+    except NonFiniteScore as exc:
+        target = next((t for c, todo in contexts if tuple(c.tokens) == exc.context for t in todo
+                       if t.query == exc.query), None)
+        raise (exc.at(describe_target(target)) if target else exc) from None
+
+
+def describe_target(target: Target) -> str:
+    return f"target {target.target_id} (context {target.context_index}, position {target.position}, key {target.key!r})"
+
+
+def engine_name(backend: Backend) -> str:
+    """How a refusal names the engine that scored: its servers' URLs, or its own name."""
+    if isinstance(backend, ServerFleet):
+        return ", ".join(server.url for server in backend.servers)
+    return str(backend.engine_info().get("engine", type(backend).__name__))
+
+
 def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
-    """One `results.csv` row (RESULT_COLUMNS) of a scored target: the sweep's and conform's one writer of it."""
+    """One `results.csv` row (RESULT_COLUMNS) of a scored target: the sweep's and conform's one writer of it;
+    NonFiniteScore naming the engine and the target for a score that is not a finite number."""
+    if not math.isfinite(score.logprob):
+        raise NonFiniteScore(engine_name(backend), score.logprob, (), target.query, describe_target(target))
     return {
         "target_id": target.target_id,
         "context": target.context_index,

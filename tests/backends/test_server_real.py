@@ -112,7 +112,9 @@ def test_a_header_only_file_sweeps_through_a_server_as_the_model_itself(tmp_path
     check = json.loads((tmp_path / "run" / "manifest.json").read_text())["engine"]["servers"][0]["model_check"]
     facts = gguf_facts(tiny)  # gguf-py's reading of the model the server holds, beside the header's own
     assert check == {"tokenizer": "same", "facts": {key: {"server": value, "file": value} for key, value in facts.items()},
-                     "differs": "", "scored_anyway": False}
+                     "differs": "", "scored_anyway": False, "weights": "metadata only"}  # no weights here to compare
+    assert "only the metadata of its model was compared with header.gguf (header.gguf is a header-only file)" in \
+        result.output
 
 
 def test_a_server_holding_another_model_with_the_same_tokenizer_is_refused_unless_allowed(tmp_path, binary, tiny,

@@ -97,6 +97,7 @@ class FakeServer:
                "trickle": "answers one byte every 50 ms",
                "slow-headers": "sends its status and header lines one byte every 50 ms",
                "garbage": "answers 200 with bytes that are not JSON",
+               "empty": "answers 200 with a completion of no token steps",
                "cut": "sends half the answer it announced, then closes",
                "stalled": "answers no request at all from then on, /health included (SIGSTOP)"}
 

@@ -22,6 +22,7 @@ ENDLESS_LIMIT = 256 << 20  # bytes an endless answer sends at most: 4x the large
 GIVE_UP_S = 300.0  # a trickle stops after this long: past twice the longest deadline kvphase sets (120 s, header's)
 TRICKLE_S = 0.2  # seconds between two bytes of a trickle
 HUGE_SIZE = 10**12  # bytes `huge-size` states of its file
+SLOW_RANGE_S = 0.25  # seconds `slow-ranges` waits before each answer
 BLOCK = 1 << 20
 
 MODES = {
@@ -30,7 +31,11 @@ MODES = {
     "half-headers": "sends its status line and one header line, then nothing more (until it gives up)",
     "redirect-loop": "answers 302 to the very address it was asked, every time",
     "huge-size": "serves a model file by ranges, stating a size of 10^12 bytes",
+    "empty-steps": "a llama-server stating `model`'s facts that answers every completion with no token steps",
+    "slow-ranges": "serves a model file by ranges, each answer after 0.25 s: many requests, each well inside a deadline",
     "wrong-model": "a llama-server with the tokenizer of `model` that states the facts of another model, `stated`",
+    "nan-scores": "a llama-server stating `model`'s facts that forces answers with a log-probability of -1 per "
+                  "token for its first `finite` completions, and of null (llama-server's NaN) after them",
 }
 
 
@@ -55,15 +60,18 @@ class HostileServer(LocalServer):
     """One mode of MODES on a free port of 127.0.0.1; use as a context manager. `sent` counts the
     body bytes written."""
 
-    def __init__(self, mode: str, model: Path | None = None, stated: Path | None = None):
+    def __init__(self, mode: str, model: Path | None = None, stated: Path | None = None, finite: int = 0):
         if mode not in MODES:
             raise ValueError(f"no hostile mode {mode!r}; expected one of {', '.join(MODES)}")
         self.mode, self.model, self.sent = mode, model and Path(model), 0
+        self.finite = finite  # nan-scores: completions answered with finite numbers (a test may raise it)
+        self.completions = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        if mode == "wrong-model":
+        if mode in ("wrong-model", "nan-scores", "empty-steps"):
             from kvphase.engines.llamacpp import Vocab
 
+            stated = stated if mode == "wrong-model" else model
             self._vocab = Vocab.load(model)
             self._facts = {**gguf_facts(stated), "n_ctx": 4096}
             self._name = stated.name
@@ -112,8 +120,10 @@ class HostileServer(LocalServer):
         elif self.mode == "redirect-loop":
             sock.sendall(f"HTTP/1.1 302 Found\r\nLocation: {path}\r\nContent-Length: 0\r\n\r\n".encode())
             return True
-        elif self.mode == "huge-size":
-            self._huge(sock, ranged)
+        elif self.mode in ("huge-size", "slow-ranges"):
+            if self.mode == "slow-ranges":
+                self._stop.wait(SLOW_RANGE_S)
+            self._huge(sock, ranged, HUGE_SIZE if self.mode == "huge-size" else self.model.stat().st_size)
             return True
         else:
             self._llama_server(sock, method, path, json.loads(body or b"{}"))
@@ -144,13 +154,13 @@ class HostileServer(LocalServer):
                 return
             self._send_body(sock, data[i:i + 1])
 
-    def _huge(self, sock, ranged) -> None:
+    def _huge(self, sock, ranged, size: int) -> None:
         start, end = (int(ranged.group(1)), int(ranged.group(2)) + 1) if ranged else (0, BLOCK)
         with self.model.open("rb") as f:
             f.seek(start)
             data = f.read(end - start)
         data += bytes(end - start - len(data))  # past the file's end: zeros, as far as the stated size goes
-        sock.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end - 1}/{HUGE_SIZE}\r\n"
+        sock.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end - 1}/{size}\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode())
         self._send_body(sock, data)
 
@@ -158,16 +168,32 @@ class HostileServer(LocalServer):
         """llama-server's checks (/props, /v1/models, /tokenize, /health) for another model than the
         tokenizer's; scoring is refused, so nothing is ever scored on it."""
         answers = {
-            ("GET", "/props"): {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,
-                                "model_path": f"/models/{self._name}", "build_info": "hostile"},
+            ("GET", "/props"): {"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1,  # nan-scores holds
+                                "model_path": f"/models/{self._name}" if self.mode == "wrong-model" else str(self.model),
+                                "build_info": "hostile"},  # `model` itself (the same bytes), wrong-model another
             ("GET", "/v1/models"): {"data": [{"id": self._name, "meta": self._facts}]},
             ("GET", "/health"): {"status": "ok"},
         }
         if (method, path) == ("POST", "/tokenize"):
             answer = {"tokens": self._vocab.prefix_ids + self._vocab.tokenize(body.get("content", ""))}
+        elif (method, path) == ("POST", "/completion") and self.mode == "nan-scores":
+            answer = self._forced(body)
+        elif (method, path) == ("POST", "/completion") and self.mode == "empty-steps":
+            answer = {"content": "", "completion_probabilities": [], "timings": {"prompt_n": 1, "predicted_n": 0}}
         else:
             answer = answers.get((method, path))
         status = "200 OK" if answer is not None else "500 Internal Server Error"
         data = json.dumps(answer if answer is not None else {"error": {"message": "no scoring here"}}).encode()
         sock.sendall(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
                      .encode() + data)
+
+    def _forced(self, body: dict) -> dict:
+        """llama-server's answer to a token-id grammar: each forced token as its own top-1, -1 nats each, or
+        null once `finite` completions have been answered."""
+        with self._lock:
+            self.completions += 1
+            logprob = -1.0 if self.completions <= self.finite else None
+        forced = [int(t) for t in re.findall(r"<\[(\d+)\]>", body.get("grammar", ""))]
+        return {"content": "", "timings": {"prompt_n": len(body.get("prompt", [])), "predicted_n": len(forced)},
+                "completion_probabilities": [{"id": t, "logprob": logprob, "top_logprobs": [{"id": t, "logprob": logprob}]}
+                                             for t in forced]}

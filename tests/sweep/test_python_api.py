@@ -105,9 +105,10 @@ def test_import_kvphase_is_cheap_and_its_sweep_is_the_package_made_callable():
 
 @pytest.mark.slow
 def test_an_options_record_runs_as_its_keywords_do(swept, tiny_llama, tmp_path):
-    """`sweep(model, SweepOptions(...), **overrides)` writes the folder the same keywords write."""
+    """`sweep(model, SweepOptions(...), **overrides)` writes the folder the same keywords write (the
+    keywords set what the record leaves unset; tests/cli/test_clean_lines.py: one it sets otherwise)."""
     run, _, _ = swept
-    options = kvphase.SweepOptions(**{**SMALL, "seed": 5, "out": tmp_path / "other"})
+    options = kvphase.SweepOptions(**SMALL)
     again = kvphase.sweep(tiny_llama, options, seed=0, out=tmp_path / "record")
     for name in ("results.csv", "config.json", "summary.json"):
         assert (run.path / name).read_bytes() == (again.path / name).read_bytes(), name
