@@ -895,9 +895,9 @@ def theory_split_counts(run: str, components: int, stagger: str) -> str:
 
 def fix_change(model: str, fix: str) -> str:
     """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
-    plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
-    return (f"mean {fixed(plain['mean_accuracy'])}% to {fixed(fixed['mean_accuracy'])}%, gap {fixed(plain['gap'])} to "
-            f"{fixed(fixed['gap'])} (p = {_p(fixed['test']['p_value'])})")
+    plain, under_fix = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
+    return (f"mean {fixed(plain['mean_accuracy'])}% to {fixed(under_fix['mean_accuracy'])}%, gap {fixed(plain['gap'])} to "
+            f"{fixed(under_fix['gap'])} (p = {_p(under_fix['test']['p_value'])})")
 
 
 def fix_verdict(run: str) -> str:
