@@ -8,20 +8,26 @@ A document holds a generated table between two markers:
 
 `python scripts/claims.py` rewrites every such block in README.md, docs/, reports/README.md (the index of
 the studies) and the study pages beside it (reports/study-*.md), and, run without documents, the pages a
-study script derives from run folders (DERIVED: reports/trained/fixes/fixes.md);
-`--check` only compares (exit 1 naming each block that differs); tests/project/test_claims.py runs the
-check. Every number in a block is read from a summary.json, config.json or manifest.json (a sweep's
-accuracies recomputed from its residues' counts, so that nothing is rounded twice), and
+study script derives from run folders (DERIVED: reports/trained/fixes/fixes.md, reports/trained/study.md);
+`--check` only compares (exit 1 naming each block that differs), with every sweep's statistics recomputed from
+its results.csv rather than read from summary.json; tests/project/test_claims.py runs the check. Every other
+page that prints a result is written whole by a tool (`written_by`: a run folder's command, or a MEASURED
+script), and the test fails on a page on neither list (`uncovered_pages`). Every number in a block is read from
+a summary.json (kept at full precision), config.json or manifest.json and printed rounded once
+(`kvphase.statistics.printed.fixed`, as report.md prints it), and
 each row's verdict is the report's own class (`Summary.verdict`, printed as it is: no list of
 verdicts is kept here). Prose around a block is written by hand and holds no measured number, no
-verdict word and no retired method word of its own (`hand_numbers`, `verdict_words`, tested in
-tests/project/test_claims.py); `--audit` prints the sentences outside blocks that name a run folder, for a
+verdict word and no retired method word of its own, no count in words of classes or of what runs held, no
+absence written as absence, and no "(measured)" or "... has the table" that points at nothing (`hand_numbers`,
+`verdict_words`, `run_words`, tested in tests/project/test_claims.py); `--audit` prints the sentences outside
+blocks that name a run folder, for a
 reviewer to read against it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -40,10 +46,32 @@ BLOCK = re.compile(r"(?P<open><!-- claims:(?P<name>[\w-]+) -->(?P<newline>\n?))(
 FIXES = ROOT / "reports" / "trained" / "fixes"
 
 
+def fixed(value: float, digits: int = 1) -> str:
+    """A number as every page prints it, rounded once (`kvphase.statistics.printed.fixed`)."""
+    from kvphase.statistics.printed import fixed as printed
+
+    return printed(value, digits)
+
+
+RECOMPUTE = False  # `--check`: every sweep's statistics recomputed from its results.csv, none read from summary.json
+
+
 def _read(folder: Path, name: str) -> dict:
-    """A folder's JSON file; a sweep's summary.json with its accuracies exact (`exact_accuracies`)."""
+    """A folder's JSON file; a sweep's summary.json with its accuracies exact (`exact_accuracies`), or under
+    RECOMPUTE all of it as `kvphase report` computes it from the folder's config.json and results.csv."""
     data = json.loads((folder / name).read_text())
-    return exact_accuracies(data) if name == "summary.json" and "per_residue" in data else data
+    if name != "summary.json" or "per_residue" not in data:
+        return data
+    return exact_accuracies({**data, **recomputed(Path(folder).resolve())} if RECOMPUTE else data)
+
+
+@functools.lru_cache(maxsize=None)
+def recomputed(folder: Path) -> dict:
+    """A sweep folder's summary recomputed from its rows (`sweep.report.run_summary`), as summary.json holds it."""
+    from kvphase.sweep.report import run_summary
+    from kvphase.sweep.run import load_manifest, load_plan, load_results
+
+    return run_summary(load_plan(folder), load_results(folder), load_manifest(folder)).to_json()
 
 
 def exact_accuracies(summary: dict) -> dict:
@@ -72,7 +100,7 @@ def verdict(summary: dict) -> str:
 def _mean(summary: dict) -> str:
     """Mean accuracy with its interval (summaries written before the interval have none)."""
     ci = summary.get("mean_ci")
-    return f"{summary['mean_accuracy']:.1f}" + (f" ({ci[0]:.1f}-{ci[1]:.1f})" if ci else "")
+    return f"{fixed(summary['mean_accuracy'])}" + (f" ({fixed(ci[0])}-{fixed(ci[1])})" if ci else "")
 
 
 def _p(value: float) -> str:
@@ -80,7 +108,7 @@ def _p(value: float) -> str:
 
 
 def _gap(summary: dict) -> str:
-    return f"{summary['gap']:.1f} ({summary['gap_ci'][0]:.1f}-{summary['gap_ci'][1]:.1f})"
+    return f"{fixed(summary['gap'])} ({fixed(summary['gap_ci'][0])}-{fixed(summary['gap_ci'][1])})"
 
 
 def _link(label: str, folder: Path, base: Path) -> str:
@@ -96,6 +124,17 @@ def _markdown_rows(page: Path) -> list[list[str]]:
     """The cells of every table row of a markdown page (header and separator rows included), stripped."""
     return [[cell.strip() for cell in line.strip().strip("|").split("|")]
             for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+
+
+def _markdown_rows_of(text: str) -> list[list[str]]:
+    """The cells of the first table of markdown `text`, its header and separator rows included."""
+    rows, lines = [], text.splitlines()
+    for line in lines:
+        if line.startswith("|"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif rows and line.strip():
+            break
+    return rows
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -114,8 +153,8 @@ def fixes_table(models: list[tuple[str, str]], fixes: list[tuple[str, str]]) -> 
                 continue
             s, tokens = _read(folder, "summary.json"), _read(folder, "manifest.json")["tokens_evaluated"]
             rows.append([label if i == 0 else "", fix_label,
-                         f"{s['mean_accuracy']:.1f} ({s['mean_ci'][0]:.1f}-{s['mean_ci'][1]:.1f})",
-                         _gap(s), _p(s["test"]["p_value"]), verdict(s), f"{tokens / plain:.2f}"])
+                         f"{fixed(s['mean_accuracy'])} ({fixed(s['mean_ci'][0])}-{fixed(s['mean_ci'][1])})",
+                         _gap(s), _p(s["test"]["p_value"]), verdict(s), fixed(tokens / plain, 2)])
     return _table(["model", "fix", "mean % (95% CI)", "gap, points (95% CI)", "p", "verdict", "tokens x plain"], rows)
 
 
@@ -137,15 +176,15 @@ def long_context_table(runs: list[tuple[str, str, str]], base: Path = ROOT) -> s
         folder = ROOT / relative
         config, s, manifest = (_read(folder, n) for n in ("config.json", "summary.json", "manifest.json"))
         rows.append([model, str(config["context"]), f"{s['n_contexts']} x {s['n_targets'] // s['n_contexts']}",
-                     f"{round(manifest['tokens_evaluated'] / 1000)}K", f"{manifest['wall_time_s'] / 60:.1f} min",
-                     f"{s['mean_accuracy']:.1f}%", verdict(s), _dip(s), _link(label, folder, base)])
+                     f"{round(manifest['tokens_evaluated'] / 1000)}K", f"{fixed(manifest['wall_time_s'] / 60)} min",
+                     f"{fixed(s['mean_accuracy'])}%", verdict(s), _dip(s), _link(label, folder, base)])
     return _table(["model", "context", "contexts x targets", "tokens", "wall time", "mean accuracy", "verdict",
                    "detectable dip, points", "run folder"], rows)
 
 
 def _quantized_gap(folder: Path, kind: str) -> str:
     sweep = folder / f"sweep-{kind}"
-    return f"{_read(sweep, 'summary.json')['gap']:.1f}" if sweep.is_dir() else "-"
+    return f"{fixed(_read(sweep, 'summary.json')['gap'])}" if sweep.is_dir() else "-"
 
 
 def _by_target(*folders: Path):
@@ -164,7 +203,7 @@ def _reference_agreement(folder: Path) -> str:
         return "identical"
     ours, theirs = _by_target(folder / "sweep", folder / "sweep-reference")
     apart = int((ours["correct"] != theirs["correct"]).sum())
-    return f"gap {reference['gap']:.1f}, {apart} target{'s' if apart != 1 else ''} apart"
+    return f"gap {fixed(reference['gap'])}, {apart} target{'s' if apart != 1 else ''} apart"
 
 
 def reference_agreements(runs: list[tuple[str, str]]) -> str:
@@ -211,8 +250,8 @@ def trained_table(runs: list[tuple[str, str]], quantized: bool = False, referenc
         accuracies = [row["accuracy"] for row in s["per_residue"]]
         worst = accuracies.index(min(accuracies))
         worst = worst if min(accuracies) < max(accuracies) else None  # no residue is worst when all are equal
-        residues = ", ".join(f"**{a:.1f}**" if i == worst else f"{a:.1f}" for i, a in enumerate(accuracies))
-        held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
+        residues = ", ".join(f"**{fixed(a)}**" if i == worst else fixed(a) for i, a in enumerate(accuracies))
+        held_out = f"{fixed(trained['accuracy'])}" + ("" if trained["readable"] else " (below 80%)")
         rows.append([_link(label, folder / "sweep", ROOT / "reports"), held_out, _mean(s), residues,
                      _gap(s), _p(s["test"]["p_value"]), verdict(s)]
                     + ([_p(s["logprob_test"]["p_value"])] if logprob else []) + ([_reference_agreement(folder)] if reference else [])
@@ -236,7 +275,7 @@ def block_end_dip(accuracies: list[float], stride: int = 4) -> float:
 def _pearson(a: list[float], b: tuple[float, ...]) -> str:
     import numpy as np
 
-    return "-" if np.std(a) == 0 else f"{np.corrcoef(a, b)[0, 1]:.2f}"
+    return "-" if np.std(a) == 0 else fixed(np.corrcoef(a, b)[0, 1], 2)
 
 
 def gap_of(run: str) -> str:
@@ -262,8 +301,8 @@ def profile_stats(runs: list[str]) -> str:
 
 def published_phrase() -> str:
     """The published DeepSeek-V4 profile's own gap and block-end dip: "the published gap of G points or its block-end dip of D"."""
-    return (f"the published gap of {max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f} points or its block-end dip "
-            f"of {block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}")
+    return (f"the published gap of {fixed(max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4))} points or its block-end dip "
+            f"of {fixed(block_end_dip(list(PUBLISHED_DEEPSEEK4)))}")
 
 
 def profile_table(runs: list[tuple[str, str, str]]) -> str:
@@ -271,19 +310,19 @@ def profile_table(runs: list[tuple[str, str, str]]) -> str:
     two worst residues, its block-end dip and the correlation of its profile with the published one,
     the published profile itself in the first row."""
     moduli = sorted({_read(ROOT / "reports" / "trained" / name / sweep, "config.json")["modulus"] for _, name, sweep in runs})
-    rows = [["DeepSeek-V4-Flash-Base (published)", "-", "-", ", ".join(f"{a:.1f}" for a in PUBLISHED_DEEPSEEK4),
-             f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f}", "-", "-", "3, 7",
-             f"{block_end_dip(list(PUBLISHED_DEEPSEEK4)):.1f}", "1.00"]]
+    rows = [["DeepSeek-V4-Flash-Base (published)", "-", "-", ", ".join(fixed(a) for a in PUBLISHED_DEEPSEEK4),
+             fixed(max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4)), "-", "-", "3, 7",
+             fixed(block_end_dip(list(PUBLISHED_DEEPSEEK4))), "1.00"]]
     for label, name, sweep in runs:
         folder = ROOT / "reports" / "trained" / name
         trained, s = _read(folder, "summary.json"), _read(folder / sweep, "summary.json")
         accuracies = [row["accuracy"] for row in s["per_residue"]]
         worst = sorted(range(len(accuracies)), key=lambda r: (accuracies[r], r))[:2]
-        held_out = f"{trained['accuracy']:.1f}" + ("" if trained["readable"] else " (below 80%)")
+        held_out = f"{fixed(trained['accuracy'])}" + ("" if trained["readable"] else " (below 80%)")
         rows.append([_link(label, folder / sweep, ROOT / "reports"), held_out, str(min(r["n"] for r in s["per_residue"])),
-                     ", ".join(f"{a:.1f}" for a in accuracies),
+                     ", ".join(fixed(a) for a in accuracies),
                      _gap(s), _p(s["test"]["p_value"]), verdict(s), ", ".join(map(str, sorted(worst))),
-                     f"{block_end_dip(accuracies):.1f}", _pearson(accuracies, PUBLISHED_DEEPSEEK4)])
+                     fixed(block_end_dip(accuracies)), _pearson(accuracies, PUBLISHED_DEEPSEEK4)])
     return _table(["model", "held-out %", "targets per residue", f"per residue % (mod {' or '.join(map(str, moduli))})",
                    "gap (95% CI)", "p", "verdict", "worst two residues",
                    "block-end dip (points)", "r with published"], rows)
@@ -297,7 +336,7 @@ def sweep_table(runs: list[tuple[str, str]], periodicity: bool = False) -> str:
         folder = ROOT / "reports" / relative
         s = _read(folder, "summary.json")
         rows.append([_link(label, folder, ROOT / "reports"), str(min(r["n"] for r in s["per_residue"])), _mean(s),
-                     f"{s['worst_accuracy']:.1f}", _gap(s)] + ([f"{s['periodicity']:.1f}"] if periodicity else [])
+                     f"{fixed(s['worst_accuracy'])}", _gap(s)] + ([f"{fixed(s['periodicity'])}"] if periodicity else [])
                     + [_dip(s, 0), _p(s["test"]["p_value"]), _p(s["logprob_test"]["p_value"]), verdict(s)])
     return _table(["run", "n per residue", "mean % (95% CI)", "worst residue %", "gap (95% CI)"]
                   + (["periodicity"] if periodicity else [])
@@ -318,12 +357,12 @@ def calibrated_table(runs: list[tuple[str, str]]) -> str:
         folder = ROOT / "reports" / relative
         config, s = _read(folder, "config.json"), _read(folder, "summary.json")
         steps, manifest = config["calibration"]["steps"], _read(folder, "manifest.json")
-        pilot = ", ".join(f"{step['context']}: {100 * step['correct'] / step['targets']:.1f}% of {step['targets']}"
+        pilot = ", ".join(f"{step['context']}: {fixed(100 * step['correct'] / step['targets'])}% of {step['targets']}"
                           for step in steps)
         rows.append([_link(model, folder, ROOT / "reports"), pilot, f"{config['task']} at {config['context']}",
-                     f"{100 * config['calibration']['pilot_tokens'] / manifest['tokens_evaluated']:.1f}%",
-                     f"{manifest['wall_time_s'] / 60:.1f} min",
-                     f"{s['n_targets']} in {s['n_contexts']}", f"{s['mean_accuracy']:.1f}%", _gap(s),
+                     f"{fixed(100 * config['calibration']['pilot_tokens'] / manifest['tokens_evaluated'])}%",
+                     f"{fixed(manifest['wall_time_s'] / 60)} min",
+                     f"{s['n_targets']} in {s['n_contexts']}", f"{fixed(s['mean_accuracy'])}%", _gap(s),
                      _p(s["test"]["p_value"]), verdict(s), _dip(s)])
     return _table(["model", "pilot: context, accuracy of targets", "chosen", "pilot tokens / sweep's", "sweep time", "sweep targets in contexts",
                    "mean", "gap (95% CI)", "p", "verdict", "detectable dip"], rows)
@@ -342,7 +381,7 @@ def detect_cost_table(modulus: int, dips: list[int], lanes: dict[int, int]) -> s
         per_residue = per_residue_for_detect(dip, modulus)
         targets = per_residue * modulus
         rows.append([f"{dip} points", str(per_residue), f"{targets:,}"]
-                    + [f"{math.ceil(targets / held) * length / 1e6:.1f}M" for length, held in lanes.items()])
+                    + [f"{fixed(math.ceil(targets / held) * length / 1e6)}M" for length, held in lanes.items()])
     return _table(["one-residue dip to detect", "targets per residue", "targets"]
                   + [f"context tokens at {length}" if i == 0 else f"at {length}" for i, length in enumerate(lanes)], rows)
 
@@ -350,7 +389,7 @@ def detect_cost_table(modulus: int, dips: list[int], lanes: dict[int, int]) -> s
 def pilot_phrase(relative: str) -> str:
     """A calibrated run's pilot steps in a sentence (its config.json)."""
     steps = _read(ROOT / "reports" / relative, "config.json")["calibration"]["steps"]
-    return (_and([f"{100 * s['correct'] / s['targets']:.1f}" for s in steps]) + "% at "
+    return (_and([f"{fixed(100 * s['correct'] / s['targets'])}" for s in steps]) + "% at "
             + _and([f"{s['context'] // 1024}K" if s["context"] >= 1024 else str(s["context"]) for s in steps])
             + " tokens from " + _and([str(s["targets"]) for s in steps]) + " targets")
 
@@ -359,13 +398,13 @@ def example_phrase() -> str:
     """The default sweep's numbers in the sentences that describe it (its summary and manifest)."""
     folder = ROOT / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024"
     s, manifest = _read(folder, "summary.json"), _read(folder, "manifest.json")
-    return (f"Mean accuracy {s['mean_accuracy']:.1f}%; residues range from {s['worst_accuracy']:.1f}% (residue "
-            f"{s['worst_residue']}) to {s['best_accuracy']:.1f}% (residue {s['best_residue']}), a {s['gap']:.1f}-point raw "
-            f"gap whose simultaneous 95% interval is {s['gap_ci'][0]:.1f} to {s['gap_ci'][1]:.1f} points. The "
-            f"Cochran-Mantel-Haenszel test stratified by context gives p = {s['test']['p_value']:.2f}, and the same test "
-            f"on the answer log-probability p = {s['logprob_test']['p_value']:.2f}: {verdict(s)} ({dip_clause(s)}), in a "
+    return (f"Mean accuracy {fixed(s['mean_accuracy'])}%; residues range from {fixed(s['worst_accuracy'])}% (residue "
+            f"{s['worst_residue']}) to {fixed(s['best_accuracy'])}% (residue {s['best_residue']}), a {fixed(s['gap'])}-point raw "
+            f"gap whose simultaneous 95% interval is {fixed(s['gap_ci'][0])} to {fixed(s['gap_ci'][1])} points. The "
+            f"Cochran-Mantel-Haenszel test stratified by context gives p = {fixed(s['test']['p_value'], 2)}, and the same test "
+            f"on the answer log-probability p = {fixed(s['logprob_test']['p_value'], 2)}: {verdict(s)} ({dip_clause(s)}), in a "
             f"model that has no compression to cause one. Targets of one context agree a little (intra-context correlation "
-            f"{s['icc']:.3f}, design effect {s['design_effect']:.1f}). It took {manifest['wall_time_s']:.0f} s on "
+            f"{fixed(s['icc'], 3)}, design effect {fixed(s['design_effect'])}). It took {fixed(manifest['wall_time_s'], 0)} s on "
             f"{manifest['machine']['threads']} threads")
 
 
@@ -378,7 +417,7 @@ def dip_clause(summary: dict) -> str:
     that it can name none (a model at a floor or ceiling, or one the rules read no dip for)."""
     if summary["detectable_dip"] is None:
         return "it can name no one-residue dip it would detect"
-    return f"a one-residue dip of {summary['detectable_dip']:.1f} points is what it detects 80% of the time"
+    return f"a one-residue dip of {fixed(summary['detectable_dip'])} points is what it detects 80% of the time"
 
 
 def _reports(relative: str) -> dict:
@@ -387,7 +426,7 @@ def _reports(relative: str) -> dict:
 
 def _span(values: list[float], unit: str = "points") -> str:
     """"A to B points" over values (one decimal), or "A points" when they agree to that decimal."""
-    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    low, high = fixed(min(values)), fixed(max(values))
     unit = unit if unit in ("%", "") else " " + unit
     return f"{low}{unit}" if low == high else f"{low} to {high}{unit}"
 
@@ -472,6 +511,29 @@ def verdict_examples() -> str:
     return _table(["verdict", "run", "its headline"], rows)
 
 
+NUMBER_WORDS = "zero one two three four five six seven eight nine ten eleven twelve".split()
+
+
+def verdict_classes() -> str:
+    """How many classes a report can print and how many are decided before any test (`analysis.VERDICTS`, in the
+    order `Summary.verdict` decides them: every class before "effect"), in words: "seven classes, four of them"."""
+    from kvphase.sweep.analysis import VERDICTS
+
+    return f"{NUMBER_WORDS[len(VERDICTS)]} classes, {NUMBER_WORDS[VERDICTS.index('effect')]} of them"
+
+
+def verdict_class_count() -> str:
+    """How many classes a report can print, in words (`analysis.VERDICTS`): "seven classes"."""
+    return verdict_classes().split(",")[0]
+
+
+def density_phrase(relative: str) -> str:
+    """How a sweep (a folder under reports/) spread its targets: "N targets per context at stride S, C contexts"."""
+    s, stride = _reports(relative), _read(ROOT / "reports" / relative, "config.json")["stride"]
+    per = s["n_targets"] / s["n_contexts"]
+    return f"{per:g} target{'s' if per != 1 else ''} per context at stride {stride}, {s['n_contexts']} contexts"
+
+
 def verdict_of(relative: str) -> str:
     """A sweep's verdict (a folder under reports/), in its report's words."""
     return verdict(_reports(relative))
@@ -480,12 +542,12 @@ def verdict_of(relative: str) -> str:
 def sweep_reading(relative: str) -> str:
     """One sweep (a folder under reports/) as its report reads it: "verdict (mean M%, gap G (CI), p = P)"."""
     s = _reports(relative)
-    return f"{verdict(s)} (mean {s['mean_accuracy']:.1f}%, gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
+    return f"{verdict(s)} (mean {fixed(s['mean_accuracy'])}%, gap {_gap(s)}, p = {_p(s['test']['p_value'])})"
 
 
 def means_change(folders: list[str]) -> str:
     """The first sweep's mean accuracy against the others' (folders under reports/): "A% to B%, C% and D%"."""
-    means = [f"{_reports(folder)['mean_accuracy']:.1f}" for folder in folders]
+    means = [f"{fixed(_reports(folder)['mean_accuracy'])}" for folder in folders]
     return f"{means[0]}% to " + _and(means[1:]) + "%"
 
 
@@ -499,7 +561,7 @@ def correct_of(folders: list[str]) -> str:
 def _residue_extremes(relative: str) -> str:
     """A sweep's test and its worst and best residues: "p = P, W% against B%"."""
     s = _reports(relative)
-    return f"p = {_p(s['test']['p_value'])}, {s['worst_accuracy']:.1f}% against {s['best_accuracy']:.1f}%"
+    return f"p = {_p(s['test']['p_value'])}, {fixed(s['worst_accuracy'])}% against {fixed(s['best_accuracy'])}%"
 
 
 def gaps_between(runs: list[str], low: float, high: float, from_context: int) -> str:
@@ -523,8 +585,8 @@ def flip_phrase(relative: str) -> str:
     targets = [f"target {t['target_id']} {'flips' if t['flips'] else 'does not flip'}, margins "
                f"{t['min_margin']:+.2f} to {t['max_margin']:+.2f} nats ({leader(t)})" for t in s["targets"]]
     return (f"{s['flipping_targets']} of {s['n_targets']} targets flip: " + _and(targets)
-            + f"; phase \"explains\" {100 * s['mean_periodic_share']:.0f}% of the margin's variation against "
-            f"{100 * s['chance_periodic_share']:.0f}% expected from noise")
+            + f"; phase \"explains\" {fixed(100 * s['mean_periodic_share'], 0)}% of the margin's variation against "
+            f"{fixed(100 * s['chance_periodic_share'], 0)}% expected from noise")
 
 
 def knockout_phrase(relative: str, phase: int, components: list[str]) -> str:
@@ -550,9 +612,9 @@ def training_outcome(run: str) -> str:
     folder = ROOT / "reports" / "trained" / run
     s, last = _read(folder, "summary.json"), pd.read_csv(folder / "training.csv").iloc[-1]
     minutes = _read(folder, "manifest.json")["wall_time_s"] / 60
-    return (f"{s['steps']} steps, {minutes:.0f} minute{'s' if round(minutes) != 1 else ''} on one core: "
-            f"{s['accuracy']:.1f}% held-out ({100 * last['accuracy']:.1f}% on its last training batches, "
-            f"loss {last['loss']:.2f} nats)")
+    return (f"{s['steps']} steps, {fixed(minutes, 0)} minute{'s' if round(minutes) != 1 else ''} on one core: "
+            f"{fixed(s['accuracy'])}% held-out ({fixed(100 * last['accuracy'])}% on its last training batches, "
+            f"loss {fixed(last['loss'], 2)} nats)")
 
 
 def _training_curve(run: str):
@@ -566,7 +628,7 @@ def batch_accuracy(run: str, steps: list[int]) -> str:
     """A training run's accuracy on its training batches at some steps (its training.csv, each row the batches
     since the row before): "A% at step X, B% at Y and C% at Z"."""
     rows = _training_curve(run).set_index("step")
-    return _and([f"{100 * rows.loc[step, 'accuracy']:.1f}%" + (" at step " if i == 0 else " at ") + str(step)
+    return _and([f"{fixed(100 * rows.loc[step, 'accuracy'])}%" + (" at step " if i == 0 else " at ") + str(step)
                  for i, step in enumerate(steps)])
 
 
@@ -575,7 +637,7 @@ def position_accuracy(relative: str, ranges: list[tuple[int, int]]) -> str:
     import pandas as pd
 
     results = pd.read_csv(ROOT / "reports" / relative / "results.csv")
-    parts = [f"{100 * results[results['target_pos'].between(low, high)]['correct'].mean():.0f}%"
+    parts = [f"{fixed(100 * results[results['target_pos'].between(low, high)]['correct'].mean(), 0)}%"
              + (" for targets at positions " if i == 0 else " at ") + f"{low}-{high}" for i, (low, high) in enumerate(ranges)]
     return _and(parts)
 
@@ -603,8 +665,8 @@ def quantized_shift(runs: list[str]) -> str:
                  if (f / f"sweep-{kind}").is_dir()]
         shifts[kind] = (max(abs(a["gap"] - b["gap"]) for a, b in pairs),
                         max(abs(a["mean_accuracy"] - b["mean_accuracy"]) for a, b in pairs))
-    return (f"Q8_0 moves gaps by at most {shifts['Q8_0'][0]:.1f} points, Q4_0 by at most {shifts['Q4_0'][0]:.1f}; "
-            f"mean accuracy by at most {max(shift[1] for shift in shifts.values()):.1f}")
+    return (f"Q8_0 moves gaps by at most {fixed(shifts['Q8_0'][0])} points, Q4_0 by at most {fixed(shifts['Q4_0'][0])}; "
+            f"mean accuracy by at most {fixed(max(shift[1] for shift in shifts.values()))}")
 
 
 def _effects(relative: str):
@@ -620,8 +682,8 @@ def slots_ahead(relative: str, stride: int) -> str:
     parts = []
     for phase in range(stride):
         row = effects.loc[(f"L0P{(phase + 1) % stride}", phase)]
-        ci = f" (CI {-row['d_correct_high']:.1f}-{-row['d_correct_low']:.1f})" if phase == 0 else ""
-        parts.append(f"slot {(phase + 1) % stride} {'costs ' if phase == 0 else ''}phase {phase} {-row['d_correct']:.1f}"
+        ci = f" (CI {fixed(-row['d_correct_high'])}-{fixed(-row['d_correct_low'])})" if phase == 0 else ""
+        parts.append(f"slot {(phase + 1) % stride} {'costs ' if phase == 0 else ''}phase {phase} {fixed(-row['d_correct'])}"
                      + (" points" if phase == 0 else "") + ci)
     return _and(parts)
 
@@ -643,7 +705,7 @@ def largest_knockout(relative: str, layer: str = "L") -> str:
     effects = _effects(relative)
     effects = effects[effects["component"].str.startswith(layer)]
     row = effects.loc[effects["d_correct"].abs().idxmax()]
-    return f"{abs(row['d_correct']):.1f} points ({row['component']} at phase {row['phase']})"
+    return f"{fixed(abs(row['d_correct']))} points ({row['component']} at phase {row['phase']})"
 
 
 def component_by_phase(relative: str, component: str) -> str:
@@ -659,8 +721,8 @@ def gate_bias_spread(relative: str) -> str:
     """A gates probe (summary.json): "mean per-channel entropy F% of log2 S; the most concentrated head puts
     D% of its weight on one phase"."""
     s = _reports(relative)
-    return (f"mean per-channel entropy {100 * s['mean_entropy_fraction']:.1f}% of log2 S; the most concentrated head "
-            f"puts {100 * s['sharpest']['dominant_share']:.1f}% of its weight on one phase")
+    return (f"mean per-channel entropy {fixed(100 * s['mean_entropy_fraction'])}% of log2 S; the most concentrated head "
+            f"puts {fixed(100 * s['sharpest']['dominant_share'])}% of its weight on one phase")
 
 
 def cycle_rolls(relatives: list[str]) -> str:
@@ -669,14 +731,14 @@ def cycle_rolls(relatives: list[str]) -> str:
     summaries = [_reports(relative) for relative in relatives]
     boundary = [next(row for row in s["phases"] if row["boundary"]) for s in summaries]
     return (f"R^2 of the predicted shift {_span([s['r_squared'] for s in summaries], '')}; the boundary phase from "
-            f"{boundary[0]['accuracy_k0']:.1f}% to " + _and([f"{row['accuracy_k']:.1f}" for row in boundary]) + "%")
+            f"{fixed(boundary[0]['accuracy_k0'])}% to " + _and([f"{fixed(row['accuracy_k'])}" for row in boundary]) + "%")
 
 
 def dominant_phase(relative: str, layer: int, source: str) -> str:
     """The phase that most often dominates a gate's window channels (a gate-activations probe): "phase P (S% of them)"."""
     gate = next(g for g in _reports(relative)["layers"] if g["layer"] == layer and g["source"] == source)
     shares = gate["dominant_phase_shares"]
-    return f"phase {shares.index(max(shares))} ({100 * max(shares):.0f}% of them)"
+    return f"phase {shares.index(max(shares))} ({fixed(100 * max(shares), 0)}% of them)"
 
 
 def flip_summary(relative: str) -> str:
@@ -685,23 +747,23 @@ def flip_summary(relative: str) -> str:
     s = _reports(relative)
     phases = sorted(s["per_phase"], key=lambda row: row["mean_margin"])
     return (f"{s['flipping_targets']} of {s['n_targets']} targets flip, phase explains "
-            f"{100 * s['mean_periodic_share']:.0f}% of the margin's variation (noise alone "
-            f"{100 * s['chance_periodic_share']:.0f}%), mean margin best at phase {phases[-1]['phase']} "
+            f"{fixed(100 * s['mean_periodic_share'], 0)}% of the margin's variation (noise alone "
+            f"{fixed(100 * s['chance_periodic_share'], 0)}%), mean margin best at phase {phases[-1]['phase']} "
             f"({phases[-1]['mean_margin']:+.2f} nats) and worst at phase {phases[0]['phase']} ({phases[0]['mean_margin']:+.2f})")
 
 
 def cycle_boundary(relative: str) -> str:
     """A cycle probe (summary.json): the boundary phase's accuracy before and after the roll, "A% -> B%"."""
     boundary = next(row for row in _reports(relative)["phases"] if row["boundary"])
-    return f"{boundary['accuracy_k0']:.1f}% -> {boundary['accuracy_k']:.1f}%"
+    return f"{fixed(boundary['accuracy_k0'])}% -> {fixed(boundary['accuracy_k'])}%"
 
 
 def gate_spread(relative: str, layer: int, source: str) -> str:
     """A gate-activations probe (summary.json), one gate: "median A of B bits; one phase over half the weight
     in C% of window channels"."""
     gate = next(g for g in _reports(relative)["layers"] if g["layer"] == layer and g["source"] == source)
-    return (f"median {gate['entropy_p10_p25_p50_p75_p90'][2]:.2f} of {gate['max_bits']:g} bits; one phase over half "
-            f"the weight in {100 * gate['share_over_half']:.0f}% of window channels")
+    return (f"median {fixed(gate['entropy_p10_p25_p50_p75_p90'][2], 2)} of {gate['max_bits']:g} bits; one phase over half "
+            f"the weight in {fixed(100 * gate['share_over_half'], 0)}% of window channels")
 
 
 def _theory_case(run: str, components: int, stagger: str) -> dict:
@@ -714,8 +776,8 @@ def theory_rates() -> str:
     """The linearization's growth rate against the simulation's on both sides of beta* (S4-beta6's stability rows)."""
     rows = _reports("theory/S4-beta6")["stability"]
     below, above = rows[0], max(rows, key=lambda row: row["beta"])
-    return (f"{below['predicted_rate']:.5f} against {below['measured_rate']:.5f} at beta = {below['beta']:g}, "
-            f"{above['predicted_rate']:.5f} against {above['measured_rate']:.5f} at 1.2 beta*")
+    return (f"{fixed(below['predicted_rate'], 5)} against {fixed(below['measured_rate'], 5)} at beta = {below['beta']:g}, "
+            f"{fixed(above['predicted_rate'], 5)} against {fixed(above['measured_rate'], 5)} at 1.2 beta*")
 
 
 def theory_times() -> str:
@@ -723,46 +785,46 @@ def theory_times() -> str:
     errors = [abs(row["simulated_time"] - row["predicted_time"]) / row["predicted_time"]
               for run in sorted((ROOT / "reports" / "theory").glob("*/summary.json"))
               for row in _reports(f"theory/{run.parent.name}")["stability"] if row["predicted_time"] is not None]
-    return f"within {100 * max(errors):.0f}%"
+    return f"within {fixed(100 * max(errors), 0)}%"
 
 
 def theory_fixed_point() -> str:
     """Fixed offsets, rho = 0.5, beta = 16: the alike-components point's accuracy inside the window and at the boundary."""
     accuracy = _theory_case("S4-beta16", 2, "none")["symmetric_point"]["accuracy"]
-    return f"{100 * accuracy[0]:.1f}% against {100 * accuracy[-1]:.1f}%"
+    return f"{fixed(100 * accuracy[0])}% against {fixed(100 * accuracy[-1])}%"
 
 
 def theory_staggered() -> str:
     """K = S staggered components at beta = 16: the symmetric point's accuracy, predicted and simulated."""
     case = _theory_case("S4-beta16", 4, "component")
-    return (f"{100 * case['symmetric_point']['accuracy'][0]:.1f}% at every phase at beta = 16, simulated "
-            f"{100 * case['accuracy'][0]:.1f}%")
+    return (f"{fixed(100 * case['symmetric_point']['accuracy'][0])}% at every phase at beta = 16, simulated "
+            f"{fixed(100 * case['accuracy'][0])}%")
 
 
 def theory_near_uniform() -> str:
     """Fixed offsets above beta*: how uniform the gates stay, and their weight on the boundary phase."""
     case = _theory_case("S4-beta16", 4, "none")
-    return (f"{case['normalized_entropy']:.3f} of log2 S at beta = 16, {100 * case['gates'][0][-1]:.0f}% "
+    return (f"{fixed(case['normalized_entropy'], 3)} of log2 S at beta = 16, {fixed(100 * case['gates'][0][-1], 0)}% "
             "on the boundary")
 
 
 def theory_sharp() -> str:
     """Fixed offsets below beta*: the gates' mean normalized entropy at beta = 6 and beta = 3, K = 4."""
-    return (f"mean normalized entropy {_theory_case('S4-beta6', 4, 'none')['normalized_entropy']:.1f} at beta = 6, "
-            f"{_theory_case('S4-beta3', 4, 'none')['normalized_entropy']:.2f} at beta = 3 with K = 4")
+    return (f"mean normalized entropy {fixed(_theory_case('S4-beta6', 4, 'none')['normalized_entropy'])} at beta = 6, "
+            f"{fixed(_theory_case('S4-beta3', 4, 'none')['normalized_entropy'], 2)} at beta = 3 with K = 4")
 
 
 def theory_lean() -> str:
     """Fixed offsets, rho = 0.5: a gate's weight on the boundary phase against another phase's."""
     gate = _theory_case("S4-beta16", 2, "none")["gates"][0]
-    return f"w_b {gate[-1]:.2f} against {gate[0]:.2f}"
+    return f"w_b {fixed(gate[-1], 2)} against {fixed(gate[0], 2)}"
 
 
 def gate_groups(run: str, components: int, stagger: str) -> str:
     """A fixed point's gates grouped by value (weights per phase): "3 at a / b / c / d, 1 at ..."."""
     groups: dict[str, int] = {}
     for gate in _theory_case(run, components, stagger)["gates"]:
-        key = " / ".join(f"{weight:.2f}" for weight in gate)
+        key = " / ".join(fixed(weight, 2) for weight in gate)
         groups[key] = groups.get(key, 0) + 1
     return _and([f"{count} at {key}" for key, count in sorted(groups.items(), key=lambda item: -item[1])])
 
@@ -774,7 +836,7 @@ THEORY_RUNS = [("beta = 3, rho = 0.5", "S4-beta3"), ("beta = 6, rho = 0.5", "S4-
 def theory_boundary(run: str, components: int) -> str:
     """A fixed-offset case of a `kvphase theory` run: its boundary phase's p_correct against the other phases'."""
     accuracy = [100 * a for a in _theory_case(run, components, "none")["accuracy"]]
-    return f"{accuracy[-1]:.1f}% against {_span(accuracy[:-1], '%')}"
+    return f"{fixed(accuracy[-1])}% against {_span(accuracy[:-1], '%')}"
 
 
 def theory_trade(components: int) -> str:
@@ -820,8 +882,8 @@ def theory_rolled_boundary(run: str, components: int) -> str:
     settings = _read(ROOT / "reports" / "theory" / run, "config.json")["theory"]
     model = IdealModel(TheoryConfig(**{**settings, "components": components, "stagger": "none"}))
     gates = np.array(_theory_case(run, components, "none")["gates"])  # (K, S)
-    rolled = [f"{100 * model.accuracy(np.log(np.roll(gates, k, axis=1)))[-1]:.1f}" for k in range(1, gates.shape[1])]
-    return f"{100 * model.accuracy(np.log(gates))[-1]:.1f}% to " + _and(list(dict.fromkeys(rolled))) + "%"
+    rolled = [fixed(100 * model.accuracy(np.log(np.roll(gates, k, axis=1)))[-1]) for k in range(1, gates.shape[1])]
+    return f"{fixed(100 * model.accuracy(np.log(gates))[-1])}% to " + _and(list(dict.fromkeys(rolled))) + "%"
 
 
 def theory_split_counts(run: str, components: int, stagger: str) -> str:
@@ -833,9 +895,9 @@ def theory_split_counts(run: str, components: int, stagger: str) -> str:
 
 def fix_change(model: str, fix: str) -> str:
     """A model's plain sweep against one fix (folders under trained/fixes/): "mean A% to B%, gap G to H (p = P)"."""
-    plain, fixed = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
-    return (f"mean {plain['mean_accuracy']:.1f}% to {fixed['mean_accuracy']:.1f}%, gap {plain['gap']:.1f} to "
-            f"{fixed['gap']:.1f} (p = {_p(fixed['test']['p_value'])})")
+    plain, under_fix = _read(FIXES / f"{model}-plain", "summary.json"), _read(FIXES / f"{model}-{fix}", "summary.json")
+    return (f"mean {fixed(plain['mean_accuracy'])}% to {fixed(under_fix['mean_accuracy'])}%, gap {fixed(plain['gap'])} to "
+            f"{fixed(under_fix['gap'])} (p = {_p(under_fix['test']['p_value'])})")
 
 
 def fix_verdict(run: str) -> str:
@@ -868,7 +930,7 @@ def shifted_loss(run: str) -> str:
     plain = alone[0]
     shifted = [s for d, s in alone.items() if d != 0]
     return (f"loses {_span([plain.mean_accuracy - s.mean_accuracy for s in shifted])} of mean accuracy and has a "
-            f"gap of {_span([s.gap for s in shifted])} (plain: {plain.gap:.1f})")
+            f"gap of {_span([s.gap for s in shifted])} (plain: {fixed(plain.gap)})")
 
 
 def bench_offsets_phrase(bench: Path) -> str:
@@ -899,13 +961,13 @@ def gaps_phrase(folders: list[str], mean: bool = False) -> str:
 def means_phrase(folders: list[str]) -> str:
     """The mean accuracies of seeds' sweeps (folders under reports/trained/, each with a sweep/): "mean A, B and C%"."""
     summaries = [_read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json") for folder in folders]
-    return "mean " + _and([f"{s['mean_accuracy']:.1f}" for s in summaries]) + "%"
+    return "mean " + _and([f"{fixed(s['mean_accuracy'])}" for s in summaries]) + "%"
 
 
 def residues_phrase(folder: str) -> str:
     """One sweep's numbers in a sentence: each residue's accuracy, the gap, p and the verdict."""
     s = _read(ROOT / "reports" / "trained" / folder / "sweep", "summary.json")
-    accuracies = [f"{row['accuracy']:.1f}" for row in s["per_residue"]]
+    accuracies = [f"{fixed(row['accuracy'])}" for row in s["per_residue"]]
     return (f"{_and(accuracies)}% at residues 0-{len(accuracies) - 1}, gap {_gap(s)} points, "
             f"p = {_p(s['test']['p_value'])}: {verdict(s)}")
 
@@ -918,7 +980,7 @@ def trained_files_table() -> str:
         folder = ROOT / "reports" / "trained" / relative
         s = _read(folder, "summary.json")
         what = f"{what} (residues mod {_read(folder, 'config.json')['modulus']})"
-        rows.append([f"`{file}`", layout, what, f"{s['mean_accuracy']:.1f}%", f"{s['worst_residue']}: {s['worst_accuracy']:.1f}%",
+        rows.append([f"`{file}`", layout, what, f"{fixed(s['mean_accuracy'])}%", f"{s['worst_residue']}: {fixed(s['worst_accuracy'])}%",
                      _gap(s), _p(s["test"]["p_value"]), _link(verdict(s), folder, ROOT / "reports")])
     return _table(["file", "layout", "what it is", "mean", "worst residue", "gap (95% CI)", "p", "verdict"], rows)
 
@@ -944,20 +1006,20 @@ def headline_quote(relative: str) -> str:
 
 def example_sweep_time() -> str:
     manifest = _read(ROOT / "reports" / "example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024", "manifest.json")
-    return f"{manifest['wall_time_s'] / 60:.1f} minutes on {manifest['machine']['threads']} threads"
+    return f"{fixed(manifest['wall_time_s'] / 60)} minutes on {manifest['machine']['threads']} threads"
 
 
 def engine_sweep_times() -> str:
     """The range of the engine study's sweeps through llama.cpp (their manifests)."""
     times = [_read(folder, "manifest.json")["wall_time_s"]
              for folder in sorted((ROOT / "reports" / "trained" / "engine").glob("*/sweep"))]
-    return f"{min(times):.0f}-{max(times):.0f} s on one thread ({len(times)} sweeps of the engine study)"
+    return f"{fixed(min(times), 0)}-{fixed(max(times), 0)} s on one thread ({len(times)} sweeps of the engine study)"
 
 
 def training_minutes(runs: list[str]) -> str:
     """The range of training times over runs (folders under reports/trained/; their manifests)."""
     minutes = [_read(ROOT / "reports" / "trained" / run, "manifest.json")["wall_time_s"] / 60 for run in runs]
-    low, high = f"{min(minutes):.0f}", f"{max(minutes):.0f}"
+    low, high = fixed(min(minutes), 0), fixed(max(minutes), 0)
     return low if low == high else f"{low}-{high}"
 
 
@@ -969,7 +1031,7 @@ def study_hours(study: str) -> str:
         seconds = json.loads(manifest.read_text())["wall_time_s"]
         hours["all"] += seconds / 3600
         hours["trainings"] += seconds / 3600 if (manifest.parent / "training.csv").is_file() else 0.0
-    return f"{hours['all']:.1f} hours, trainings {hours['trainings']:.1f} of them"
+    return f"{fixed(hours['all'])} hours, trainings {fixed(hours['trainings'])} of them"
 
 
 def nested_phase_phrase(relative: str, inner: int) -> str:
@@ -987,11 +1049,11 @@ def nested_phase_phrase(relative: str, inner: int) -> str:
                           config["seed"])
     between, within = reading.between, reading.within
     how = f" from {PERMUTATIONS} permutations" if "permutations" in within.note else ""
-    return (f"pooled by position mod {inner} its residues read {_and([f'{a:.1f}' for a in reading.phase_accuracy])}% "
-            f"(chi-square {between.statistic:.1f}, df {between.dof}, p = {_p(between.p_value)}); within each phase "
+    return (f"pooled by position mod {inner} its residues read {_and([fixed(a) for a in reading.phase_accuracy])}% "
+            f"(chi-square {fixed(between.statistic)}, df {between.dof}, p = {_p(between.p_value)}); within each phase "
             f"mod {inner} they differ {'no more than chance' if within.p_value >= 0.05 else 'beyond chance'} "
-            f"(chi-square {within.statistic:.1f}, df {within.dof}, p = {_p(within.p_value)}{how}; a one-residue dip "
-            f"of {reading.within_dip:.1f} points within a phase is what it detects 80% of the time)")
+            f"(chi-square {fixed(within.statistic)}, df {within.dof}, p = {_p(within.p_value)}{how}; a one-residue dip "
+            f"of {fixed(reading.within_dip)} points within a phase is what it detects 80% of the time)")
 
 
 def training_times() -> str:
@@ -1104,7 +1166,7 @@ def ds4_runs(family: str) -> list[str]:
 
 def heldout_phrase(runs: list[str]) -> str:
     """Each run's held-out accuracy at the end of its training (its summary.json): "A, B and C%"."""
-    return _and([f"{_read(ROOT / 'reports' / 'trained' / run, 'summary.json')['accuracy']:.1f}" for run in runs]) + "%"
+    return _and([f"{fixed(_read(ROOT / 'reports' / 'trained' / run, 'summary.json')['accuracy'])}" for run in runs]) + "%"
 
 
 def learned_by_step(runs: list[str], bar: float = 80.0) -> str:
@@ -1157,8 +1219,8 @@ def sweep_against_training(run: str) -> str:
     """A run's mean accuracy through its sweep beside its training's held-out accuracy:
     "M% mean in the sweep, H% held-out in training"."""
     folder = ROOT / "reports" / "trained" / run
-    return (f"{_read(folder / 'sweep', 'summary.json')['mean_accuracy']:.1f}% mean in the sweep, "
-            f"{_read(folder, 'summary.json')['accuracy']:.1f}% held-out in training")
+    return (f"{fixed(_read(folder / 'sweep', 'summary.json')['mean_accuracy'])}% mean in the sweep, "
+            f"{fixed(_read(folder, 'summary.json')['accuracy'])}% held-out in training")
 
 
 def learned_gaps_by_context(runs: list[str]) -> str:
@@ -1263,6 +1325,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "csa-dense-tally": lambda: seed_tally([f"engine/csa-dense-seed{k}" for k in range(3)]),
     "readme-offsets4-verdict": lambda: verdict_of("trained/fixes/csa-disjoint-seed0-offsets4-mean"),
     "verdict-examples": verdict_examples,
+    "verdict-classes": verdict_classes,
+    "conform-csa-disjoint": lambda: sweep_reading("trained/engine/csa-disjoint-seed0/sweep"),
+    "conform-csa-top4": lambda: sweep_reading("trained/ds4-ablation/ctx128-top4-seed0/sweep"),
+    "conform-glm-kpool-top4": lambda: sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
+    "ds4-stride128-density": lambda: density_phrase("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
+                                                    "ctx768-hca-from512-seed0-pairs-S128-L768"),
+    "verdict-class-count": verdict_class_count,
     "meanpool-seed2-verdict": lambda: verdict_of("trained/meanpool-seed2/sweep"),
     "glm5-layout": lambda: trained_table(GLM5_LAYOUT, quantized=True, reference=True),
     "deepseek4-layout": lambda: trained_table(DEEPSEEK4_LAYOUT, quantized=True),
@@ -1380,12 +1449,12 @@ TABLES: dict[str, Callable[[], str]] = {
                               + sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
     "gemma-16k": lambda: (sweep_reading("long-context/gemma-3-270m-q4_k_m-records-S4-L16384") + ", log-probability p = "
                           + _p(_reports("long-context/gemma-3-270m-q4_k_m-records-S4-L16384")["logprob_test"]["p_value"])),
-    "post-hoc-dense-mean": lambda: f"{_reports('reference/dense')['mean_accuracy']:.0f}%",
+    "post-hoc-dense-mean": lambda: f"{fixed(_reports('reference/dense')['mean_accuracy'], 0)}%",
     "post-hoc-meanpool-correct": lambda: correct_of([f"reference/meanpool-S{stride}" for stride in (4, 8)]),
     "post-hoc-fix-means": lambda: means_change([folder for _, folder in POST_HOC_FIXES]),
     "post-hoc-fix-means-n64": lambda: means_change([f"{folder}-n64" for _, folder in POST_HOC_FIXES]),
     "post-hoc-blocktopk-n64": lambda: (sweep_reading("reference/blocktopk-S4-n64") + ", periodicity "
-                                       f"{_reports('reference/blocktopk-S4-n64')['periodicity']:.1f} points; "
+                                       f"{fixed(_reports('reference/blocktopk-S4-n64')['periodicity'])} points; "
                                        + dip_clause(_reports("reference/blocktopk-S4-n64"))),
     "post-hoc-unlearned-means": lambda: _span([_reports(f"reference/{design}-S{stride}")["mean_accuracy"]
                                                for design in ("kpool", "meanpool") for stride in (4, 8)], "%"),
@@ -1422,8 +1491,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ds4-faithful-seed1": lambda: (gap_of(DS4["ctx256-hca-long"].runs()[1]) + " without the indexer and "
                                    + gap_of(DS4["ctx256-top4-from-hca"].runs()[1]) + " with it"),
     "ds4-published": published_phrase,
-    "ds4-published-firsts": lambda: _and([f"{PUBLISHED_DEEPSEEK4[r]:.1f}" for r in (0, 4)]) + "%",
-    "ds4-published-gap": lambda: f"{max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4):.1f} points",
+    "ds4-published-firsts": lambda: _and([fixed(PUBLISHED_DEEPSEEK4[r]) for r in (0, 4)]) + "%",
+    "ds4-published-gap": lambda: f"{fixed(max(PUBLISHED_DEEPSEEK4) - min(PUBLISHED_DEEPSEEK4))} points",
     "gated-learned-by": lambda: learned_by_step([f"gated-seed{k}" for k in range(3)]),
     "gated-peak-gaps": lambda: peak_gaps([f"gated-seed{k}" for k in range(3)]),
     "rolling-minutes": lambda: training_minutes([f"rolling-seed{k}" for k in range(3)]),
@@ -1503,18 +1572,18 @@ TABLES: dict[str, Callable[[], str]] = {
     "capacity-h4-seed1-logprob": lambda: _p(_reports("trained/gated-stagger-head-seed1/sweep")["logprob_test"]["p_value"]),
     "capacity-minutes": lambda: training_minutes([f"{name}-seed{k}" for _, name in CAPACITY[:-1] for k in range(3)]),
     "capacity-d128-minutes": lambda: training_minutes([f"gated-stagger-head-h8-d128-seed{k}" for k in range(3)]),
-    "capacity-h2-gaps": lambda: _and([f"{_reports(f'trained/gated-stagger-head-h2-seed{k}/sweep')['gap']:.1f}" for k in range(3)]),
-    "theory-threshold": lambda: f"{_reports('theory/S4-beta6')['uniform_point']['threshold_beta']:.2f}",
+    "capacity-h2-gaps": lambda: _and([fixed(_reports(f'trained/gated-stagger-head-h2-seed{k}/sweep')['gap']) for k in range(3)]),
+    "theory-threshold": lambda: f"{fixed(_reports('theory/S4-beta6')['uniform_point']['threshold_beta'], 2)}",
     "theory-rates": theory_rates,
     "theory-times": theory_times,
     "theory-fixed-point": theory_fixed_point,
-    "theory-onehot-boundary": lambda: f"{100 * _theory_case('S4-beta3', 4, 'none')['accuracy'][-1]:.1f}%",
+    "theory-onehot-boundary": lambda: f"{fixed(100 * _theory_case('S4-beta3', 4, 'none')['accuracy'][-1])}%",
     "theory-split": lambda: gate_groups("S4-beta16-rho0.35", 4, "none"),
     "theory-staggered": theory_staggered,
     "theory-near-uniform": theory_near_uniform,
     "theory-sharp": theory_sharp,
     "theory-lean": theory_lean,
-    "theory-stagger4-seed0": lambda: f"{100 * _theory_case('S4-beta6', 4, 'component')['gap']:.1f}",
+    "theory-stagger4-seed0": lambda: f"{fixed(100 * _theory_case('S4-beta6', 4, 'component')['gap'])}",
     "theory-boundary-split": lambda: theory_boundary("S4-beta16-rho0.35", 4),
     "theory-onehot-phases": lambda: theory_boundary("S4-beta3", 4),
     "theory-trade": lambda: theory_trade(4),
@@ -1522,10 +1591,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "theory-end-states": lambda: theory_cases_table(ROOT / "docs"),
     "theory-rolled": lambda: theory_rolled_boundary("S4-beta16", 2),
     "theory-k8-beta3-split": lambda: theory_split_counts("S4-beta3", 8, "component"),
-    "theory-k2-staggered": lambda: f"{100 * _theory_case('S4-beta16', 2, 'component')['gap']:.1f}",
-    "theory-k2-staggered-beta3": lambda: f"{100 * _theory_case('S4-beta3', 2, 'component')['gap']:.1f}",
-    "theory-k8-staggered": lambda: (f"{100 * _theory_case('S4-beta6', 8, 'component')['gap']:.1f} at beta = 6; "
-                                    f"{100 * _theory_case('S4-beta3', 8, 'component')['gap']:.1f} at beta = 3"),
+    "theory-k2-staggered": lambda: f"{fixed(100 * _theory_case('S4-beta16', 2, 'component')['gap'])}",
+    "theory-k2-staggered-beta3": lambda: f"{fixed(100 * _theory_case('S4-beta3', 2, 'component')['gap'])}",
+    "theory-k8-staggered": lambda: (f"{fixed(100 * _theory_case('S4-beta6', 8, 'component')['gap'])} at beta = 6; "
+                                    f"{fixed(100 * _theory_case('S4-beta3', 8, 'component')['gap'])} at beta = 3"),
     "fix-csa-retrained-plain": lambda: _and([fix_verdict(f"csa-seed{k}-retrained-plain") for k in (2, 3)]),
     "csa-study-gaps": lambda: gap_span([f"trained/engine/csa-seed{k}/sweep" for k in range(4)]),
     "fix-csa-disjoint-mean": lambda: fix_change("csa-disjoint-seed0", "offsets4-mean"),
@@ -1658,7 +1727,7 @@ def conform_time(relative: str) -> str:
     """A conform run's whole time and its models' scoring (its conform.json)."""
     run = _read(ROOT / "reports" / "conform" / relative, "conform.json")
     scoring = sum(model["seconds"] for model in run["models"])
-    return f"{run['wall_time_s']:.0f} s for {len(run['models'])} models ({scoring:.0f} s of it scoring)"
+    return f"{fixed(run['wall_time_s'], 0)} s for {len(run['models'])} models ({fixed(scoring, 0)} s of it scoring)"
 
 
 def blocks(text: str) -> list[re.Match]:
@@ -1746,6 +1815,76 @@ def verdict_words(text: str, page: str = "") -> list[tuple[int, str]]:
     return [(text.count("\n", 0, at) + 1, " ".join(words.split())) for at, words in sorted(found)]
 
 
+# What a lint of digits and verdict words cannot see (issue 74): counts in words of what runs or the code hold, absence
+# written as absence, and references to nothing. A count of classes comes from the code (the `verdict-classes` phrase);
+# a run's density from its folders; "no phase effect" only as the report words it ("... at this power", "... larger
+# than"); "(measured)" only beside a link to what measured it; "PAGE has the table" only where PAGE holds one.
+NUMBER_WORD = r"(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)"
+RUN_COUNT = re.compile(rf"\b(?:{NUMBER_WORD}|\d+) (?:verdict )?(?:classes|verdicts)\b"
+                       rf"|\b(?:two|three|four|five|six|seven|eight|nine|ten|eleven|twelve) of them\b"
+                       r"|\b\d+ targets? (?:per|a|in each) context\b", re.I)
+ABSENCE = re.compile(r"\bflat(?:-at-chance)?\b|\bno weak spot\b|\bno phase effect\b(?! at this power| larger than)"
+                     r"|\babsence\b(?! of evidence)(?<!evidence of absence)", re.I)
+MEASURED_MARK = re.compile(r"\(measured\)")
+LINK_TARGET = re.compile(r"\]\((?P<target>[^)#\s]+)[^)\s]*\)")
+TABLE_CLAIM = re.compile(r"(?P<ref>\S+\)|`[^`]+`|\S+) (?:has|holds) the table")
+SECTION_LINK = re.compile(r"\]\((?P<page>[^)#\s]+)#(?P<anchor>[^)\s]+)\)")
+
+
+def _sentence(text: str, at: int) -> str:
+    """The sentence of `text` around position `at` (a full stop or a blank line ends one)."""
+    start = max(text.rfind(". ", 0, at), text.rfind("\n\n", 0, at)) + 1
+    end = min((i for i in (text.find(". ", at), text.find("\n\n", at)) if i >= 0), default=len(text))
+    return text[start:end]
+
+
+def _links_a_measurement(sentence: str, page: Path) -> bool:
+    """Whether `sentence` (of `page`) links what measured it: a run folder (its report.md or the folder), a bench's
+    recorded output, or a file under bench/."""
+    for m in LINK_TARGET.finditer(sentence):
+        target = (page.parent / m["target"]).resolve()
+        folder = target.parent if target.name == "report.md" else target
+        in_bench = target.is_relative_to(ROOT) and "bench" in target.relative_to(ROOT).parts[:2]
+        run_folder = (folder / "config.json").is_file() or (folder / "conform.json").is_file()
+        if run_folder or in_bench or target.suffix in (".csv", ".txt"):
+            return True
+    return False
+
+
+def _section_has_table(page: Path, anchor: str) -> bool:
+    """Whether the section of `page` whose heading's anchor is `anchor` (GitHub's: lower case, spaces to hyphens,
+    punctuation dropped) holds a markdown table."""
+    if not page.is_file():
+        return False
+    sections = re.split(r"^(#+ .*)$", page.read_text(encoding="utf-8"), flags=re.M)
+    for heading, body in zip(sections[1::2], sections[2::2]):
+        slug = re.sub(r"[^\w\- ]", "", heading.lstrip("#").strip().lower()).replace(" ", "-")
+        if slug == anchor:
+            return bool(re.search(r"^\s*\|[- :|]+\|\s*$", body, re.M))
+    return False
+
+
+def run_words(text: str, page: str = "") -> list[tuple[int, str]]:
+    """What a page's prose says of runs that no digit lint sees (RUN_COUNT, ABSENCE; the DEFINING pages may name
+    the report's absence words), "(measured)" with no link in its sentence, and "... has the table" that is not a link
+    to a section holding one (relative to `page`, the repository-relative path): (line, words)."""
+    raw = BLOCK.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)  # links kept: "(measured)" is supported by one
+    text = prose(text)
+
+    def at(of: str, m: re.Match) -> tuple[int, int, str]:  # (line, column, words): sorted as they stand
+        return of.count("\n", 0, m.start()) + 1, m.start() - of.rfind("\n", 0, m.start()), m.group(0)
+
+    found = [at(text, m) for m in RUN_COUNT.finditer(text)]
+    found += [] if page in DEFINING else [at(text, m) for m in ABSENCE.finditer(text)]
+    found += [at(raw, m) for m in MEASURED_MARK.finditer(raw)
+              if not _links_a_measurement(_sentence(raw, m.start()), ROOT / page) and prose(raw[m.start():m.end()]).strip()]
+    for m in TABLE_CLAIM.finditer(raw):
+        link = SECTION_LINK.search(m["ref"])
+        if not link or not _section_has_table((ROOT / page).parent / link["page"], link["anchor"]):
+            found.append(at(raw, m))
+    return [(line, " ".join(words.split())) for line, _, words in sorted(found)]
+
+
 FOLDER_LINK = re.compile(r"\]\((?P<target>[^)#\s]+?)/?(?:report\.md)?\)|`(?P<path>(?:reports/)?trained/[^`\s]+?)/?`")
 
 
@@ -1763,19 +1902,77 @@ def audit(document: Path) -> list[tuple[int, str]]:
     return found
 
 
-def fixes_page() -> str:
-    """reports/trained/fixes/fixes.md as `scripts/fixes_study.py` writes it, from the fix folders alone."""
+def _script(name: str):
+    """A study script of scripts/ loaded as a module (they are not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fixes_study", ROOT / "scripts" / "fixes_study.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.page()
+    return module
+
+
+def fixes_page() -> str:
+    """reports/trained/fixes/fixes.md as `scripts/fixes_study.py` writes it, from the fix folders alone."""
+    return _script("fixes_study").page()
+
+
+TRAINED = ROOT / "reports" / "trained"
+
+
+def trained_study_page() -> str:
+    """reports/trained/study.md as `scripts/train_study_figure.py` writes it: every trained model's final sweep."""
+    study = _script("train_study_figure")
+    return study.table(study.runs(TRAINED)) + "\n"
 
 
 # pages a script writes from run folders that prose sends readers to: rewritten (or checked) with the documents,
 # so that a re-report cannot leave them stale
-DERIVED: dict[Path, Callable[[], str]] = {FIXES / "fixes.md": fixes_page}
+DERIVED: dict[Path, Callable[[], str]] = {FIXES / "fixes.md": fixes_page, TRAINED / "study.md": trained_study_page}
+
+# Every .md under README, docs/ and reports/ that prints a result is on one of two lists (tests/project/test_claims.py
+# fails on one that is on neither): CHECKED, what `--check` regenerates and compares (the documents' blocks, with the
+# hand-written prose linted, and the DERIVED pages whole); WRITTEN, what a command or a measuring script writes whole
+# and `--check` does not rerun (`written_by` names the writer).
+# the measurements a script or bench recorded, each with the command that writes it (they quote no run folder)
+MEASURED = {"reports/reference-agreement.md": "scripts/reference_agreement.py",
+            "reports/trained/engine/agreement.md": "scripts/engine_agreement.py",
+            "reports/trained/fixes/bench.md": "bench/bench_offsets.py (its console, quoted)",
+            "reports/trained/ds4-ablation/bench_train.md": "bench/bench_train.py (its console, quoted)",
+            "reports/servers/bench.md": "bench/bench_servers.py (its console, quoted)",
+            "reports/servers/echo-logprobs.md": "scripts/check_echo_logprobs.py (its console, quoted)",
+            "reports/bench-power/README.md": "bench/bench_power.py (how output.txt was made)"}
+
+
+def checked_pages() -> list[Path]:
+    """The pages `--check` covers: every document's blocks, and the DERIVED pages whole."""
+    return [*DOCUMENTS, *DERIVED]
+
+
+def written_by(page: Path) -> str | None:
+    """What writes `page` whole, when `--check` does not: the command that made its run folder (rebuilt by
+    scripts/rereport_all.py), or the script of a MEASURED page; None for a page no tool writes."""
+    folder = page.parent
+    if page.name == "report.md" and any((folder / name).is_file() for name in ("config.json", "conform.json")):
+        return "its run folder's command (`kvphase report` rebuilds it; scripts/rereport_all.py)"
+    if page.name == "comparison.md" and (folder / "comparison.csv").is_file():
+        return "`kvphase compare` (scripts/rereport_all.py compares its comparison.csv's runs again)"
+    return MEASURED.get(page.relative_to(ROOT).as_posix())
+
+
+def uncovered_pages() -> list[tuple[Path, str]]:
+    """The .md pages under README, docs/ and reports/ that print a number or a verdict word (as `hand_numbers` and
+    `verdict_words` read a page) and are neither checked nor written by a tool: (page, first such word)."""
+    checked = {page.resolve() for page in checked_pages()}
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "reports").rglob("*.md"))]:
+        if page.resolve() in checked or written_by(page):
+            continue
+        text = page.read_text(encoding="utf-8")
+        printed = [word for _, word in hand_numbers(text) + verdict_words(text, "")]
+        if printed:
+            found.append((page, printed[0]))
+    return found
 
 
 def regenerate(text: str) -> str:
@@ -1797,7 +1994,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("documents", nargs="*", type=Path,
                         help="the documents to rewrite or check (default: README.md, reports/*.md and docs/)")
-    parser.add_argument("--check", action="store_true", help="compare only; exit 1 naming each block that differs")
+    parser.add_argument("--check", action="store_true", help="compare only, every sweep's statistics recomputed from its results.csv; exit 1 naming "
+                             "each block that differs")
     parser.add_argument("--hand-numbers", action="store_true",
                         help="list, by document and line, the measured-looking numbers the prose holds outside its "
                              "blocks (tests/project/test_claims.py allows none)")
@@ -1819,6 +2017,8 @@ def main() -> int:
                 print(f"{document.relative_to(ROOT)}:{line}: {number}")
         return 0
     sys.path.insert(0, str(ROOT))
+    global RECOMPUTE
+    RECOMPUTE = args.check
     stale = []
     for document in args.documents or DOCUMENTS:
         if not document.is_file():

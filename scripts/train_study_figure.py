@@ -13,11 +13,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from kvphase.statistics.printed import fixed
+from kvphase.statistics.stratified import format_p
 
 
 def runs(root: Path) -> dict[str, list[Path]]:
@@ -35,11 +34,18 @@ LINE_STYLES = ("-", "--", ":")
 def style(index: int) -> dict:
     """The index-th configuration's colour and line style: 20 colours, then the next dash,
     so no configuration is dropped however many the study holds."""
-    colours = plt.cm.tab20.colors
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab20"].colors
     return {"color": colours[index % len(colours)], "linestyle": LINE_STYLES[index // len(colours) % len(LINE_STYLES)]}
 
 
-def plot(by_name: dict[str, list[Path]], path: Path) -> plt.Figure:
+def plot(by_name: dict[str, list[Path]], path: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, (ax_gap, ax_acc) = plt.subplots(1, 2, figsize=(14, 5), sharex=True)
     for index, (name, folders) in enumerate(by_name.items()):
         for i, folder in enumerate(folders):
@@ -57,19 +63,21 @@ def plot(by_name: dict[str, list[Path]], path: Path) -> plt.Figure:
 
 
 def table(by_name: dict[str, list[Path]]) -> str:
-    rows = ["| model | seed | training eval accuracy | sweep accuracy | sweep gap (95% CI) | worst residue | p | log-prob p |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """Every model's training and final sweep as their reports read them (summary.json, each number rounded once),
+    with the sweep's verdict."""
+    rows = ["| model | seed | training eval accuracy | sweep accuracy | sweep gap (95% CI) | worst residue | p | log-prob p "
+            "| verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, folders in by_name.items():
         for folder in folders:
             train = json.loads((folder / "summary.json").read_text())
             sweep_file = folder / "sweep" / "summary.json"
             if not sweep_file.is_file():
-                rows.append(f"| {name} | {train['seed']} | {train['accuracy']:.1f}% | not swept | | | | |")
+                rows.append(f"| {name} | {train['seed']} | {fixed(train['accuracy'])}% | not swept | | | | | |")
                 continue
             s = json.loads(sweep_file.read_text())
-            rows.append(f"| {name} | {train['seed']} | {train['accuracy']:.1f}% | {s['mean_accuracy']:.1f}% | "
-                        f"{s['gap']:.1f} ({s['gap_ci'][0]:.1f}-{s['gap_ci'][1]:.1f}) | {s['worst_residue']} | "
-                        f"{s['test']['p_value']:.2g} | {s['logprob_test']['p_value']:.2g} |")
+            rows.append(f"| {name} | {train['seed']} | {fixed(train['accuracy'])}% | {fixed(s['mean_accuracy'])}% | "
+                        f"{fixed(s['gap'])} ({fixed(s['gap_ci'][0])} to {fixed(s['gap_ci'][1])}) | {s['worst_residue']} | "
+                        f"{format_p(s['test']['p_value'])} | {format_p(s['logprob_test']['p_value'])} | {s['verdict']} |")
     return "\n".join(rows)
 
 

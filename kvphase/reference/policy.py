@@ -1,7 +1,7 @@
 """Attention policies for the reference transformer: dense, or a chunked-compression design
 from `kvphase.designs` applied post hoc per layer and per KV head, with the offset fixes.
 
-The fixes nobody has measured (docs/protocol.md, "Open fixes"): the window start `start` of a
+The fixes to measure on real models (docs/protocol.md, "Fixes to measure on real models"): the window start `start` of a
 design can be staggered across layers, across KV heads, or both, or drawn at random per
 context (seeded). A design is wrapped, not copied, the way kvpress's ChunkPress wraps a
 press: `CompressedAttention` asks the design which entries each query may read and runs

@@ -24,6 +24,7 @@ import pandas as pd
 
 from kvphase.statistics.power import POWER, detectable_dip
 from kvphase.statistics.stratified import ALPHA, Stratification, StratifiedTest, p_text, stratified_test
+from kvphase.statistics.printed import fixed
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,11 @@ class NestedReading:
     def sentence(self) -> str:
         """What the split says, in the words of a report."""
         s, m, k = self.stride, self.modulus, self.inner
-        pooled = ", ".join(f"{a:.1f}" for a in self.phase_accuracy[:-1]) + f" and {self.phase_accuracy[-1]:.1f}"
+        pooled = ", ".join(fixed(a) for a in self.phase_accuracy[:-1]) + f" and {fixed(self.phase_accuracy[-1])}"
         opening = (f"Read against stride {k}, which divides the modulus {m}: pooled by position mod {k} the residues "
                    f"read {pooled}% (p {p_text(self.between)})")
         power = ("accuracy never varies within a context and phase" if self.within_dip is None else
-                 f"a one-residue dip of {self.within_dip:.1f} points within a phase would be detected {POWER:.0%} "
+                 f"a one-residue dip of {fixed(self.within_dip)} points within a phase would be detected {POWER:.0%} "
                  "of the time")
         if self.within.p_value < ALPHA:
             return (f"{opening}, and within each phase mod {k} they still differ (p {p_text(self.within)}): "
@@ -71,10 +72,10 @@ def read_nested(results: pd.DataFrame, stride: int, modulus: int, inner: int, se
     within = Stratification.of(residues, contexts, blocks=phases)
     dip = detectable_dip(correct, within)
     return NestedReading(
-        inner=inner, stride=stride, modulus=modulus, phase_accuracy=tuple(round(float(a), 2) for a in accuracy),
+        inner=inner, stride=stride, modulus=modulus, phase_accuracy=tuple(float(a) for a in accuracy),
         between=stratified_test(correct, Stratification.of(phases, contexts), binary=True, seed=seed),
         within=stratified_test(correct, within, binary=True, seed=seed),
-        within_dip=None if dip is None else round(100 * dip, 2))
+        within_dip=None if dip is None else float(100 * dip))
 
 
 def inner_stride(modulus: int, stride: int, strides: Sequence[int]) -> Optional[int]:

@@ -16,6 +16,7 @@ from kvphase.statistics.intervals import (basic_interval, bootstrap_gaps, design
                                          intra_context_correlation, mean_coverage, mean_intervals, wilson_interval)
 from kvphase.statistics.power import POWER, Detectable, detectable, per_residue_for_dip
 from kvphase.statistics.stratified import ALPHA, Stratification, StratifiedTest, p_text, stratified_test
+from kvphase.statistics.printed import fixed
 
 DEGENERATE_SHARE = 0.9  # one answer given to this share of targets or more: the answers ignore the query
 NARROW_ANSWERS = 2.0  # or this few answers in effect (the exponential of their entropy)...
@@ -43,8 +44,8 @@ def answer_spread(predicted: pd.Series, truth: pd.Series) -> AnswerSpread:
     """`predicted` and `truth` (one per target) as text; a missing answer counts as the empty one."""
     given = predicted.astype(object).fillna("").astype(str)
     shares = given.value_counts(normalize=True)  # commonest first
-    return AnswerSpread(str(shares.index[0]), round(float(shares.iloc[0]), 4), round(_effective(shares), 2),
-                        round(_effective(truth.astype(object).fillna("").astype(str).value_counts(normalize=True)), 2))
+    return AnswerSpread(str(shares.index[0]), float(shares.iloc[0]), _effective(shares),
+                        _effective(truth.astype(object).fillna("").astype(str).value_counts(normalize=True)))
 
 
 def _effective(shares: pd.Series) -> float:
@@ -63,18 +64,22 @@ def exact_accuracies(per_residue: list[dict]) -> dict[str, float]:
 AT_THE_FLOOR = "uninformative at the floor"  # no dip that fits above chance would be detected
 TOO_FEW_TARGETS = "uninformative, too few targets"  # the accuracy has room for a dip, the sample does not
 SILENT = ("degenerate", AT_THE_FLOOR, TOO_FEW_TARGETS)  # the verdicts that read no phase and run no test
+# every class a report can print (`Summary.verdict`), in the order it decides them: the glossary and
+# docs/statistics.md define these (tests/project/test_claims.py counts them there)
+VERDICTS = ("compressor inactive", *SILENT, "effect", "inconclusive", "no effect at this power")
 PLANNED_DIP = 20.0  # points above chance a run needs to be sized for more targets, and the dip it is sized for
 
 
 @functools.lru_cache(maxsize=None)
-def targets_for_planned_dip(modulus: int) -> int:
-    """Targets per residue that detect a PLANNED_DIP at any accuracy: the planner's own rule."""
-    return per_residue_for_dip(PLANNED_DIP / 100, modulus)
+def targets_for_dip(points: float, modulus: int) -> int:
+    """Targets per residue that detect a one-residue dip of `points` at any accuracy: the planner's own rule."""
+    return per_residue_for_dip(points / 100, modulus)
 
 
 @dataclass(frozen=True)
 class Summary:
-    """What a report says, as numbers (accuracies in percent, two decimals)."""
+    """What a report says, as numbers (accuracies in percent), each at full precision: printed, it is rounded
+    once (`statistics.printed.fixed`)."""
 
     n_targets: int
     n_contexts: int
@@ -104,10 +109,12 @@ class Summary:
     mean_coverage: float | None = None  # share of runs simulated like this one whose mean interval held the mean
     compressor_inactive: str | None = None  # why no part of the model's compressor touched a target, in words
     chance: float = 0.0  # percent: the accuracy of a guess among the task's values (0: unknown)
+    knobs: list[str] | None = None  # what `--calibrate` can turn on this run's task ([] none; None: not recorded)
+    calibrated: bool = False  # `--calibrate` chose the run's setting
 
     def __post_init__(self) -> None:
         if self.targets_per_context is None:  # a summary.json without it: it follows from the counts
-            object.__setattr__(self, "targets_per_context", round(self.n_targets / self.n_contexts, 2))
+            object.__setattr__(self, "targets_per_context", self.n_targets / self.n_contexts)
 
     @property
     def exact(self) -> dict[str, float]:
@@ -145,14 +152,14 @@ class Summary:
         """What points to a phase effect the accuracy test did not reject."""
         said = []
         if self.gap_ci[0] > 0:
-            said.append(f"the gap's 95% interval excludes 0 ({self.gap_ci[0]:.1f} to {self.gap_ci[1]:.1f})")
+            said.append(f"the gap's 95% interval excludes 0 ({fixed(self.gap_ci[0])} to {fixed(self.gap_ci[1])})")
         if self.logprob_test.p_value < ALPHA:
             said.append(f"the answer's log-probability depends on the phase (p {p_text(self.logprob_test)})")
         return said
 
     def gap_interval_text(self) -> str:
         low, high = self.gap_ci
-        return f"95% CI {low:.1f} to {high:.1f}" + ("" if low > 0 else ", which allows no gap")
+        return f"95% CI {fixed(low)} to {fixed(high)}" + ("" if low > 0 else ", which allows no gap")
 
     def headline(self) -> str:
         """One plain sentence on what the numbers say."""
@@ -165,51 +172,91 @@ class Summary:
         if verdict in SILENT:
             return self._silent_headline(verdict)
         exact = self.exact
-        numbers = (f"gap {exact['gap']:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
+        numbers = (f"gap {fixed(exact['gap'])} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
                    f"log-probability p {p_text(self.logprob_test)}")
-        claim = (f"residue {self.worst_residue} reaches {exact['worst']:.1f}% against "
-                 f"{exact['best']:.1f}% at residue {self.best_residue} ({numbers})")
+        claim = (f"residue {self.worst_residue} reaches {fixed(exact['worst'])}% against "
+                 f"{fixed(exact['best'])}% at residue {self.best_residue} ({numbers})")
         if verdict == "inconclusive":
             return (f"Inconclusive: the accuracy test finds no phase effect (p {p_text(self.test)}), but "
                     f"{' and '.join(self._disagreements())}; {claim}; a larger sample decides "
-                    f"(--per-residue auto --detect {max(exact['gap'], 1.0):.0f}).")
+                    f"(--per-residue auto --detect {fixed(self._dip_to_plan(exact['gap']), 0)}).")
         if verdict == "effect":
             if self.control:
                 return (f"Control run: the model declares no KV-cache compression, yet accuracy varies with the "
-                        f"residue: {claim}. Chance alone gives a p this small in {100 * self.test.p_value:.1f}% "
+                        f"residue: {claim}. Chance alone gives a p this small in {fixed(100 * self.test.p_value)}% "
                         f"of runs of a model without any phase effect, so one run is no evidence of one.")
             return f"Accuracy depends on the token phase: {claim}."
-        return (f"No phase effect larger than {self.detectable_dip:.1f} points at this sample size (a one-residue "
+        return (f"No phase effect larger than {fixed(self.detectable_dip)} points at this sample size (a one-residue "
                 f"dip of that size would be detected {POWER:.0%} of the time; {numbers}).")
 
     def _silent_headline(self, verdict: str) -> str:
         """The headline of a run whose data cannot speak of the phase: what the model did, why the run
-        cannot speak, and what to do."""
-        easier = ("an easier setting (`kvphase sweep --calibrate` chooses one), another task, or a model that "
-                  "retrieves is needed before a phase can be read")
+        cannot speak, and what can change that cause (`_easier`, `_more_targets`)."""
         if verdict == "degenerate":
             spread = self.spread
             answer = f'answers "{spread.commonest}"' if spread.commonest else "gives an empty answer"
-            return (f"Degenerate: the model {answer} to {100 * spread.commonest_share:.1f}% of the "
-                    f"{self.n_targets} targets ({spread.effective:.1f} distinct answers in effect, where the right ones "
-                    f"spread over {spread.truth_effective:.1f}): its answers do not depend on the query, so no phase "
-                    f"can be read from this run (mean accuracy {self.exact['mean']:.1f}%); {easier}.")
+            return (f"Degenerate: the model {answer} to {fixed(100 * spread.commonest_share)}% of the "
+                    f"{self.n_targets} targets ({fixed(spread.effective)} distinct answers in effect, where the right ones "
+                    f"spread over {fixed(spread.truth_effective)}): its answers do not depend on the query, so no phase "
+                    f"can be read from this run (mean accuracy {fixed(self.exact['mean'])}%); {self._easier()}.")
         contexts = f"{self.n_contexts} context" + ("" if self.n_contexts == 1 else "s")
-        accuracy = (f"at a mean accuracy of {self.exact['mean']:.1f}% (95% interval {self.mean_ci[0]:.1f} to "
-                    f"{self.mean_ci[1]:.1f}%, from {contexts}; chance {self.chance:.2g}%)")
+        accuracy = (f"at a mean accuracy of {fixed(self.exact['mean'])}% (95% interval {fixed(self.mean_ci[0])} to "
+                    f"{fixed(self.mean_ci[1])}%, from {contexts}; chance {self.chance:.2g}%)")
         power = "" if not self.power_at_floor or not self.largest_dip else (
-            f": the largest, one residue losing {self.largest_dip:.1f} points (down to chance from the lower end of "
-            f"the mean's 95% interval), would be detected only {100 * self.power_at_floor:.0f}% of the time "
+            f": the largest, one residue losing {fixed(self.largest_dip)} points (down to chance from the lower end of "
+            f"the mean's 95% interval), would be detected only {fixed(100 * self.power_at_floor, 0)}% of the time "
             f"({POWER:.0%} needed)")
         if verdict == AT_THE_FLOOR:
+            more = self._more_targets()
+            more = f"; or {more}" if more else ""
             return (f"Uninformative at the floor: {accuracy} no one-residue dip that fits above chance would be "
-                    f"detected{power}, so no phase can be read from this run; {easier}.")
-        needed = targets_for_planned_dip(len(self.per_residue))
-        more_contexts = "" if self.n_contexts > 1 else ", in more than one context"
+                    f"detected{power}, so no phase can be read from this run; {self._easier()}{more}.")
+        more = self._more_targets() or self._more_contexts()
         return (f"Uninformative, too few targets: {accuracy} the accuracy leaves a dip room, but this sample "
-                f"({self.n_targets} targets, {self.n_targets / len(self.per_residue):.0f} per residue) would detect "
-                f"none that fits{power}; {needed} targets per residue{more_contexts} would detect a "
-                f"{PLANNED_DIP:.0f}-point dip (`--per-residue auto --detect {PLANNED_DIP:.0f}`).")
+                f"({self.n_targets} targets, {fixed(self.n_targets / len(self.per_residue), 0)} per residue) would detect "
+                f"none that fits{power}; {more}.")
+
+    def _more_contexts(self) -> str:
+        """Too few targets where the mean's interval, not the accuracy, leaves a dip no room (few contexts): more
+        contexts narrow it, and a run sized for a PLANNED_DIP holds them; "" when a run could not hold that many."""
+        from kvphase.sweep.context_settings import MAX_TARGETS
+
+        needed = targets_for_dip(PLANNED_DIP, len(self.per_residue))
+        if needed * len(self.per_residue) > MAX_TARGETS:
+            return "no number of targets a run can hold would detect a dip that fits"
+        return (f"the mean's interval is what leaves a dip no room, and more contexts narrow it: {needed} targets per "
+                f"residue, in more than {'one context' if self.n_contexts == 1 else f'{self.n_contexts} contexts'}, would detect a "
+                f"{fixed(PLANNED_DIP, 0)}-point dip (`--per-residue auto --detect {fixed(PLANNED_DIP, 0)}`)")
+
+    def _dip_to_plan(self, points: float) -> float:
+        """A dip to size a larger sample for: `points`, at least 1 and no larger than the largest that fits."""
+        return max(1.0, min(points, self.largest_dip or points))
+
+    def _easier(self) -> str:
+        """What can raise a run off its floor or out of a degenerate answer: `--calibrate` only where the task has a
+        difficulty it can turn (`knobs`), else another task or a model that retrieves."""
+        if (self.knobs is None or self.knobs) and not self.calibrated:  # None: a summary from before knobs were kept
+            return ("an easier setting (`kvphase sweep --calibrate` chooses one), another task, or a model that "
+                    "retrieves is needed before a phase can be read")
+        why = "; `--calibrate` chose this setting" if self.calibrated else "; this task has no difficulty `--calibrate` can turn"
+        return ("another task or a model that retrieves (one that learned this task, for a trained model) is needed "
+                "before a phase can be read" + why)
+
+    def _more_targets(self) -> str:
+        """The targets per residue that would detect the largest dip that fits, capped at PLANNED_DIP, with the option
+        that plans them; "" when no dip fits, a run could not hold them, or this run held as many."""
+        from kvphase.sweep.context_settings import MAX_TARGETS
+
+        dip = float(int(min(PLANNED_DIP, self.largest_dip or 0)))  # whole points, at most the largest that fits
+        if dip < 1:
+            return ""
+        needed = targets_for_dip(dip, len(self.per_residue))
+        if needed * len(self.per_residue) > MAX_TARGETS or needed * len(self.per_residue) <= self.n_targets:
+            return ""
+        more_contexts = "" if self.n_contexts > 1 else ", in more than one context"
+        largest = "" if dip == PLANNED_DIP else ", the largest whole-point dip that fits"
+        return (f"{needed} targets per residue{more_contexts} would detect a {fixed(dip, 0)}-point dip{largest} "
+                f"(`--per-residue auto --detect {fixed(dip, 0)}`)")
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -229,12 +276,12 @@ def per_group(results: pd.DataFrame, column: str) -> pd.DataFrame:
             column: int(value),
             "n": n,
             "correct": hits,
-            "accuracy": round(100 * hits / n, 2),
-            "ci_low": round(100 * low, 2),
-            "ci_high": round(100 * high, 2),
-            "mean_logprob": round(float(group["logprob"].mean()), 4),
-            "position_mean": round(float(group["target_pos"].mean()), 2),
-            "position_sd": round(float(group["target_pos"].std(ddof=0)), 2),
+            "accuracy": 100 * hits / n,
+            "ci_low": 100 * low,
+            "ci_high": 100 * high,
+            "mean_logprob": float(group["logprob"].mean()),
+            "position_mean": float(group["target_pos"].mean()),
+            "position_sd": float(group["target_pos"].std(ddof=0)),
         })
     return pd.DataFrame(rows)
 
@@ -246,9 +293,9 @@ def context_intervals(correct: np.ndarray, residues: np.ndarray, contexts: np.nd
     within contexts, its lower end as computed: 0 or below when the data allow no gap). `stratification`: the
     residues' and contexts' `Stratification`, when the caller has it."""
     stratification = Stratification.of(residues, contexts) if stratification is None else stratification
-    gap_ci = tuple(round(v, 2) for v in gap_interval(correct, stratification, seed=seed))
+    gap_ci = tuple(float(v) for v in gap_interval(correct, stratification, seed=seed))
     (low, high), = mean_intervals(correct, stratification, contexts)
-    return (round(float(low), 2), round(float(high), 2)), gap_ci
+    return (float(low), float(high)), gap_ci
 
 
 def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np.ndarray, seed: int = 0,
@@ -264,16 +311,18 @@ def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np
 
 
 def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False,
-              chance: float = 0.0, compressor_inactive: str | None = None) -> Summary:
+              chance: float = 0.0, compressor_inactive: str | None = None, knobs: list[str] | None = None,
+              calibrated: bool = False) -> Summary:
     """The run's statistics from its results frame (one row per scored target); `chance`: the accuracy
     (a fraction) of a guess among the task's values; `compressor_inactive`: why the model's compressor
-    touched no target at the run's length (`sweep.reach_check`), or None."""
+    touched no target at the run's length (`sweep.reach_check`), or None; `knobs`: what `--calibrate` can turn on
+    the run's task (the headline's advice names it only where there is one); `calibrated`: it chose the setting."""
     by_residue = per_group(results, "residue")
     by_phase = per_group(results, "phase")
     acc = 100 * results.groupby("residue")["correct"].mean()  # unrounded: the gap and mean are rounded once, at the end
     periodicity = None
     if modulus == 2 * stride and all(r in acc.index for r in range(modulus)):
-        periodicity = round(float(np.mean([abs(acc[r] - acc[r + stride]) for r in range(stride)])), 2)
+        periodicity = float(np.mean([abs(acc[r] - acc[r + stride]) for r in range(stride)]))
     correct = results["correct"].to_numpy(dtype=float)  # (N,)
     stratification = Stratification.of(results["residue"].to_numpy(), results["context"].to_numpy())
     mean_ci, gap_ci, seen = what_the_run_can_see(correct, results["residue"].to_numpy(), results["context"].to_numpy(),
@@ -286,30 +335,32 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         n_contexts=int(results["context"].nunique()),
         balanced=stratification.balanced,
         control=control,
-        mean_accuracy=round(float(acc.mean()), 2),
+        mean_accuracy=float(acc.mean()),
         mean_ci=mean_ci,
-        worst_accuracy=round(float(acc.min()), 2),
+        worst_accuracy=float(acc.min()),
         worst_residue=int(acc.idxmin()),
-        best_accuracy=round(float(acc.max()), 2),
+        best_accuracy=float(acc.max()),
         best_residue=int(acc.idxmax()),
-        gap=round(float(acc.max() - acc.min()), 2),
+        gap=float(acc.max() - acc.min()),
         gap_ci=gap_ci,
         periodicity=periodicity,
-        detectable_dip=None if seen.dip is None else round(100 * seen.dip, 2),
+        detectable_dip=None if seen.dip is None else float(100 * seen.dip),
         test=stratified_test(correct, stratification, binary=True, seed=seed),
         logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), stratification, binary=False, seed=seed),
         per_residue=by_residue.to_dict("records"),
         per_phase=by_phase.to_dict("records"),
-        targets_per_context=round(per_context, 2),
-        icc=None if icc is None else round(icc, 4),
-        design_effect=None if icc is None else round(design_effect(icc, per_context), 3),
-        largest_dip=round(100 * seen.largest, 2),
-        power_at_floor=round(seen.power_at_largest, 4),
+        targets_per_context=per_context,
+        icc=None if icc is None else float(icc),
+        design_effect=None if icc is None else design_effect(icc, per_context),
+        largest_dip=float(100 * seen.largest),
+        power_at_floor=float(seen.power_at_largest),
         answers=(asdict(answer_spread(results["predicted"], results["answer"]))
                  if {"predicted", "answer"} <= set(results.columns) else None),
-        mean_coverage=None if coverage is None else round(coverage, 4),
+        mean_coverage=None if coverage is None else float(coverage),
         compressor_inactive=compressor_inactive,
-        chance=round(100 * chance, 4),
+        chance=100 * chance,
+        knobs=None if knobs is None else list(knobs),
+        calibrated=calibrated,
     )
 
 
@@ -352,4 +403,4 @@ def gap_difference(baseline: pd.DataFrame, other: pd.DataFrame, seed: int = 0) -
     difference = float(observed[1] - observed[0])
     # a run none of whose resamples held every residue: the difference's interval is its whole range
     low, high = basic_interval(samples[1][:n] - samples[0][:n], difference) if n else (-100.0, 100.0)
-    return GapDifference(round(difference, 2), round(low, 2), round(high, 2))
+    return GapDifference(difference, float(low), float(high))

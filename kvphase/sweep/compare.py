@@ -16,6 +16,7 @@ from kvphase.errors import PlanError, RunFolderError
 from kvphase.runfolder import check_writable, make_folder, markdown_table, write_atomic, write_csv
 from kvphase.statistics.nested import NestedReading, inner_stride, read_nested
 from kvphase.statistics.stratified import p_text
+from kvphase.statistics.printed import fixed
 from kvphase.sweep.analysis import GapDifference, Summary, gap_difference
 from kvphase.sweep.options import COMPARISON_DIR
 from kvphase.sweep.plan import SweepPlan
@@ -157,11 +158,11 @@ def display_table(runs: Sequence[ComparedRun]) -> pd.DataFrame:
         "S": run.plan.stride,
         "L": run.plan.context,
         "n": run.summary.n_targets,
-        "mean acc. %": f"{run.summary.mean_accuracy:.2f}",
-        "worst % (residue)": f"{run.summary.worst_accuracy:.2f} (r={run.summary.worst_residue})",
-        "gap (95% CI)": f"{run.summary.gap:.2f} ({run.summary.gap_ci[0]:.1f} to {run.summary.gap_ci[1]:.1f})",
-        "periodicity": "n/a" if run.summary.periodicity is None else f"{run.summary.periodicity:.2f}",
-        "detectable dip": "n/a" if run.summary.detectable_dip is None else f"{run.summary.detectable_dip:.1f}",
+        "mean acc. %": fixed(run.summary.mean_accuracy, 2),
+        "worst % (residue)": f"{fixed(run.summary.worst_accuracy, 2)} (r={run.summary.worst_residue})",
+        "gap (95% CI)": f"{fixed(run.summary.gap, 2)} ({fixed(run.summary.gap_ci[0])} to {fixed(run.summary.gap_ci[1])})",
+        "periodicity": "n/a" if run.summary.periodicity is None else fixed(run.summary.periodicity, 2),
+        "detectable dip": "n/a" if run.summary.detectable_dip is None else fixed(run.summary.detectable_dip),
         "p": p_text(run.summary.test).removeprefix("= "),
         "logprob p": p_text(run.summary.logprob_test).removeprefix("= "),
         "verdict": run.summary.verdict,

@@ -63,7 +63,7 @@ def summarize_query_phases(results: pd.DataFrame, modulus: int, seed: int = 0) -
         return None
     per_query = per_group(frame, "query_residue")[["query_residue", "n", "correct", "accuracy", "ci_low", "ci_high"]]
     cells = frame.groupby(["query_residue", "residue"])["correct"].agg(["size", "mean"]).reset_index()
-    cells = [{"query_residue": int(q), "residue": int(r), "n": int(n), "accuracy": round(100 * float(a), 2)}
+    cells = [{"query_residue": int(q), "residue": int(r), "n": int(n), "accuracy": 100 * float(a)}
              for q, r, n, a in cells.itertuples(index=False)]
     units = ContextUnits.of(frame, modulus)
     return QueryPhaseSummary(per_query.to_dict("records"), cells, query_phase_test(units, seed),

@@ -12,6 +12,7 @@ from kvphase.runfolder import (REPORT_FILE, SUMMARY_FILE, ReportPage, check_writ
                                markdown_table, write_atomic, write_json)
 from kvphase.statistics.intervals import COVERAGE_RUNS
 from kvphase.statistics.stratified import format_p, p_text
+from kvphase.statistics.printed import fixed
 from kvphase.sweep.analysis import PLANNED_DIP, Summary, per_group, summarize, summarize_shifts, with_shifts
 from kvphase.sweep.offsets import OFFSETS_FILE
 from kvphase.sweep.plan import SweepPlan
@@ -58,9 +59,11 @@ def task_chance(plan: SweepPlan) -> float:
 
 def run_summary(plan: SweepPlan, results: pd.DataFrame, manifest: dict) -> Summary:
     """A run folder's statistics as its report states them: the task's chance, and whether its compressor
-    touched a target (from the manifest). Every reader of a folder's summary computes it here."""
+    touched a target (from the manifest), and what `--calibrate` can turn on the task and whether it chose the
+    setting (the advice of a silent headline). Every reader of a folder's summary computes it here."""
     return summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
-                     compressor_inactive=recorded_inactive(manifest, plan))
+                     compressor_inactive=recorded_inactive(manifest, plan),
+                     knobs=list(_calibration_knobs(plan.task)), calibrated=bool(plan.calibration))
 
 
 def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame, summary: Summary,
@@ -75,17 +78,26 @@ def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame
     if len(offset_plan.shifts) < 2:
         drawn = per_group(with_shifts(results, offsets), "shift")[["shift", "n", "correct", "accuracy", "ci_low",
                                                                    "ci_high"]]
-        return ("Phase shifts", prose, markdown_table(drawn))
+        return ("Phase shifts", prose, rows_table(drawn.to_dict("records")))
     alone = summarize_shifts(results, offsets, plan.stride, plan.modulus, plan.seed, task_chance(plan))
     rows = [(f"shift {d}", s) for d, s in alone.items()] + [(f"combined ({offset_plan.combine})", summary)]
     check_writable(run_dir, [SHIFT_FIGURE_FILE])
     plot_accuracy(rows, plan.stride, run_dir / SHIFT_FIGURE_FILE)
-    table = pd.DataFrame([{"scored": label, "mean accuracy %": f"{s.mean_accuracy:.2f} ({s.mean_ci[0]:.2f} to "
-                           f"{s.mean_ci[1]:.2f})", "worst residue": f"{s.worst_residue}: {s.worst_accuracy:.2f}",
-                           "gap (points)": f"{s.gap:.2f} ({s.gap_ci[0]:.2f} to {s.gap_ci[1]:.2f})",
+    table = pd.DataFrame([{"scored": label, "mean accuracy %": f"{fixed(s.mean_accuracy, 2)} ({fixed(s.mean_ci[0], 2)} to "
+                           f"{fixed(s.mean_ci[1], 2)})", "worst residue": f"{s.worst_residue}: {fixed(s.worst_accuracy, 2)}",
+                           "gap (points)": f"{fixed(s.gap, 2)} ({fixed(s.gap_ci[0], 2)} to {fixed(s.gap_ci[1], 2)})",
                            "p": p_text(s.test).removeprefix("= "), "verdict": s.verdict} for label, s in rows])
     return ("Phase shifts", prose, markdown_table(table),
             figure_link(SHIFT_FIGURE_FILE, "accuracy by residue under each shift"))
+
+
+TABLE_DIGITS = {"mean_logprob": 4}  # decimals a rows table prints a column with; 2 for any other
+
+
+def rows_table(rows: list[dict]) -> str:
+    """A markdown table of a summary's rows (per residue, per phase), each float rounded once as printed."""
+    return markdown_table(pd.DataFrame([{key: fixed(value, TABLE_DIGITS.get(key, 2)) if isinstance(value, float) else value
+                                         for key, value in row.items()} for row in rows]))
 
 
 def query_phase_section(query: QueryPhaseSummary | None) -> tuple:
@@ -100,7 +112,7 @@ def query_phase_section(query: QueryPhaseSummary | None) -> tuple:
             "Each context's query starts at its own residue (query_pos mod M); accuracy in percent with a 95% Wilson "
             "interval (targets counted as independent). The query's phase is a property of the context, so both "
             "tests permute whole contexts' labels; the interaction test compares residue profiles within contexts.",
-            markdown_table(pd.DataFrame(query.per_query)), markdown_table(tests))
+            rows_table(query.per_query), markdown_table(tests))
 
 
 def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
@@ -139,7 +151,8 @@ def draw_accuracy(ax, runs: list[tuple[str, Summary]], stride: int) -> None:
         table = pd.DataFrame(summary.per_residue)
         moduli.add(int(table["residue"].max()) + 1)
         x = table["residue"] + (i - (len(runs) - 1) / 2) * width
-        err = [table["accuracy"] - table["ci_low"], table["ci_high"] - table["accuracy"]]
+        # clipped: at 0% or 100% the unrounded Wilson end can sit a rounding error inside the accuracy
+        err = [(table["accuracy"] - table["ci_low"]).clip(lower=0), (table["ci_high"] - table["accuracy"]).clip(lower=0)]
         ax.errorbar(x, table["accuracy"], yerr=err, fmt="o-", capsize=3, label=label)
     modulus = max(moduli)
     for cycle in range(stride, modulus, stride):
@@ -165,8 +178,8 @@ def _depth_sentence(summary: Summary) -> str:
     if max(abs(mean - sum(means) / len(means)) for mean in means) <= MEAN_TOLERANCE:
         return ("Target positions have the same mean and standard deviation in every residue group, so depth does "
                 "not confound residue.")
-    return (f"Target positions do not have the same mean in every residue group (from {min(means):.0f} to "
-            f"{max(means):.0f}: the context has room for few depths at this modulus), so depth and residue are "
+    return (f"Target positions do not have the same mean in every residue group (from {fixed(min(means), 0)} to "
+            f"{fixed(max(means), 0)}: the context has room for few depths at this modulus), so depth and residue are "
             "confounded within that range; a trend with depth can read as a phase effect.")
 
 
@@ -184,8 +197,8 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
             ("Per residue",
              "Accuracy in percent with a two-sided 95% Wilson interval (each target counted as independent, so "
              f"the intervals are somewhat narrow when contexts differ). {_depth_sentence(summary)}",
-             markdown_table(pd.DataFrame(summary.per_residue))),
-            (f"Per phase (position mod {plan.stride})", markdown_table(pd.DataFrame(summary.per_phase))),
+             rows_table(summary.per_residue)),
+            (f"Per phase (position mod {plan.stride})", rows_table(summary.per_phase)),
             *([shifts] if shifts else []),
             *([selection] if selection else []),
             *([query] if query else []),
@@ -195,7 +208,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
             f"sha256 `{model.get('sha256', '?')[:16]}...`), backend {plan.describe_backend()}.",
             f"Task `{plan.task}`; contexts of {plan.context} tokens, {_query_start(plan)}; "
             f"stride S = {plan.stride}, residues mod M = {plan.modulus}; {plan.per_residue} targets per residue "
-            f"in {summary.n_contexts} contexts of {summary.targets_per_context:g} targets on average; {plan.padding} "
+            f"in {summary.n_contexts} contexts of {summary.targets_per_context:.4g} targets on average; {plan.padding} "
             f"padding; seed {plan.seed}.",
             _clustering_line(summary),
             *([f"Chosen by kvphase to fit this model, not the default: {plan.adjusted}."] if plan.adjusted else []),
@@ -230,8 +243,8 @@ def _clustering_line(summary: Summary) -> str:
                else "correctness never varies, or the run has one context")
         return f"Intra-context correlation of correctness: not measured ({why})." + _short_coverage_note(summary)
     independent = summary.n_targets / summary.design_effect
-    return (f"Intra-context correlation of correctness {summary.icc:.2g} (design effect {summary.design_effect:.1f}: "
-            f"for the mean accuracy, {summary.n_targets} targets carry the information of {independent:.0f} "
+    return (f"Intra-context correlation of correctness {summary.icc:.2g} (design effect {fixed(summary.design_effect)}: "
+            f"for the mean accuracy, {summary.n_targets} targets carry the information of {fixed(independent, 0)} "
             "independent ones); the stratified test compares residues within contexts, so a context effect "
             "cancels there." + _short_coverage_note(summary))
 
@@ -281,7 +294,7 @@ def _difficulty_warning(plan: SweepPlan, summary: Summary) -> str:
         advice = f"task `{plan.task}` has no difficulty calibration can turn (a trained model is swept as it learned)"
     reading = f'reads "{summary.verdict}", which' if summary.verdict != "effect" else "shows an effect, but its size"
     return (f"**This task is too {side} for this model to show a weak spot at its hardest**: mean accuracy "
-            f"{mean:.1f}% leaves a dip little room, so this run {reading} says little about a harder task; "
+            f"{fixed(mean)}% leaves a dip little room, so this run {reading} says little about a harder task; "
             f"{advice}.")
 
 
@@ -309,7 +322,7 @@ def _calibration_knobs(task: str) -> tuple[str, ...]:
 STATISTICS_NOTE = (
     "a run whose answers do not depend on the query (one answer for nearly every target) is degenerate, and one "
     "where no one-residue dip that fits between its accuracy and chance (a guess among the task's values) would "
-    f"be detected is uninformative: at the floor when its accuracy leaves less than {PLANNED_DIP:.0f} points above "
+    f"be detected is uninformative: at the floor when its accuracy leaves less than {fixed(PLANNED_DIP, 0)} points above "
     "chance, for too few targets when it leaves more; neither is tested further. Targets that share a context are "
     "not independent, so residues are compared within "
     "contexts: the Cochran-Mantel-Haenszel test stratified by context (residue x correct, and the same statistic "
@@ -327,26 +340,26 @@ REPRODUCIBILITY_NOTE = (
 
 def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
     test, lp = summary.test, summary.logprob_test
-    dip = (f"none fits: the largest that does ({summary.largest_dip} points, down to the mean's lower bound) would "
+    dip = (f"none fits: the largest that does ({fixed(summary.largest_dip)} points, down to the mean's lower bound) would "
            f"be found {_floor_power(summary)} of the time"
            if summary.detectable_dip is None else
-           f"{summary.detectable_dip:.1f} points (one residue that far below the rest is found 80% of the time)")
+           f"{fixed(summary.detectable_dip)} points (one residue that far below the rest is found 80% of the time)")
     return [
         ("targets scored", f"{summary.n_targets} in {summary.n_contexts} contexts"),
         ("contexts balanced over residues", "yes" if summary.balanced else "no (short contexts or few targets)"),
-        ("mean accuracy over residues", f"{summary.mean_accuracy:.2f}% (95% CI {summary.mean_ci[0]:.2f} to "
-                                        f"{summary.mean_ci[1]:.2f}, contexts the sampled units, t-widened for few"
+        ("mean accuracy over residues", f"{fixed(summary.mean_accuracy, 2)}% (95% CI {fixed(summary.mean_ci[0], 2)} to "
+                                        f"{fixed(summary.mean_ci[1], 2)}, contexts the sampled units, t-widened for few"
                                         f"{_coverage_clause(summary)})"),
-        ("worst residue", f"{summary.worst_residue}: {summary.worst_accuracy:.2f}%"),
-        ("best residue", f"{summary.best_residue}: {summary.best_accuracy:.2f}%"),
-        ("gap (best - worst)", f"{summary.gap:.2f} points ({summary.gap_interval_text()}: simultaneous intervals of "
+        ("worst residue", f"{summary.worst_residue}: {fixed(summary.worst_accuracy, 2)}%"),
+        ("best residue", f"{summary.best_residue}: {fixed(summary.best_accuracy, 2)}%"),
+        ("gap (best - worst)", f"{fixed(summary.gap, 2)} points ({summary.gap_interval_text()}: simultaneous intervals of "
                                "the differences between residues, from the variance within contexts)"),
         ("periodicity check, mean over r < S of abs(A(r) - A(r+S))",
          "n/a (modulus is not twice the stride)" if summary.periodicity is None
-         else f"{summary.periodicity:.2f} points"),
-        (f"accuracy test: {test.name}", f"statistic = {test.statistic:.2f}, df = {test.dof}, p {p_text(test)}"),
+         else f"{fixed(summary.periodicity, 2)} points"),
+        (f"accuracy test: {test.name}", f"statistic = {fixed(test.statistic, 2)}, df = {test.dof}, p {p_text(test)}"),
         ("accuracy test note", test.note),
-        (f"log-probability test: {lp.name}", f"statistic = {lp.statistic:.2f}, df = {lp.dof}, p {p_text(lp)}"),
+        (f"log-probability test: {lp.name}", f"statistic = {fixed(lp.statistic, 2)}, df = {lp.dof}, p {p_text(lp)}"),
         ("log-probability test note", lp.note),
         ("smallest dip detectable (80% power)", dip),
         *_answer_rows(summary),
@@ -354,7 +367,7 @@ def _overview_rows(summary: Summary) -> list[tuple[str, str]]:
 
 
 def _floor_power(summary: Summary) -> str:
-    return "an unknown share" if summary.power_at_floor is None else f"{100 * summary.power_at_floor:.0f}%"
+    return "an unknown share" if summary.power_at_floor is None else f"{fixed(100 * summary.power_at_floor, 0)}%"
 
 
 def _answer_rows(summary: Summary) -> list[tuple[str, str]]:
@@ -362,8 +375,8 @@ def _answer_rows(summary: Summary) -> list[tuple[str, str]]:
     if spread is None:
         return []
     answer = f'"{spread.commonest}"' if spread.commonest else "an empty answer"
-    return [("commonest answer", f"{answer}, {100 * spread.commonest_share:.1f}% of targets"),
-            ("answers in effect (exp entropy): given, right", f"{spread.effective:.1f}, {spread.truth_effective:.1f}")]
+    return [("commonest answer", f"{answer}, {fixed(100 * spread.commonest_share)}% of targets"),
+            ("answers in effect (exp entropy): given, right", f"{fixed(spread.effective)}, {fixed(spread.truth_effective)}")]
 
 
 def describe_machine(manifest: dict) -> str:

@@ -43,7 +43,7 @@ def test_every_generated_table_equals_its_run_folders(document):
 
 def test_one_number_edited_in_a_table_is_caught():
     text = (ROOT / "README.md").read_text()
-    block = claims.blocks(text)[0]
+    block = next(b for b in claims.blocks(text) if re.search(r"\d+\.\d", b.group("body")))  # the first with a number
     body = block.group("body")
     number = re.search(r"\d+\.\d", body)
     edited_body = body[:number.start()] + str(int(body[number.start()]) ^ 1) + body[number.start() + 1:]
@@ -350,3 +350,102 @@ def test_the_audit_names_the_sentences_outside_blocks_that_name_a_folder(tmp_pat
     assert done.stdout.splitlines() == [
         f"{page}:3: The gated seed reads [claims:gated-tally] "
         "([`trained/gated-seed0/sweep/`](trained/gated-seed0/sweep/report.md))."], done.stdout
+
+
+@pytest.mark.parametrize("page", list(claims.DERIVED), ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_derived_page_equals_what_its_script_writes_from_the_folders(page):
+    """A page a study script writes whole (reports/trained/study.md printed the retired bootstrap interval on all its
+    rows until issue 74 brought it under the check)."""
+    want = claims.DERIVED[page]()
+    found = page.read_text()
+    differing = [(a, b) for a, b in zip(found.splitlines(), want.splitlines()) if a != b]
+    assert found == want, f"{page.relative_to(ROOT)}: run `python scripts/claims.py`; first differing row: {differing[:1]}"
+
+
+def test_every_page_that_prints_a_result_is_checked_or_written_by_a_tool():
+    """Every .md under README, docs/ and reports/ that prints a number or a verdict word is on one of the two lists:
+    `--check` regenerates it (`claims.checked_pages`), or a command or measuring script writes it whole
+    (`claims.written_by`)."""
+    uncovered = claims.uncovered_pages()
+    assert not uncovered, ("pages no check reads (add them to DOCUMENTS or DERIVED, or name their writer in MEASURED): "
+                           + "; ".join(f"{page.relative_to(ROOT)} ({word})" for page, word in uncovered))
+
+
+def test_a_page_on_neither_list_that_prints_a_result_is_named(tmp_path, monkeypatch):
+    """A study page left beside the run folders, as reports/trained/study.md was, with a number or a verdict word in
+    its prose: named; a run folder's own report.md and a page that prints neither are not."""
+    (tmp_path / "README.md").write_text("# kvphase\n\nSee the reports.\n")
+    (tmp_path / "docs").mkdir()
+    run = tmp_path / "reports" / "study" / "run"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text("{}")
+    (run / "report.md").write_text("gap 12.5 points, inconclusive\n")
+    (tmp_path / "reports" / "study" / "table.md").write_text("| model | gap |\n|---|---|\n| a | 9.8 (1.7-14.7) |\n")
+    (tmp_path / "reports" / "study" / "words.md").write_text("Every seed reads inconclusive.\n")
+    (tmp_path / "reports" / "study" / "plain.md").write_text("How the runs were made: one command per seed.\n")
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    monkeypatch.setattr(claims, "DOCUMENTS", [tmp_path / "README.md"])
+    monkeypatch.setattr(claims, "DERIVED", {})
+    assert [(page.name, word) for page, word in claims.uncovered_pages()] == [("table.md", "9.8"),
+                                                                             ("words.md", "inconclusive")]
+
+
+def test_the_check_recomputes_a_sweeps_statistics_from_its_results(tmp_path, monkeypatch):
+    """Under `--check` (RECOMPUTE) a sweep's summary is what `kvphase report` computes from results.csv: an interval end
+    and a dip planted in a copy's summary.json are read as stored without it and as computed with it."""
+    folder = tmp_path / "dense"
+    shutil.copytree(ROOT / "reports" / "reference" / "dense", folder)
+    stored = json.loads((folder / "summary.json").read_text())
+    planted = {**stored, "gap_ci": [-7.25, 34.3], "detectable_dip": 7.15}
+    (folder / "summary.json").write_text(json.dumps(planted))
+    assert claims._read(folder, "summary.json")["gap_ci"] == [-7.25, 34.3]
+    monkeypatch.setattr(claims, "RECOMPUTE", True)
+    recomputed = claims._read(folder, "summary.json")
+    # the committed summary as `kvphase report` wrote it (whole, or at two decimals before issue 74)
+    assert list(recomputed["gap_ci"]) == pytest.approx(stored["gap_ci"], abs=0.005)
+    assert recomputed["detectable_dip"] == pytest.approx(stored["detectable_dip"], abs=0.005)
+
+
+@pytest.mark.parametrize("document", claims.HAND_WRITTEN, ids=lambda d: str(d.relative_to(ROOT)))
+def test_prose_counts_no_runs_writes_no_absence_and_points_at_something(document):
+    """What the digit and verdict lints cannot see (issue 74): counts in words of classes or of what runs held, absence
+    written as absence ("flat", "no phase effect" unscoped, "absence"), "(measured)" with nothing linked that
+    measured it, and "... has the table" that is no link to a section holding one."""
+    found = claims.run_words(document.read_text(), str(document.relative_to(ROOT)))
+    assert not found, (f"{document.relative_to(ROOT)}: generate it with a claims phrase, say what the run could have "
+                       "seen, or link what it names: " + "; ".join(f"line {line}: {words}" for line, words in found))
+
+
+@pytest.mark.parametrize("prose, words", [
+    ("one of six classes, three of them decided before any test", ["six classes", "three of them"]),
+    ("at residues mod 8 the folders hold 2 targets per context", ["2 targets per context"]),
+    ("a flat profile; shows no phase effect at these seeds; a known absence of one; no weak spot",
+     ["flat", "no phase effect", "absence", "no weak spot"]),
+    ("the tests read no phase effect at their power", ["no phase effect"]),
+    ("no phase effect at this power; No phase effect larger than X points; absence of evidence, never evidence "
+     "of absence", []),
+    ("Three choices decide it (measured): the norm weights.", ["(measured)"]),
+    ("Three choices decide it (measured, [the sweep](reports/example-SmolLM2-135M-Instruct.Q4_1-records-S4-L1024/"
+     "report.md)).", []),
+    ("tried five ways (reports/README.md has the table).", ["(reports/README.md has the table"]),
+    ("the classes ([docs/statistics.md](docs/statistics.md#verdicts) has the table).", []),
+    ("one of them kept the pool; `three of them`; <!-- claims:x -->seven classes<!-- /claims:x -->; the theory's one "
+     "target per context", []),
+])
+def test_what_counts_as_a_run_word(prose, words):
+    assert [found for _, found in claims.run_words(prose, "README.md")] == words
+
+
+def test_the_verdict_pages_define_every_class_of_the_codes_list():
+    """docs/statistics.md's verdict table has one row per class of `analysis.VERDICTS` (it had no row for *compressor
+    inactive* before issue 74), and the glossary's Verdict entry names each in italics."""
+    from kvphase.sweep.analysis import VERDICTS
+
+    statistics = (ROOT / "docs" / "statistics.md").read_text()
+    section = statistics[statistics.index("## Verdicts"):]
+    rows = [cells[0].strip("` ") for cells in claims._markdown_rows_of(section)[2:]]
+    assert len(rows) == len(VERDICTS) and set(rows) == set(VERDICTS), (rows, VERDICTS)
+    glossary = (ROOT / "docs" / "glossary.md").read_text()
+    entry = glossary[glossary.index("## Verdict\n"):].split("\n## ")[0]
+    named = set(re.findall(r"\*([^*]+)\*", " ".join(entry.split())))
+    assert set(VERDICTS) <= named and len(named & set(VERDICTS)) == len(VERDICTS), (named, VERDICTS)

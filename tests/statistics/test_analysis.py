@@ -33,7 +33,7 @@ def test_wilson_interval_matches_known_values(correct, n, low, high):
 def test_summary_numbers_by_hand():
     accuracies = [0.5, 0.25, 1.0, 0.75, 0.5, 0.25, 0.75, 0.75]
     summary = summarize(results_frame(accuracies), stride=4, modulus=8)
-    assert summary.mean_accuracy == round(100 * np.mean(accuracies), 2)  # percent, two decimals
+    assert summary.mean_accuracy == 59.375 == 100 * np.mean(accuracies)  # percent, unrounded (issue 74)
     assert (summary.worst_residue, summary.worst_accuracy) == (1, 25.0)
     assert (summary.best_residue, summary.best_accuracy) == (2, 100.0)
     assert summary.gap == 75.0
@@ -47,13 +47,12 @@ def test_per_residue_intervals_and_position_moments_against_scipy():
     rows = {row["residue"]: row for row in summarize(frame, stride=4, modulus=8).per_residue}
     for residue, hits in [(0, 13), (1, 24)]:
         wilson = stats.binomtest(hits, 32).proportion_ci(0.95, method="wilson")
-        assert (rows[residue]["ci_low"], rows[residue]["ci_high"]) == (
-            round(100 * wilson.low, 2), round(100 * wilson.high, 2))
+        assert (rows[residue]["ci_low"], rows[residue]["ci_high"]) == pytest.approx((100 * wilson.low, 100 * wilson.high))
         positions = 1000 + 24 * np.arange(32) + residue
         described = stats.describe(positions)
-        assert rows[residue]["position_mean"] == round(described.mean, 2)
-        assert rows[residue]["position_sd"] == round(np.sqrt(described.variance * 31 / 32), 2)  # population SD
-    assert (rows[0]["ci_low"], rows[0]["ci_high"]) == (25.52, 57.74)  # 95%, not 90% (28.2, 54.6)
+        assert rows[residue]["position_mean"] == pytest.approx(described.mean)
+        assert rows[residue]["position_sd"] == pytest.approx(np.sqrt(described.variance * 31 / 32))  # population SD
+    assert (rows[0]["ci_low"], rows[0]["ci_high"]) == pytest.approx((25.52, 57.74), abs=0.005)  # 95%, not 90% (28.2, 54.6)
 
 
 def test_accuracy_test_is_the_context_stratified_statistic():
@@ -126,7 +125,9 @@ def test_too_few_targets_names_what_the_planner_asks_for_a_20_point_dip():
     assert summary.verdict == "uninformative, too few targets"
     headline = summary.headline()
     assert "the accuracy leaves a dip room, but this sample (16 targets, 2 per residue) would detect none" in headline
-    assert headline.endswith(f"; {needed} targets per residue would detect a 20-point dip "
+    # 2 contexts leave the mean's interval 0.2 to 99.8%: no room for a dip until more contexts narrow it
+    assert headline.endswith(f"; the mean's interval is what leaves a dip no room, and more contexts narrow it: {needed} "
+                             "targets per residue, in more than 2 contexts, would detect a 20-point dip "
                              "(`--per-residue auto --detect 20`)."), headline
     assert "easier setting" not in headline
 
@@ -134,7 +135,7 @@ def test_too_few_targets_names_what_the_planner_asks_for_a_20_point_dip():
 def test_the_gap_is_taken_from_unrounded_residue_accuracies():
     """Residues at 1/3 and 2/3: rounded first (33.33, 66.67) the gap would read 33.34; exactly it is 33.33."""
     summary = summarize(results_frame([1 / 3, 2 / 3, 0.5, 0.5], n=300), stride=2, modulus=4)
-    assert summary.gap == round(100 / 3, 2) == 33.33
+    assert summary.gap == pytest.approx(100 / 3)
 
 
 def test_detectable_dip_in_a_balanced_run_by_simulation():
@@ -382,13 +383,13 @@ def test_a_run_of_one_context_is_uninformative_and_says_why():
     assert summary.verdict == "uninformative, too few targets"
     assert summary.headline().startswith("Uninformative, too few targets: at a mean accuracy of 50.0% (95% interval "
                                          "0.0 to 100.0%, from 1 context; chance 0%) the accuracy leaves a dip room")
-    assert "targets per residue, in more than one context would detect a 20-point dip" in summary.headline()
+    assert "targets per residue, in more than one context, would detect a 20-point dip" in summary.headline()
 
 
 def test_a_headline_rounds_its_numbers_once():
-    """Residues at 140, 100, 120 and 120 of 210: the gap is 19.0476... points, one decimal 19.0; the summary's
-    two-decimal field (19.05) rounded again would print 19.1."""
+    """Residues at 140, 100, 120 and 120 of 210: the gap is 19.0476... points, one decimal 19.0; stored at two
+    decimals (19.05) and rounded again it would print 19.1 (issue 74: the summary keeps it whole)."""
     summary = summarize(results_frame([140 / 210, 100 / 210, 120 / 210, 120 / 210], n=210), stride=2, modulus=4)
-    assert f"{summary.gap:.1f}" == "19.1" and summary.exact["gap"] == pytest.approx(400 / 21)
+    assert summary.gap == pytest.approx(400 / 21, abs=1e-12) and summary.exact["gap"] == pytest.approx(400 / 21)
     assert "(gap 19.0 points," in summary.headline() and "reaches 47.6% against 66.7%" in summary.headline(), (
         summary.headline())

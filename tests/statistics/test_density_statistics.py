@@ -174,8 +174,8 @@ def test_summary_reports_targets_per_context_and_clustering():
     summary = summarize(results, stride=4, modulus=8)
     icc = intra_context_correlation(results["correct"].to_numpy(float), results["context"].to_numpy())
     assert (summary.n_contexts, summary.targets_per_context) == (16, 32.0)
-    assert summary.icc == round(icc, 4) and summary.icc > 0.05  # a context SD of 1 logit shows
-    assert summary.design_effect == round(1 + 31 * icc, 3)
+    assert summary.icc == pytest.approx(icc) and summary.icc > 0.05  # a context SD of 1 logit shows
+    assert summary.design_effect == pytest.approx(1 + 31 * icc)
     assert summary.to_json()["design_effect"] == summary.design_effect
 
 

@@ -83,7 +83,7 @@ def test_the_query_phase_test_takes_contexts_as_its_units():
     summary = summarize_query_phases(frame, M)
     accuracy = {row["query_residue"]: row["accuracy"] for row in summary.per_query}
     by_hand = frame.assign(q=frame["query_pos"] % M).groupby("q")["correct"].mean() * 100
-    assert accuracy == pytest.approx(by_hand.round(2).to_dict())
+    assert accuracy == pytest.approx(by_hand.to_dict())
     assert summary.query_test.p_value < 0.01, summary.query_test
     # a context effect of 1 logit SD alone moves whole contexts: a test that took targets as its units
     # would read it as a query-phase effect, one that takes contexts must not
