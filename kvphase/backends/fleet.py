@@ -256,6 +256,7 @@ class ServerBackend:
     def engine_info(self) -> dict:
         """What the manifest records about the engines: their own build, model and slots."""
         return {"engine": self.servers[0].engine if self.servers else "server",
+                "scoring": getattr(self.engines[0], "scoring", "forced"),
                 "servers": [{"url": s.url, "model": s.model, "build_info": s.build_info, "slots": s.slots,
                              "n_ctx": s.n_ctx, "model_check": self._model_check(s)} for s in self.servers],
                 "workers": len(self.workers), "lost": self.lost}
@@ -286,9 +287,11 @@ def _next(done: queue.Queue):
 
 def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kind, urls: Sequence[str] = (),
                         slots: int | None = None, request_timeout: float = Retry.request_timeout,
-                        deadline: float | None = None, allow_model_mismatch: bool = False) -> ServerBackend:
+                        deadline: float | None = None, allow_model_mismatch: bool = False,
+                        scoring: str | None = None) -> ServerBackend:
     """Servers at `urls` checked against the model file's vocabulary and the facts of its model
-    (read locally, no weights); the deadline's clock starts here."""
+    (read locally, no weights); the deadline's clock starts here. `scoring`: the route
+    (dialects.SCORING_ROUTES; None: the engine's default)."""
     from kvphase.engines.llamacpp import Vocab
 
     if engine not in ENGINES:
@@ -299,7 +302,7 @@ def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kin
         if seconds is not None:
             check_seconds(option, seconds)
     retry = Retry(request_timeout=request_timeout, deadline=deadline)
-    engines = [ENGINES[engine](url, retry) for url in urls]
+    engines = [ENGINES[engine](url, retry, scoring) for url in urls]
     seen: dict[str, str] = {}
     for url, one in zip(urls, engines):
         if one.http.url in seen:
