@@ -106,9 +106,9 @@ installed || install
 if [ "${1:-}" = serve ]; then
     port=${2:?setup_vllm: serve needs a PORT}
     shift 2
-    # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (vLLM's CPU default is 4); a 2K model of 135M needs far less
+    # VLLM_CPU_KVCACHE_SPACE: GiB of KV cache (vLLM's CPU default is 4); a 4K context of a 135M model needs far less
     exec nice -n "$NICE" env VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}" \
         "$VPY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --host 127.0.0.1 --port "$port" \
-        --max-model-len 2048 --dtype float32 --enable-prefix-caching "$@"
+        --max-model-len 4096 --dtype float32 --enable-prefix-caching "$@"
 fi
 echo "$VPY $MODEL"

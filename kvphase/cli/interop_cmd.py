@@ -25,8 +25,8 @@ def export_lm_eval(
                                          "names is not this machine's (the tokenizer checks each doc)."),
     name: Optional[str] = typer.Option(None, "--name", help="The task's name; default kvphase_ and the plan's hash."),
     flag_mismatches: bool = typer.Option(False, "--flag-mismatches", help="Keep the docs whose text does not "
-                                         "re-tokenize to the planned ids, flagged, with positions measured on the "
-                                         "re-tokenized text (default: refuse them)."),
+                                         "re-tokenize to the planned ids, flagged, with where the re-tokenized "
+                                         "text puts each target (default: refuse them)."),
 ) -> None:
     """Write an lm-eval task (generate_until) of the plan: run it with `lm_eval --model local-completions
     --include_path OUT --tasks NAME --log_samples`."""
@@ -35,8 +35,8 @@ def export_lm_eval(
     summary = export_task(source, out, model=model, name=name, flag_mismatches=flag_mismatches)
     refused = (f"; {summary['refused']} refused: their text does not tokenize back to the planned ids "
                f"(export.json lists them)") if summary["refused"] else ""
-    flagged = (f", {summary['flagged']} flagged: their text tokenizes otherwise, their positions are the "
-               "re-tokenized text's") if summary["flagged"] else ""
+    flagged = (f", {summary['flagged']} flagged: their text tokenizes otherwise (each says where the "
+               "re-tokenized text puts its target)") if summary["flagged"] else ""
     typer.echo(f"Task {summary['task']}: {summary['docs']} docs, {summary['retokenize_exactly']} re-tokenized to "
                f"their planned ids with {summary['model']}'s tokenizer{flagged}{refused}.")
     typer.echo(f"Run: lm_eval --model local-completions --include_path {plain(out)} --tasks {summary['task']} "

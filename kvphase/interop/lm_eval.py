@@ -6,7 +6,10 @@ target: the text before the answer (`text`, the context and the question) and th
 the sha256 of the planned token ids, and the plan itself. lm-eval re-tokenizes `doc_to_text`, so
 each doc's text is tokenized here with the model's own tokenizer and must give exactly the
 planned ids; a doc whose text does not is refused (left out of docs.jsonl, counted in
-export.json). The task is `generate_until` (greedy, the answer's length at most): it runs on any
+export.json), or with --flag-mismatches kept and flagged, with where the re-tokenized text (what an
+engine that tokenizes the text sees) puts its target. SmolLM2's tokenizer re-tokenizes none of the
+default plan's docs exactly: the plan joins separately tokenized pieces ("\n" then " word"), which
+the text merges into one token. The task is `generate_until` (greedy, the answer's length at most): it runs on any
 OpenAI-compatible server through `lm_eval --model local-completions` (llama-server answers no
 prompt logprobs through its OpenAI endpoint, so a loglikelihood task would not run there).
 
@@ -56,9 +59,8 @@ def export_task(source: Path, out: Path, model: Optional[Path] = None, name: Opt
                 flag_mismatches: bool = False) -> dict:
     """Write the task of the plan in `source` (a run folder or its config.json) into `out`; the model's
     tokenizer is the plan's model file's (or `model`'s). A doc whose text does not re-tokenize to its
-    planned ids is refused, or with `flag_mismatches` kept, flagged (`retokenizes: false`) and placed
-    where the re-tokenized text puts it (its target's and answer's positions, residue and phase
-    measured there: what an engine that tokenizes the text sees). Returns export.json's content."""
+    planned ids is refused, or with `flag_mismatches` kept and flagged (`_doc`). Returns export.json's
+    content."""
     from kvphase.engines.llamacpp import Vocab
     from kvphase.runfolder import make_folder, write_atomic, write_json
     from kvphase.sweep.contexts import build_contexts, plan_fingerprint
@@ -80,7 +82,7 @@ def export_task(source: Path, out: Path, model: Optional[Path] = None, name: Opt
     if not docs:
         raise PlanError(f"none of the plan's {len(refused)} docs re-tokenizes to its planned ids with "
                         f"{model_path.name}'s tokenizer (the plan joins separately tokenized pieces); "
-                        "--flag-mismatches exports them with positions measured on the re-tokenized text")
+                        "--flag-mismatches exports them flagged, with where the re-tokenized text puts each target")
     for doc in docs:
         doc["n_docs"] = len(docs)
     task = name or TASK_PREFIX + fingerprint[:12]
@@ -97,22 +99,24 @@ def export_task(source: Path, out: Path, model: Optional[Path] = None, name: Opt
 
 
 def _doc(vocab, plan, context, target, query_pos: int, carried: str, fingerprint: str) -> dict:
-    """One target as an lm-eval doc; `retokenizes`: its text gives exactly the planned ids again
-    (else its positions are measured on the ids the text gives)."""
+    """One target as an lm-eval doc, at its planned positions; `retokenizes`: its text gives exactly the
+    planned ids again. One whose text does not also carries where the re-tokenized text puts its
+    target and answer (`text_target_pos`, `text_residue`, `text_phase`, `text_answer_pos`)."""
     prefix = list(vocab.prefix_ids)
     planned = list(context.tokens) + list(target.query.prompt)
     text = vocab.detokenize(planned[len(prefix):])
     answer = vocab.detokenize(list(target.query.answer))
     again = prefix + vocab.tokenize(text)
     exact = again == planned and vocab.tokenize(text + answer) == planned[len(prefix):] + list(target.query.answer)
-    target_pos, query_pos = (target.position, query_pos) if exact else (
-        _position_in(vocab, again, _offset(vocab, planned, target.position)),
-        _position_in(vocab, again, _offset(vocab, planned, query_pos)))
-    return {"target_id": target.target_id, "context": target.context_index, "residue": target_pos % plan.modulus,
-            "phase": target_pos % plan.stride, "target_pos": target_pos, "query_pos": query_pos,
-            "answer_pos": len(again) if not exact else len(planned), "key": target.key, "answer": target.answer,
-            "text": text, "target": answer, "ids_sha256": planned_ids_sha256(planned + list(target.query.answer)),
-            "retokenizes": exact, "planned_target_pos": target.position, "plan_sha256": fingerprint, "plan": carried}
+    doc = {"target_id": target.target_id, "context": target.context_index, "residue": target.residue,
+           "phase": target.phase, "target_pos": target.position, "query_pos": query_pos, "answer_pos": len(planned),
+           "key": target.key, "answer": target.answer, "text": text, "target": answer,
+           "ids_sha256": planned_ids_sha256(planned + list(target.query.answer)), "retokenizes": exact}
+    if not exact:
+        moved = _position_in(vocab, again, _offset(vocab, planned, target.position))
+        doc.update(text_target_pos=moved, text_residue=moved % plan.modulus, text_phase=moved % plan.stride,
+                   text_answer_pos=len(again))
+    return {**doc, "plan_sha256": fingerprint, "plan": carried}
 
 
 def _offset(vocab, ids: list[int], position: int) -> int:
@@ -199,6 +203,8 @@ def import_samples(samples: Path, out: Path) -> Path:
 
 def _sample_lines(samples: Path) -> list[dict]:
     """The samples file's records, each with its doc; RunFolderError naming the file and line otherwise."""
+    if not samples.is_file():  # a fifo or a device would block the read, a folder fails it
+        raise RunFolderError(f"{samples} is not a file; expected lm-eval's samples_<task>_<date>.jsonl")
     try:
         text = samples.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
