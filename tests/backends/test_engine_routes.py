@@ -56,9 +56,11 @@ def test_the_generate_route_gives_the_forced_routes_flags_and_its_logprob_where_
 def test_the_generate_route_sends_the_context_once_and_the_prefix_cache_serves_it_to_every_query():
     with FakeServer("openai") as server:
         backend = backend_for(server, "generate")
-        before = len(server.evaluated_per_request)
+        before, tokens = len(server.evaluated_per_request), backend.tokens_evaluated
         backend.score(CONTEXT, QUERIES)
     priming, *per_query = server.evaluated_per_request[before:]
+    # the manifest's count: what the server evaluated of each prompt, and what it generated (1 token to prime)
+    assert backend.tokens_evaluated - tokens == priming + sum(per_query) + 1 + sum(len(q.answer) for q in QUERIES)
     assert priming == len(CONTEXT) - 1  # all but BOS, which the check's prompt left in the cache
     # at most each query's own tokens (fewer where an earlier query's opening is cached too): the context came from
     # the cache every time
