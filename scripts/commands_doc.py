@@ -47,18 +47,25 @@ def help_text(args: list[str]) -> str:
 
 
 def command_names() -> list[str]:
-    """The commands `kvphase --help` lists, in its order (hidden ones left out)."""
+    """The commands `kvphase --help` lists, in its order (hidden ones left out), each group's own
+    commands after it ("export", then "export lm-eval")."""
     import typer
 
     from kvphase.cli import app
 
-    group = typer.main.get_command(app)
-    return [name for name, command in group.commands.items() if not command.hidden]
+    names = []
+    for name, command in typer.main.get_command(app).commands.items():
+        if command.hidden:
+            continue
+        names.append(name)
+        if isinstance(getattr(command, "commands", None), dict):  # a group (typer's own click has no click.Group)
+            names += [f"{name} {sub}" for sub, inner in command.commands.items() if not inner.hidden]
+    return names
 
 
 def page() -> str:
     sections = [INTRO, "## kvphase\n\n" + _block(help_text([]))]
-    sections += [f"## kvphase {name}\n\n" + _block(help_text([name])) for name in command_names()]
+    sections += [f"## kvphase {name}\n\n" + _block(help_text(name.split())) for name in command_names()]
     return "\n".join(sections)
 
 

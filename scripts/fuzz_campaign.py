@@ -588,7 +588,7 @@ class Campaign:
         hostile = HostileServers()
         cases = []
         for mode in HostileServers.MODES:
-            for engine in ("llama-server", "openai"):
+            for engine in ("llama-server", "openai", "sglang"):
                 for waits in ([], ["--request-timeout", "2"], ["--deadline", "4"]):
                     out = self.path("server-run")
                     argv = ["sweep", str(self.seed_model), "--backend", "server", "--engine", engine,
@@ -893,6 +893,23 @@ class Campaign:
             *(["conform", *a, "--out", str(out)] for a in (["--model", m], ["--contexts", "-1"], ["--margin", "0"],
               ["--backend", "server", "--url", "http://h:99999", "--model", "csa-disjoint"], ["--references", str(afile)],
               ["--backend", "server", "--url", "http://127.0.0.1:9"])),
+            # issue 72: scoring routes, SGLang, lm-eval's task out and its samples in
+            *(["sweep", m, *SWEEP, "--out", str(out), *a] for a in (
+                ["--scoring", "bogus"], ["--scoring", "generate"], ["--scoring", ""],
+                ["--backend", "server", "--url", "http://127.0.0.1:9", "--scoring", "generate"],
+                ["--backend", "server", "--url", "http://127.0.0.1:9", "--engine", "sglang"],
+                ["--backend", "server", "--url", "http://127.0.0.1:9", "--engine", "sglang", "--scoring", "generate"],
+                ["--backend", "server", "--url", "http://127.0.0.1:9", "--engine", "openai", "--scoring", "generate"])),
+            *(["export", "lm-eval", *a] for a in (
+                [], [str(self.work / "nope"), str(out)], [str(afile), str(out)], ["/proc", str(out)],
+                [str(self.finished()[0]), str(out)], [str(self.finished()[0]), str(afile)],
+                [str(self.finished()[0]), "/proc/x"], [str(self.finished()[0] / "config.json"), str(out), "--model",
+                                                       str(self.work / "nope.gguf")],
+                [str(self.finished()[0]), str(out), "--flag-mismatches", "--model", str(afile)])),
+            *(["import", "lm-eval", *a] for a in (
+                [], [str(self.work / "nope.jsonl"), str(out)], [str(afile), str(out)], ["/dev/null", str(out)],
+                [str(self.work), str(out)], [str(self.fifo()), str(out)], [m, str(out)])),
+            ["export"], ["import"], ["export", "ruler"], ["import", "inspect-ai", m, str(out)],
             # a model's URL (issue 54): nothing listens on port 9 of 127.0.0.1, and malformed ones
             *([c, url, *([str(self.work / "h.gguf")] if c == "header" else [])] for c in ("inspect", "header")
               for url in ("http://127.0.0.1:9/m.gguf", "http://[::1/m.gguf", "http://127.0.0.1:99999/m.gguf", "https://",

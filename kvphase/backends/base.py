@@ -136,13 +136,20 @@ class NonFiniteScore(BackendError):
 
 
 def finite_scores(scores: Sequence[Score], source: str, context: Sequence[int],
-                  queries: Sequence[Query]) -> list[Score]:
+                  queries: Sequence[Query], route: str = "forced") -> list[Score]:
     """`scores` of `queries` after `context`, each checked finite (NonFiniteScore naming `source` otherwise):
     every engine's answers pass here before anything uses them (the server fleet, `sweep.run.result_row`)."""
     for query, score in zip(queries, scores):
-        if not math.isfinite(score.logprob):
+        if not usable_logprob(score, route):
             raise NonFiniteScore(source, score.logprob, context, query)
     return list(scores)
+
+
+def usable_logprob(score: Score, route: str) -> bool:
+    """A finite log-probability, or one the scoring `route` leaves missing by design: "generate" knows
+    the answer's log-probability only where the generation was the answer (NaN on a wrong one)."""
+    missing = route == "generate" and not score.correct and math.isnan(score.logprob)
+    return math.isfinite(score.logprob) or missing
 
 
 def score_contexts(backend: Backend, jobs: Sequence[tuple[Sequence[int], Sequence[Query]]]

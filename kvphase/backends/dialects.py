@@ -12,6 +12,15 @@ evaluated alone on a slot (`cache_prompt: false`, so it is evaluated from positi
 whatever the slot held before); each query then resends the context, which the slot's
 prompt cache recognises, so only the query's own tokens are evaluated
 (tools/server/server-context.cpp: `get_common_prefix`).
+
+Two routes score a query (`SCORING_ROUTES`, `--scoring`): "forced", teacher forcing, which
+gives each answer token's log-probability given the answer tokens before it, and "generate",
+greedy generation of the answer's length after the context, so that an engine's prefix cache
+serves the context (vLLM skips its prefix cache for any request asking for prompt logprobs);
+its flags are the forced route's (greedy decoding follows the answer exactly as long as every
+argmax is the answer's token), its log-probability is known only when the generation is the
+answer (missing otherwise: NaN, and the sweep's log-probability test is then unavailable).
+Each engine offers the routes it can run (`routes`, the first its default).
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from typing import Protocol, Sequence
 
 from kvphase.backends.base import Query, Score
 from kvphase.backends.transport import Http, Retry
-from kvphase.errors import BackendError
+from kvphase.errors import BackendError, PlanError
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,7 @@ class ServerInfo:
     """What a server says about itself and the model it serves."""
 
     url: str
-    engine: str  # "llama-server" or "openai"
+    engine: str  # "llama-server", "openai" or "sglang"
     model: str  # the served model's name or path
     n_vocab: int | None  # None when the engine does not say
     n_ctx: int  # tokens one slot (or one request) can hold
@@ -156,13 +165,32 @@ class Engine(Protocol):
         ...
 
 
+SCORING_ROUTES = ("forced", "generate")  # teacher forcing; greedy generation behind a prefix cache
+
+
+def route_for(engine: type, scoring: str | None) -> str:
+    """The route an engine scores by: `scoring`, or the engine's default (None); PlanError in one
+    line naming the engine, the route and the one that works when the engine lacks it."""
+    if scoring is None:
+        return engine.routes[0]
+    if scoring not in SCORING_ROUTES:
+        raise PlanError(f"--scoring must be one of {', '.join(SCORING_ROUTES)}, got {scoring!r}")
+    if scoring not in engine.routes:
+        raise PlanError(f"--engine {engine.kind} has no {scoring!r} scoring route; use --scoring "
+                        f"{' or '.join(engine.routes)} with it")
+    return scoring
+
+
 class LlamaServer:
-    """llama-server's native API (tools/server/README.md in llama.cpp)."""
+    """llama-server's native API (tools/server/README.md in llama.cpp). Its forced route is
+    served by its slot's prompt cache already, so it has no other."""
 
     kind = "llama-server"
+    routes = ("forced",)
 
-    def __init__(self, url: str, retry: Retry = Retry()):
+    def __init__(self, url: str, retry: Retry = Retry(), scoring: str | None = None):
         self.http = Http(url, retry)
+        self.scoring = route_for(type(self), scoring)
 
     def info(self) -> ServerInfo:
         props = self.http.get("/props")
@@ -212,18 +240,26 @@ class LlamaServer:
 
 
 class OpenAICompatible:
-    """An OpenAI-style engine with prompt logprobs, in vLLM's format: `/v1/completions`
-    with token ids as the prompt and `prompt_logprobs: 1` returns, for every prompt
-    position, {token id: {logprob, rank}} for the actual token and the top-1 token.
+    """An OpenAI-style engine in vLLM's format (`/v1/completions` with token ids as the prompt).
 
-    One request per query holds context, query and answer; vLLM skips its prefix cache
-    for requests that ask for prompt logprobs, so each evaluates the whole context.
+    "forced" (the default, exact): `prompt_logprobs: 1` returns, for every prompt position,
+    {token id: {logprob, rank}} for the actual token and the top-1 token. One request per query
+    holds context, query and answer; vLLM skips its prefix cache for requests that ask for prompt
+    logprobs, so each evaluates the whole context.
+
+    "generate": the context is sent once alone (so the engine caches it), then each query is
+    context plus question, generating the answer's length greedily with `logprobs: 1` and its
+    tokens as ids (vLLM's `return_tokens_as_token_ids`); the prefix cache serves the context,
+    and `usage.prompt_tokens_details.cached_tokens` (vLLM with --enable-prompt-tokens-details)
+    says how much of it, else the whole prompt is counted as evaluated.
     """
 
     kind = "openai"
+    routes = ("forced", "generate")
 
-    def __init__(self, url: str, retry: Retry = Retry()):
+    def __init__(self, url: str, retry: Retry = Retry(), scoring: str | None = None):
         self.http = Http(url, retry)
+        self.scoring = route_for(type(self), scoring)
         self._model: str | None = None
 
     def info(self) -> ServerInfo:
@@ -236,13 +272,17 @@ class OpenAICompatible:
             version = str(self.http.get("/version").get("version", "unknown"))
         except BackendError:
             version = "unknown"
-        return ServerInfo(url=self.http.url, engine=self.kind, model=self._model, n_vocab=None,
-                          n_ctx=int(model.get("max_model_len") or 0), slots=1, build_info=f"version {version}")
+        facts = hf_config_facts(str(model.get("root") or self._model))
+        return ServerInfo(url=self.http.url, engine=self.kind, model=self._model, n_vocab=facts.get("n_vocab"),
+                          n_ctx=int(model.get("max_model_len") or 0), slots=1, build_info=f"version {version}",
+                          facts=facts)
 
     def tokenize(self, text: str) -> list[int]:
         return self.http.post("/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": True})["tokens"]
 
     def score(self, slot: int, context: Sequence[int], queries: Sequence[Query]) -> tuple[list[Score], int]:
+        if self.scoring == "generate":
+            return self._score_generated(context, queries)
         scores, evaluated = [], 0
         for query in queries:
             prompt = list(context) + list(query.prompt) + list(query.answer)
@@ -255,7 +295,8 @@ class OpenAICompatible:
 
     def _score(self, steps: list | None, first: int, answer: Sequence[int]) -> Score:
         if not steps or len(steps) < first + len(answer):
-            raise BackendError(f"{self.http.url} returned no prompt logprobs; it needs vLLM-style `prompt_logprobs`")
+            raise BackendError(f"{self.http.url} returned no prompt logprobs, which --engine openai --scoring forced "
+                               "needs (vLLM-style `prompt_logprobs`); --scoring generate needs only top logprobs")
         logprob, predicted = 0.0, []
         for position, token in enumerate(answer, start=first):
             entry = {int(k): v for k, v in steps[position].items()}
@@ -263,8 +304,131 @@ class OpenAICompatible:
             predicted.append(min(entry, key=lambda t: (entry[t]["rank"], t != token)))
         return Score(correct=tuple(predicted) == tuple(answer), logprob=logprob, predicted=tuple(predicted))
 
+    def _score_generated(self, context: Sequence[int], queries: Sequence[Query]) -> tuple[list[Score], int]:
+        primed = self._complete(list(context), 1, logprobs=False)
+        evaluated = _uncached(primed)
+        scores = []
+        for query in queries:
+            out = self._complete(list(context) + list(query.prompt), len(query.answer), logprobs=True)
+            evaluated += _uncached(out)
+            scores.append(self._generated(out["choices"][0], query.answer))
+        return scores, evaluated
 
-ENGINES = {LlamaServer.kind: LlamaServer, OpenAICompatible.kind: OpenAICompatible}
+    def _complete(self, prompt: list[int], tokens: int, logprobs: bool) -> dict:
+        """Greedy generation of exactly `tokens` tokens (an end-of-sequence token does not stop it)."""
+        body = {"model": self._model, "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
+                "ignore_eos": True, "temperature": 0.0}
+        if logprobs:
+            body.update(logprobs=1, return_tokens_as_token_ids=True)
+        return self.http.post("/v1/completions", body)
+
+    def _generated(self, choice: dict, answer: Sequence[int]) -> Score:
+        """The generated tokens against the answer: correct when they are it; the answer's
+        log-probability when they are (the generated tokens' own), else missing (NaN)."""
+        steps = choice.get("logprobs") or {}
+        tokens, logprobs = steps.get("tokens"), steps.get("token_logprobs")
+        if not tokens or not logprobs or len(tokens) != len(answer) or None in logprobs:
+            raise BackendError(f"{self.http.url} returned no logprobs of {len(answer)} generated tokens, which "
+                               "--engine openai --scoring generate needs (`logprobs` with vLLM's "
+                               "`return_tokens_as_token_ids`); --scoring forced needs prompt logprobs instead")
+        generated = tuple(_token_id(token, self.http.url) for token in tokens)
+        correct = generated == tuple(answer)
+        return Score(correct=correct, logprob=float(sum(logprobs)) if correct else math.nan, predicted=generated)
+
+
+def _token_id(token: str, url: str) -> int:
+    """vLLM's `return_tokens_as_token_ids` spelling of a token, "token_id:123"."""
+    name, _, number = str(token).partition(":")
+    if name != "token_id" or not number.isdigit():
+        raise BackendError(f"{url} named a generated token {str(token)[:40]!r}, not 'token_id:N': it ignores "
+                           "`return_tokens_as_token_ids`, which --scoring generate needs; use --scoring forced")
+    return int(number)
+
+
+def _uncached(response: dict) -> int:
+    """Tokens an OpenAI-style answer says it evaluated: its prompt less what its prefix cache held, and
+    what it generated."""
+    usage = response.get("usage") or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return int(usage.get("prompt_tokens", 0)) - int(cached) + int(usage.get("completion_tokens", 0))
+
+
+class SGLang:
+    """SGLang's native API (python/sglang/srt/entrypoints/http_server.py, GenerateReqInput in
+    python/sglang/srt/managers/io_struct.py): `/generate` with `input_ids`, `return_logprob`,
+    `logprob_start_len` at the answer and `top_logprobs_num: 1` teacher-forces the answer, and its
+    radix cache serves the context each query resends (its OpenAI endpoint ignores echo, so it
+    gives no prompt logprobs). `meta_info.input_token_logprobs` holds (logprob, token id, text) for
+    each prompt position from `logprob_start_len` on, `input_top_logprobs` the top ones there;
+    `prompt_tokens` and `cached_tokens` say what it evaluated. `/get_model_info` and
+    `/get_server_info` name the model and its context length."""
+
+    kind = "sglang"
+    routes = ("forced",)
+
+    def __init__(self, url: str, retry: Retry = Retry(), scoring: str | None = None):
+        self.http = Http(url, retry)
+        self.scoring = route_for(type(self), scoring)
+
+    def info(self) -> ServerInfo:
+        model = self.http.get("/get_model_info")
+        server = self.http.get("/get_server_info")
+        path = str(model["model_path"])
+        facts = hf_config_facts(path)
+        return ServerInfo(url=self.http.url, engine=self.kind, model=path, n_vocab=facts.get("n_vocab"),
+                          n_ctx=int(server.get("context_length") or 0), slots=1,
+                          build_info=f"version {server.get('version', 'unknown')}", facts=facts)
+
+    def tokenize(self, text: str) -> list[int]:
+        """The ids SGLang's tokenizer gives `text`, read back from the prompt's logprobs."""
+        out = self._generate({"text": text}, 0)
+        return [int(entry[1]) for entry in out["meta_info"]["input_token_logprobs"]]
+
+    def score(self, slot: int, context: Sequence[int], queries: Sequence[Query]) -> tuple[list[Score], int]:
+        scores, evaluated = [], 0
+        for query in queries:
+            prompt = list(context) + list(query.prompt)
+            out = self._generate({"input_ids": prompt + list(query.answer)}, len(prompt))
+            meta = out["meta_info"]
+            evaluated += int(meta.get("prompt_tokens", 0)) - int(meta.get("cached_tokens") or 0)
+            scores.append(self._score(meta, query.answer))
+        return scores, evaluated
+
+    def _generate(self, prompt: dict, start: int) -> dict:
+        out = self.http.post("/generate", {**prompt, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+                                           "return_logprob": True, "logprob_start_len": start,
+                                           "top_logprobs_num": 1})
+        return out[0] if isinstance(out, list) else out
+
+    def _score(self, meta: dict, answer: Sequence[int]) -> Score:
+        steps, tops = meta.get("input_token_logprobs") or [], meta.get("input_top_logprobs") or []
+        steps, tops = steps[len(steps) - len(answer):], tops[len(tops) - len(answer):]
+        if len(steps) < len(answer) or len(tops) < len(answer) or any(not top for top in tops) or \
+                [int(step[1]) for step in steps] != list(answer):
+            raise BackendError(f"{self.http.url} returned no input logprobs of the answer, which --engine sglang "
+                               "needs (`return_logprob` with `logprob_start_len` and `top_logprobs_num`)")
+        predicted = tuple(int(top[0][1]) for top in tops)
+        return Score(correct=predicted == tuple(answer), logprob=float(sum(float(step[0]) for step in steps)),
+                     predicted=predicted)
+
+
+def hf_config_facts(model_dir: str) -> dict:
+    """MODEL_FACTS an HF-format model folder's config.json states, when the folder a server names is
+    readable here (vLLM's and SGLang's models are such folders); {} otherwise."""
+    import json
+
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    named = {"n_vocab": "vocab_size", "n_ctx_train": "max_position_embeddings", "n_embd": "hidden_size"}
+    return {fact: config[key] for fact, key in named.items()
+            if isinstance(config.get(key), int) and not isinstance(config.get(key), bool)}
+
+
+ENGINES = {engine.kind: engine for engine in (LlamaServer, OpenAICompatible, SGLang)}
 
 
 def _is_llama_server(http: Http) -> bool:

@@ -122,7 +122,7 @@ class ServerBackend:
         if info.n_ctx and info.n_ctx < self.n_ctx_needed:
             raise BackendError(f"{info.url} holds {info.n_ctx} tokens per slot, the sweep needs {self.n_ctx_needed}; "
                                f"restart it with a larger -c (times -np slots)")
-        self._check_weights(info, *self._check_forcing(engine))
+        self._check_weights(info, engine.kind, *self._check_forcing(engine))
         if self.slots is not None and engine.kind == LlamaServer.kind and self.slots > info.slots:
             raise BackendError(f"{info.url} has {info.slots} slots, --slots asks for {self.slots}; "
                                f"restart it with -np {self.slots}")
@@ -141,10 +141,12 @@ class ServerBackend:
             raise BackendError(f"{line}; `kvphase sweep --allow-model-mismatch` scores it anyway")
         self._warn(f"{line}; scored anyway (--allow-model-mismatch)")
 
-    def _check_weights(self, info: ServerInfo, context: list[int], probe: list[Query], served: Score) -> None:
+    def _check_weights(self, info: ServerInfo, kind: str, context: list[int], probe: list[Query], served: Score) -> None:
         """The server's weights against the file's (`self.model.weights`): the same bytes where the
         server's model path is a file here, else the probe query scored in process within PROBE_TOLERANCE;
-        neither possible, a warning that only the metadata was compared. How: `self.identified`."""
+        neither possible, a warning that only the metadata was compared. How: `self.identified`. Only a
+        llama-server loads this very file; a probe cannot tell another engine's own copy (other dtypes) from
+        other weights."""
         model = self.model
         if model is None or not (model.weights or model.no_weights):
             return
@@ -156,7 +158,9 @@ class ServerBackend:
                 self._refuse_other_model(f"{info.url} serves other weights ({info.model}), not {model.name}: its "
                                          f"file holds other bytes")
             return
-        if model.weights is not None and model.weights.stat().st_size > PROBE_MAX_BYTES:
+        if kind != LlamaServer.kind:
+            why = f"an {kind} engine serves its own copy of the weights, whose scores no probe in process predicts"
+        elif model.weights is not None and model.weights.stat().st_size > PROBE_MAX_BYTES:
             why = f"{model.name} is over {PROBE_MAX_BYTES >> 30} GiB, too large to score a probe in process here"
         elif model.weights is not None:
             own = self._own_probe(model.weights, context, probe)
@@ -196,7 +200,8 @@ class ServerBackend:
         ids = self.vocab.prefix_ids + self.vocab.tokenize(TOKENIZER_PROBES[0])  # at least 5 tokens in any vocabulary
         context, probe = ids[:-3], [Query(tuple(ids[-3:-2]), tuple(ids[-2:]))]
         try:
-            [served] = finite_scores(engine.score(0, context, probe)[0], engine.http.url, context, probe)
+            [served] = finite_scores(engine.score(0, context, probe)[0], engine.http.url, context, probe,
+                                     route=engine.scoring)
         except ServerRefused as exc:
             raise BackendError(f"{engine.http.url} cannot teacher-force a query ({exc.message})") from None
         return context, probe, served
@@ -277,7 +282,7 @@ class ServerBackend:
                 continue
             try:
                 scores, evaluated = engine.score(slot, *job)
-                scores = finite_scores(scores, engine.http.url, *job)
+                scores = finite_scores(scores, engine.http.url, *job, route=engine.scoring)
             except ServerGone as exc:
                 self._leave(engine.http.url, exc)  # before it is told, so that no reserve worker of its own starts
                 todo.put((index, job))
@@ -315,6 +320,7 @@ class ServerBackend:
     def engine_info(self) -> dict:
         """What the manifest records about the engines: their own build, model and slots."""
         return {"engine": self.servers[0].engine if self.servers else "server",
+                "scoring": getattr(self.engines[0], "scoring", "forced"),
                 "servers": [{"url": s.url, "stated_model": s.model, "build_info": s.build_info, "slots": s.slots,
                              "n_ctx": s.n_ctx, "model_check": self._model_check(s)} for s in self.servers],
                 "workers": len(self.workers), "lost": self.lost}
@@ -346,9 +352,11 @@ def _next(done: queue.Queue):
 
 def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kind, urls: Sequence[str] = (),
                         slots: int | None = None, request_timeout: float = Retry.request_timeout,
-                        deadline: float | None = None, allow_model_mismatch: bool = False) -> ServerBackend:
+                        deadline: float | None = None, allow_model_mismatch: bool = False,
+                        scoring: str | None = None) -> ServerBackend:
     """Servers at `urls` checked against the model file's vocabulary and the facts of its model
-    (read locally, no weights); the deadline's clock starts here."""
+    (read locally, no weights); the deadline's clock starts here. `scoring`: the route
+    (dialects.SCORING_ROUTES; None: the engine's default)."""
     from kvphase.engines.llamacpp import Vocab
 
     if engine not in ENGINES:
@@ -359,7 +367,7 @@ def open_server_backend(model_path, *, n_ctx: int, engine: str = LlamaServer.kin
         if seconds is not None:
             check_seconds(option, seconds)
     retry = Retry(request_timeout=request_timeout, deadline=deadline)
-    engines = [ENGINES[engine](url, retry) for url in urls]
+    engines = [ENGINES[engine](url, retry, scoring) for url in urls]
     seen: dict[str, str] = {}
     for url, one in zip(urls, engines):
         if one.http.url in seen:

@@ -72,9 +72,9 @@ class ServerRefused(BackendError):
 
 TRANSIENT_STATUS = (502, 503, 504)  # a proxy hiccup, or llama-server still loading the model
 # The most bytes one answer may hold, by endpoint: a scoring answer grows with its prompt (vLLM's prompt logprobs,
-# about 200 bytes a position: 64 MiB hold 300,000 of them), every other answer is a few kB (llama-server's /props,
-# its chat template included). An endless or huge answer stops at the cap, not at the machine's memory.
-ANSWER_CAPS = {"/completion": 64 << 20, "/v1/completions": 64 << 20}
+# about 200 bytes a position: 64 MiB hold 300,000 of them; SGLang's input logprobs), every other answer is a few kB
+# (llama-server's /props, its chat template included). An endless or huge answer stops at the cap, not at the machine's memory.
+ANSWER_CAPS = {"/completion": 64 << 20, "/v1/completions": 64 << 20, "/generate": 64 << 20}
 OTHER_ANSWER_CAP = 4 << 20
 FIRST_CONTACT_S = 30.0  # a server that has never answered: /props and /tokenize answer at once on a live one
 STALL_FACTOR = 2.0  # a request may take this many times the slowest answered so far before /health is asked

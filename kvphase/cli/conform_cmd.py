@@ -21,8 +21,8 @@ def conform(
     backend: BackendName = typer.Option(EngineChoice.backend, help="The engine: llama.cpp in process, the numpy reference, "
                                         "or servers (--url) holding the reference model --model names."),
     url: list[str] = typer.Option([], "--url", help="--backend server: a server holding the model, repeatable."),
-    engine: ServerEngine = typer.Option(EngineChoice.server_engine, help="--backend server: llama-server, or an "
-                                        "OpenAI-compatible engine with prompt logprobs (vLLM)."),
+    engine: ServerEngine = typer.Option(EngineChoice.server_engine, help="--backend server: llama-server, an "
+                                        "OpenAI-compatible engine (vLLM), or SGLang's native API."),
     model: list[str] = typer.Option([], "--model", "-m", help="A reference model to check, by name or as a file "
                                     "identical to one, repeatable; default every reference (--backend server: the "
                                     "one its servers hold, asked of them)."),

@@ -13,6 +13,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from kvphase.backends import BACKENDS
+from kvphase.backends.dialects import SCORING_ROUTES
 from kvphase.backends.transport import Retry
 from kvphase.cli import app, raise_if_interrupted
 from kvphase.cli.options import GPU_LAYERS, own_folder
@@ -32,6 +33,7 @@ from kvphase.sweep.tasks import available_tasks
 
 Padding = Enum("Padding", {name.replace("-", "_"): name for name in PADDINGS}, type=str)
 ServerEngine = Enum("ServerEngine", {name.replace("-", "_"): name for name in SERVER_ENGINES}, type=str)
+ScoringRoute = Enum("ScoringRoute", {name: name for name in SCORING_ROUTES}, type=str)
 BackendName = Enum("BackendName", {name: name for name in BACKENDS}, type=str)  # the names of the registry
 CacheType = Enum("CacheType", {name: name for name in CACHE_TYPES}, type=str)  # llama.cpp's K and V cache types
 
@@ -79,8 +81,13 @@ def sweep(
                                      "(window, local_window, top_k, start, stagger, randomize, ...)."),
     url: list[str] = typer.Option([], "--url", help="--backend server: a server holding the model, repeatable."),
     slots: Optional[int] = typer.Option(None, help="--backend server: requests per server at once; default its -np."),
-    engine: ServerEngine = typer.Option(SweepOptions.engine, help="--backend server: llama-server, or an "
-                                        "OpenAI-compatible engine with prompt logprobs (vLLM)."),
+    engine: ServerEngine = typer.Option(SweepOptions.engine, help="--backend server: llama-server, an "
+                                        "OpenAI-compatible engine (vLLM), or SGLang's native API."),
+    scoring: Optional[ScoringRoute] = typer.Option(None, "--scoring", help="--backend server: forced (teacher "
+                                                   "forcing, exact; every engine's default) or generate (greedy "
+                                                   "generation of the answer behind the engine's prefix cache: "
+                                                   "--engine openai only; the answer's log-probability is missing "
+                                                   "where the generation is not the answer) (docs/server.md)."),
     request_timeout: Optional[float] = typer.Option(None, "--request-timeout", metavar="SECONDS", help="--backend "
                                                     f"server: the longest one request may take; default {Retry.request_timeout:g}."),
     deadline: Optional[float] = typer.Option(None, "--deadline", metavar="SECONDS", help="--backend server: stop "
@@ -127,7 +134,7 @@ def sweep(
                    targets_per_context=targets_per_context, detect=detect, padding=padding and padding.value,
                    task=task, seed=seed, out=out, threads=threads, backend=backend and backend.value, design=design,
                    design_options=parse_options(option), url=tuple(url), slots=slots, engine=engine.value,
-                   request_timeout=request_timeout, deadline=deadline,
+                   scoring=scoring and scoring.value, request_timeout=request_timeout, deadline=deadline,
                    allow_model_mismatch=allow_model_mismatch, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,
                    combine=combine, shift=shift, random_offset=random_offset, selection=selection,

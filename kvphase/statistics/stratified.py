@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
+import math
+
 import numpy as np
 
 from kvphase.defaults import default_threads
@@ -254,9 +256,17 @@ def format_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
 
+def unavailable_test(what: str, why: str) -> StratifiedTest:
+    """A test that could not be run (its outcome is missing for some targets): no p, and never a rejection."""
+    return StratifiedTest(f"{what}: unavailable", 0.0, 0, math.nan, why)
+
+
 def p_text(test: StratifiedTest) -> str:
     """The test's p as a relation: "= 0.031", or "< 0.00025" where it is the smallest p its permutations
-    can give (1 / (permutations + 1): no permutation reached the observed statistic)."""
+    can give (1 / (permutations + 1): no permutation reached the observed statistic); "unavailable"
+    for a test that could not be run."""
+    if math.isnan(test.p_value):
+        return "unavailable"
     if test.permutations and test.p_value <= 1.000001 / (test.permutations + 1):
         return f"< {format_p(1 / (test.permutations + 1))}"
     return f"= {format_p(test.p_value)}"

@@ -15,7 +15,8 @@ import pandas as pd
 from kvphase.statistics.intervals import (basic_interval, bootstrap_gaps, design_effect, gap_interval,
                                          intra_context_correlation, mean_coverage, mean_intervals, wilson_interval)
 from kvphase.statistics.power import POWER, Detectable, detectable, per_residue_for_dip
-from kvphase.statistics.stratified import ALPHA, Stratification, StratifiedTest, p_text, stratified_test
+from kvphase.statistics.stratified import (ALPHA, Stratification, StratifiedTest, p_text, stratified_test,
+                                           unavailable_test)
 from kvphase.statistics.printed import fixed
 
 DEGENERATE_SHARE = 0.9  # one answer given to this share of targets or more: the answers ignore the query
@@ -310,6 +311,18 @@ def what_the_run_can_see(correct: np.ndarray, residues: np.ndarray, contexts: np
     return mean_ci, gap_ci, seen
 
 
+def logprob_test(logprobs: np.ndarray, stratification, seed: int):
+    """The answer log-probability's test by residue; unavailable when a route left some missing (NaN:
+    `--scoring generate` knows it only where the generation was the answer, and testing those
+    alone would compare correct answers only)."""
+    missing = int(np.isnan(logprobs).sum())
+    if missing:
+        return unavailable_test("answer log-probability by residue", f"{missing} of {len(logprobs)} targets have no "
+                                "answer log-probability (the scoring route does not give it where the answer was "
+                                "not generated)")
+    return stratified_test(logprobs, stratification, binary=False, seed=seed)
+
+
 def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False,
               chance: float = 0.0, compressor_inactive: str | None = None, knobs: list[str] | None = None,
               calibrated: bool = False) -> Summary:
@@ -346,7 +359,7 @@ def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, c
         periodicity=periodicity,
         detectable_dip=None if seen.dip is None else float(100 * seen.dip),
         test=stratified_test(correct, stratification, binary=True, seed=seed),
-        logprob_test=stratified_test(results["logprob"].to_numpy(dtype=float), stratification, binary=False, seed=seed),
+        logprob_test=logprob_test(results["logprob"].to_numpy(dtype=float), stratification, seed),
         per_residue=by_residue.to_dict("records"),
         per_phase=by_phase.to_dict("records"),
         targets_per_context=per_context,

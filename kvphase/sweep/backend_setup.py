@@ -19,7 +19,7 @@ from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.plan import SweepPlan, query_room
 
 REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
-SERVER_ENGINES = ("llama-server", "openai")  # llama-server, or an OpenAI-compatible engine with prompt logprobs
+SERVER_ENGINES = ("llama-server", "openai", "sglang")  # llama-server, an OpenAI-compatible engine (vLLM), SGLang's native API
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class BackendSettings:
     url: Union[str, tuple[str, ...]] = ()  # backend "server": the servers (one: its URL)
     slots: Optional[int] = None  # requests per server at once; default its -np
     engine: str = SERVER_ENGINES[0]  # what the servers are
+    scoring: Optional[str] = None  # the route they score by (dialects.SCORING_ROUTES); None: the engine's default
     request_timeout: Optional[float] = None  # seconds one request may take
     deadline: Optional[float] = None  # seconds the whole sweep may take
     allow_model_mismatch: bool = False  # score servers whose model's facts differ from the file's
@@ -43,14 +44,17 @@ class BackendSettings:
 
         check_record(self)  # types and ranges, as every command's options are checked
         object.__setattr__(self, "url", (self.url,) if isinstance(self.url, str) else tuple(self.url))
-        check_choices(self, {"engine": SERVER_ENGINES, "cache_type": tuple(CACHE_TYPES)})
+        from kvphase.backends.dialects import ENGINES, SCORING_ROUTES, route_for
+
+        check_choices(self, {"engine": SERVER_ENGINES, "cache_type": tuple(CACHE_TYPES), "scoring": SCORING_ROUTES})
+        route_for(ENGINES[self.engine], self.scoring)  # an engine without the route: one line, before any model loads
         object.__setattr__(self, "gpu_layers", gpu_layer_count(self.gpu_layers))
 
     @property
     def serves(self) -> bool:
         """Whether any server option is given (they apply to backend "server" only)."""
         return bool(self.url) or self.engine != SERVER_ENGINES[0] or self.allow_model_mismatch or any(
-            value is not None for value in (self.slots, self.request_timeout, self.deadline))
+            value is not None for value in (self.slots, self.request_timeout, self.deadline, self.scoring))
 
 
 def server_connection(backend: str, settings: BackendSettings) -> dict:
@@ -59,8 +63,8 @@ def server_connection(backend: str, settings: BackendSettings) -> dict:
     backends, which take none of these options."""
     if backend != "server":
         if settings.serves:
-            raise PlanError("--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply "
-                            "to --backend server only")
+            raise PlanError("--url, --slots, --engine, --scoring, --request-timeout, --deadline and "
+                            "--allow-model-mismatch apply to --backend server only")
         return {}
     if not settings.url:
         raise PlanError("--backend server needs --url http://HOST:PORT (once per server)")
@@ -75,7 +79,7 @@ def with_backend(plan: SweepPlan, connect: dict, settings: BackendSettings) -> S
     holds no key for it (and matches folders written without the option), and a folder cannot be
     resumed with another cache type."""
     if connect:
-        plan = replace(plan, backend="server", backend_options={"engine": settings.engine})
+        plan = replace(plan, backend="server", backend_options={"engine": settings.engine, **scoring_option(settings)})
     if settings.cache_type is None:
         return plan
     if plan.backend != "llama.cpp":
@@ -83,6 +87,16 @@ def with_backend(plan: SweepPlan, connect: dict, settings: BackendSettings) -> S
     if settings.cache_type == "f16":
         return plan
     return replace(plan, backend_options={**plan.backend_options, "cache_type": settings.cache_type})
+
+
+def scoring_option(settings: BackendSettings) -> dict:
+    """The scoring route as the plan records it: only when it is not the engine's default, so a plan
+    scored by the default route matches folders written before routes had a name; PlanError when the
+    engine lacks the route."""
+    from kvphase.backends.dialects import ENGINES, route_for
+
+    route = route_for(ENGINES[settings.engine], settings.scoring)
+    return {} if route == ENGINES[settings.engine].routes[0] else {"scoring": route}
 
 
 def with_gpu_layers(plan: SweepPlan, settings: BackendSettings, say: Say = log_notice) -> SweepPlan:

@@ -46,6 +46,7 @@ class SweepOptions:
     url: Union[str, tuple[str, ...]] = ()  # backend="server": the servers (one: its URL)
     slots: Optional[int] = None
     engine: str = BackendSettings.engine
+    scoring: Optional[str] = None  # the servers' scoring route; None: the engine's default
     request_timeout: Optional[float] = None
     deadline: Optional[float] = None
     allow_model_mismatch: bool = False  # score servers whose model's facts differ from the file's

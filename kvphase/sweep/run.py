@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 import pandas as pd
 
 from kvphase import __version__
-from kvphase.backends.base import Backend, NonFiniteScore, ServerFleet, score_contexts
+from kvphase.backends.base import Backend, NonFiniteScore, ServerFleet, score_contexts, usable_logprob
 from kvphase.errors import PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.runfolder import (CONFIG_FILE, MANIFEST_FILE, RunLock, check_writable, drop_partial_last_line, file_sha256,
@@ -41,6 +41,7 @@ from kvphase.sweep.tasks import load_task
 
 RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "correct", "logprob",
                   "key", "answer", "predicted"]
+MISSING_LOGPROB = ""  # results.csv's logprob where the scoring route gave none (--scoring generate, a wrong answer)
 NUMERIC_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "logprob"]
 RESULTS_FILE = "results.csv"
 
@@ -58,6 +59,8 @@ def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
             f"{k}{v}" for k, v in sorted(options.items()) if k in ("stagger", "randomize", "local_window") and v])
     if plan.backend == "server":
         name += "-" + str(plan.backend_options.get("engine", "server"))
+        if "scoring" in plan.backend_options:
+            name += "-" + str(plan.backend_options["scoring"])
     return Path("reports") / (name + plan.offset_plan.folder_suffix() + ("-selection" if plan.selection else ""))
 
 
@@ -152,8 +155,13 @@ def load_results(run_dir: Path) -> pd.DataFrame:
     if not path.exists() and not path.is_symlink():
         return pd.DataFrame(columns=RESULT_COLUMNS)
     frame = read_table(path, RESULT_COLUMNS)
+    missing = frame["logprob"] == MISSING_LOGPROB  # (rows,) a scoring route that gives none there
     for column in NUMERIC_COLUMNS:
-        frame[column] = numbers_in(path, frame, column, whole=column != "logprob")
+        if column == "logprob":
+            known = numbers_in(path, frame.assign(logprob=frame["logprob"].where(~missing, "0")), column)
+            frame[column] = known.astype(float).where(~missing, float("nan"))
+        else:
+            frame[column] = numbers_in(path, frame, column, whole=True)
     frame["correct"] = flags_in(path, frame, "correct")
     return refuse_repeated_rows(path, frame, ["target_id"])
 
@@ -348,7 +356,7 @@ def engine_name(backend: Backend) -> str:
 def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
     """One `results.csv` row (RESULT_COLUMNS) of a scored target: the sweep's and conform's one writer of it;
     NonFiniteScore naming the engine and the target for a score that is not a finite number."""
-    if not math.isfinite(score.logprob):
+    if not math.isfinite(score.logprob) and not usable_logprob(score, backend.engine_info().get("scoring", "forced")):
         raise NonFiniteScore(engine_name(backend), score.logprob, (), target.query, describe_target(target))
     return {
         "target_id": target.target_id,
@@ -358,7 +366,7 @@ def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
         "target_pos": target.position,
         "query_pos": query_pos,
         "correct": score.correct,
-        "logprob": round(score.logprob, 6),
+        "logprob": round(score.logprob, 6) if math.isfinite(score.logprob) else MISSING_LOGPROB,
         "key": target.key,
         "answer": target.answer,
         "predicted": backend.detokenize(score.predicted).strip(),

@@ -52,7 +52,7 @@ def assert_scores_match(got, want):
     assert diffs.max() < 1e-9, f"logprob differences: max {diffs.max():.2e}, mean {diffs.mean():.2e}"
 
 
-@pytest.mark.parametrize("engine", ["llama-server", "openai"])
+@pytest.mark.parametrize("engine", ["llama-server", "openai", "sglang"])
 def test_scores_equal_the_models_own_teacher_forced_scores(engine):
     with FakeServer(engine) as server:
         got = backend_for(server).score(CONTEXT, QUERIES)
@@ -106,7 +106,7 @@ def test_a_malformed_url_is_refused(url):
         ENGINES["llama-server"](url, QUICK)
 
 
-@pytest.mark.parametrize("engine", ["llama-server", "openai"])
+@pytest.mark.parametrize("engine", ["llama-server", "openai", "sglang"])
 def test_a_server_with_another_tokenizer_is_refused_before_scoring(engine):
     with FakeServer(engine, vocab_shift=1) as server:
         with pytest.raises(BackendError, match="serves another model .*tokenizes 'The quick brown fox jump' as"):
@@ -282,7 +282,8 @@ def test_cli_a_wrong_url_is_one_line(default_model, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --request-timeout, --deadline and --allow-model-mismatch apply to --backend server only"),
+    (["--url", "http://127.0.0.1:1"], "--url, --slots, --engine, --scoring, --request-timeout, --deadline and --allow-model-mismatch apply to "
+                                  "--backend server only"),
     (["--backend", "server"], "--backend server needs --url http://HOST:PORT (once per server)"),
 ])
 def test_cli_server_options_are_checked(default_model, tmp_path, args, message):
@@ -378,7 +379,7 @@ def test_a_server_that_never_answered_waits_only_the_first_contact_bound(silent_
     assert time.monotonic() - started < 5
 
 
-@pytest.mark.parametrize("engine", ["llama-server", "openai"])
+@pytest.mark.parametrize("engine", ["llama-server", "openai", "sglang"])
 def test_a_server_whose_tokenize_answers_the_wrong_shape_is_one_line(engine, monkeypatch):
     """It answered its info well, then /tokenize with JSON that holds no tokens (was a KeyError traceback)."""
     with FakeServer(engine) as server:

@@ -1,6 +1,16 @@
-"""Small HTTP servers that speak llama-server's and vLLM's scoring APIs over a made-up
+"""Small HTTP servers that speak llama-server's, vLLM's and SGLang's scoring APIs over a made-up
 model, for fast tests of the server backend (the real llama-server is tested in
-tests/backends/test_server_real.py).
+tests/backends/test_server_real.py, a real vLLM in tests/backends/test_vllm_real.py).
+
+SGLang's shapes follow its source (sgl-project/sglang): `GenerateReqInput` in
+python/sglang/srt/managers/io_struct.py (text or input_ids, sampling_params, return_logprob,
+logprob_start_len, top_logprobs_num), `meta_info`'s input_token_logprobs / input_top_logprobs as
+(logprob, token id, text) triples built by `detokenize_logprob_tokens` and
+`detokenize_top_logprobs_tokens` in python/sglang/srt/managers/tokenizer_manager.py (the first
+prompt position's logprob is None: nothing predicts it), prompt_tokens and cached_tokens (its radix
+cache), and `/get_model_info` ({"model_path", "is_generation", ...}) and `/get_server_info` (the
+server args, context_length among them, and "version") in python/sglang/srt/entrypoints/http_server.py;
+docs/references/sampling_params.md documents the request.
 
 The made-up model: one token per UTF-8 byte (plus BOS = 256), and logits that are a
 fixed function of the previous token and the position (it predicts the next byte value), so expected scores can be
@@ -84,8 +94,9 @@ class LocalServer:
 class FakeServer:
     """A threaded HTTP server on 127.0.0.1 with a free port; use as a context manager.
 
-    engine: "llama-server" or "openai". grammar: False makes llama-server ignore
-    token-id grammars (an old build). vocab_shift: tokenize differently from ByteVocab().
+    engine: "llama-server", "openai" or "sglang". grammar: False makes llama-server ignore
+    token-id grammars (an old build). lacks: what this openai engine does not give ("prompt_logprobs",
+    "token_ids": it answers `return_tokens_as_token_ids` with token texts). vocab_shift: tokenize differently from ByteVocab().
     down_after: stop answering completions after this many (a server that dies).
     delay_s: time each completion takes, so that concurrent workers overlap.
     hostile: after `down_after` completions (or from the first), each next completion is
@@ -103,8 +114,10 @@ class FakeServer:
 
     def __init__(self, engine: str = "llama-server", slots: int = 2, n_ctx: int = 4096, grammar: bool = True,
                  vocab_shift: int = 0, down_after: int | None = None, delay_s: float = 0.0, hostile: str | None = None,
-                 meta: dict | None = None):
+                 meta: dict | None = None, lacks: Sequence[str] = (), model_dir: str = "fake-bytes"):
         self.engine, self.slots, self.n_ctx, self.grammar = engine, slots, n_ctx, grammar
+        self.lacks, self.model_dir = set(lacks), model_dir  # model_dir: the folder vLLM or SGLang names
+        self.prefix_cache: list[list[int]] = []  # the prompts an openai or sglang engine has cached
         self.meta = meta or {}  # llama-server: what /v1/models states of the model besides its vocabulary
         self.vocab = ByteVocab(vocab_shift)
         self.down_after, self.delay_s, self.hostile = down_after, delay_s, hostile
@@ -144,7 +157,7 @@ class FakeServer:
                 self.health_checks += 1
             return {"status": "ok"}
         if path == "/v1/models":
-            model = {"id": "fake-bytes", "max_model_len": self.n_ctx}
+            model = {"id": self.model_dir, "root": self.model_dir, "max_model_len": self.n_ctx}
             if self.engine == "llama-server":
                 model["meta"] = {"n_vocab": N_VOCAB, "n_ctx": self.n_ctx, "n_ctx_train": 8192, **self.meta}
             return {"data": [model]}
@@ -153,12 +166,19 @@ class FakeServer:
                     "model_path": "/models/fake-bytes.gguf", "build_info": "b0-fake"}
         if path == "/version" and self.engine == "openai":
             return {"version": "0.0-fake"}
+        if path == "/get_model_info" and self.engine == "sglang":
+            return {"model_path": self.model_dir, "tokenizer_path": self.model_dir, "is_generation": True}
+        if path == "/get_server_info" and self.engine == "sglang":
+            return {"model_path": self.model_dir, "context_length": self.n_ctx, "version": "0.0-fake",
+                    "disable_radix_cache": False}
         raise KeyError(path)
 
     def post(self, path: str, body: dict) -> dict:
-        if path == "/tokenize":
+        if path == "/tokenize" and self.engine != "sglang":
             text = body["content"] if self.engine == "llama-server" else body["prompt"]
             return {"tokens": [BOS] + self.vocab.tokenize(text)}
+        if path == "/generate" and self.engine == "sglang" and "text" in body:  # tokenizing: no completion
+            return self._sglang_generate([BOS] + self.vocab.tokenize(body["text"]), body)
         with self._lock:
             self.completions += 1
             if self.down_after is not None and self.completions > self.down_after or self.hostile and not self.down_after:
@@ -169,8 +189,64 @@ class FakeServer:
         if path == "/completion" and self.engine == "llama-server":
             return self._completion(body)
         if path == "/v1/completions" and self.engine == "openai":
-            return self._openai_completion(body)
+            if "prompt_logprobs" in body:
+                return self._openai_completion(body)
+            return self._openai_generation(body)
+        if path == "/generate" and self.engine == "sglang":
+            return self._sglang_generate(list(body["input_ids"]), body)
         raise KeyError(path)
+
+    def _cached(self, prompt: list[int]) -> int:
+        """The longest prefix of `prompt` a cached prompt shares (vLLM counts whole blocks; a token
+        granularity keeps the count simple), and `prompt` cached from now on."""
+        with self._lock:
+            common = max((next((i for i, (a, b) in enumerate(zip(seen, prompt)) if a != b), min(len(seen), len(prompt)))
+                          for seen in self.prefix_cache), default=0)
+            self.prefix_cache.append(list(prompt))
+        return common
+
+    def _openai_generation(self, body: dict) -> dict:
+        """Greedy generation of max_tokens tokens (vLLM's completions without prompt logprobs): the
+        sampled tokens' logprobs and the top ones, tokens as "token_id:N" with return_tokens_as_token_ids."""
+        prompt = list(body["prompt"])
+        cached = self._cached(prompt)
+        self.evaluated_per_request.append(len(prompt) - cached)
+        tokens, names, logprobs, tops = list(prompt), [], [], []
+        for _ in range(int(body["max_tokens"])):
+            row = log_softmax(fake_logits(tokens[-1], len(tokens) - 1))
+            top = int(np.argmax(row))
+            ids = body.get("return_tokens_as_token_ids") and "token_ids" not in self.lacks
+            names.append(f"token_id:{top}" if ids else chr(top % 256))
+            logprobs.append(float(row[top]))
+            tops.append({names[-1]: float(row[top])})
+            tokens.append(top)
+        choice = {"text": "", "logprobs": {"tokens": names, "token_logprobs": logprobs, "top_logprobs": tops,
+                                           "text_offset": list(range(len(names)))} if body.get("logprobs") else None}
+        return {"choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(names),
+                                               "prompt_tokens_details": {"cached_tokens": cached}}}
+
+    def _sglang_generate(self, prompt: list[int], body: dict) -> dict:
+        """SGLang's /generate answer for one prompt: input logprobs from logprob_start_len on, with
+        the top `top_logprobs_num` at each position (None at position 0)."""
+        cached = min(self._cached(prompt), int(body.get("logprob_start_len") or 0))  # logprobs are not cached
+        start = max(int(body.get("logprob_start_len", -1)), 0)
+        steps, tops = [], []
+        for position in range(start, len(prompt)):
+            if position == 0:
+                steps.append([None, prompt[0], None])
+                tops.append(None)
+                continue
+            row = log_softmax(fake_logits(prompt[position - 1], position - 1))
+            steps.append([float(row[prompt[position]]), prompt[position], None])
+            order = np.argsort(-row, kind="stable")[: int(body.get("top_logprobs_num") or 0)]
+            tops.append([[float(row[t]), int(t), None] for t in order])
+        meta = {"id": "0", "prompt_tokens": len(prompt), "completion_tokens": 0, "cached_tokens": cached,
+                "finish_reason": {"type": "length", "length": 0}}
+        if body.get("return_logprob"):
+            meta.update(input_token_logprobs=steps, input_top_logprobs=tops, output_token_logprobs=[],
+                        output_top_logprobs=[])
+        self.evaluated_per_request.append(len(prompt) - cached)
+        return {"text": "", "meta_info": meta}
 
     def _completion(self, body: dict) -> dict:
         prompt, slot = list(body["prompt"]), body.get("id_slot", 0)
@@ -192,6 +268,8 @@ class FakeServer:
 
     def _openai_completion(self, body: dict) -> dict:
         prompt = list(body["prompt"])
+        if "prompt_logprobs" in self.lacks:  # an OpenAI-compatible engine that ignores the field
+            return {"choices": [{"text": ""}], "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1}}
         entries: list = [None]
         for position in range(1, len(prompt)):
             logprobs = log_softmax(fake_logits(prompt[position - 1], position - 1))

@@ -1,5 +1,5 @@
 """The package's layers import only downward (DESIGN.md, "Layout"):
-cli -> sweep / probes / validate / train / theory / conform -> backends -> engines, reference -> designs,
+cli -> interop -> sweep / probes / validate / train / theory / conform -> backends -> engines, reference -> designs,
 with gguf, errors, defaults and the run folder's room (`runfolder`, which sweep, probes and
 train all write through) below them all; parts of one layer may import each other (probes
 run sweeps). Nothing imports the CLI, nothing below the backends imports a backend, and every
@@ -14,7 +14,9 @@ from pathlib import Path
 import kvphase
 
 PACKAGE = Path(kvphase.__file__).resolve().parent
-LAYER = {"cli": 5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "theory": 4, "conform": 4, "backends": 3,
+# interop (a plan as another harness's task, its samples back as a run folder) stands above the sweep whose
+# plans and statistics it uses, below the CLI (DESIGN.md, "Next rooms")
+LAYER = {"cli": 5, "interop": 4.5, "sweep": 4, "probes": 4, "validate": 4, "train": 4, "theory": 4, "conform": 4, "backends": 3,
          "engines": 2, "reference": 2, "options_check": 2, "designs": 1, "statistics": 1, "gguf": 0, "errors": 0,
          "defaults": 0, "runfolder": 0}
 CONTEXT_ROOMS = {"context_settings": 0, "positions": 1, "records": 1, "layout": 2, "contexts": 3}  # in sweep/, lowest first

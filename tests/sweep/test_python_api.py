@@ -143,11 +143,11 @@ def test_design_options_are_one_dict_from_either_spelling_to_the_plan(tiny_llama
 
 def test_backend_settings_are_the_sweeps_own_options():
     """A sweep's backend options, gathered in their record as the sweep's keywords give them."""
-    options = kvphase.SweepOptions(url="http://127.0.0.1:1", slots=2, engine="openai", request_timeout=5.0,
-                                   deadline=60.0, allow_model_mismatch=True, cache_type="q8_0", gpu_layers="all",
-                                   threads=1)
+    options = kvphase.SweepOptions(url="http://127.0.0.1:1", slots=2, engine="openai", scoring="generate",
+                                   request_timeout=5.0, deadline=60.0, allow_model_mismatch=True, cache_type="q8_0",
+                                   gpu_layers="all", threads=1)
     assert vars(options.backend_settings) == {"url": ("http://127.0.0.1:1",), "slots": 2, "engine": "openai",
-                                              "request_timeout": 5.0, "deadline": 60.0, "allow_model_mismatch": True,
+                                              "scoring": "generate", "request_timeout": 5.0, "deadline": 60.0, "allow_model_mismatch": True,
                                               "cache_type": "q8_0", "gpu_layers": -1, "threads": 1}
     _refused(PlanError, lambda: kvphase.SweepOptions(engine="vllm"), "--engine", "'vllm'")
 
