@@ -198,3 +198,38 @@ def test_default_plan_takes_answer_phases_where_they_cost_no_target(info):
     short = make_plan(info, stride=None, modulus=None, context=256, per_residue=8, padding="prefix",
                       task="records", seed=0, answer_phases=None)
     assert not short.answer_phases  # its contexts hold fewer than M targets: the default stays off, no error
+
+
+def _default_design():
+    """The default plan's shape (24 contexts of 32 at M = 8: `plan_contexts`), each answer where the planner puts it."""
+    from kvphase.sweep.positions import answer_residue, plan_contexts
+
+    slots = plan_contexts(40, 40 + 8 * 99, M, 3 * 32, 32)  # three rounds of 8 contexts
+    residues = np.concatenate([s % M for s in slots])
+    contexts = np.repeat(np.arange(len(slots)), [len(s) for s in slots])
+    answers = np.array([answer_residue(int(r), c, lane, M) for c, s in enumerate(slots)
+                        for lane, r in enumerate(s % M)])
+    return residues, answers, contexts
+
+
+def test_answer_test_level_and_power_on_the_default_design_by_simulation():
+    """A short run of bench/bench_answer_power.py's check (its 400-run table is in the report): with a
+    context effect of 1 logit SD and a depth trend, the answer-residue test rejects about 5% of runs
+    without a fault, and finds a 20-point fault at answers starting at 3 mod 4 in most."""
+    from scipy import special
+
+    from kvphase.statistics.stratified import Stratification, stratified_p_values
+
+    residues, answers, contexts = _default_design()
+    lanes = np.concatenate([np.arange(32)] * 24)
+    rng = np.random.default_rng(70)
+    by_answer = Stratification.of(answers, contexts)
+    runs = 80
+    chance = special.expit(rng.standard_normal((runs, 24))[:, contexts] + (0.5 - lanes / 31))  # (runs, N)
+    null = (rng.random(chance.shape) < chance).astype(float)
+    faulty = (rng.random(chance.shape) < np.where(answers % 4 == 3, chance * 0.6, chance)).astype(float)
+    null_p, _ = stratified_p_values(null, by_answer, binary=True)
+    fault_p, _ = stratified_p_values(faulty, by_answer, binary=True)
+    # 80 runs at a true 5%: 12 or more rejections has probability 0.2%; the fault's power is about 95%
+    assert (null_p < 0.05).sum() <= 11, np.sort(null_p)[:12]
+    assert (fault_p < 0.05).mean() >= 0.8, np.sort(fault_p)[-20:]
