@@ -22,11 +22,14 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=8192, help="the compressed tiny file's context")
+    parser.add_argument("--model", choices=("both", "default", "tiny-deepseek4"), default="both")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.contexts, args.repeats, args.context = 4, 1, 2048
     for model, context in (("default", 1024), ("tiny-deepseek4", args.context)):
+        if args.model not in ("both", model):
+            continue
         ratio, plain = wall_time_ratio(context, args.contexts, args.repeats, model, varied_field="answer_phases")
         print(f"wall time on {model} at {context} tokens, answer phases / without: {ratio:.3f} ({args.contexts} "
               f"contexts x {args.repeats}, without {plain:.1f} s in all)", flush=True)
