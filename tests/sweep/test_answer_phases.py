@@ -191,12 +191,14 @@ def test_a_folder_from_before_answer_phases_reads_as_not_planned(tmp_path):
     assert (folder / "report.md").read_text() == (EXAMPLE / "report.md").read_text()
 
 
-def test_default_plan_takes_answer_phases_where_they_cost_no_target(info):
-    plan = make_plan(info, stride=None, modulus=None, context=1024, per_residue=None, padding="prefix",
-                     task="records", seed=0, targets_per_context="auto", answer_phases=None)
-    assert plan.answer_phases
-    short = make_plan(info, stride=None, modulus=None, context=256, per_residue=8, padding="prefix",
-                      task="records", seed=0, answer_phases=None)
+def test_answer_phases_are_on_by_default_for_a_compressed_file_only(info, tiny_deepseek4):
+    asked = dict(stride=None, modulus=None, per_residue=None, padding="prefix", task="records", seed=0,
+                 targets_per_context="auto", answer_phases=None)
+    assert not make_plan(info, context=1024, **asked).answer_phases  # a control run: 1.65x the wall time, off
+    assert make_plan(info, context=1024, **{**asked, "answer_phases": True}).answer_phases
+    compressed = read_model_info(tiny_deepseek4)
+    assert make_plan(compressed, context=512, **asked).answer_phases  # costs no target there: on
+    short = make_plan(compressed, context=256, **{**asked, "per_residue": 8, "targets_per_context": "task"})
     assert not short.answer_phases  # its contexts hold fewer than M targets: the default stays off, no error
 
 
