@@ -236,14 +236,14 @@ def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: i
 
 def with_answer_phases(info, plan: SweepPlan, asked: Optional[bool],
                        open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:
-    """The plan with each target's answer at its own phase when asked (True), or by default (None) for a
-    file that declares compression wherever that costs no target: every context holds every residue
-    equally (targets per context a multiple of M), a model that is not a `kvphase train` one (it learned
-    its questions at one position), and room for M - 1 more query tokens. Not by default in a control
-    run: on SmolLM2's default plan, whose time goes mostly to its short queries, the filler cost 1.65x
-    the wall time (bench/bench_answer_phases.py), beyond the 5% a default may cost. PlanError when asked
-    for a plan that cannot take it."""
-    if asked is False or (asked is None and not info.compression.compressed):
+    """The plan with each target's answer at its own phase when asked (True): it needs every context to
+    hold every residue equally (targets per context a multiple of M), a model that is not a `kvphase
+    train` one (it learned its questions at one position), and room for M - 1 more query tokens;
+    PlanError when asked for a plan that cannot take it. Not by default (None): on SmolLM2's default
+    plan the filler cost 1.65x the wall time (bench/bench_answer_phases.py), beyond the 5% a default may
+    cost, and the task's filler before the question moved SmolLM2's accuracy from 53% to 2-33% by its
+    length (docs/sweep.md), which the answer's residue would carry as an effect of its own."""
+    if not asked:  # off by default: the task's filler before the question moves a real model's accuracy
         return plan
     try:
         if info.trained is not None:

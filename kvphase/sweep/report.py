@@ -144,7 +144,10 @@ def answer_phase_section(summary: Summary) -> tuple:
             "tokens, 0 to M - 1 filler tokens before the question included), every residue equally often in every "
             "context and crossed with the target's residue. Accuracy in percent with a 95% Wilson interval; the "
             "answer's residue is tested as the target's is, stratified by context, and the three accuracy tests are "
-            "read together with Holm's step-down rule (family-wise error 5%).",
+            "read together with Holm's step-down rule (family-wise error 5%). The filler is part of what the model "
+            "reads, and its length goes with the answer's residue: a model that reads its question worse after "
+            "more filler shows that on this axis too, so an effect here is the engine's only where the same plan "
+            "through another engine (a reference, an unpatched build) shows none.",
             markdown_table(overview), markdown_table(pd.DataFrame(answer.per_residue)), markdown_table(tests),
             figure_link(ANSWER_FIGURE_FILE, "accuracy by the answer's residue"))
 

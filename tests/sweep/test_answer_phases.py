@@ -191,15 +191,14 @@ def test_a_folder_from_before_answer_phases_reads_as_not_planned(tmp_path):
     assert (folder / "report.md").read_text() == (EXAMPLE / "report.md").read_text()
 
 
-def test_answer_phases_are_on_by_default_for_a_compressed_file_only(info, tiny_deepseek4):
+def test_answer_phases_are_planned_only_when_asked(info, tiny_deepseek4):
     asked = dict(stride=None, modulus=None, per_residue=None, padding="prefix", task="records", seed=0,
                  targets_per_context="auto", answer_phases=None)
-    assert not make_plan(info, context=1024, **asked).answer_phases  # a control run: 1.65x the wall time, off
+    assert not make_plan(info, context=1024, **asked).answer_phases
     assert make_plan(info, context=1024, **{**asked, "answer_phases": True}).answer_phases
     compressed = read_model_info(tiny_deepseek4)
-    assert make_plan(compressed, context=512, **asked).answer_phases  # costs no target there: on
-    short = make_plan(compressed, context=256, **{**asked, "per_residue": 8, "targets_per_context": "task"})
-    assert not short.answer_phases  # its contexts hold fewer than M targets: the default stays off, no error
+    assert not make_plan(compressed, context=512, **asked).answer_phases
+    assert make_plan(compressed, context=512, **{**asked, "answer_phases": True}).answer_phases
 
 
 def _default_design():
