@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -77,7 +78,11 @@ def rejected(p_values: list) -> str:
     return f"{np.mean([p < 0.05 for p in given]):.1%}" if given else "not computed"
 
 
-def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "tiny-deepseek4") -> tuple[float, float]:
+def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "tiny-deepseek4",
+                    varied_field: str = "query_phases") -> tuple[float, float]:
+    """The wall time of the first `n_contexts` contexts of a plan with `varied_field` (query_phases,
+    or answer_phases: bench_answer_phases.py) over the same plan without it, alternating context by
+    context, and the plain plan's seconds."""
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path, default_threads
     from kvphase.gguf.tiny import write_tiny_model
@@ -86,12 +91,12 @@ def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "t
     with tempfile.TemporaryDirectory() as folder:
         path = default_model_path() if model == "default" else write_tiny_model(
             "deepseek4", Path(folder) / "tiny-ds4.gguf", tokenizer_from=default_model_path())
-        backend = LlamaCppBackend(path, n_ctx=context + M + 64, n_threads=default_threads())
+        backend = LlamaCppBackend(path, n_ctx=context + 2 * M + 64, n_threads=default_threads())
         plans = {}
         for varied in (False, True):
-            settings = ContextSettings(context, 4, M, 32, "prefix", 0, "auto", varied)
+            settings = replace(ContextSettings(context, 4, M, 32, "prefix", 0, "auto"), **{varied_field: varied})
             lanes = len(build_contexts(load_task("records"), backend, settings)[0].targets)
-            settings = ContextSettings(context, 4, M, lanes, "prefix", 0, "auto", varied)
+            settings = replace(settings, per_residue=lanes)
             plans[varied] = build_contexts(load_task("records"), backend, settings)[:n_contexts]
         backend.score(plans[False][0].tokens, [t.query for t in plans[False][0].targets])  # warm-up, not timed
         spent = {False: 0.0, True: 0.0}

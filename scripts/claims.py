@@ -88,13 +88,8 @@ def exact_accuracies(summary: dict) -> dict:
 def verdict(summary: dict) -> str:
     """The report's class, from the summary's numbers (the rule of `Summary.verdict`)."""
     from kvphase.sweep.analysis import Summary
-    from kvphase.statistics.stratified import StratifiedTest
 
-    fields = {k: v for k, v in summary.items() if k not in ("headline", "verdict")}
-    rebuilt = Summary(**{**fields, "test": StratifiedTest(**fields["test"]),
-                         "logprob_test": StratifiedTest(**fields["logprob_test"]),
-                         "gap_ci": tuple(fields["gap_ci"]), "mean_ci": tuple(fields.get("mean_ci", (0.0, 0.0)))})
-    return rebuilt.verdict
+    return Summary.from_json(summary).verdict
 
 
 def _mean(summary: dict) -> str:

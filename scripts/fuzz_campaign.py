@@ -821,6 +821,11 @@ class Campaign:
             *(sweep("--context", v) for v in ("128", "10", "100")), sweep("--per-residue", "100000"),
             *(sweep(*SWEEP, "--gpu-layers", v) for v in ("all", str(2**31), str(2**40), "x", "-2")),
             sweep(*SWEEP, "--backend", "server", "--url", "http://127.0.0.1:1", "--url", "127.0.0.1:1/"),
+            # issue 70: answer phases on a plan that cannot balance them, and both settings with other factors
+            sweep(*SWEEP, "--answer-phases"), sweep(*SWEEP, "--no-answer-phases"),
+            sweep("--context", "256", "--contexts", "8", "--targets-per-context", "8", "--answer-phases",
+                  "--query-phases"),
+            sweep("--context", "256", "--per-residue", "3", "--targets-per-context", "3", "--answer-phases"),
             ["compare", str(afile), str(afile)],
             val("--tokens", "0"), val("--tokens", "-1"), val("--tokens", str(10**9)), val("--tokens", "1"),
             val("--split", "a,b"), val("--split", "0"), val("--split", "-5"), val("--split", "1000000"),

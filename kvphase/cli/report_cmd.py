@@ -37,9 +37,9 @@ def report(run_dir: Path = typer.Argument(..., help="A run folder written by `kv
         return
     from kvphase.sweep.api import report as rebuild_report  # scipy: imported when used, not at start-up
 
-    run = rebuild_report(run_dir)
-    typer.echo(run.summary.headline())
-    typer.echo(f"Report: {plain(run.report_path)}")
+    from kvphase.cli.sweep_cmd import echo_run
+
+    echo_run(rebuild_report(run_dir))
 
 
 def _is_theory_dir(run_dir: Path) -> bool:

@@ -128,6 +128,11 @@ def sweep(
                                                 "query at its own phase mod M (up to M-1 filler tokens before the "
                                                 "footer; targets stay put). Default on for a file that declares "
                                                 "compression where every context holds every residue, else off."),
+    answer_phases: Optional[bool] = typer.Option(None, "--answer-phases/--no-answer-phases", help="Each target's "
+                                                 "answer at its own phase mod M (0 to M-1 filler tokens before its "
+                                                 "question), balanced in every context and crossed with the target's. "
+                                                 "Default on where every context holds every residue (not for a "
+                                                 "`kvphase train` model); a folder resumes with its own setting."),
 ) -> None:
     """Measure retrieval accuracy by token phase and write a report."""
     options = dict(stride=stride, modulus=modulus, context=context, per_residue=per_residue, contexts=contexts,
@@ -138,7 +143,7 @@ def sweep(
                    allow_model_mismatch=allow_model_mismatch, cache_type=cache_type and cache_type.value,
                    gpu_layers=gpu_layers, calibrate=calibrate, target_accuracy=target_accuracy, offsets=offsets,
                    combine=combine, shift=shift, random_offset=random_offset, selection=selection,
-                   query_phases=query_phases)
+                   query_phases=query_phases, answer_phases=answer_phases)
     say = Say(quiet)
     if dry_run:
         for planned in api.dry_run(model, on_notice=say, **options):
@@ -176,8 +181,12 @@ class Say:
 
 def echo_run(run) -> None:
     """A finished run's headline and report."""
+    from kvphase.sweep.report import unplanned_answer_note
+
     typer.echo(run.summary.headline())
     typer.echo(f"Report: {plain(run.report_path)}")
+    if note := unplanned_answer_note(run.plan):
+        typer.echo(note, err=True)
 
 
 def echo_dry_run(dry) -> None:

@@ -270,3 +270,62 @@ def p_text(test: StratifiedTest) -> str:
     if test.permutations and test.p_value <= 1.000001 / (test.permutations + 1):
         return f"< {format_p(1 / (test.permutations + 1))}"
     return f"= {format_p(test.p_value)}"
+
+
+INTERACTION_PERMUTATIONS = 2_000
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of `p_values` (in their order): the i-th smallest is multiplied by
+    (m - i + 1), made monotone and capped at 1; rejecting where an adjusted p is below alpha holds the
+    family-wise error at alpha whatever the tests' dependence."""
+    m = len(p_values)
+    order = np.argsort(p_values, kind="stable")
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(p_values[i])))
+        adjusted[i] = running
+    return adjusted
+
+
+def interaction_test(outcome: np.ndarray, rows: np.ndarray, columns: np.ndarray, contexts: np.ndarray,
+                     seed: int = 0, permutations: int = INTERACTION_PERMUTATIONS) -> StratifiedTest:
+    """Does the effect of one residue (`columns`, the answer's) depend on the other (`rows`, the target's)?
+
+    Each outcome minus its context's mean and both residues' main effects (the additive fit of a balanced
+    crossed design) leaves the interaction and noise; the statistic is the cells' squared residual sums
+    over their sizes, and its p comes from the residuals permuted within contexts (which keeps every
+    context's sum and spread; approximate, as permutation of residuals is). 0/1 or continuous alike."""
+    y = np.asarray(outcome, dtype=float)  # (N,)
+    _, r = np.unique(rows, return_inverse=True)
+    _, a = np.unique(columns, return_inverse=True)
+    _, h = np.unique(contexts, return_inverse=True)
+    n_r, n_a = r.max() + 1, a.max() + 1
+    cells = r * n_a + a  # (N,)
+    centred = y - (np.bincount(h, weights=y) / np.bincount(h))[h]
+    for codes in (r, a):
+        centred = centred - (np.bincount(codes, weights=centred) / np.bincount(codes))[codes]
+    sizes = np.bincount(cells, minlength=n_r * n_a).astype(float)  # (C,)
+    filled = sizes > 0
+
+    def statistic(sums: np.ndarray) -> np.ndarray:  # (..., C) -> (...)
+        return (sums[..., filled] ** 2 / sizes[filled]).sum(axis=-1)
+
+    observed = float(statistic(np.bincount(cells, weights=centred, minlength=n_r * n_a)))
+    name = "interaction of the target's and the answer's residue, stratified by context"
+    dof = int((n_r - 1) * (n_a - 1))
+    if dof == 0 or observed <= 1e-12:
+        return StratifiedTest(name, observed, dof, 1.0, "nothing varies beyond the two residues' own effects")
+    rng = np.random.default_rng(seed)
+    reached = 0
+    for start in range(0, permutations, 250):
+        n = min(250, permutations - start)
+        sums = np.zeros((n, n_r * n_a))
+        for slots, shuffled in _shuffled_within(centred, h, n, rng):  # (H_s, size), (n, H_s, size)
+            flat = cells[slots].ravel()  # (H_s * size,)
+            for b in range(n):
+                sums[b] += np.bincount(flat, weights=shuffled[b].ravel(), minlength=n_r * n_a)
+        reached += int((statistic(sums) >= observed * (1 - 1e-9)).sum())
+    return StratifiedTest(name, observed, dof, (reached + 1) / (permutations + 1),
+                          f"p from {permutations} permutations within contexts of the residuals after both residues' "
+                          "main effects", permutations)

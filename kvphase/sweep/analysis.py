@@ -15,8 +15,8 @@ import pandas as pd
 from kvphase.statistics.intervals import (basic_interval, bootstrap_gaps, design_effect, gap_interval,
                                          intra_context_correlation, mean_coverage, mean_intervals, wilson_interval)
 from kvphase.statistics.power import POWER, Detectable, detectable, per_residue_for_dip
-from kvphase.statistics.stratified import (ALPHA, Stratification, StratifiedTest, p_text, stratified_test,
-                                           unavailable_test)
+from kvphase.statistics.stratified import (ALPHA, Stratification, StratifiedTest, format_p, holm, interaction_test,
+                                          p_text, stratified_test, unavailable_test)
 from kvphase.statistics.printed import fixed
 
 DEGENERATE_SHARE = 0.9  # one answer given to this share of targets or more: the answers ignore the query
@@ -112,10 +112,39 @@ class Summary:
     chance: float = 0.0  # percent: the accuracy of a guess among the task's values (0: unknown)
     knobs: list[str] | None = None  # what `--calibrate` can turn on this run's task ([] none; None: not recorded)
     calibrated: bool = False  # `--calibrate` chose the run's setting
+    # where the answer's phase was planned (answer_phases): the same numbers by the answer's residue
+    # (answer_pos mod M), the target x answer interaction, and the three tests' Holm-adjusted p-values
+    answer_axis: "Summary | None" = None
+    interaction: StratifiedTest | None = None
 
     def __post_init__(self) -> None:
         if self.targets_per_context is None:  # a summary.json without it: it follows from the counts
             object.__setattr__(self, "targets_per_context", self.n_targets / self.n_contexts)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Summary":
+        """The summary a summary.json holds (its words, headline and verdict, are recomputed)."""
+        fields = {k: v for k, v in data.items() if k not in ("headline", "verdict", "holm_adjusted")}
+        for name in ("test", "logprob_test", "interaction"):
+            if isinstance(fields.get(name), dict):
+                fields[name] = StratifiedTest(**fields[name])
+        if isinstance(fields.get("answer_axis"), dict):
+            fields["answer_axis"] = cls.from_json(fields["answer_axis"])
+        return cls(**{**fields, "gap_ci": tuple(fields["gap_ci"]), "mean_ci": tuple(fields.get("mean_ci", (0.0, 0.0)))})
+
+    @property
+    def adjusted(self) -> dict[str, float] | None:
+        """Holm-adjusted p of the target's, the answer's and the interaction's accuracy tests (None
+        where the answer's phase was not planned)."""
+        if self.answer_axis is None or self.interaction is None:
+            return None
+        tests = {"target": self.test.p_value, "answer": self.answer_axis.test.p_value,
+                 "interaction": self.interaction.p_value}
+        return dict(zip(tests, holm(list(tests.values()))))
+
+    def _axes_with_effect(self) -> list[str]:
+        adjusted = self.adjusted or {}
+        return [axis for axis, p in adjusted.items() if p < ALPHA]
 
     @property
     def exact(self) -> dict[str, float]:
@@ -143,6 +172,11 @@ class Summary:
             return "degenerate"
         if self.detectable_dip is None:
             return TOO_FEW_TARGETS if self.mean_accuracy - self.chance >= PLANNED_DIP else AT_THE_FLOOR
+        if self.adjusted is not None:
+            if self._axes_with_effect():
+                return "effect"
+            return "inconclusive" if self._disagreements() or self.answer_axis._disagreements() else (
+                "no effect at this power")
         if self.test.p_value < ALPHA:
             return "effect"
         if self._disagreements():
@@ -171,7 +205,9 @@ class Summary:
                     f"measured the model without its compressor; it says nothing about the compressor's phases. Read as "
                     f"that model: {without}")
         if verdict in SILENT:
-            return self._silent_headline(verdict)
+            return self._silent_headline(verdict) + self._unread_axes_sentence()
+        if self.adjusted is not None:
+            return self._two_axes_headline(verdict) + self._axes_sentence()
         exact = self.exact
         numbers = (f"gap {fixed(exact['gap'])} points, {self.gap_interval_text()}; p {p_text(self.test)}, "
                    f"log-probability p {p_text(self.logprob_test)}")
@@ -189,6 +225,58 @@ class Summary:
             return f"Accuracy depends on the token phase: {claim}."
         return (f"No phase effect larger than {fixed(self.detectable_dip)} points at this sample size (a one-residue "
                 f"dip of that size would be detected {POWER:.0%} of the time; {numbers}).")
+
+    def _claim(self, where: str) -> str:
+        """'WHERE r reaches X% against Y% at residue b (gap, interval; p)' of this axis's numbers."""
+        exact = self.exact
+        return (f"{where} {self.worst_residue} reach {exact['worst']:.1f}% against {exact['best']:.1f}% at residue "
+                f"{self.best_residue} (gap {exact['gap']:.1f} points, {self.gap_interval_text()}; p {p_text(self.test)})")
+
+    def _two_axes_headline(self, verdict: str) -> str:
+        """The headline of a run whose answer's phase was planned: which axis carries the effect, by the
+        Holm-adjusted p of the three tests."""
+        answer = self.answer_axis
+        said = {"answer": f"Accuracy depends on where generation starts: {answer._claim('answers starting at residue')}",
+                "target": f"Accuracy depends on the target's token phase: {self._claim('targets at residue')}",
+                "interaction": "Accuracy depends on the target's and the answer's phase together (interaction p "
+                               f"{p_text(self.interaction)})"}
+        if verdict == "effect":
+            found = "; ".join(said[axis] for axis in ("answer", "target", "interaction")
+                              if axis in self._axes_with_effect())
+            control = (" This is a control run (the model declares no KV-cache compression): an effect here is the "
+                       "engine's or the model's own, not a compressor's." if self.control else "")
+            return f"{found}.{control}"
+        if verdict == "inconclusive":
+            doubts = [f"at the target's phase {d}" for d in self._disagreements()] + [
+                f"at the answer's phase {d}" for d in answer._disagreements()]
+            return (f"Inconclusive: no test rejects after Holm's adjustment, but {' and '.join(doubts)}; "
+                    f"{self._claim('targets at residue')}; {answer._claim('answers starting at residue')}; a larger "
+                    f"sample decides (--per-residue auto --detect {max(self.exact['gap'], answer.exact['gap'], 1.0):.0f}).")
+        dip = "none fits" if answer.detectable_dip is None else f"{answer.detectable_dip:.1f} points"
+        return (f"No phase effect larger than {self.detectable_dip:.1f} points at the target's phase, nor than {dip} "
+                f"at the answer's (where generation starts), at this sample size (a one-residue dip of that size would "
+                f"be detected {POWER:.0%} of the time; target gap {self.exact['gap']:.1f} points, "
+                f"{self.gap_interval_text()}; answer gap {answer.exact['gap']:.1f} points, "
+                f"{answer.gap_interval_text()}).")
+
+    def _unread_axes_sentence(self) -> str:
+        """What a run that cannot speak says of its answer's phase ('' where it was not planned)."""
+        if self.adjusted is None:
+            return ""
+        return (f" Its answers started at every residue mod {len(self.per_residue)} (the answer's phase was planned), "
+                "and that axis cannot be read either.")
+
+    def _axes_sentence(self) -> str:
+        """' Read together (Holm over the three accuracy tests at alpha 0.05): ...', or '' where the answer's
+        phase was not planned."""
+        adjusted = self.adjusted
+        if adjusted is None:
+            return ""
+        raw = {"target": self.test.p_value, "answer": self.answer_axis.test.p_value,
+               "interaction": self.interaction.p_value}
+        names = {"target": "target phase", "answer": "answer phase", "interaction": "their interaction"}
+        parts = ", ".join(f"{names[k]} p {format_p(raw[k])} (adjusted {format_p(adjusted[k])})" for k in raw)
+        return f" Read together (Holm's rule over the three accuracy tests at alpha {ALPHA:g}): {parts}."
 
     def _silent_headline(self, verdict: str) -> str:
         """The headline of a run whose data cannot speak of the phase: what the model did, why the run
@@ -263,6 +351,11 @@ class Summary:
         out = asdict(self)
         if out["compressor_inactive"] is None:  # summaries of runs whose compressor acted read as they always did
             del out["compressor_inactive"]
+        if self.answer_axis is None:  # and those whose answer's phase was not planned
+            del out["answer_axis"], out["interaction"]
+        else:
+            out["answer_axis"] = self.answer_axis.to_json()
+            out["holm_adjusted"] = self.adjusted
         out["verdict"], out["headline"] = self.verdict, self.headline()
         return out
 
@@ -325,11 +418,23 @@ def logprob_test(logprobs: np.ndarray, stratification, seed: int):
 
 def summarize(results: pd.DataFrame, stride: int, modulus: int, seed: int = 0, control: bool = False,
               chance: float = 0.0, compressor_inactive: str | None = None, knobs: list[str] | None = None,
-              calibrated: bool = False) -> Summary:
+              calibrated: bool = False, answer_phases: bool = False) -> Summary:
     """The run's statistics from its results frame (one row per scored target); `chance`: the accuracy
     (a fraction) of a guess among the task's values; `compressor_inactive`: why the model's compressor
     touched no target at the run's length (`sweep.reach_check`), or None; `knobs`: what `--calibrate` can turn on
-    the run's task (the headline's advice names it only where there is one); `calibrated`: it chose the setting."""
+    the run's task (the headline's advice names it only where there is one); `calibrated`: it chose the setting;
+    `answer_phases`: the answer's phase was planned, so the summary reads that axis too (`answer_pos` mod M) and
+    their interaction."""
+    if answer_phases:
+        answer_residue = results["answer_pos"].astype(int) % modulus
+        by_answer = results.assign(residue=answer_residue, phase=results["answer_pos"].astype(int) % stride)
+        same = dict(seed=seed, control=control, chance=chance, compressor_inactive=compressor_inactive, knobs=knobs,
+                    calibrated=calibrated)
+        target = summarize(results, stride, modulus, **same)
+        answer = summarize(by_answer, stride, modulus, **same)
+        interaction = interaction_test(results["correct"].to_numpy(dtype=float), results["residue"].to_numpy(),
+                                       answer_residue.to_numpy(), results["context"].to_numpy(), seed)
+        return replace(target, answer_axis=answer, interaction=interaction)
     by_residue = per_group(results, "residue")
     by_phase = per_group(results, "phase")
     acc = 100 * results.groupby("residue")["correct"].mean()  # unrounded: the gap and mean are rounded once, at the end

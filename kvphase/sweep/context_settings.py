@@ -27,6 +27,7 @@ class ContextSettings:
     targets_per_context: str = TASK_DENSITY  # TASK_DENSITY, AUTO_DENSITY, or a whole number: the most one context holds
     query_phases: bool = False  # each context's query at its own phase (`query_phase`); False: all at context_length
     raw_window: int = 0  # the last tokens before the query that the compressor reads raw: targets end before them
+    answer_phases: bool = False  # each target's answer at its own phase (`positions.answer_residue`): filler in its query
 
     def __post_init__(self) -> None:
         if self.context_length < 1:

@@ -75,7 +75,7 @@ def checked_lanes(settings: ContextSettings, layout: Layout) -> int:
     (but for TASK_DENSITY's plans, which may fill fewer: the task file's density, which existing run
     folders were planned with)."""
     lanes = lanes_for(layout.density, settings, layout.lanes)
-    if settings.query_phases:
+    if settings.query_phases or settings.answer_phases:
         check_query_phases_fit(settings, lanes)
     if layout.density == TASK_DENSITY:
         return lanes
@@ -94,13 +94,15 @@ def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
 
 
 def plan_fingerprint(contexts: Sequence[Context]) -> str:
-    """sha256 of every context's token ids and every target's id, position, key and answer.
+    """sha256 of every context's token ids and every target's id, position, key and answer (and the
+    filler its query carries, where it carries any: plans without answer phases keep their sums).
 
     It depends on the tokenizer, the task files and the plan only, so it is the same on
     every machine: two runs with the same fingerprint scored the same targets.
     """
     digest = hashlib.sha256()
     for context in contexts:
-        targets = [(t.target_id, t.position, t.key, t.answer) for t in context.targets]
+        targets = [(t.target_id, t.position, t.key, t.answer) + ((t.filler,) if t.filler else ())
+                   for t in context.targets]
         digest.update(json.dumps([context.index, list(context.tokens), targets]).encode())
     return digest.hexdigest()

@@ -27,7 +27,7 @@ import numpy as np
 
 from kvphase.backends.base import Query, Tokenizer
 from kvphase.errors import PlanError, RecordLayoutError
-from kvphase.sweep.positions import query_phase, slot_range
+from kvphase.sweep.positions import answer_residue, query_phase, slot_range
 from kvphase.sweep.context_settings import AUTO_DENSITY, TASK_DENSITY, ContextSettings
 from kvphase.sweep.records import Record, RecordLengths, RecordMaker
 from kvphase.sweep.tasks import Task
@@ -45,7 +45,8 @@ class Target(NamedTuple):
     phase: int  # position mod S (sequences start at position 0)
     key: str
     answer: str
-    query: Query
+    query: Query  # under answer phases its prompt starts with `filler` filler tokens
+    filler: int = 0  # filler tokens before the question (answer phases); the answer starts at len(context) + len(query.prompt)
 
 
 class Context(NamedTuple):
@@ -375,9 +376,22 @@ class Layout:
             raise AssertionError("context layout broke its own invariants")  # a bug, not a user error
         m, s = self.settings.modulus, self.settings.stride
         return Context(index, tokens, tuple(
-            Target(first_target_id + i, index, p, p % m, p % s, r.key, r.value, r.query)
+            self._with_answer_phase(Target(first_target_id + i, index, p, p % m, p % s, r.key, r.value, r.query), i,
+                                    len(tokens))
             for i, (p, r) in enumerate(targets)
         ))
+
+    def _with_answer_phase(self, target: Target, order: int, context_length: int) -> Target:
+        """The target, under answer phases with the filler tokens (0 to M - 1, the filler stream from its
+        start) before its question that start its answer at `positions.answer_residue`."""
+        if not self.settings.answer_phases:
+            return target
+        m = self.settings.modulus
+        wanted = answer_residue(target.residue, target.context_index, order, m)
+        filler = (wanted - context_length - len(target.query.prompt)) % m
+        stream = self.filler * (1 + filler // len(self.filler))
+        query = target.query._replace(prompt=tuple(stream[:filler]) + tuple(target.query.prompt))
+        return target._replace(query=query, filler=filler)
 
     def query_shift(self, index: int) -> int:
         """Filler tokens context `index` adds before its footer: its query's phase (0 without query phases)."""

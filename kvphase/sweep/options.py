@@ -60,6 +60,7 @@ class SweepOptions:
     random_offset: bool = False
     selection: bool = False  # record whether the indexer selected each target's pool (sweep.selection)
     query_phases: Optional[bool] = None  # each context's query at its own phase; None: on where it costs no target
+    answer_phases: Optional[bool] = None  # each target's answer at its own phase; None: on where it costs no target
 
     def __new__(cls, *args, **keywords):
         """PlanError naming a keyword that is no option (before Python's own TypeError would)."""

@@ -61,6 +61,10 @@ class SweepPlan:
     # the last tokens before the query that the compressor reads raw (`gguf.reach`): targets end before them.
     # 0 where the layout keeps targets out of them anyway (and in a config.json without the key)
     raw_window: int = 0
+    # each target's answer at its own phase mod M, balanced within every context and crossed with the target's
+    # (positions.answer_residue, by filler before the question); False (and in a config.json without the key,
+    # every folder written before it): the answer's phase was not planned
+    answer_phases: bool = False
 
     def __post_init__(self) -> None:
         """Fields of the declared types (a config.json is data from disk), then settings a sweep can run."""
@@ -87,7 +91,7 @@ class SweepPlan:
     @property
     def context_settings(self) -> ContextSettings:
         return ContextSettings(self.context, self.stride, self.modulus, self.per_residue, self.padding, self.seed,
-                             self.targets_per_context, self.query_phases, self.raw_window)
+                             self.targets_per_context, self.query_phases, self.raw_window, self.answer_phases)
 
     def query_positions(self, contexts) -> np.ndarray:
         """Where each of `contexts` (context indices) starts its query: (n,)."""
@@ -96,8 +100,9 @@ class SweepPlan:
 
     @property
     def query_shift_room(self) -> int:
-        """Tokens the longest context adds after `context` for its query's phase (0 without query phases)."""
-        return self.modulus - 1 if self.query_phases else 0
+        """Tokens the longest context adds after `context` for its query's phase, and the longest query for
+        its answer's (0 without either)."""
+        return (self.modulus - 1) * (int(self.query_phases) + int(self.answer_phases))
 
     def comparable(self) -> dict:
         """The fields that must match for a folder to resume this plan."""
@@ -186,14 +191,16 @@ def targets_per_context(plan: SweepPlan, tokenizer: Tokenizer) -> int:
 
 def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: int, per_residue: Optional[int],
               padding: str, task: str, seed: int, fit: bool = True, targets_per_context: str = TASK_DENSITY,
-              contexts: int = 0, query_phases: Optional[bool] = False) -> SweepPlan:
+              contexts: int = 0, query_phases: Optional[bool] = False,
+              answer_phases: Optional[bool] = False) -> SweepPlan:
     """The run's plan from the options (keywords: the fields of `SweepPlan` they fill) and the model's
     metadata; PlanError when impossible. `stride` and `modulus` None: the model's (`stride_and_modulus`). `fit`:
     the padding was not the user's, so kvphase may change it to one the tokenizer can lay out.
     `targets_per_context`: AUTO_DENSITY, a number, TASK_DENSITY. `per_residue` None sizes the
     run at that density (`sized`): for `contexts` contexts, else the fewest rounds of contexts that
     detect a DEFAULT_DETECT-point dip at any accuracy. `query_phases`: each context's query at its own
-    phase (None: where `default_query_phases` finds it costs nothing)."""
+    phase (None: where `default_query_phases` finds it costs nothing). `answer_phases`: each target's
+    answer at its own phase (None: wherever it costs no target, `with_answer_phases`)."""
     from kvphase.engines.llamacpp import Vocab  # llama_cpp: loaded when a plan is made, not at import
 
     if info.tokenizer_model in ("none", "unknown"):
@@ -223,7 +230,37 @@ def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: i
     plan = sized(plan, open_tokenizer()) if sized_later else plan
     if plan.targets_per_context != TASK_DENSITY:  # a density that cannot be, refused before anything is written
         check_density(load_task(task), open_tokenizer(), plan.context_settings)
-    return with_query_phases(info, plan, query_phases, open_tokenizer)
+    plan = with_query_phases(info, plan, query_phases, open_tokenizer)
+    return with_answer_phases(info, plan, answer_phases, open_tokenizer)
+
+
+def with_answer_phases(info, plan: SweepPlan, asked: Optional[bool],
+                       open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:
+    """The plan with each target's answer at its own phase when asked (True): it needs every context to
+    hold every residue equally (targets per context a multiple of M), a model that is not a `kvphase
+    train` one (it learned its questions at one position), and room for M - 1 more query tokens;
+    PlanError when asked for a plan that cannot take it. Not by default (None): on SmolLM2's default
+    plan the filler cost 1.65x the wall time (bench/bench_answer_phases.py), beyond the 5% a default may
+    cost, and the task's filler before the question moved SmolLM2's accuracy from 53% to 2-33% by its
+    length (docs/sweep.md), which the answer's residue would carry as an effect of its own."""
+    if not asked:  # off by default: the task's filler before the question moves a real model's accuracy
+        return plan
+    try:
+        if info.trained is not None:
+            raise PlanError("--answer-phases does not apply to a `kvphase train` model: it learned its questions at "
+                            "exactly one position; use --no-answer-phases")
+        chosen = replace(plan, answer_phases=True)
+        room = query_room(info)
+        if info.context_length and plan.context + chosen.query_shift_room + room > info.context_length:
+            raise PlanError(f"--answer-phases does not fit: {info.path.name} has a {info.context_length}-token context "
+                            f"and the queries need up to {plan.modulus - 1 + room} tokens after the context; use a "
+                            "shorter --context or --no-answer-phases")
+        check_density(load_task(plan.task), open_tokenizer(), chosen.context_settings)
+    except PlanError:
+        if asked is None:
+            return plan
+        raise
+    return chosen
 
 
 def behind_raw_window(info, plan: SweepPlan, open_tokenizer: Callable[[], Tokenizer]) -> SweepPlan:

@@ -78,6 +78,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
     if options.query_phases is None:
         runs = [(held_query_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
+    if options.answer_phases is None:
+        runs = [(held_answer_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
     for stride, reason in skipped:
         say(Notice(f"--stride all: stride {stride} is not swept: {reason}", "attention"))
     if every_stride:
@@ -116,7 +118,8 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], options: SweepOptions, ev
     plan = make_plan(info, stride=stride, modulus=modulus, context=context, per_residue=count,
                      padding=options.padding or defaults.padding, task=defaults.task if options.task is None else options.task,
                      seed=options.seed, fit=options.padding is None, targets_per_context=options.targets_per_context,
-                     contexts=contexts, query_phases=options.query_phases)
+                     contexts=contexts, query_phases=options.query_phases,
+                     answer_phases=options.answer_phases)
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
     chosen = options.backend or defaults.backend
@@ -168,6 +171,19 @@ def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
     except RunFolderError:  # a damaged config.json is named where the folder is checked
         return plan
     return replace(plan, query_phases=held)
+
+
+def held_answer_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
+    """The plan with the answer-phase setting of the folder it resumes, where the option was not given:
+    a folder whose config.json has no answer_phases key (every folder written before it) resumes as it
+    was planned, with the answer's phase not planned."""
+    if not (run_dir / CONFIG_FILE).is_file():
+        return plan
+    try:
+        held = load_plan(run_dir).answer_phases
+    except RunFolderError:  # a damaged config.json is named where the folder is checked
+        return plan
+    return replace(plan, answer_phases=held)
 
 
 def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,

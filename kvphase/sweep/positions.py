@@ -31,15 +31,29 @@ def query_phase(index: int, modulus: int) -> int:
     return (index % modulus + index // modulus) % modulus
 
 
+def answer_residue(target_residue: int, context_index: int, order: int, modulus: int) -> int:
+    """The residue (mod M) at which the answer of a context's `order`-th target (by position) starts
+    under `answer_phases`. Lane l of a round's context c holds target residue (l + c) mod M
+    (`plan_contexts`), so each block of M consecutive targets holds every target residue once, and
+    adding c and the block (order // M) gives every answer residue once per block too: balanced within
+    every context. Over a round's M contexts each target residue meets each answer residue once per
+    block (a Latin square); the round itself shifts the square, as `query_phase` does."""
+    return (target_residue + context_index % modulus + context_index // modulus + order // modulus) % modulus
+
+
 def check_query_phases_fit(settings: ContextSettings, lanes: int) -> None:
     """PlanError unless every context holds every residue equally (every round's lanes a multiple of
-    M): a context holding some residues only would tie its residues to its query's phase."""
+    M): a context holding some residues only would tie its residues to its query's phase (or, under
+    answer phases, leave some answer residues out of it)."""
     sizes = round_sizes(settings.per_residue, settings.modulus, lanes)
-    if any(t % settings.modulus for t in sizes):
-        raise PlanError(f"query phases need every context to hold every residue equally (targets per context a "
-                        f"multiple of the modulus {settings.modulus}); this plan's contexts hold {min(sizes)}: "
-                        "use a longer --context, a --per-residue that is a multiple of the targets per context, "
-                        "or --no-query-phases")
+    if not any(t % settings.modulus for t in sizes):
+        return
+    what, option = (("query phases", "--no-query-phases") if settings.query_phases else
+                    ("answer phases", "--no-answer-phases"))
+    raise PlanError(f"{what} need every context to hold every residue equally (targets per context a "
+                    f"multiple of the modulus {settings.modulus}); this plan's contexts hold {min(sizes)}: "
+                    "use a longer --context, a --per-residue that is a multiple of the targets per context, "
+                    f"or {option}")
 
 
 def lanes_for(density: str, settings: ContextSettings, most: int) -> int:

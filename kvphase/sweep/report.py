@@ -26,6 +26,7 @@ from kvphase.sweep.tasks import load_task
 
 FIGURE_FILE = "accuracy_by_residue.png"
 SHIFT_FIGURE_FILE = "accuracy_by_shift.png"  # under an offset ensemble: each shift alone and combined
+ANSWER_FIGURE_FILE = "accuracy_by_answer_residue.png"  # where the answer's phase was planned
 
 
 def build_report(run_dir: Path) -> Summary:
@@ -44,8 +45,11 @@ def build_report(run_dir: Path) -> Summary:
     query = summarize_query_phases(results, plan.modulus, plan.seed)
     write_json(run_dir / SUMMARY_FILE, {**summary.to_json(), **({"query_phases": query.to_json()} if query else {})})
     plot_accuracy([(run_dir.name, summary)], plan.stride, run_dir / FIGURE_FILE)
+    if summary.answer_axis is not None:
+        check_writable(run_dir, [ANSWER_FIGURE_FILE])
+        plot_answer_axis(summary, plan.stride, run_dir / ANSWER_FIGURE_FILE)
     write_atomic(run_dir / REPORT_FILE, render_markdown(plan, summary, manifest, shifts, selection,
-                                                        query_phase_section(query)))
+                                                        query_phase_section(query), answer_phase_section(summary)))
     return summary
 
 
@@ -63,7 +67,8 @@ def run_summary(plan: SweepPlan, results: pd.DataFrame, manifest: dict) -> Summa
     setting (the advice of a silent headline). Every reader of a folder's summary computes it here."""
     return summarize(results, plan.stride, plan.modulus, plan.seed, control=plan.control, chance=task_chance(plan),
                      compressor_inactive=recorded_inactive(manifest, plan),
-                     knobs=list(_calibration_knobs(plan.task)), calibrated=bool(plan.calibration))
+                     knobs=list(_calibration_knobs(plan.task)), calibrated=bool(plan.calibration),
+                     answer_phases=plan.answer_phases)
 
 
 def _shift_section(plan: SweepPlan, results: pd.DataFrame, offsets: pd.DataFrame, summary: Summary,
@@ -115,10 +120,64 @@ def query_phase_section(query: QueryPhaseSummary | None) -> tuple:
             rows_table(query.per_query), markdown_table(tests))
 
 
+def unplanned_answer_note(plan: SweepPlan) -> str:
+    """One line for a run whose answer's phase was not planned ('' where it was): its report.md reads as
+    before answer phases, and this says what it could not see."""
+    if plan.answer_phases:
+        return ""
+    return ("Note: this run's answer phase was not planned (a folder written before answer phases, or a plan "
+            "without them): its answers start where each query's own length puts them, so its verdict reads "
+            "the target's phase only and says nothing of where generation starts.")
+
+
+def answer_phase_section(summary: Summary) -> tuple:
+    """The report's section on where generation starts (the answer's residue, answer_pos mod M): its own
+    numbers and the three tests read with Holm's rule; () where the answer's phase was not planned."""
+    answer = summary.answer_axis
+    if answer is None:
+        return ()
+    adjusted = summary.adjusted
+    tests = pd.DataFrame([
+        {"test": name, "statistic": f"{test.statistic:.4g}", "df": test.dof, "p": p_text(test).removeprefix("= "),
+         "Holm-adjusted p": format_p(adjusted[axis]), "how": test.note}
+        for axis, name, test in (("target", "target residue (accuracy)", summary.test),
+                                 ("answer", "answer residue (accuracy)", answer.test),
+                                 ("interaction", "target x answer residue", summary.interaction))])
+    dip = ("none fits" if answer.detectable_dip is None else
+           f"{answer.detectable_dip:.1f} points (one answer residue that far below the rest is found 80% of the time)")
+    overview = pd.DataFrame([
+        ("worst answer residue", f"{answer.worst_residue}: {answer.worst_accuracy:.2f}%"),
+        ("best answer residue", f"{answer.best_residue}: {answer.best_accuracy:.2f}%"),
+        ("gap (best - worst)", f"{answer.gap:.2f} points ({answer.gap_interval_text()})"),
+        ("log-probability test by answer residue", f"p {p_text(answer.logprob_test)}"),
+        ("smallest answer-residue dip detectable (80% power)", dip),
+        ("verdict of this axis alone", answer.verdict)], columns=["quantity", "value"])
+    return ("Per answer residue (where generation starts)",
+            "Each target's answer starts at its own residue (answer_pos mod M: the context's length plus the query's "
+            "tokens, 0 to M - 1 filler tokens before the question included), every residue equally often in every "
+            "context and crossed with the target's residue. Accuracy in percent with a 95% Wilson interval; the "
+            "answer's residue is tested as the target's is, stratified by context, and the three accuracy tests are "
+            "read together with Holm's step-down rule (family-wise error 5%). The filler is part of what the model "
+            "reads, and its length goes with the answer's residue: a model that reads its question worse after "
+            "more filler shows that on this axis too, so an effect here is the engine's only where the same plan "
+            "through another engine (a reference, an unpatched build) shows none.",
+            markdown_table(overview), markdown_table(pd.DataFrame(answer.per_residue)), markdown_table(tests),
+            figure_link(ANSWER_FIGURE_FILE, "accuracy by the answer's residue"))
+
+
 def plot_accuracy(runs: list[tuple[str, Summary]], stride: int, path: Path) -> None:
     """Accuracy by residue with 95% Wilson intervals, saved to `path` (`draw_accuracy`)."""
     with figure(path, **_accuracy_figure_size(runs)) as (fig, ax):
         draw_accuracy(ax, runs, stride)
+
+
+def plot_answer_axis(summary: Summary, stride: int, path: Path) -> None:
+    """Both phase axes side by side: accuracy by the target's residue and by the answer's, with 95%
+    Wilson intervals (`draw_accuracy`), saved to `path`."""
+    with figure(path, 1, 2, figsize=(11, 3.8), dpi=120) as (fig, (by_target, by_answer)):
+        draw_accuracy(by_target, [("by the target's residue", summary)], stride)
+        draw_accuracy(by_answer, [("by the answer's residue", summary.answer_axis)], stride)
+        by_answer.set_xlabel(f"residue of the answer's first token position (answer_pos mod {len(summary.per_residue)})")
 
 
 def accuracy_figure(runs: list[tuple[str, Summary]], stride: int):
@@ -184,7 +243,7 @@ def _depth_sentence(summary: Summary) -> str:
 
 
 def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: tuple = (),
-                    selection: tuple = (), query: tuple = ()) -> str:
+                    selection: tuple = (), query: tuple = (), answer: tuple = ()) -> str:
     """The report a person reads: headline first, then the numbers and how they were made."""
     model = manifest.get("model", {})
     return ReportPage(
@@ -202,6 +261,7 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
             *([shifts] if shifts else []),
             *([selection] if selection else []),
             *([query] if query else []),
+            *([answer] if answer else []),
         ],
         measured=[
             f"Model: `{Path(plan.model).name}` ({model.get('architecture', '?')}, {model.get('quantization', '?')}, "
@@ -227,6 +287,12 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
 
 
 def _query_start(plan: SweepPlan) -> str:
+    return _context_end(plan) + (  # folders without answer phases read as they did
+        f"; each answer starts at its own residue mod {plan.modulus} (0 to {plan.modulus - 1} filler tokens before "
+        "its question)" if plan.answer_phases else "")
+
+
+def _context_end(plan: SweepPlan) -> str:
     if plan.query_phases:
         return (f"each query starts at position {plan.context} plus its context's query phase (0 to "
                 f"{plan.modulus - 1} filler tokens before the footer)")

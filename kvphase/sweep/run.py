@@ -44,6 +44,7 @@ RESULT_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "que
 MISSING_LOGPROB = ""  # results.csv's logprob where the scoring route gave none (--scoring generate, a wrong answer)
 NUMERIC_COLUMNS = ["target_id", "context", "residue", "phase", "target_pos", "query_pos", "logprob"]
 RESULTS_FILE = "results.csv"
+ANSWER_COLUMN = "answer_pos"  # where the answer's first token sits: len(context) + the query's tokens, filler included
 
 
 def default_run_dir(info: ModelInfo, plan: SweepPlan) -> Path:
@@ -111,6 +112,8 @@ def prepare_run_dir(run_dir: Path, plan: SweepPlan) -> None:
         del config["selection"]
     if not plan.query_phases:
         del config["query_phases"]
+    if not plan.answer_phases:
+        del config["answer_phases"]
     write_json(run_dir / CONFIG_FILE, config)
 
 
@@ -163,6 +166,8 @@ def load_results(run_dir: Path) -> pd.DataFrame:
         else:
             frame[column] = numbers_in(path, frame, column, whole=True)
     frame["correct"] = flags_in(path, frame, "correct")
+    if ANSWER_COLUMN in frame.columns:  # the answer's first position: planned-answer-phase folders only
+        frame[ANSWER_COLUMN] = numbers_in(path, frame, ANSWER_COLUMN, whole=True)
     return refuse_repeated_rows(path, frame, ["target_id"])
 
 
@@ -234,8 +239,9 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     prepare_run_dir(run_dir, plan)  # the config is written once the plan has proved buildable
     total = sum(len(c.targets) for c in contexts)
     progress.start(total, len(done))  # every finished row is a planned target, checked above
-    selection_columns = file_indexer(info).columns if plan.selection else []
-    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + selection_columns)
+    selection_columns = [_selection_name(plan, c) for c in file_indexer(info).columns] if plan.selection else []
+    planned_columns = [ANSWER_COLUMN] if plan.answer_phases else []
+    writer = ResultWriter(run_dir / RESULTS_FILE, RESULT_COLUMNS + planned_columns + selection_columns)
     tokens_before = backend.tokens_evaluated
     pending = [(c, [t for t in c.targets if t.target_id not in done]) for c in contexts]
     pending = [(c, todo) for c, todo in pending if todo]
@@ -249,7 +255,8 @@ def _execute_locked(plan: SweepPlan, backend: Backend, run_dir: Path, info: Mode
     try:
         for index, scores, chosen in naming_targets(_scored_contexts(plan, backend, pending, run_dir, info), pending):
             context, todo = pending[index]  # as contexts finish; each row checked before any of its context's is written
-            writer.write([result_row(t, s, len(context.tokens), backend) | c for t, s, c in zip(todo, scores, chosen)])
+            writer.write([_planned_row(plan, result_row(t, s, len(context.tokens), backend), c)
+                          for t, s, c in zip(todo, scores, chosen)])
             progress.advance(len(todo))
     except BaseException:
         with suppress(RunFolderError):  # a full disk fails the manifest too: the first failure is the one to report
@@ -353,9 +360,24 @@ def engine_name(backend: Backend) -> str:
     return str(backend.engine_info().get("engine", type(backend).__name__))
 
 
+def _selection_name(plan: SweepPlan, column: str) -> str:
+    """A selection column's name: its `answer_pos` (the target record's value in the context) is
+    `value_pos` where the row's `answer_pos` is the answer's own first position (answer phases)."""
+    return "value_pos" if plan.answer_phases and column == ANSWER_COLUMN else column
+
+
+def _planned_row(plan: SweepPlan, row: dict, selected: dict) -> dict:
+    """A results.csv row as the plan's columns hold it: `answer_pos` only where the answer's phase was
+    planned (folders written before keep their columns), and the selection columns."""
+    if not plan.answer_phases:
+        row = {k: v for k, v in row.items() if k != ANSWER_COLUMN}
+    return row | {_selection_name(plan, k): v for k, v in selected.items()}
+
+
 def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
-    """One `results.csv` row (RESULT_COLUMNS) of a scored target: the sweep's and conform's one writer of it;
-    NonFiniteScore naming the engine and the target for a score that is not a finite number."""
+    """One `results.csv` row (RESULT_COLUMNS and `answer_pos`, the answer's first position: the context's
+    length and the query's tokens, its filler included) of a scored target: the sweep's and conform's one
+    writer of it; NonFiniteScore naming the engine and the target for a score that is not a finite number."""
     if not math.isfinite(score.logprob) and not usable_logprob(score, backend.engine_info().get("scoring", "forced")):
         raise NonFiniteScore(engine_name(backend), score.logprob, (), target.query, describe_target(target))
     return {
@@ -365,6 +387,7 @@ def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
         "phase": target.phase,
         "target_pos": target.position,
         "query_pos": query_pos,
+        ANSWER_COLUMN: query_pos + len(target.query.prompt),
         "correct": score.correct,
         "logprob": round(score.logprob, 6) if math.isfinite(score.logprob) else MISSING_LOGPROB,
         "key": target.key,
