@@ -16,7 +16,7 @@ from kvphase.sweep.api import inspect as read_model_info
 
 @app.command()
 def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its head, cut after the tensor table), "
-                                                    "or its http(s) URL.")) -> None:
+                                                    "its http(s) URL, or an HF checkpoint folder.")) -> None:
     """Show a model's architecture, size, context and compression spec (reads no weights)."""
     info = read_model_info(model, partial=True)
     table = Table(show_header=False, box=None)

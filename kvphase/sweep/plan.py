@@ -333,7 +333,7 @@ class SweepDefaults:
         engine's own layout (or the dense control), else through the reference backend."""
         trained = info.trained
         if trained is None:
-            return cls()
+            return cls(backend="transformers") if info.header is None else cls()  # a checkpoint folder: no GGUF
         in_llamacpp = trained.in_engine_layout or not trained.compressed
         return cls(context=trained.context, per_residue=TRAINED_PER_RESIDUE,
                    task=trained.task, padding="in-sequence",
