@@ -39,6 +39,8 @@ def load_transformers_model(info: ModelInfo):
     except ImportError:
         raise BackendError(f"--backend transformers needs the hf extra: {HF_EXTRA}") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if info.header is None:
+        check_weights_fit(info)
     where = (dict(pretrained_model_name_or_path=str(info.path)) if info.header is None else
              dict(pretrained_model_name_or_path=str(info.path.parent), gguf_file=info.path.name))
     try:
@@ -47,6 +49,29 @@ def load_transformers_model(info: ModelInfo):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(f"transformers cannot load {info.path}: {first[:160]}") from None
     return model.to(device).eval(), device
+
+
+def check_weights_fit(info: ModelInfo) -> None:
+    """ModelFileError when a checkpoint's safetensors hold far fewer parameters than its config.json's
+    model has (counted on torch's meta device, which allocates nothing): transformers would fill the
+    rest with random values and sweep them, or build a model many times larger than the folder (a
+    config that leaves sizes at transformers' defaults, a released model's)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(info.path))
+        with torch.device("meta"):
+            needed = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    except (ValueError, KeyError, OSError, RuntimeError, TypeError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelFileError(f"transformers cannot build the model {info.path}/config.json describes: {first[:160]}") from None
+    if info.n_params < needed * MIN_WEIGHTS_SHARE:
+        raise ModelFileError(f"{info.path}: its .safetensors hold {info.n_params:,} parameters, and the model its "
+                             f"config.json describes has {needed:,}: the weights are not this model's")
+
+
+MIN_WEIGHTS_SHARE = 0.25  # a checkpoint packed 4 bits to a byte still counts a quarter of its parameters' elements
 
 
 class TransformersBackend:

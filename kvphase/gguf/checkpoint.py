@@ -42,10 +42,12 @@ def read_checkpoint_info(folder: str | Path) -> ModelInfo:
     folder = Path(folder)
     config = read_config(folder)
     model_type = config.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise ModelFileError(f"{folder / CONFIG}: model_type {str(model_type)[:40]!r} is not one kvphase sweeps "
                              f"through transformers (it sweeps {', '.join(sorted(set(ARCHITECTURES)))})")
     text = config.get("text_config") or config  # the language model's settings (a VL model nests them)
+    if not isinstance(text, dict):
+        raise ModelFileError(f"{folder / CONFIG}: text_config is a {type(text).__name__}, expected a JSON object")
     weights = weight_files(folder)
     tensors = [tensor for path in weights for tensor in _safetensors_entries(path)]
     n_layer = _whole(text, "num_hidden_layers", folder)

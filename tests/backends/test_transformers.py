@@ -21,7 +21,7 @@ from kvphase.cli import app  # noqa: E402
 from kvphase.gguf.tiny import _take_tokenizer, init_tensor, write_tiny_model  # noqa: E402
 from kvphase.gguf.tiny_archs import _dense_spec  # noqa: E402
 from kvphase.gguf.writer import write_gguf  # noqa: E402
-from tests.helpers.cli_checks import one_line_error  # noqa: E402
+from tests.helpers.cli_checks import last_line_error, one_line_error  # noqa: E402
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -155,6 +155,8 @@ def test_inspect_states_a_compressed_checkpoints_reach_by_hand(tmp_path):
     ({"model_type": "glm5_next", "text_config": {**GLM["text_config"], "index_topk": 40}}, True,
      ["index_topk is 40, expected a multiple of index_kpool (16)"]),
     ({**DSV4, "layer_types": ["sliding_attention"]}, True, ["layer_types is not a list of 3"]),
+    ({"model_type": ["llama"], "num_hidden_layers": 2}, True, ["model_type \"['llama']\" is not one"]),
+    ({**GLM, "text_config": [1]}, True, ["text_config is a list"]),
 ])
 def test_a_bad_checkpoint_folder_is_one_line_naming_the_key(tmp_path, config, weights, fragments):
     if config is not None and config.get("index_topk", 0) is None:
@@ -180,3 +182,22 @@ def test_export_hf_refuses_what_it_cannot_copy_faithfully(tiny_llama, plain_llam
                    "not written yet")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+
+
+def test_conform_through_transformers_runs_transformers_itself(tmp_path):
+    """transformers' GGUF reader has no deepseek4, so the reference cannot run: conform says so rather than
+    scoring through llama.cpp under transformers' name (which it did before engine_plan knew the backend)."""
+    result = runner.invoke(app, ["conform", "--backend", "transformers", "--model", "csa-disjoint", "--contexts", "8",
+                                 "--out", str(tmp_path / "c")])
+    assert "csa-disjoint: cannot run: transformers cannot load deepseek4" in result.output, result.output
+    assert "architecture deepseek4 is not supported" in result.output
+
+
+def test_weights_that_are_not_the_configs_model_are_refused_before_loading(checkpoint, tmp_path):
+    """A config whose model is far larger than its weights (six numbers for a 1.6 M-parameter llama; a
+    deepseek_v4 config left at transformers' default sizes) would be filled with random weights and swept."""
+    folder = _write_checkpoint(tmp_path / "small", json.loads((checkpoint / "config.json").read_text()))
+    (folder / "tokenizer.json").write_bytes((checkpoint / "tokenizer.json").read_bytes())
+    result = runner.invoke(app, ["sweep", str(folder), *PLAN, "--out", str(tmp_path / "r")])
+    last_line_error(result, "hold 6 parameters", "the weights are not this model's")
+    assert not (tmp_path / "r" / "results.csv").exists()
