@@ -79,6 +79,7 @@ CATEGORIES = {
     "disk": "a full disk at every writing command (a tmpfs left 0 B to 64 KiB free)",
     "memory": "too little memory (RLIMIT_AS) under sweep, training, probes and theory",
     "readonly": "read-only and immutable folders under every writing command",
+    "checkpoints": "damaged HF checkpoint folders (inspect, sweep --backend transformers) and export-hf's bad input",
 }
 # a tmpfs of its own in a user namespace, inputs copied in, then filled to leave $FREE bytes
 FULL_DISK = """set -e
@@ -351,6 +352,96 @@ class Campaign:
             cases.append(Case("crafted", f"{label}", [["inspect", str(path)],
                                                       ["sweep", str(path), *SWEEP, "--out", str(out)]], cleanup=[out]))
         return cases
+
+    # -- damaged HF checkpoint folders, and export-hf's refusals
+    def checkpoints(self) -> list[Case]:
+        layers = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"]
+        dsv4 = {"model_type": "deepseek_v4", "num_hidden_layers": 3, "index_topk": 8, "sliding_window": 16,
+                "layer_types": layers}
+        glm = {"model_type": "glm5_next", "text_config": {"num_hidden_layers": 2, "index_kpool": 16, "index_topk": 64,
+                                                          "layer_types": ["linear_attention", "indexed_attention"]}}
+        llama = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32, "vocab_size": 49152,
+                 "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 1024}
+        header = json.dumps({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}}).encode()
+        good_weights = struct.pack("<Q", len(header)) + header + bytes(24)
+        config_texts = {
+            "no config.json": None, "config.json empty": "", "config.json a list": "[1, 2]",
+            "config.json not UTF-8": b"\xff\xfe{", "model_type missing": {"num_hidden_layers": 2},
+            "model_type gpt_neox": {"model_type": "gpt_neox", "num_hidden_layers": 2},
+            "model_type a list": {"model_type": ["llama"], "num_hidden_layers": 2},
+            "num_hidden_layers -1": {**llama, "num_hidden_layers": -1},
+            "num_hidden_layers 'many'": {**llama, "num_hidden_layers": "many"},
+            "deepseek_v4 intact": dsv4,
+            "deepseek_v4 without index_topk": {k: v for k, v in dsv4.items() if k != "index_topk"},
+            "deepseek_v4 without sliding_window": {k: v for k, v in dsv4.items() if k != "sliding_window"},
+            "deepseek_v4 sliding_window 0": {**dsv4, "sliding_window": 0},
+            "deepseek_v4 index_topk 0": {**dsv4, "index_topk": 0},
+            "deepseek_v4 layer_types short": {**dsv4, "layer_types": layers[:1]},
+            "deepseek_v4 layer type unknown": {**dsv4, "layer_types": [*layers[:2], "dense"]},
+            "deepseek_v4 without layer_types": {k: v for k, v in dsv4.items() if k != "layer_types"},
+            "glm5_next top_k not a multiple of kpool": {**glm, "text_config": {**glm["text_config"], "index_topk": 40}},
+            "glm5_next kpool 0": {**glm, "text_config": {**glm["text_config"], "index_kpool": 0}},
+            "glm5_next text_config a list": {**glm, "text_config": [1]},
+            "minimax_m3_vl local blocks above top_k": {"model_type": "minimax_m3_vl", "text_config": {
+                "num_hidden_layers": 1, "index_block_size": 16, "index_topk_blocks": 2, "index_local_blocks": 5,
+                "layer_types": ["minimax_m3_sparse"]}},
+            "llama, weights that do not fit the config": llama,
+        }
+        weights = {"no weights": None, "weights empty": b"", "weights 7 bytes": b"1234567",
+                   "weights header length 2^63": struct.pack("<Q", 2**63) + b"{}",
+                   "weights header not JSON": struct.pack("<Q", 4) + b"nope",
+                   "weights header a list": struct.pack("<Q", 2) + b"[]",
+                   "weights shape not numbers": struct.pack("<Q", 40) + b'{"w":{"dtype":"F32","shape":["x"]}}'.ljust(40)}
+        tokenizers = {"tokenizer.json garbage": b"{not json", "tokenizer.json of another shape": b'{"model": 3}'}
+        smol_tokenizer = self.hf_tokenizer()  # made here, once, before the cases run in threads
+        cases = []
+
+        def folder_case(label, config, weight_bytes=good_weights, tokenizer=None):
+            folder, out = self.path("checkpoint"), self.path("run")
+
+            def make():
+                folder.mkdir()
+                if config is not None:
+                    text = config if isinstance(config, (str, bytes)) else json.dumps(config)
+                    (folder / "config.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+                if weight_bytes is not None:
+                    (folder / "model.safetensors").write_bytes(weight_bytes)
+                if tokenizer is not None:
+                    (folder / "tokenizer.json").write_bytes(tokenizer)
+                else:
+                    shutil.copyfile(smol_tokenizer, folder / "tokenizer.json")
+
+            return Case("checkpoints", label, [["inspect", str(folder)],
+                                               ["sweep", str(folder), *SWEEP, "--out", str(out)]],
+                        prepare=make, cleanup=[folder, out])
+
+        cases += [folder_case(label, config) for label, config in config_texts.items()]
+        cases += [folder_case(label, llama, data) for label, data in weights.items()]
+        cases += [folder_case(label, llama, good_weights, data) for label, data in tokenizers.items()]
+        deepseek4 = self.work / "tiny-deepseek4-export.gguf"
+        write_tiny_model("deepseek4", deepseek4, seed=0)
+        afile = self.work / "export-afile"
+        afile.write_bytes(b"x")
+        full = self.work / "export-full"
+        full.mkdir(exist_ok=True)
+        (full / "keep").write_bytes(b"x")
+        for label, source, out in [("export-hf of a deepseek4", deepseek4, self.work / "export-a"),
+                                   ("export-hf of a llama with rope_freqs", self.seed_model, self.work / "export-b"),
+                                   ("export-hf onto a file", self.seed_model, afile),
+                                   ("export-hf into a folder that holds a file", self.seed_model, full),
+                                   ("export-hf of a missing file", self.work / "none.gguf", self.work / "export-c"),
+                                   ("export-hf of a folder", self.work, self.work / "export-d")]:
+            cases.append(Case("checkpoints", label, [["export-hf", str(source), str(out)]]))
+        return cases
+
+    def hf_tokenizer(self) -> Path:
+        """SmolLM2's tokenizer.json (the tokenizers library's own conversion of its vocabulary), written once."""
+        path = self.work / "smollm2-tokenizer.json"
+        if not path.is_file():
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(str(self.smol.parent), gguf_file=self.smol.name).backend_tokenizer.save(str(path))
+        return path
 
     # -- validate on damaged tiny compressed models
     def validate(self) -> list[Case]:

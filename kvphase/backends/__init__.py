@@ -66,10 +66,26 @@ def server_backend(model: Model, *, n_ctx: int, n_threads: int | None = None,
     return open_server_backend(model, n_ctx=n_ctx, **(options or {}))
 
 
+def transformers_backend(model: Model, *, n_ctx: int, n_threads: int | None = None,
+                         options: dict | None = None) -> Backend:
+    """The model through transformers' own modeling code (`backends.hf.TransformersBackend`, the hf
+    extra): an HF checkpoint folder, or a GGUF file transformers dequantizes; takes no options, and
+    `n_ctx` does not apply (the cache grows as the context does)."""
+    from kvphase.backends.hf import TransformersBackend
+    from kvphase.gguf.modelinfo import as_model_info
+
+    options = dict(options or {})
+    options.pop("selection", None)
+    if options:
+        raise PlanError(f"the transformers backend takes no options, got {', '.join(options)}")
+    return TransformersBackend(as_model_info(model), n_threads=n_threads)
+
+
 BACKENDS: dict[str, Callable[..., Backend]] = {
     "llama.cpp": llamacpp_backend,
     "reference": reference_backend,
     "server": server_backend,
+    "transformers": transformers_backend,
 }
 
-__all__ = ["BACKENDS", "Backend", "llamacpp_backend", "reference_backend", "server_backend"]
+__all__ = ["BACKENDS", "Backend", "llamacpp_backend", "reference_backend", "server_backend", "transformers_backend"]

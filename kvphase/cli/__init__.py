@@ -193,6 +193,7 @@ with _starting():
     from kvphase.cli import theory_cmd  # noqa: E402,F401
     from kvphase.cli import conform_cmd  # noqa: E402,F401
     from kvphase.cli import interop_cmd  # noqa: E402,F401
+    from kvphase.cli import export_cmd  # noqa: E402,F401
 
 
 

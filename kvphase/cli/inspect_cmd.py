@@ -16,7 +16,7 @@ from kvphase.sweep.api import inspect as read_model_info
 
 @app.command()
 def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its head, cut after the tensor table), "
-                                                    "or its http(s) URL.")) -> None:
+                                                    "its http(s) URL, or an HF checkpoint folder.")) -> None:
     """Show a model's architecture, size, context and compression spec (reads no weights)."""
     info = read_model_info(model, partial=True)
     table = Table(show_header=False, box=None)
@@ -37,7 +37,7 @@ def inspect(model: str = typer.Argument(..., help="A .gguf model file (or its he
         ("context length", f"{info.context_length} tokens"),
         ("tokenizer", f"{info.tokenizer_model}, {info.vocab_size} tokens"),
         ("compression", info.compression.describe()),
-        *(("reach", line) for line in reach_of(info.compression, info.header.fields).lines()),
+        *(("reach", line) for line in reach_of(info.compression, info.declared_keys).lines()),
     ]
     for name, value in rows:
         table.add_row(name, markup(value))

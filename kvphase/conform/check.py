@@ -41,7 +41,7 @@ REFERENCE_ARCHITECTURES = ("gpt2", "deepseek4", "glm5-next")  # what kvphase's n
 class EngineChoice:
     """The engine the options name and how much of each plan it runs."""
 
-    backend: str = "llama.cpp"  # "llama.cpp", "reference" or "server"
+    backend: str = "llama.cpp"  # "llama.cpp", "reference", "server" or "transformers"
     urls: tuple[str, ...] = ()
     server_engine: str = "llama-server"
     threads: Optional[int] = None
@@ -140,6 +140,8 @@ def engine_plan(prepared: Prepared, choice: EngineChoice) -> tuple[SweepPlan, di
     connect = server_connection(choice.backend, choice.backend_settings)
     if choice.backend == "reference":
         return with_reference_design(plan, "trained", {}, prepared.info.n_layer), connect
+    if choice.backend == "transformers":  # the GGUF as transformers' own GGUF reader loads it (`backends.hf`)
+        return replace(plan, backend="transformers"), connect
     return with_backend(plan, connect, choice.backend_settings), connect
 
 

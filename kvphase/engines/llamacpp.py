@@ -149,8 +149,13 @@ class Vocab:
 
     @classmethod
     def load(cls, model: str | Path | ModelInfo) -> "Vocab":
-        """The vocabulary of a GGUF file alone (fast even for a model too big to run here)."""
+        """The vocabulary of a GGUF file alone (fast even for a model too big to run here); of an HF
+        checkpoint, its tokenizer.json (`checkpoint_vocab.CheckpointVocab`, no llama.cpp)."""
         info = as_model_info(model)
+        if info.header is None:
+            from kvphase.engines.checkpoint_vocab import CheckpointVocab
+
+            return CheckpointVocab(info)
         loaded = load_model(info, vocab_only=True)
         if not loaded:
             from kvphase.engines.memory import too_little_for_a_vocabulary

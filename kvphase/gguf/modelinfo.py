@@ -25,6 +25,7 @@ class CompressionSpec:
     stride: int | None  # tokens per compressed entry that sets the phase; None without compression
     layers: tuple[int, ...] = ()  # layers that carry the compressor or indexer
     params: dict[str, Any] = field(default_factory=dict)  # family-specific settings, as in the file
+    keys: dict[str, str] = field(default_factory=dict, compare=False)  # a param's key in an HF config.json (none: GGUF's)
 
     @property
     def compressed(self) -> bool:
@@ -58,6 +59,12 @@ class ModelInfo:
     needed_size: int | None = None  # a file cut inside its tensor data (partial=True): the whole file's size
 
     @property
+    def declared_keys(self):
+        """The metadata keys the file declares (a key it lacks reads as 0 in `compression`), or None for an HF
+        checkpoint, whose config.json keys `compression.keys` names."""
+        return self.header.fields if self.header is not None else None
+
+    @property
     def short_name(self) -> str:
         """A file-system friendly name for run folders: the file's name, or for a file named
         model.gguf (every `kvphase train` folder holds one) its folder's name, so that two
@@ -76,7 +83,12 @@ def as_model_info(model: str | Path | ModelInfo) -> ModelInfo:
 def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
     """Open a model: parse a GGUF file's (or URL's) header, the one parse everything below reads
     (`ModelInfo.header`); raise ModelFileError (GGUFError) if the file is unusable.
-    `partial`: a file cut inside its tensor data is read too (`read_gguf_header`)."""
+    `partial`: a file cut inside its tensor data is read too (`read_gguf_header`). A folder is an HF
+    checkpoint, read from its config.json (`gguf.checkpoint`; its ModelInfo has no header)."""
+    from kvphase.gguf.checkpoint import is_checkpoint, read_checkpoint_info
+
+    if is_checkpoint(path):
+        return read_checkpoint_info(path)
     header = read_gguf_header(path, partial=partial)
     path = header.path
     meta, tensors = Metadata(header), header.tensors

@@ -145,46 +145,54 @@ def reach_of(compression, declared: Collection[str] | None = None) -> Reach:
     params, family = compression.params, compression.family
     _positive = functools.partial(_positive_of, declared=declared)
     if family == "kpool":
-        kpool, top_k = _positive(params, "kpool", "glm5-next.attention.indexer.kpool"), params.get("top_k", 0)
-        _positive(params, "top_k", "glm5-next.attention.indexer.top_k")
+        key = _key_namer(compression, "glm5-next.attention.indexer.")
+        kpool, top_k = _positive(params, "kpool", key("kpool")), params.get("top_k", 0)
+        _positive(params, "top_k", key("top_k"))
         if top_k % kpool:
-            raise GGUFError(f"glm5-next.attention.indexer.top_k is {top_k}, expected a multiple of "
-                            f"attention.indexer.kpool ({kpool}): llama.cpp refuses the file")
+            raise GGUFError(f"{key('top_k')} is {top_k}, expected a multiple of {key('kpool').removeprefix('glm5-next.')} ({kpool}): "
+                            f"{'transformers' if compression.keys else 'llama.cpp'} refuses the file")
         return Reach("glm5-next", selection=(Selection("the k-pool indexer", "pool", kpool, top_k // kpool,
                                                        compression.layers),),
                      raw_window=kpool - 1 if params.get("select_tail") else 0, raw_window_name="tail pool",
-                     raw_window_key="glm5-next.attention.indexer.kpool_select_tail")
+                     raw_window_key=key("select_tail", "kpool_select_tail"))
     if family == "dsv4":
         return _deepseek4_reach(compression, _positive)
     if family == "msa":
-        block = _positive(params, "block_size", "minimax-m3.attention.indexer.block_size")
-        top_k = _positive(params, "top_k", "minimax-m3.attention.indexer.top_k")
+        key = _key_namer(compression, "minimax-m3.attention.indexer.")
+        block = _positive(params, "block_size", key("block_size"))
+        top_k = _positive(params, "top_k", key("top_k"))
         local = params.get("local_blocks", 0)
         if not 0 <= local <= top_k:
-            raise GGUFError(f"minimax-m3.attention.indexer.local_blocks is {local}, expected 0 to top_k ({top_k})")
+            raise GGUFError(f"{key('local_blocks')} is {local}, expected 0 to {key('top_k')} ({top_k})")
         return Reach("minimax-m3", selection=(Selection("the MSA block indexer", "block", block, top_k,
                                                         compression.layers, first_visible=1 - block),),
                      raw_window=local * block, raw_window_name=f"{local} local block{'s' if local != 1 else ''}",
-                     raw_window_key="minimax-m3.attention.indexer.local_blocks",
+                     raw_window_key=key("local_blocks"),
                      engine_condition=MSA_CONDITION)
     return Reach(compression.family)
 
 
 def _deepseek4_reach(compression, _positive) -> Reach:
-    params = compression.params
+    params, key = compression.params, _key_namer(compression, "deepseek4.attention.")
     ratios = _expand_runs(params.get("compress_ratios", ""))
     window = params.get("sliding_window")
     if window is not None and window < 1:
-        raise GGUFError(f"deepseek4.attention.sliding_window is {window}, expected a positive number of tokens")
+        raise GGUFError(f"{key('sliding_window')} is {window}, expected a positive number of tokens")
     pooling = tuple(Pooling({4: "CSA entries", 128: "HCA entries"}.get(r, f"ratio-{r} entries"), r,
                             tuple(i for i, x in enumerate(ratios) if x == r)) for r in sorted(set(ratios) - {0, 1}))
     csa_layers = tuple(i for i, x in enumerate(ratios) if x == 4)
     selection = ()
     if csa_layers:
-        top_k = _positive(params, "indexer_top_k", "deepseek4.attention.indexer.top_k")
+        top_k = _positive(params, "indexer_top_k", key("indexer_top_k", "indexer.top_k"))
         selection = (Selection("the lightning indexer", "entry", 4, top_k, csa_layers),)
     return Reach("deepseek4", pooling=pooling, selection=selection, raw_window=window or 0,
-                 raw_window_name="sliding window", raw_window_key="deepseek4.attention.sliding_window")
+                 raw_window_name="sliding window", raw_window_key=key("sliding_window"))
+
+
+def _key_namer(compression, gguf_prefix: str):
+    """The name of a param's key in the model's own file: config.json's (an HF checkpoint's `keys`), else
+    the GGUF key (`gguf_prefix` + its GGUF name, the param's name unless given)."""
+    return lambda name, gguf_name=None: compression.keys.get(name) or gguf_prefix + (gguf_name or name)
 
 
 def _positive_of(params: dict, name: str, key: str, declared: Collection[str] | None = None) -> int:

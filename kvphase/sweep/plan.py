@@ -269,7 +269,7 @@ def behind_raw_window(info, plan: SweepPlan, open_tokenizer: Callable[[], Tokeni
     a target there is not behind the compressor, and its residue says nothing of it. PlanError naming
     the key when the window leaves the context no room. A `kvphase train` model keeps the positions it
     learned."""
-    reach = reach_of(info.compression, info.header.fields) if info.trained is None else None
+    reach = reach_of(info.compression, info.declared_keys) if info.trained is None else None
     if reach is None or not reach.raw_window:
         return plan
     if reach.raw_window >= plan.context:
@@ -320,7 +320,7 @@ def default_context(info, default: int) -> tuple[int, str]:
     whole number of CONTEXT_STEP tokens; `gguf.reach`); then at most the longest the model holds beside
     the query. A `kvphase train` model is swept at the context it was trained at."""
     context, why = default, ""
-    reach = reach_of(info.compression, info.header.fields) if info.trained is None else None
+    reach = reach_of(info.compression, info.declared_keys) if info.trained is None else None
     if reach is not None and reach.default_length() > default + 1:
         context = -(-(reach.default_length() - 1) // CONTEXT_STEP) * CONTEXT_STEP
         why = (f"contexts of {context} tokens, so that {reach.read_share_text(context + 1)}: at {default} the "
@@ -370,7 +370,7 @@ class SweepDefaults:
         engine's own layout (or the dense control), else through the reference backend."""
         trained = info.trained
         if trained is None:
-            return cls()
+            return cls(backend="transformers") if info.header is None else cls()  # a checkpoint folder: no GGUF
         in_llamacpp = trained.in_engine_layout or not trained.compressed
         return cls(context=trained.context, per_residue=TRAINED_PER_RESIDUE,
                    task=trained.task, padding="in-sequence",

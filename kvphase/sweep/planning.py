@@ -62,7 +62,8 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     """Every run the options ask for, planned and named; PlanError, ModelFileError or GGUFError
     before any weights load. `say` hears the strides --stride all skips and each stride's power."""
     info = read_model_info(model if model is not None else default_model_path())
-    check_llama_limits(info.header)  # both backends read the file with llama.cpp: refuse what it would abort on
+    if info.header is not None:  # an HF checkpoint (no header) runs in transformers only
+        check_llama_limits(info.header)  # both backends read the file with llama.cpp: refuse what it would abort on
     if options.selection:
         indexer_unit(info)  # a file without an indexer is refused before its plans are built
     chosen = parse_stride(options.stride)  # None (the file's own), S, or ALL
@@ -123,6 +124,9 @@ def plan_sweep(info: ModelInfo, stride: Optional[int], options: SweepOptions, ev
     if why:
         plan = replace(plan, adjusted="; ".join(filter(None, [plan.adjusted, why])))
     chosen = options.backend or defaults.backend
+    if info.header is None and chosen != "transformers":
+        raise PlanError(f"{info.path} is an HF checkpoint folder: it runs through --backend transformers only "
+                        f"({chosen} reads GGUF files)")
     if chosen == "reference":
         return with_reference_design(plan, options.design or defaults.design, options.design_options, info.n_layer)
     if options.design is not None or options.design_options:

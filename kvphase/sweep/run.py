@@ -398,7 +398,13 @@ def result_row(target: Target, score, query_pos: int, backend: Backend) -> dict:
 
 def model_sha256(path: Path) -> str:
     """sha256 of a model file, read once per size and modification time (a resumed sweep checks it
-    before scoring and records it after)."""
+    before scoring and records it after). An HF checkpoint folder's: of its files' names and sha256s
+    (config.json, the weights, the tokenizer's), in name order."""
+    if path.is_dir():
+        import hashlib
+
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors"))
+        return hashlib.sha256("".join(f"{p.name}:{model_sha256(p)}\n" for p in files).encode()).hexdigest()
     stat = path.stat()
     return _sha256_of(path.resolve(), stat.st_size, stat.st_mtime_ns)
 

@@ -1,0 +1,29 @@
+"""`kvphase export-hf MODEL.gguf OUT/`: a GGUF model as an HF checkpoint folder (the hf extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kvphase.cli import app
+from kvphase.cli.text import plain
+
+
+@app.command("export-hf")
+def export_hf(
+    model: Path = typer.Argument(..., help="A llama .gguf model file (the default model's is `default`)."),
+    out: Path = typer.Argument(..., help="The HF checkpoint folder to write (new, or empty)."),
+) -> None:
+    """Write a llama GGUF as an HF checkpoint folder that transformers and `--backend transformers` load.
+
+    float32 safetensors, config.json and the file's tokenizer, through transformers' own GGUF reader."""
+    from kvphase.backends.hf_export import export_hf as write_checkpoint
+
+    if model == Path("default") and not model.exists():
+        from kvphase.defaults import default_model_path
+
+        model = default_model_path()
+    written = write_checkpoint(model, out)
+    typer.echo(f"wrote {plain(written.path)}: a {written.architecture} checkpoint of {written.n_params / 1e6:,.1f} M "
+               f"float32 parameters ({', '.join(written.files)})")
