@@ -17,7 +17,9 @@ from kvphase.sweep.backend_setup import (BackendSettings, open_backend, refuse_t
                                          with_reference_design)
 from kvphase.sweep.notices import Say, log_notice
 from kvphase.sweep.context_settings import AUTO_DENSITY
-from kvphase.sweep.plan import CONTROL_STRIDE, SweepDefaults, SweepPlan, make_plan, query_room
+from kvphase.sweep.context_settings import MAX_TARGETS
+from kvphase.sweep.plan import (CONTROL_STRIDE, SweepDefaults, SweepPlan, make_plan, query_room,
+                               stride_and_modulus)
 
 PROBE_CONTEXT = 512  # tokens before every query, where the model was not trained by kvphase
 PROBE_PER_RESIDUE = 8  # targets per residue in each of a probe's sweeps
@@ -130,7 +132,15 @@ def probe_flip(model: Optional[Path], options: ProbeOptions, stride: Optional[in
     s = stride if stride is not None else (info.compression.stride or CONTROL_STRIDE)
     if s < 2:  # before the shifts and the plan's size are derived from it
         raise PlanError(f"--stride must be at least 2, got {s}")
+    modulus = stride_and_modulus(info, s, None)[1]
+    most_targets = MAX_TARGETS // modulus * s  # the plan flip picks from holds ceil(targets / S) per residue
+    if targets > most_targets:
+        raise PlanError(f"--targets must be at most {most_targets} (one run holds {MAX_TARGETS} targets at mod "
+                        f"{modulus}), got {targets}")
     context = options.context
+    if context is None and info.trained is not None and cycles > (defaults.context - modulus) // s:
+        raise PlanError(f"--cycles must be at most {(defaults.context - modulus) // s}: {info.path.name} was trained "
+                        f"at {defaults.context} tokens and each cycle shifts targets {s} tokens; got {cycles}")
     if context is None:  # a trained model's positions end at its context: the longest shift must fit it
         context = defaults.context - (cycles * s if info.trained is not None else 0)
     n_ctx = context + cycles * s + query_room(info)

@@ -102,6 +102,18 @@ def test_cli_refuses_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_flip_counts_name_the_option_typed(tmp_path):
+    """Issue 76b: gated.gguf is trained at 64 tokens, S = M = 4: 15 cycles leave 4 tokens, 16 leave none;
+    4 x (65536 / 4) targets fill one run."""
+    for args, message in ((["--cycles", str(10**9)], "--cycles must be at most 15"),
+                          (["--cycles", "16"], "--cycles must be at most 15"),
+                          (["--targets", str(2**63)], "--targets must be at most 65536"),
+                          (["--targets", "65537"], "--targets must be at most 65536")):
+        result = runner.invoke(app, ["flip", str(TRAINED / "gated.gguf"), "--out", str(tmp_path / "run"), *args])
+        assert result.exit_code == 1 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.slow
 def test_a_trained_model_with_a_weak_phase_flips_periodically_and_its_dense_twin_does_not(tmp_path):
     """The positive controls of the training issue, with their own context, task and compressor:
