@@ -41,6 +41,9 @@ TOKENIZER_PROBES = (
 # file's of the same shape: two tiny llamas differing only in their seed score it 13.4 nats apart, one file
 # through llama-server and in process within 1e-3 (test_server_identity; another build or a GPU moves it more).
 PROBE_TOLERANCE = 0.5  # nats the probe's answer may move between the server and the file in process
+# requests per server at once: each is a worker thread here, and llama.cpp holds at most LLAMA_MAX_SEQ (256,
+# src/llama-cparams.h) sequences, so no llama-server has more slots than that
+MAX_SLOTS = 256
 PROBE_MAX_BYTES = 1 << 30  # a larger file is not loaded here for the probe (the server is there to hold it)
 
 
@@ -63,8 +66,9 @@ class ServerBackend:
     def __post_init__(self) -> None:
         """Each server checked; one that does not answer leaves as it would mid-run (the sweep goes
         on while one is left), one that answers wrongly stops everything (it is unfit, not lost)."""
-        if self.slots is not None and self.slots < 1:
-            raise PlanError(f"--slots must be at least 1, got {self.slots}")
+        if self.slots is not None and not 1 <= self.slots <= MAX_SLOTS:
+            raise PlanError(f"--slots must be 1 to {MAX_SLOTS} (a worker thread each; llama.cpp holds at most "
+                            f"{MAX_SLOTS} sequences), got {self.slots}")
         self._lock = threading.Lock()
         self.identified: dict[str, str] = {}  # url -> how its weights were identified with the file's
         self._own: Score | None = None  # the probe query scored by the file in process

@@ -91,6 +91,15 @@ def test_slots_limits_the_workers_per_server():
             backend_for(server, slots=5)
 
 
+@pytest.mark.parametrize("slots", [0, 257, 2**63])
+def test_slots_outside_what_llama_cpp_holds_are_refused_before_any_request(slots):
+    # 256: LLAMA_MAX_SEQ in the vendored src/llama-cparams.h; each slot is a worker thread here
+    with FakeServer(slots=4) as server:
+        with pytest.raises(PlanError, match=f"--slots must be 1 to 256 .*got {slots}$"):
+            backend_for(server, slots=slots)
+        assert server.completions == 0
+
+
 def test_unreachable_server_is_one_line():
     with FakeServer() as server:
         url = server.url
