@@ -65,6 +65,15 @@ def tiny_deepseek4(default_model, tmp_path_factory):
     return write_tiny_model("deepseek4", tmp_path_factory.mktemp("ds4") / "tiny-ds4.gguf", tokenizer_from=default_model)
 
 
+@pytest.fixture(scope="session")
+def default_sweep(tmp_path_factory):
+    """`kvphase sweep` with no options, resuming the committed example (tests/helpers/default_sweep.py):
+    one real model's full run folder for every module that needs one. Copy it before changing it."""
+    from tests.helpers.default_sweep import sweep_resuming_the_example
+
+    return sweep_resuming_the_example(tmp_path_factory.mktemp("default-sweep") / "demo")
+
+
 # Modules longest first, as measured: under `pytest -n 2 --dist loadfile` each worker takes the next
 # module when it runs dry, so the last ones to start are short and neither worker waits long for the
 # other at the end. tests/durations.json holds each module's CPU seconds (user + system of the test
