@@ -23,6 +23,7 @@ _pin_xdist_worker()
 
 import faulthandler  # noqa: E402
 import json  # noqa: E402
+import resource  # noqa: E402
 import signal  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -64,10 +65,21 @@ def tiny_deepseek4(default_model, tmp_path_factory):
     return write_tiny_model("deepseek4", tmp_path_factory.mktemp("ds4") / "tiny-ds4.gguf", tokenizer_from=default_model)
 
 
+@pytest.fixture(scope="session")
+def default_sweep(tmp_path_factory):
+    """`kvphase sweep` with no options, resuming the committed example (tests/helpers/default_sweep.py):
+    one real model's full run folder for every module that needs one. Copy it before changing it."""
+    from tests.helpers.default_sweep import sweep_resuming_the_example
+
+    return sweep_resuming_the_example(tmp_path_factory.mktemp("default-sweep") / "demo")
+
+
 # Modules longest first, as measured: under `pytest -n 2 --dist loadfile` each worker takes the next
 # module when it runs dry, so the last ones to start are short and neither worker waits long for the
-# other at the end. tests/durations.json holds each module's seconds (setup, call and teardown of its
-# tests) from a real run; `--store-durations` writes it again (docs/development.md, "Tests").
+# other at the end. tests/durations.json holds each module's CPU seconds (user + system of the test
+# process and of the commands it ran, over the setup, call and teardown of its tests) from a real run:
+# on a worker pinned to one CPU that is its seconds on an idle machine, and unlike wall time it does not
+# grow when the machine is shared. `--store-durations` writes it again (docs/development.md, "Tests").
 DURATIONS = Path(__file__).parent / "durations.json"
 
 
@@ -87,15 +99,41 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -seconds.get(_module(item, config.rootpath), -1.0))
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for (the commands
+    a test runs: `kvphase` subprocesses, llama-server)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_MARK = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_CPU_MARK] = cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report carries the CPU seconds it took (on the worker that ran it: xdist sends a
+    report's user_properties to the controller)."""
+    outcome = yield
+    now = cpu_seconds()
+    outcome.get_result().user_properties.append(("cpu_seconds", now - item.stash.get(_CPU_MARK, now)))
+    item.stash[_CPU_MARK] = now
+
+
 class _Durations:
-    """Sums each module's test durations as the reports arrive (from every xdist worker, on the controller)."""
+    """Sums each module's CPU seconds as the reports arrive (from every xdist worker, on the controller)."""
 
     def __init__(self, root: Path):
         self.root, self.seconds = root, {}
 
     def pytest_runtest_logreport(self, report):
         module = _module(report, self.root)
-        self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+        cpu = dict(report.user_properties).get("cpu_seconds", report.duration)
+        self.seconds[module] = self.seconds.get(module, 0.0) + cpu
 
     def pytest_sessionfinish(self, session):
         if hasattr(session.config, "workerinput"):  # a worker: the controller writes
