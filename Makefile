@@ -29,8 +29,11 @@ $(BASE): $(LLAMA)
 # and what the tests and benches need besides: the training extra (JAX) and the dev extra (pytest, Gemma)
 # kvphase's own modules byte-compiled as a regular install would be: under PYTHONDONTWRITEBYTECODE every
 # command the tests start (each its own process) would compile them again
+# torch first and by its exact pin: the CPU build on this kind of machine's disk (unpinned, a dependency would
+# pull a CUDA build of several GB); then the hf extra (`--backend transformers`, `kvphase export-hf`)
 $(STAMP): $(BASE)
-	$(BIN)/pip install --quiet -e ".[dev,train]"
+	$(BIN)/pip install --quiet "$$(sed -n 's/.*"\(torch==[^"]*\)".*/\1/p' pyproject.toml)"
+	$(BIN)/pip install --quiet -e ".[dev,train,hf]"
 	$(BIN)/python -m compileall -q kvphase
 	@touch $(STAMP)
 
