@@ -1001,7 +1001,9 @@ class Campaign:
                 [str(self.finished()[0]), str(out)], [str(self.finished()[0]), str(afile)],
                 [str(self.finished()[0]), "/proc/x"], [str(self.finished()[0] / "config.json"), str(out), "--model",
                                                        str(self.work / "nope.gguf")],
-                [str(self.finished()[0]), str(out), "--flag-mismatches", "--model", str(afile)])),
+                [str(self.finished()[0]), str(out), "--flag-mismatches", "--model", str(afile)],
+                [str(self.finished()[0]), str(out), "--name", ""], [str(self.finished()[0]), str(out), "--name",
+                                                                    "../../escape"])),
             *(["import", "lm-eval", *a] for a in (
                 [], [str(self.work / "nope.jsonl"), str(out)], [str(afile), str(out)], ["/dev/null", str(out)],
                 [str(self.work), str(out)], [str(self.fifo()), str(out)], [m, str(out)])),

@@ -171,6 +171,11 @@ def test_two_servers_give_the_results_of_one(tmp_path, binary, tiny, tiny_server
     assert np.array_equal(tiny_server_run["logprob"], two["logprob"]), spread
 
 
+def _warnings(stderr: str) -> list[str]:
+    """stderr's lines but the note every run without answer phases ends with (it says their axis was not planned)."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith("Note: this run's answer phase")]
+
+
 def sweep_killing_one(tiny, out, servers, victim, how: str = "kill") -> tuple[int, str]:
     """A sweep through `servers` in its own process, `victim` killed (or paused: `how` names the
     RunningServer method) once 16 rows are written: (exit code, stderr)."""
@@ -217,7 +222,7 @@ def test_a_server_paused_mid_run_hands_its_contexts_to_the_other(tmp_path, binar
             llama_server(tiny, binary=binary, threads=1, n_ctx_per_slot=1024) as b:
         returncode, stderr = sweep_killing_one(tiny, out, [a, b], b, how="pause")
     assert returncode == 0, stderr
-    assert stderr.strip().splitlines() == [
+    assert _warnings(stderr) == [
         f"Warning: {b.url} stopped answering: no answer to /completion within {MIN_PATIENCE_S:g} s, and none to "
         f"/health within {MIN_PATIENCE_S:g} s more; its contexts go to the other servers"], stderr
     assert_rows_of_a_clean_run(out, tiny_server_run)
@@ -260,7 +265,7 @@ def test_a_server_killed_mid_run_hands_its_contexts_to_the_others(tmp_path, bina
     with servers[0] as a, servers[1] as b, servers[2] as c:
         returncode, stderr = sweep_killing_one(tiny, out, [a, b, c], b)
     assert returncode == 0, stderr
-    assert stderr.strip().splitlines() == [f"Warning: {b.url} does not answer (connection refused) after 6 tries; "
+    assert _warnings(stderr) == [f"Warning: {b.url} does not answer (connection refused) after 6 tries; "
                                            "its contexts go to the other servers"], stderr
     assert_rows_of_a_clean_run(out, tiny_server_run)
     lost = json.loads((out / "manifest.json").read_text())["engine"]["lost"]

@@ -31,9 +31,12 @@ def test_a_shortfall_is_named_only_when_the_need_exceeds_what_is_available():
     assert shortfall(101 * MIB, available) == "about 101 MiB needed, 100 MiB available (a test limit)"
 
 
+# the command's imports, and a pandas column of strings: where pyarrow is installed (lm-eval brings it),
+# pandas keeps strings in pyarrow arrays, whose memory pool reserves about 1 GiB of address space on first use
 BASELINE = """
-import resource, kvphase.cli, llama_cpp
+import resource, kvphase.cli, llama_cpp, pandas
 from kvphase.engines.memory import _status_kib
+pandas.Series(["a", "bb"]).str.len()
 print(_status_kib("VmSize") * 1024)
 """
 
