@@ -12,6 +12,7 @@ the run folder for a resume.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -126,7 +127,7 @@ class ServerBackend:
         if info.n_ctx and info.n_ctx < self.n_ctx_needed:
             raise BackendError(f"{info.url} holds {info.n_ctx} tokens per slot, the sweep needs {self.n_ctx_needed}; "
                                f"restart it with a larger -c (times -np slots)")
-        self._check_weights(info, engine.kind, *self._check_forcing(engine))
+        self._check_weights(info, *self._check_forcing(engine))
         if self.slots is not None and engine.kind == LlamaServer.kind and self.slots > info.slots:
             raise BackendError(f"{info.url} has {info.slots} slots, --slots asks for {self.slots}; "
                                f"restart it with -np {self.slots}")
@@ -145,12 +146,10 @@ class ServerBackend:
             raise BackendError(f"{line}; `kvphase sweep --allow-model-mismatch` scores it anyway")
         self._warn(f"{line}; scored anyway (--allow-model-mismatch)")
 
-    def _check_weights(self, info: ServerInfo, kind: str, context: list[int], probe: list[Query], served: Score) -> None:
+    def _check_weights(self, info: ServerInfo, context: list[int], probe: list[Query], served: Score) -> None:
         """The server's weights against the file's (`self.model.weights`): the same bytes where the
         server's model path is a file here, else the probe query scored in process within PROBE_TOLERANCE;
-        neither possible, a warning that only the metadata was compared. How: `self.identified`. Only a
-        llama-server loads this very file; a probe cannot tell another engine's own copy (other dtypes) from
-        other weights."""
+        neither possible, a warning that only the metadata was compared. How: `self.identified`."""
         model = self.model
         if model is None or not (model.weights or model.no_weights):
             return
@@ -162,8 +161,8 @@ class ServerBackend:
                 self._refuse_other_model(f"{info.url} serves other weights ({info.model}), not {model.name}: its "
                                          f"file holds other bytes")
             return
-        if kind != LlamaServer.kind:
-            why = f"an {kind} engine serves its own copy of the weights, whose scores no probe in process predicts"
+        if not math.isfinite(served.logprob):
+            why = "the scoring route gave no log-probability of the probe's answer (it generated another)"
         elif model.weights is not None and model.weights.stat().st_size > PROBE_MAX_BYTES:
             why = f"{model.name} is over {PROBE_MAX_BYTES >> 30} GiB, too large to score a probe in process here"
         elif model.weights is not None:

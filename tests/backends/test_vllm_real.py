@@ -58,7 +58,9 @@ def routes(vllm, default_model, tmp_path_factory):
 
 
 def verdict(result) -> str:
-    return result.output.splitlines()[0].split(":")[0]
+    """The headline's class: the first line that is not a warning or note printed before or after it."""
+    lines = [line for line in result.output.splitlines() if not line.startswith(("Warning:", "Note:"))]
+    return lines[0].split(":")[0]
 
 
 def test_the_forced_route_through_vllm_reads_the_in_process_sweeps_verdict_within_the_stated_spread(routes,
