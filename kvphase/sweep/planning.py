@@ -78,9 +78,9 @@ def plan_sweep_runs(model: Optional[Path], options: SweepOptions, dry_run: bool 
     aim = calibration_aim(info, plans[0], options, dry_run)
     runs = [(plan, run_dir_for(info, plan, options.out, every_stride, aim)) for plan in plans]
     if options.query_phases is None:
-        runs = [(held_query_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
+        runs = [(held_setting(plan, run_dir, "query_phases"), run_dir) for plan, run_dir in runs]
     if options.answer_phases is None:
-        runs = [(held_answer_phases(plan, run_dir), run_dir) for plan, run_dir in runs]
+        runs = [(held_setting(plan, run_dir, "answer_phases"), run_dir) for plan, run_dir in runs]
     for stride, reason in skipped:
         say(Notice(f"--stride all: stride {stride} is not swept: {reason}", "attention"))
     if every_stride:
@@ -165,29 +165,17 @@ def with_selection(info: ModelInfo, plan: SweepPlan) -> SweepPlan:
     return replace(plan, selection=True)
 
 
-def held_query_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
-    """The plan with the query-phase setting of the folder it resumes, where the option was not given:
-    a compressed model's folder whose config.json has no query_phases key resumes as one query phase."""
+def held_setting(plan: SweepPlan, run_dir: Path, name: str) -> SweepPlan:
+    """The plan with the setting `name` (query_phases, answer_phases) of the folder it resumes, where the
+    option was not given: a folder whose config.json lacks the key resumes as it was planned (one query
+    phase; the answer's phase not planned)."""
     if not (run_dir / CONFIG_FILE).is_file():
         return plan
     try:
-        held = load_plan(run_dir).query_phases
+        held = getattr(load_plan(run_dir), name)
     except RunFolderError:  # a damaged config.json is named where the folder is checked
         return plan
-    return replace(plan, query_phases=held)
-
-
-def held_answer_phases(plan: SweepPlan, run_dir: Path) -> SweepPlan:
-    """The plan with the answer-phase setting of the folder it resumes, where the option was not given:
-    a folder whose config.json has no answer_phases key (every folder written before it) resumes as it
-    was planned, with the answer's phase not planned."""
-    if not (run_dir / CONFIG_FILE).is_file():
-        return plan
-    try:
-        held = load_plan(run_dir).answer_phases
-    except RunFolderError:  # a damaged config.json is named where the folder is checked
-        return plan
-    return replace(plan, answer_phases=held)
+    return replace(plan, **{name: held})
 
 
 def run_dir_for(info: ModelInfo, plan: SweepPlan, out: Optional[Path], every_stride: bool,
