@@ -245,21 +245,16 @@ def with_answer_phases(info, plan: SweepPlan, asked: Optional[bool],
     length (docs/sweep.md), which the answer's residue would carry as an effect of its own."""
     if not asked:  # off by default: the task's filler before the question moves a real model's accuracy
         return plan
-    try:
-        if info.trained is not None:
-            raise PlanError("--answer-phases does not apply to a `kvphase train` model: it learned its questions at "
-                            "exactly one position; use --no-answer-phases")
-        chosen = replace(plan, answer_phases=True)
-        room = query_room(info)
-        if info.context_length and plan.context + chosen.query_shift_room + room > info.context_length:
-            raise PlanError(f"--answer-phases does not fit: {info.path.name} has a {info.context_length}-token context "
-                            f"and the queries need up to {plan.modulus - 1 + room} tokens after the context; use a "
-                            "shorter --context or --no-answer-phases")
-        check_density(load_task(plan.task), open_tokenizer(), chosen.context_settings)
-    except PlanError:
-        if asked is None:
-            return plan
-        raise
+    if info.trained is not None:
+        raise PlanError("--answer-phases does not apply to a `kvphase train` model: it learned its questions at "
+                        "exactly one position; use --no-answer-phases")
+    chosen = replace(plan, answer_phases=True)
+    room = query_room(info)
+    if info.context_length and plan.context + chosen.query_shift_room + room > info.context_length:
+        raise PlanError(f"--answer-phases does not fit: {info.path.name} has a {info.context_length}-token context "
+                        f"and the queries need up to {plan.modulus - 1 + room} tokens after the context; use a "
+                        "shorter --context or --no-answer-phases")
+    check_density(load_task(plan.task), open_tokenizer(), chosen.context_settings)
     return chosen
 
 
