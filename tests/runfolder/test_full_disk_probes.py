@@ -38,13 +38,13 @@ def test_gate_activations_meets_a_full_disk_at_every_write(tmp_path):
 
 
 def test_cycle_meets_a_full_disk_at_its_own_files(tmp_path):
-    fill_the_disk_at_every_site(tmp_path, lambda out: ["cycle", GATED, "--k", "1", "--per-residue", "16", "--threads",
+    fill_the_disk_at_every_site(tmp_path, lambda out: ["cycle", GATED, "--k", "1", "--per-residue", "8", "--threads",
                                                        "1", "--out", out],
                                 lambda out: table_rows(out / "phases.csv"), only={"phases.csv", "cycling.png"})
 
 
 def test_knockout_meets_a_full_disk_at_its_own_files(tmp_path):
-    fill_the_disk_at_every_site(tmp_path, lambda out: ["knockout", GATED, "--per-residue", "16", "--layer", "0",
+    fill_the_disk_at_every_site(tmp_path, lambda out: ["knockout", GATED, "--per-residue", "8", "--layer", "0",
                                                        "--threads", "1", "--out", out],
                                 lambda out: table_rows(out / "effects.csv"), only={"head_means.json", "effects.csv"})
 
