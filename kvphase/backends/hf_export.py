@@ -92,3 +92,12 @@ def _written(out: Path, write) -> int:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return n_params
+
+
+def cached_checkpoint(model: Path, sha256: str, cache: Path) -> Path:
+    """An HF copy of the GGUF `model` (whose sha256 is given) in `cache`, exported once and reused: the
+    folder is named by the file's hash, and export-hf's staging and rename mean a folder that exists is whole."""
+    folder = cache / f"{model.stem}-{sha256[:16]}"
+    if not (folder / "config.json").is_file():
+        export_hf(model, folder)
+    return folder

@@ -169,7 +169,18 @@ def checkpoint_config(info: ModelInfo) -> dict:
         "bos_token_id": bos,
         "eos_token_id": meta.integer("tokenizer.ggml.eos_token_id", bos),
         "torch_dtype": "float32",
+        **trained_keys(info),
     }
+
+
+def trained_keys(info: ModelInfo) -> dict:
+    """A `kvphase train` file's kvphase.trained.* keys, copied into config.json (`checkpoint.TRAINED_KEYS`):
+    its plan (the context its questions sit at, the default stride and modulus) depends on them."""
+    from kvphase.gguf.checkpoint import TRAINED_KEYS
+    from kvphase.gguf.trained import TRAINED_PREFIX
+
+    keys = {name: value for name, value in info.header.fields.items() if name.startswith(TRAINED_PREFIX)}
+    return {TRAINED_KEYS: keys} if keys else {}
 
 
 def _layer_types(meta: Metadata, n_layer: int) -> tuple[list[str], dict[str, int]]:

@@ -13,6 +13,10 @@ from kvphase.gguf.modelinfo import ModelInfo
 
 
 def write_gguf_tokenizer(info: ModelInfo, folder: Path) -> None:
+    """tokenizer.json and tokenizer_config.json; nothing for a file without a tokenizer (make-tiny's
+    random models: their copy is scored on token ids, as the GGUF is)."""
+    if info.tokenizer_model in ("none", "unknown"):
+        return
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer, get_gguf_tokenizer
