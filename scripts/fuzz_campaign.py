@@ -485,6 +485,12 @@ class Campaign:
                  "model_type deepseek_v3": lambda c: {**c, "model_type": "deepseek_v3"},
                  "kvphase_trained a list": lambda c: {**c, "kvphase_trained": [1]},
                  "kvphase_trained design unknown": lambda c: {**c, "kvphase_trained": {"kvphase.trained.design": "zzz"}}}
+        for label, argv in (("validate --engine transformers, intact", ["--engine", "transformers"]),
+                            ("validate --engine transformers, --tokens 0", ["--engine", "transformers", "--tokens", "0"]),
+                            ("validate --engine transformers, --tokens past the context",
+                             ["--engine", "transformers", "--tokens", "99999"]),
+                            ("validate --engine unknown", ["--engine", "sglang"])):
+            cases.append(Case("exports", label, [["validate", str(intact), *argv]]))
         trained = Path(__file__).resolve().parents[1] / "tests/data/trained/csa-disjoint.gguf"
         for label, edit in edits.items():
             copy, out = self.path("copy"), self.path("run")

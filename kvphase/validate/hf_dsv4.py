@@ -114,3 +114,36 @@ class _Layers:
             verdict = set_agreement(ours, theirs, scores[t], min(self.top_k, int(visible[t].sum())))
             check.count(verdict, True, f"token {t}: transformers kept blocks {sorted(ours)}, llama.cpp's design "
                                        f"{sorted(theirs)}")
+
+
+def validate_through_transformers(model: str | Path, n_tokens: int | None, seed: int, tolerances) -> "ValidationReport":
+    """`kvphase validate MODEL --engine transformers`: the deepseek4 GGUF exported to HF layout in a temporary
+    folder (export-hf), one forward of validate's seeded prompt, each compressed layer checked (one split:
+    transformers has no micro-batches)."""
+    import tempfile
+
+    from kvphase.backends.hf_export import export_hf
+    from kvphase.errors import PlanError
+    from kvphase.gguf.header_only import require_weights
+    from kvphase.gguf.modelinfo import read_model_info
+    from kvphase.validate.options import deepseek4_tokens
+    from kvphase.validate.report import ValidationReport
+
+    info = read_model_info(model)
+    if info.architecture != ARCH:
+        raise PlanError(f"validate --engine transformers checks deepseek4 files (export-hf's layout); "
+                        f"{info.path.name} is {info.architecture}")
+    require_weights(info.header, "validate")
+    layers = _Layers(info)
+    n_tokens = int(n_tokens if n_tokens is not None else min(deepseek4_tokens(layers.ratios),
+                                                             info.context_length or deepseek4_tokens(layers.ratios)))
+    if n_tokens < 1 or seed < 0:
+        raise PlanError(f"--tokens must be at least 1 and --seed at least 0, got {n_tokens} and {seed}")
+    if info.context_length and n_tokens > info.context_length:
+        raise PlanError(f"--tokens {n_tokens} does not fit: {info.path.name} has a {info.context_length}-token context")
+    tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n_tokens).tolist()  # as validate's
+    with tempfile.TemporaryDirectory(prefix="kvphase-validate-") as scratch:
+        copy = export_hf(info, Path(scratch) / "hf").path
+        checks = transformers_layer_checks(info, copy, tokens)
+    return ValidationReport(model=info.path, architecture=info.architecture, family=info.compression.family,
+                            n_tokens=n_tokens, splits=[[n_tokens]], tolerances=tolerances, layers=checks)

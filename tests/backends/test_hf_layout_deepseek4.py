@@ -169,3 +169,13 @@ def test_export_hf_refuses_an_architecture_without_a_layout_and_a_full_folder(tr
     one_line_error(runner.invoke(app, ["export-hf", str(qwen), str(tmp_path / "q")]), "qwen3", "not written yet")
     one_line_error(runner.invoke(app, ["export-hf", str(CSA_DISJOINT), str(trained)]), "not an empty folder")
     assert not (tmp_path / "q").exists()
+
+
+def test_validate_through_transformers_prints_validates_table(tiny, tmp_path):
+    gguf, _ = tiny["top4"]
+    result = runner.invoke(app, ["validate", str(gguf), "--engine", "transformers", "--tokens", "130"])
+    assert result.exit_code == 0, result.output
+    assert "130 tokens, splits 130" in result.output and result.output.strip().endswith("PASS")
+    qwen = write_tiny_model("qwen3", tmp_path / "qwen3.gguf")
+    one_line_error(runner.invoke(app, ["validate", str(qwen), "--engine", "transformers"]), "deepseek4 files", "qwen3")
+    one_line_error(runner.invoke(app, ["validate", str(gguf), "--engine", "vllm"]), "--engine 'vllm'")
