@@ -80,6 +80,7 @@ CATEGORIES = {
     "memory": "too little memory (RLIMIT_AS) under sweep, training, probes and theory",
     "readonly": "read-only and immutable folders under every writing command",
     "checkpoints": "damaged HF checkpoint folders (inspect, sweep --backend transformers) and export-hf's bad input",
+    "exports": "export-hf of deepseek4 files transformers' config cannot express or damaged, and their copies edited",
 }
 # a tmpfs of its own in a user namespace, inputs copied in, then filled to leave $FREE bytes
 FULL_DISK = """set -e
@@ -425,13 +426,85 @@ class Campaign:
         full = self.work / "export-full"
         full.mkdir(exist_ok=True)
         (full / "keep").write_bytes(b"x")
-        for label, source, out in [("export-hf of a deepseek4", deepseek4, self.work / "export-a"),
+        for label, source, out in [("export-hf of a tiny deepseek4 (no tokenizer)", deepseek4, self.work / "export-a"),
                                    ("export-hf of a llama with rope_freqs", self.seed_model, self.work / "export-b"),
                                    ("export-hf onto a file", self.seed_model, afile),
                                    ("export-hf into a folder that holds a file", self.seed_model, full),
                                    ("export-hf of a missing file", self.work / "none.gguf", self.work / "export-c"),
                                    ("export-hf of a folder", self.work, self.work / "export-d")]:
             cases.append(Case("checkpoints", label, [["export-hf", str(source), str(out)]]))
+        return cases
+
+    # -- export-hf of deepseek4 files (kvphase/backends/hf_layout/deepseek4.py), and the copies it writes edited
+    def exports(self) -> list[Case]:
+        import numpy as np
+
+        from kvphase.gguf.tiny import init_tensor
+        from kvphase.gguf.tiny_archs import deepseek4_spec
+        from kvphase.gguf.writer import write_gguf
+
+        def ds4_file(name: str, **keys) -> Path:
+            path = self.work / f"ds4-{name}.gguf"
+            spec = deepseek4_spec()
+            for key, value in keys.items():
+                if value is None:
+                    spec.keys.pop(f"deepseek4.{key}", None)
+                else:
+                    spec.key(key, value)
+            rng = np.random.default_rng(0)
+            write_gguf(path, "deepseek4", spec.keys, ((n, init_tensor(rng, ne, kind)) for n, ne, kind in spec.tensors))
+            return path
+
+        files = {
+            "intact": {}, "indexer top_k missing": {"attention.indexer.top_k": None},
+            "indexer top_k 0": {"attention.indexer.top_k": 0}, "indexer heads missing": {"attention.indexer.head_count": None},
+            "compress_ratios short": {"attention.compress_ratios": [0, 4]},
+            "two HCA ratios": {"attention.compress_ratios": [4, 64, 128]}, "ratio 1": {"attention.compress_ratios": [1, 4, 128]},
+            "compress_ratios a string": {"attention.compress_ratios": "4"},
+            "hash layers": {"hash_layer_count": 1}, "hash layers 99": {"hash_layer_count": 99},
+            "per-layer clamps differ": {"swiglu_clamp_exp": [10.0, 7.0, 10.0]}, "sliding_window 0": {"attention.sliding_window": 0},
+            "value length differs": {"attention.value_length": 32}, "two KV heads": {"attention.head_count_kv": 2},
+            "gating function 3": {"expert_gating_func": 3}, "rope dims above head": {"rope.dimension_count": 999},
+            "YaRN scaling": {"rope.scaling.type": "yarn"}, "two shared experts": {"expert_shared_count": 2},
+        }
+        cases = []
+        for label, keys in files.items():
+            source, out = ds4_file(label.replace(" ", "-"), **keys), self.path("export")
+            cases.append(Case("exports", f"export-hf of a deepseek4, {label}", [["export-hf", str(source), str(out)]],
+                              cleanup=[out]))
+        intact = self.work / "ds4-intact.gguf"
+        raw = intact.read_bytes()
+        for label, content in (("cut in half", raw[: len(raw) // 2]), ("cut in the header", raw[:200]),
+                               ("a tensor's bytes flipped", raw[:-4000] + bytes(b ^ 0xFF for b in raw[-4000:]))):
+            damaged, out = self.path("damaged.gguf"), self.path("export")
+            cases.append(Case("exports", f"export-hf of a deepseek4 {label}", [["export-hf", str(damaged), str(out)]],
+                              prepare=lambda d=damaged, c=content: d.write_bytes(c), cleanup=[damaged, out]))
+        edits = {"HCA rate halved": lambda c: {**c, "compress_rates": {**c["compress_rates"], "heavily_compressed_attention": 64}},
+                 "index_topk removed": lambda c: {k: v for k, v in c.items() if k != "index_topk"},
+                 "layer_types one short": lambda c: {**c, "layer_types": c["layer_types"][:-1]},
+                 "model_type deepseek_v3": lambda c: {**c, "model_type": "deepseek_v3"},
+                 "kvphase_trained a list": lambda c: {**c, "kvphase_trained": [1]},
+                 "kvphase_trained design unknown": lambda c: {**c, "kvphase_trained": {"kvphase.trained.design": "zzz"}}}
+        for label, argv in (("validate --engine transformers, intact", ["--engine", "transformers"]),
+                            ("validate --engine transformers, --tokens 0", ["--engine", "transformers", "--tokens", "0"]),
+                            ("validate --engine transformers, --tokens past the context",
+                             ["--engine", "transformers", "--tokens", "99999"]),
+                            ("validate --engine unknown", ["--engine", "sglang"])):
+            cases.append(Case("exports", label, [["validate", str(intact), *argv]]))
+        trained = Path(__file__).resolve().parents[1] / "tests/data/trained/csa-disjoint.gguf"
+        for label, edit in edits.items():
+            copy, out = self.path("copy"), self.path("run")
+
+            def make(copy=copy, edit=edit):
+                from kvphase.backends.hf_export import export_hf
+
+                export_hf(trained, copy)
+                config = json.loads((copy / "config.json").read_text())
+                (copy / "config.json").write_text(json.dumps(edit(config)))
+
+            cases.append(Case("exports", f"an exported csa-disjoint, {label}",
+                              [["inspect", str(copy)], ["sweep", str(copy), "--backend", "transformers", "--per-residue",
+                                                       "4", "--out", str(out)]], prepare=make, cleanup=[copy, out]))
         return cases
 
     def hf_tokenizer(self) -> Path:

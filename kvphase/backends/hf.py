@@ -133,7 +133,8 @@ class TransformersBackend:
         context = tuple(int(t) for t in context)
         if context != self._context or self._cache is None:
             self._cache = None
-            _, self._cache = self._forward(context, self._cache, rows=())
+            if context:  # no context, no cache: each query starts its own (deepseek_v4 cannot run 0 tokens)
+                _, self._cache = self._forward(context, None, rows=())
             self._context = context
         for query in queries:
             tokens = tuple(query.prompt) + tuple(query.answer[:-1])

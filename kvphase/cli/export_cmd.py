@@ -12,12 +12,13 @@ from kvphase.cli.text import plain
 
 @app.command("export-hf")
 def export_hf(
-    model: Path = typer.Argument(..., help="A llama .gguf model file (the default model's is `default`)."),
+    model: Path = typer.Argument(..., help="A llama or deepseek4 .gguf model file (the default model's is `default`)."),
     out: Path = typer.Argument(..., help="The HF checkpoint folder to write (new, or empty)."),
 ) -> None:
-    """Write a llama GGUF as an HF checkpoint folder that transformers and `--backend transformers` load.
+    """Write a llama or deepseek4 GGUF as an HF checkpoint folder that transformers and `--backend transformers` load.
 
-    float32 safetensors, config.json and the file's tokenizer, through transformers' own GGUF reader."""
+    float32 safetensors, config.json and the file's tokenizer: a llama file through transformers' own GGUF
+    reader, a deepseek4 file in the DeepSeek-V4 checkpoint layout llama.cpp's converter reads."""
     from kvphase.backends.hf_export import export_hf as write_checkpoint
 
     if model == Path("default") and not model.exists():

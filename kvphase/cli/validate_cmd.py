@@ -39,6 +39,8 @@ def validate(
     cache_type: str = typer.Option(DEFAULT_CACHE_TYPE, "--cache-type", help="KV/indexer cache type: f32, or f16 (llama.cpp's "
                                    "default; the reference rounds where llama.cpp rounds)."),
     cache: Optional[str] = typer.Option(None, "--cache", hidden=True, help="The former name of --cache-type."),
+    engine: str = typer.Option("llama.cpp", help="llama.cpp, or transformers: a deepseek4 file exported to HF layout "
+                               "(export-hf) and read through transformers' deepseek_v4 by forward hooks, one split."),
 ) -> None:
     """Run MODEL through llama.cpp under several batch splits; compare every compressed layer to the reference."""
     from kvphase.validate.run import validate_file
@@ -46,6 +48,16 @@ def validate(
     cache = _cache_type(cache_type, cache)
     splits = [_parse_split(s) for s in split] if split else None
     status = Console(stderr=True)
+    if engine not in ("llama.cpp", "transformers"):
+        raise PlanError(f"--engine {engine!r}: expected llama.cpp or transformers")
+    if engine == "transformers":
+        from kvphase.validate.hf_dsv4 import validate_through_transformers
+
+        report = validate_through_transformers(model, tokens, seed, Tolerances(keys_tol, scores_tol, attention_tol))
+        _print(report)
+        if not report.passed:
+            raise typer.Exit(1)
+        return
 
     def on_split(index: int, count: int, sizes) -> None:
         batches = f"{len(sizes)} batch" + ("es" if len(sizes) != 1 else "")

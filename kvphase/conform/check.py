@@ -21,8 +21,8 @@ from kvphase.backends.base import ServerFleet
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows, paired_rows
 from kvphase.conform.paths import (MIN_ANSWER_MODULUS, SERVER_PATHS, PathCheck, cannot_run, large_blocks,
                                    model_paths, server_paths)
-from kvphase.conform.references import Reference
-from kvphase.errors import BackendError, ModelFileError, RunFolderError
+from kvphase.conform.references import ROOT, Reference
+from kvphase.errors import BackendError, ModelFileError, PlanError, RunFolderError
 from kvphase.gguf.modelinfo import ModelInfo, read_model_info
 from kvphase.options_check import check_record
 from kvphase.runfolder import SUMMARY_FILE, make_folder, read_json_object, write_atomic, write_csv, write_json
@@ -140,9 +140,26 @@ def engine_plan(prepared: Prepared, choice: EngineChoice) -> tuple[SweepPlan, di
     connect = server_connection(choice.backend, choice.backend_settings)
     if choice.backend == "reference":
         return with_reference_design(plan, "trained", {}, prepared.info.n_layer), connect
-    if choice.backend == "transformers":  # the GGUF as transformers' own GGUF reader loads it (`backends.hf`)
+    if choice.backend == "transformers":  # its HF copy (`engine_model`), or the GGUF as transformers' GGUF reader loads it
         return replace(plan, backend="transformers"), connect
     return with_backend(plan, connect, choice.backend_settings), connect
+
+
+HF_COPIES = ROOT / ".cache" / "hf-export"  # the references in HF layout, one folder per file hash
+
+
+def engine_model(prepared: Prepared, choice: EngineChoice) -> ModelInfo:
+    """The model the engine loads: for transformers, the reference in HF layout where export-hf writes its
+    architecture (exported once into HF_COPIES), else the GGUF itself (transformers' GGUF reader)."""
+    if choice.backend != "transformers":
+        return prepared.info
+    from kvphase.backends.hf_layout import LAYOUTS
+
+    if prepared.info.architecture not in LAYOUTS:
+        return prepared.info
+    from kvphase.backends.hf_export import cached_checkpoint
+
+    return read_model_info(cached_checkpoint(prepared.reference.model, prepared.reference.sha256, HF_COPIES))
 
 
 def lacking(info: ModelInfo, choice: EngineChoice) -> str:
@@ -166,9 +183,14 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
     if why:
         return Outcome(name, "cannot run", why, 0.0)
     plan, connect = engine_plan(prepared, choice)
+    try:
+        info = engine_model(prepared, choice)
+    except (PlanError, ModelFileError) as exc:
+        return Outcome(name, "cannot run", f"no HF copy of {prepared.reference.model.name}: {exc}",
+                       time.monotonic() - started)
     with ExitStack() as stack:
         try:
-            backend = stack.enter_context(open_backend(plan, prepared.info, choice.threads, connect, on_notice))
+            backend = stack.enter_context(open_backend(plan, info, choice.threads, connect, on_notice))
         except (BackendError, ModelFileError) as exc:
             if choice.backend == "server":  # a server that does not answer, or serves another model: the check stops
                 raise

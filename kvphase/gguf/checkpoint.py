@@ -18,9 +18,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvphase.errors import ModelFileError
+from kvphase.errors import GGUFError, ModelFileError
+from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import CompressionSpec, ModelInfo, _runs
 from kvphase.gguf.reach import reach_of
+from kvphase.gguf.trained import read_trained_spec
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -54,6 +56,7 @@ def read_checkpoint_info(folder: str | Path) -> ModelInfo:
     arch = ARCHITECTURES[model_type]
     compression = checkpoint_compression(arch, text, n_layer, folder)
     reach_of(compression)  # contradictory indexer settings (top_k not a multiple of kpool) refused by their key here
+    trained = _trained_spec(config, n_layer, text, folder)
     return ModelInfo(
         path=folder,
         file_size=sum(path.stat().st_size for path in weights),
@@ -67,7 +70,33 @@ def read_checkpoint_info(folder: str | Path) -> ModelInfo:
         vocab_size=int(text.get("vocab_size") or 0),
         compression=compression,
         header=None,  # no GGUF header: what reads one (llama.cpp, the numpy reference) refuses a checkpoint
+        trained=trained,
     )
+
+
+TRAINED_KEYS = "kvphase_trained"  # config.json's copy of a `kvphase train` file's kvphase.trained.* keys (export-hf)
+
+
+class _ConfigFields:
+    """config.json's copy of the GGUF keys as `Metadata` reads a header (fields, and a path to name)."""
+
+    def __init__(self, fields: dict, path: Path):
+        self.fields, self.path = fields, path
+
+
+def _trained_spec(config: dict, n_layer: int, text: dict, folder: Path):
+    """What `kvphase train` declared of an exported trained model (its plan depends on it), read and
+    checked as the GGUF's keys are; None for other checkpoints."""
+    keys = config.get(TRAINED_KEYS)
+    if keys is None:
+        return None
+    if not isinstance(keys, dict):
+        raise ModelFileError(f"{folder / CONFIG}: {TRAINED_KEYS} is a {type(keys).__name__}, expected a JSON object")
+    try:
+        return read_trained_spec(Metadata(_ConfigFields(keys, folder / CONFIG)), n_layer,
+                                 _whole(text, "num_attention_heads", folder))
+    except GGUFError as exc:
+        raise ModelFileError(f"{folder / CONFIG}: {TRAINED_KEYS}: {str(exc).split(': ', 1)[-1]}") from None
 
 
 def read_config(folder: Path) -> dict:
