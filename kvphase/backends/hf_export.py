@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvphase.backends.hf import HF_EXTRA, load_transformers_model
+from kvphase.backends.hf_layout import LAYOUTS
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
-EXPORTED = ("llama",)
+EXPORTED = ("llama",) + tuple(LAYOUTS)
 
 
 class Exported(NamedTuple):
@@ -38,6 +39,8 @@ def export_hf(model: str | Path | ModelInfo, out: str | Path) -> Exported:
     out = Path(out)
     if info.header is None:
         raise PlanError(f"{info.path} is already an HF checkpoint folder; export-hf reads a GGUF file")
+    if info.architecture in LAYOUTS:  # written from the GGUF's tensors by llama.cpp's converter read backwards
+        return _write_staged(info, out, LAYOUTS[info.architecture])
     if info.architecture not in EXPORTED:
         raise PlanError(f"export-hf writes {', '.join(EXPORTED)} models; {info.path.name} is {info.architecture}, "
                         "whose HF layout is not written yet")
@@ -71,3 +74,27 @@ def export_hf(model: str | Path | ModelInfo, out: str | Path) -> Exported:
         shutil.rmtree(staging, ignore_errors=True)
     return Exported(out, info.architecture, sum(p.numel() for p in clean.parameters()),
                     tuple(sorted(p.name for p in out.iterdir())))
+
+
+def _write_staged(info: ModelInfo, out: Path, write) -> Exported:
+    """`write(info, staging)` beside OUT, then renamed into place: a failure leaves no OUT."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PlanError(f"{out} exists and is not an empty folder; export-hf writes a new one")
+    try:
+        import safetensors  # noqa: F401
+        import tokenizers  # noqa: F401
+    except ImportError:
+        raise PlanError(f"export-hf needs the hf extra: {HF_EXTRA}") from None
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        write(info, staging)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except OSError as exc:
+        raise ModelFileError(f"could not write {out}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Exported(out, info.architecture, info.n_params, tuple(sorted(p.name for p in out.iterdir())))
