@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvphase.errors import ModelFileError
+from kvphase.errors import KvphaseError, ModelFileError
 from kvphase.gguf.modelinfo import CompressionSpec, ModelInfo, _runs
 from kvphase.gguf.reach import reach_of
 
@@ -66,8 +66,33 @@ def read_checkpoint_info(folder: str | Path) -> ModelInfo:
         tokenizer_model=_tokenizer_model(folder),
         vocab_size=int(text.get("vocab_size") or 0),
         compression=compression,
+        trained=_trained_spec(config, folder, n_layer, text),
         header=None,  # no GGUF header: what reads one (llama.cpp, the numpy reference) refuses a checkpoint
     )
+
+
+TRAINED_KEY = "kvphase_trained"  # export-hf's copy of a `kvphase train` file's kvphase.trained.* keys
+
+
+def _trained_spec(config: dict, folder: Path, n_layer: int, text: dict):
+    """What `kvphase train` declared for the GGUF this folder was exported from (its trained context sets the
+    sweep's query room), type-checked as the GGUF's keys are; None for other checkpoints."""
+    from types import SimpleNamespace
+
+    from kvphase.gguf.metadata import Metadata
+    from kvphase.gguf.trained import TRAINED_PREFIX, read_trained_spec
+
+    keys = config.get(TRAINED_KEY)
+    if keys is None:
+        return None
+    if not isinstance(keys, dict):
+        raise ModelFileError(f"{folder / CONFIG}: {TRAINED_KEY} is a {type(keys).__name__}, expected a JSON object")
+    fields = {TRAINED_PREFIX + str(k): v for k, v in keys.items()}
+    meta = Metadata(SimpleNamespace(fields=fields, path=folder / CONFIG))
+    try:
+        return read_trained_spec(meta, n_layer, int(text.get("num_attention_heads") or 0))
+    except KvphaseError as exc:
+        raise ModelFileError(str(exc).replace("metadata kvphase.trained.", f"{TRAINED_KEY}.")) from None
 
 
 def read_config(folder: Path) -> dict:

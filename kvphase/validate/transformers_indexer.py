@@ -46,9 +46,11 @@ def validate_checkpoint(model: str | Path | ModelInfo, n_tokens: int | None = No
     if info.header is not None or family not in CHECKERS:
         raise PlanError(f"{info.path.name}: the transformers indexer check reads a glm5-next or minimax-m3 "
                         "HF checkpoint folder (kvphase export-hf writes one)")
-    n = min(int(n_tokens or DEFAULT_TOKENS), info.context_length or DEFAULT_TOKENS)
-    if n < 2:
-        raise PlanError(f"--tokens must be at least 2, got {n}")
+    n = min(DEFAULT_TOKENS, info.context_length or DEFAULT_TOKENS) if n_tokens is None else int(n_tokens)
+    if n < 2 or seed < 0:
+        raise PlanError(f"--tokens must be at least 2 and --seed at least 0, got {n} and {seed}")
+    if info.context_length and n > info.context_length:
+        raise PlanError(f"--tokens {n} does not fit: {info.path.name} has a {info.context_length}-token context")
     model_, _ = load_transformers_model(info)
     tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n)
     checker = CHECKERS[family](info)

@@ -130,3 +130,8 @@ def test_an_impossible_tensor_leaves_no_folder(tmp_path):
     out = tmp_path / "out"
     one_line_error(runner.invoke(app, ["export-hf", str(gguf), str(out)]), "blk.1.ssm_a")
     assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("tokens, fragment", [("0", "--tokens must be at least 2"), ("100000", "does not fit")])
+def test_validate_of_a_folder_refuses_an_impossible_length(exported, tokens, fragment):
+    one_line_error(runner.invoke(app, ["validate", str(exported["minimax-m3-random"]), "--tokens", tokens]), fragment)

@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 
 from kvphase.errors import ModelFileError
+from kvphase.gguf.checkpoint import TRAINED_KEY
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
+from kvphase.gguf.trained import TRAINED_PREFIX
 
 
 class GGUFTensors:
@@ -63,6 +65,10 @@ def write_checkpoint_files(folder: Path, config: dict, tensors: dict[str, np.nda
     """config.json, model.safetensors (float32, contiguous) and, where the GGUF has a vocabulary, tokenizer.json."""
     from safetensors.numpy import save_file
 
+    trained = {k[len(TRAINED_PREFIX):]: v for k, v in info.header.fields.items()
+               if k.startswith(TRAINED_PREFIX) and not k.endswith("_count")}
+    if trained:  # what `kvphase train` declared (the trained context: the sweep's query room)
+        config = {**config, TRAINED_KEY: trained}
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     save_file({name: np.ascontiguousarray(a, dtype=np.float32) for name, a in tensors.items()},
               str(folder / "model.safetensors"), metadata={"format": "pt"})
