@@ -135,3 +135,13 @@ def test_an_impossible_tensor_leaves_no_folder(tmp_path):
 @pytest.mark.parametrize("tokens, fragment", [("0", "--tokens must be at least 2"), ("100000", "does not fit")])
 def test_validate_of_a_folder_refuses_an_impossible_length(exported, tokens, fragment):
     one_line_error(runner.invoke(app, ["validate", str(exported["minimax-m3-random"]), "--tokens", tokens]), fragment)
+
+
+def test_a_trained_files_declarations_travel_with_its_checkpoint(exported, tmp_path):
+    """The trained context (the sweep's query room), design and starts read back as the GGUF's."""
+    assert read_model_info(exported["glm-dense"]).trained == read_model_info(GGUFS["glm-dense"]).trained
+    folder = shutil.copytree(exported["glm-dense"], tmp_path / "damaged")
+    config = json.loads((folder / "config.json").read_text())
+    config["kvphase_trained"]["context"] = "many"
+    (folder / "config.json").write_text(json.dumps(config))
+    one_line_error(runner.invoke(app, ["inspect", str(folder)]), "kvphase_trained.context")
