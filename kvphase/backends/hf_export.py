@@ -8,8 +8,8 @@ file's vocabulary. The model it returns carries a GGUF quantization marker that 
 refuses, so its state dict is copied into a model built from the same config without the marker.
 The folder is written beside OUT and renamed into place: a failure leaves no half-written OUT.
 
-Only the llama architecture is exported: the deepseek4, glm5-next and minimax-m3 mappings (llama.cpp's
-converter read backwards) are not written yet, and are refused by name.
+glm5-next and minimax-m3 are written from the GGUF's own tensors (`hf_layout.LAYOUTS`: llama.cpp's
+converter read backwards), without torch; other architectures are refused by name.
 """
 
 from __future__ import annotations
