@@ -387,6 +387,15 @@ class Campaign:
                 "num_hidden_layers": 1, "index_block_size": 16, "index_topk_blocks": 2, "index_local_blocks": 5,
                 "layer_types": ["minimax_m3_sparse"]}},
             "llama, weights that do not fit the config": llama,
+            "glm5_next without index_topk": {**glm, "text_config": {
+                k: v for k, v in glm["text_config"].items() if k != "index_topk"}},
+            "glm5_next without index_kpool": {**glm, "text_config": {
+                k: v for k, v in glm["text_config"].items() if k != "index_kpool"}},
+            "glm5_next kvphase_trained a list": {**glm, "kvphase_trained": [1]},
+            "glm5_next kvphase_trained stride 'x'": {**glm, "kvphase_trained": {"design": "glm-kpool", "stride": "x"}},
+            "minimax_m3_vl without index_block_size": {"model_type": "minimax_m3_vl_text", "num_hidden_layers": 1,
+                                                       "index_topk_blocks": 2, "index_local_blocks": 1,
+                                                       "layer_types": ["minimax_m3_sparse"]},
         }
         weights = {"no weights": None, "weights empty": b"", "weights 7 bytes": b"1234567",
                    "weights header length 2^63": struct.pack("<Q", 2**63) + b"{}",
@@ -426,6 +435,12 @@ class Campaign:
         full = self.work / "export-full"
         full.mkdir(exist_ok=True)
         (full / "keep").write_bytes(b"x")
+        for arch in ("glm5-next", "minimax-m3"):  # written from the GGUF's tensors, then checked layer by layer
+            tiny, out = self.work / f"tiny-{arch}-export.gguf", self.work / f"export-{arch}"
+            write_tiny_model(arch, tiny, seed=0)
+            cases.append(Case("checkpoints", f"export-hf of a tiny {arch}, then validate it",
+                              [["export-hf", str(tiny), str(out)], ["validate", str(out), "--tokens", "24"],
+                               ["validate", str(out), "--tokens", "0"]], cleanup=[out]))
         for label, source, out in [("export-hf of a tiny deepseek4 (no tokenizer)", deepseek4, self.work / "export-a"),
                                    ("export-hf of a llama with rope_freqs", self.seed_model, self.work / "export-b"),
                                    ("export-hf onto a file", self.seed_model, afile),

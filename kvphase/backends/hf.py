@@ -35,7 +35,7 @@ def load_transformers_model(info: ModelInfo):
     ModelFileError naming what transformers refused (an architecture it lacks, a damaged file)."""
     try:
         import torch
-        from transformers import AutoModelForCausalLM
+        import transformers  # noqa: F401
     except ImportError:
         raise BackendError(f"--backend transformers needs the hf extra: {HF_EXTRA}") from None
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,11 +44,19 @@ def load_transformers_model(info: ModelInfo):
     where = (dict(pretrained_model_name_or_path=str(info.path)) if info.header is None else
              dict(pretrained_model_name_or_path=str(info.path.parent), gguf_file=info.path.name))
     try:
-        model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
+        model = causal_lm_class(info).from_pretrained(**where, dtype=torch.float32)
     except (ValueError, KeyError, OSError, RuntimeError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(f"transformers cannot load {info.path}: {first[:160]}") from None
     return model.to(device).eval(), device
+
+
+def causal_lm_class(info: ModelInfo):
+    """transformers' Auto class for the checkpoint's language model: AutoModelForCausalLM, or the image-text
+    class where that is the only head transformers registers (glm5_next: Glm5NextForConditionalGeneration)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if info.architecture == "glm5-next" else AutoModelForCausalLM
 
 
 def check_weights_fit(info: ModelInfo) -> None:
@@ -57,12 +65,12 @@ def check_weights_fit(info: ModelInfo) -> None:
     rest with random values and sweep them, or build a model many times larger than the folder (a
     config that leaves sizes at transformers' defaults, a released model's)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(str(info.path))
         with torch.device("meta"):
-            needed = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            needed = sum(p.numel() for p in causal_lm_class(info).from_config(config).parameters())
     except (ValueError, KeyError, OSError, RuntimeError, TypeError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelFileError(f"transformers cannot build the model {info.path}/config.json describes: {first[:160]}") from None

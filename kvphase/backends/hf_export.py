@@ -24,7 +24,7 @@ from kvphase.backends.hf_layout import LAYOUTS
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
-EXPORTED = ("llama",)
+EXPORTED = ("llama",) + tuple(LAYOUTS)
 
 
 class Exported(NamedTuple):
@@ -51,7 +51,7 @@ def export_hf(model: str | Path | ModelInfo, out: str | Path) -> Exported:
             import transformers  # noqa: F401
         except ImportError:
             raise PlanError(f"export-hf needs the hf extra: {HF_EXTRA}") from None
-        n_params = _written(out, lambda staging: LAYOUTS[info.architecture](info, staging))
+        n_params = _written(out, lambda staging: LAYOUTS[info.architecture](info, staging) or info.n_params)
         return Exported(out, info.architecture, n_params, tuple(sorted(p.name for p in out.iterdir())))
     if any(t.name == "rope_freqs.weight" for t in info.header.tensors):
         raise PlanError(f"{info.path.name} holds rope_freqs.weight (llama.cpp's RoPE frequency divisors), which "
@@ -101,3 +101,6 @@ def cached_checkpoint(model: Path, sha256: str, cache: Path) -> Path:
     if not (folder / "config.json").is_file():
         export_hf(model, folder)
     return folder
+    return Exported(out, info.architecture, sum(p.numel() for p in clean.parameters()),
+                    tuple(sorted(p.name for p in out.iterdir())))
+

@@ -12,13 +12,14 @@ from kvphase.cli.text import plain
 
 @app.command("export-hf")
 def export_hf(
-    model: Path = typer.Argument(..., help="A llama or deepseek4 .gguf model file (the default model's is `default`)."),
+    model: Path = typer.Argument(..., help="A llama, deepseek4, glm5-next or minimax-m3 .gguf model file (the default model's is `default`)."),
     out: Path = typer.Argument(..., help="The HF checkpoint folder to write (new, or empty)."),
 ) -> None:
-    """Write a llama or deepseek4 GGUF as an HF checkpoint folder that transformers and `--backend transformers` load.
+    """Write a GGUF as an HF checkpoint folder that transformers and `--backend transformers` load.
 
-    float32 safetensors, config.json and the file's tokenizer: a llama file through transformers' own GGUF
-    reader, a deepseek4 file in the DeepSeek-V4 checkpoint layout llama.cpp's converter reads."""
+    float32 safetensors, config.json and the file's tokenizer: a llama through transformers' own GGUF reader,
+    deepseek4, glm5-next and minimax-m3 in the layout of transformers' deepseek_v4 / glm5_next / minimax_m3_vl (llama.cpp's converter
+    read backwards)."""
     from kvphase.backends.hf_export import export_hf as write_checkpoint
 
     if model == Path("default") and not model.exists():
