@@ -142,6 +142,6 @@ def test_a_trained_files_declarations_travel_with_its_checkpoint(exported, tmp_p
     assert read_model_info(exported["glm-dense"]).trained == read_model_info(GGUFS["glm-dense"]).trained
     folder = shutil.copytree(exported["glm-dense"], tmp_path / "damaged")
     config = json.loads((folder / "config.json").read_text())
-    config["kvphase_trained"]["context"] = "many"
+    config["kvphase_trained"]["kvphase.trained.context"] = "many"
     (folder / "config.json").write_text(json.dumps(config))
-    one_line_error(runner.invoke(app, ["inspect", str(folder)]), "kvphase_trained.context")
+    one_line_error(runner.invoke(app, ["inspect", str(folder)]), "kvphase_trained", "context")
