@@ -135,14 +135,14 @@ def test_report_on_a_folder_that_is_not_a_run(tmp_path):
 @pytest.mark.slow
 def test_sweep_through_the_reference_backend(tmp_path, design_args, tiny_llama):
     out = tmp_path / "ref"
-    args = ["sweep", str(tiny_llama), "--backend", "reference", "--context", "320", "--per-residue", "8",
+    args = ["sweep", str(tiny_llama), "--backend", "reference", "--context", "320", "--per-residue", "2",
             "--out", str(out), "--quiet", *design_args]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
     assert config["backend"] == "reference" and config["backend_options"]["design"] == design_args[1]
     assert config["control"] is False
-    assert json.loads((out / "summary.json").read_text())["n_targets"] == 64
+    assert json.loads((out / "summary.json").read_text())["n_targets"] == 16
     assert "reference (design=" in (out / "report.md").read_text()
 
 

@@ -37,6 +37,9 @@ def _diff(a, b) -> str:
     return f"max {d.max():.3g}, mean {d.mean():.3g}"
 
 
+PER_RESIDUE = 8  # targets per phase in the two engines' knockouts: the agreement does not need more
+
+
 @pytest.mark.slow
 def test_llama_cpp_head_knockouts_equal_the_numpy_references_on_a_model_both_run(tmp_path):
     """The trained dense model runs in llama.cpp (gpt2) and in the numpy reference, whose
@@ -49,7 +52,7 @@ def test_llama_cpp_head_knockouts_equal_the_numpy_references_on_a_model_both_run
     runs = {}
     for backend in ("llama.cpp", "reference"):
         out = tmp_path / backend
-        result = runner.invoke(app, ["knockout", str(model), "--per-residue", "16", "--backend", backend,
+        result = runner.invoke(app, ["knockout", str(model), "--per-residue", str(PER_RESIDUE), "--backend", backend,
                                      "--threads", "1", "--out", str(out)])
         assert result.exit_code == 0, result.output
         runs[backend] = (json.loads((out / "head_means.json").read_text()), pd.read_csv(out / "effects.csv"))
@@ -62,8 +65,8 @@ def test_llama_cpp_head_knockouts_equal_the_numpy_references_on_a_model_both_run
     assert len(joined) == len(engine) == len(reference) == 2 * 4 * 4
     assert np.abs(joined.d_logprob_engine - joined.d_logprob_reference).max() < 0.01, \
         _diff(joined.d_logprob_engine, joined.d_logprob_reference)
-    assert np.abs(joined.d_correct_engine - joined.d_correct_reference).max() <= 100 / 16, \
-        _diff(joined.d_correct_engine, joined.d_correct_reference)  # one target of 16 may flip between engines
+    assert np.abs(joined.d_correct_engine - joined.d_correct_reference).max() <= 100 / PER_RESIDUE, \
+        _diff(joined.d_correct_engine, joined.d_correct_reference)  # one target of a phase may flip between engines
     assert joined.d_logprob_engine.abs().max() > 0.3  # the knockouts do something
     silent = engine[engine.component == "L1H1"]
     assert (silent.d_correct == 0).all() and silent.d_logprob.abs().max() < 1e-6, silent
