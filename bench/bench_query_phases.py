@@ -78,11 +78,20 @@ def rejected(p_values: list) -> str:
     return f"{np.mean([p < 0.05 for p in given]):.1%}" if given else "not computed"
 
 
+def forget_context(backend, context) -> None:
+    """Make the backend decode `context` again on its next call, as a sweep does once per context: answer
+    phases keep the context's tokens, so without this the plan timed second would reuse the first one's
+    cached context and be charged none of it (a one-token context replaces it, untimed)."""
+    target = context.targets[0].query
+    backend.score(context.tokens[:1], [target._replace(prompt=target.prompt[-1:], pad=0)])
+
+
 def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "tiny-deepseek4",
-                    varied_field: str = "query_phases") -> tuple[float, float]:
+                    varied_field: str = "query_phases") -> tuple[float, float, float]:
     """The wall time of the first `n_contexts` contexts of a plan with `varied_field` (query_phases,
     or answer_phases: bench_answer_phases.py) over the same plan without it, alternating context by
-    context, and the plain plan's seconds."""
+    context; the plain plan's seconds; and the same ratio in this process's CPU time (which other
+    processes on a loaded machine move less)."""
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.defaults import default_model_path, default_threads
     from kvphase.gguf.tiny import write_tiny_model
@@ -99,16 +108,18 @@ def wall_time_ratio(context: int, n_contexts: int, repeats: int, model: str = "t
             settings = replace(settings, per_residue=lanes)
             plans[varied] = build_contexts(load_task("records"), backend, settings)[:n_contexts]
         backend.score(plans[False][0].tokens, [t.query for t in plans[False][0].targets])  # warm-up, not timed
-        spent = {False: 0.0, True: 0.0}
+        spent, cpu = {False: 0.0, True: 0.0}, {False: 0.0, True: 0.0}
         for repeat in range(repeats):  # context by context, the two plans alternating, so load drifts hit both
             for i in range(n_contexts):
                 for varied in ((False, True) if (repeat + i) % 2 == 0 else (True, False)):
                     context = plans[varied][i]
-                    started = time.perf_counter()
+                    forget_context(backend, context)
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     backend.score(context.tokens, [t.query for t in context.targets])
                     spent[varied] += time.perf_counter() - started
+                    cpu[varied] += time.process_time() - cpu_started
         backend.close()
-    return spent[True] / spent[False], spent[False]
+    return spent[True] / spent[False], spent[False], cpu[True] / cpu[False]
 
 
 def main() -> None:
@@ -127,7 +138,7 @@ def main() -> None:
     if args.runs:
         print(false_positive_rates(args.runs).to_string(index=False))
     if not args.skip_time:
-        ratio, fixed = wall_time_ratio(args.context, args.contexts, args.repeats, args.model)
+        ratio, fixed, _ = wall_time_ratio(args.context, args.contexts, args.repeats, args.model)
         print(f"\nwall time on {args.model}, query phases / fixed phase: {ratio:.3f} ({args.contexts} contexts of "
               f"{args.context} tokens x {args.repeats}, fixed phase {fixed:.1f} s in all)")
 

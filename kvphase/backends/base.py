@@ -15,6 +15,7 @@ class Query(NamedTuple):
 
     prompt: tuple[int, ...]  # the question: e.g. the target key and separator
     answer: tuple[int, ...]  # the tokens that must follow
+    pad: int = 0  # leading prompt tokens other queries after the context share (answer phases): evaluated once, then branched
 
 
 class Score(NamedTuple):

@@ -5,7 +5,10 @@ gets a copy of that sequence (`llama_memory_seq_cp`: metadata only in a unified 
 cache, a state copy for recurrent layers), is decoded with logits requested only at the
 rows that predict answer tokens, and its sequence is removed again. That leaves the
 context untouched for the next query, also for models whose recurrent layers cannot
-roll back part of a sequence. minimax-m3 is the exception: llama.cpp runs its sparse attention
+roll back part of a sequence. Queries that start with the same pad (`Query.pad`: answer phases'
+filler before the question) branch from one copy of the context that holds the pad, decoded once
+per pad, so the queries of a context decode their pads once each (the same tokens at the same
+positions, in one more decode). minimax-m3 is the exception: llama.cpp runs its sparse attention
 only under flash attention with one KV stream per sequence (dense attention otherwise), so it
 gets a one-sequence context, flash attention, and each query decoded after the context in its
 own sequence and removed again (`engines.llamacpp.SPARSE_NEEDS_FLASH_ONE_STREAM`).
@@ -33,7 +36,7 @@ from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
-CONTEXT_SEQ, QUERY_SEQ = 0, 1
+CONTEXT_SEQ, QUERY_SEQ, PAD_SEQ = 0, 1, 2
 UNLOADABLE = "unsupported architecture or corrupt file"
 
 
@@ -66,7 +69,7 @@ class LlamaCppBackend:
         self.vocab = engine.Vocab(self._model)
         self.n_vocab = self.vocab.n_vocab
         self.n_batch = n_batch
-        # n_seq_max 2: the context, and the query scored on a copy of it; an architecture whose
+        # n_seq_max 3: the context, a copy of it holding a pad, and the query scored on a copy of either; an architecture whose
         # sparse attention needs one KV stream scores the query on the context's own sequence and
         # removes it again (rollback: its cache is attention only)
         self.architecture = engine.model_meta(self._model, "general.architecture")
@@ -78,7 +81,7 @@ class LlamaCppBackend:
         self._context_tap = None  # the every-decode tap the cached context was decoded under
         try:
             self._ctx = engine.new_context(self._model, n_ctx=n_ctx, n_batch=n_batch, n_threads=self.n_threads,
-                                           n_seq_max=1 if self.one_sequence else 2, flash_attn=self.flash_attn,
+                                           n_seq_max=1 if self.one_sequence else 3, flash_attn=self.flash_attn,
                                            kv_unified=not self.one_sequence, cache_type=cache_type,
                                            label=str(self.info.path),
                                            cb_eval=self.tap_point.c_callback if head_tap else None)
@@ -93,6 +96,7 @@ class LlamaCppBackend:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max(n_batch, 1), 0, 1)
         self._context: tuple[int, ...] = ()
+        self._pad: tuple[int, ...] = ()  # the pad PAD_SEQ holds after the context
         self.tokens_evaluated = 0
 
     def _tap_point(self):
@@ -144,14 +148,27 @@ class LlamaCppBackend:
         """Decode `context` once (kept while the next call passes the same one), then score
         each query after it."""
         self._check_and_load(context, queries)
-        return [score_from_logits(self._query_logits(len(context), query), query.answer) for query in queries]
+        return self._in_pad_order(queries, lambda query: score_from_logits(self._query_logits(len(context), query),
+                                                                           query.answer))
 
     def answer_logprobs(self, context: Sequence[int], queries: Sequence[Query],
                         cuts: Sequence[int] = ()) -> list[np.ndarray]:
         """What `score` evaluates, as each query's log-softmax rows (n_answer, n_vocab); `cuts`:
         offsets into the query's rows (prompt + answer[:-1]) where a new decode starts."""
         self._check_and_load(context, queries)
-        return [log_softmax_rows(self._query_logits(len(context), query, cuts)) for query in queries]
+        return self._in_pad_order(queries, lambda query: log_softmax_rows(self._query_logits(len(context), query, cuts)))
+
+    def _in_pad_order(self, queries: Sequence[Query], evaluate) -> list:
+        """`evaluate(query)` of every query, made in the order of their pads (each pad decoded once),
+        returned in the queries' order; the pad's copy of the context is dropped afterwards."""
+        order = sorted(range(len(queries)), key=lambda i: queries[i].prompt[:queries[i].pad])
+        results: list = [None] * len(queries)
+        try:
+            for i in order:
+                results[i] = evaluate(queries[i])
+        finally:
+            self._drop_pad()
+        return results
 
     def _check_and_load(self, context: Sequence[int], queries: Sequence[Query]) -> None:
         if any(not q.prompt or not q.answer for q in queries):
@@ -178,7 +195,7 @@ class LlamaCppBackend:
         # clear, not seq_rm(-1, -1, -1): glm5-next's hybrid (KDA + k-pool) memory refuses that removal
         # after a query was copied off the context, and the next context then fails to decode (status -1)
         self._lc.llama_memory_clear(self._memory, True)
-        self._context = ()
+        self._context, self._pad = (), ()
         for start in range(0, len(context), self.n_batch):
             chunk = context[start:start + self.n_batch]
             self._decode([(t, start + i, CONTEXT_SEQ, False) for i, t in enumerate(chunk)])
@@ -188,15 +205,33 @@ class LlamaCppBackend:
         """Decode the query on a copy of the context's sequence (in one batch, or in the parts
         `cuts` makes), then drop the copy; the logit rows that predict the answer tokens:
         (n_answer, n_vocab)."""
+        pad = query.pad if not (self.one_sequence or cuts) else 0  # cuts count from the query's first token
         if not self.one_sequence:
-            self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, QUERY_SEQ, -1, -1)
-        first_scored = len(query.prompt) - 1
-        rows = [(t, n_context + i, self._query_seq, i >= first_scored)
-                for i, t in enumerate(query.prompt + query.answer[:-1])]
+            self._lc.llama_memory_seq_cp(self._memory, self._pad_seq(n_context, query.prompt[:pad]), QUERY_SEQ, -1, -1)
+        first_scored = len(query.prompt) - 1 - pad
+        rows = [(t, n_context + pad + i, self._query_seq, i >= first_scored)
+                for i, t in enumerate(query.prompt[pad:] + query.answer[:-1])]
         try:
             return np.concatenate([self._decoded(rows[part.start:part.stop]) for part in cut_at(len(rows), cuts)])
         finally:
             self._lc.llama_memory_seq_rm(self._memory, self._query_seq, n_context if self.one_sequence else -1, -1)
+
+    def _pad_seq(self, n_context: int, pad: tuple[int, ...]) -> int:
+        """The sequence a query that starts with `pad` branches from: the context's (no pad), or its copy
+        holding the pad, decoded when it is not the pad it holds already."""
+        if not pad:
+            return CONTEXT_SEQ
+        if pad != self._pad:
+            self._drop_pad()
+            self._lc.llama_memory_seq_cp(self._memory, CONTEXT_SEQ, PAD_SEQ, -1, -1)
+            self._decode([(t, n_context + i, PAD_SEQ, False) for i, t in enumerate(pad)])
+            self._pad = pad
+        return PAD_SEQ
+
+    def _drop_pad(self) -> None:
+        if self._pad:
+            self._pad = ()
+            self._lc.llama_memory_seq_rm(self._memory, PAD_SEQ, -1, -1)
 
     @property
     def _query_seq(self) -> int:

@@ -132,7 +132,7 @@ def sweep(
                                                 "footer; targets stay put). Default on for a file that declares "
                                                 "compression where every context holds every residue, else off."),
     answer_phases: Optional[bool] = typer.Option(None, "--answer-phases/--no-answer-phases", help="Each target's "
-                                                 "answer at its own phase mod M (0 to M-1 filler tokens before its "
+                                                 "answer at its own phase mod M (a pad of 0 to M-1 tokens before its "
                                                  "question), balanced in every context and crossed with the target's. "
                                                  "Default on where every context holds every residue (not for a "
                                                  "`kvphase train` model); a folder resumes with its own setting."),

@@ -95,14 +95,14 @@ def check_matched_moments(targets: Sequence[Target], modulus: int) -> None:
 
 def plan_fingerprint(contexts: Sequence[Context]) -> str:
     """sha256 of every context's token ids and every target's id, position, key and answer (and the
-    filler its query carries, where it carries any: plans without answer phases keep their sums).
+    pad its query starts with, where it has one: plans without answer phases keep their sums).
 
     It depends on the tokenizer, the task files and the plan only, so it is the same on
     every machine: two runs with the same fingerprint scored the same targets.
     """
     digest = hashlib.sha256()
     for context in contexts:
-        targets = [(t.target_id, t.position, t.key, t.answer) + ((t.filler,) if t.filler else ())
+        targets = [(t.target_id, t.position, t.key, t.answer) + ((list(t.query.prompt[:t.filler]),) if t.filler else ())
                    for t in context.targets]
         digest.update(json.dumps([context.index, list(context.tokens), targets]).encode())
     return digest.hexdigest()

@@ -377,21 +377,33 @@ class Layout:
         m, s = self.settings.modulus, self.settings.stride
         return Context(index, tokens, tuple(
             self._with_answer_phase(Target(first_target_id + i, index, p, p % m, p % s, r.key, r.value, r.query), i,
-                                    len(tokens))
+                                    tokens)
             for i, (p, r) in enumerate(targets)
         ))
 
-    def _with_answer_phase(self, target: Target, order: int, context_length: int) -> Target:
-        """The target, under answer phases with the filler tokens (0 to M - 1, the filler stream from its
-        start) before its question that start its answer at `positions.answer_residue`."""
+    def _with_answer_phase(self, target: Target, order: int, context: tuple[int, ...]) -> Target:
+        """The target, under answer phases with the pad (0 to M - 1 tokens, `answer_pad`) before its
+        question that starts its answer at `positions.answer_residue`."""
         if not self.settings.answer_phases:
             return target
         m = self.settings.modulus
         wanted = answer_residue(target.residue, target.context_index, order, m)
-        filler = (wanted - context_length - len(target.query.prompt)) % m
-        stream = self.filler * (1 + filler // len(self.filler))
-        query = target.query._replace(prompt=tuple(stream[:filler]) + tuple(target.query.prompt))
-        return target._replace(query=query, filler=filler)
+        length = (wanted - len(context) - len(target.query.prompt)) % m
+        pad = self.answer_pad(length, context[-1])
+        query = target.query._replace(prompt=pad + tuple(target.query.prompt), pad=length)
+        return target._replace(query=query, filler=length)
+
+    def answer_pad(self, length: int, last: int) -> tuple[int, ...]:
+        """`length` tokens a question follows, chosen so that the model barely reads them: a space; or
+        spaces ending in the context's `last` token, so that the question follows the token it follows
+        without a pad (the flattest of the pads measured on SmolLM2: the task's filler, newlines, spaces,
+        dashes or filler or spaces ending in a newline, the footer's last tokens). Without a one-token space in
+        the vocabulary, the task's filler stream stands in for the spaces."""
+        space = self.records.ids(" ")
+        unit = space if len(space) == 1 else self.filler
+        if length < 2:
+            return tuple(unit[:length])
+        return tuple((unit * length)[:length - 1]) + (last,)
 
     def query_shift(self, index: int) -> int:
         """Filler tokens context `index` adds before its footer: its query's phase (0 without query phases)."""

@@ -239,11 +239,10 @@ def with_answer_phases(info, plan: SweepPlan, asked: Optional[bool],
     """The plan with each target's answer at its own phase when asked (True): it needs every context to
     hold every residue equally (targets per context a multiple of M), a model that is not a `kvphase
     train` one (it learned its questions at one position), and room for M - 1 more query tokens;
-    PlanError when asked for a plan that cannot take it. Not by default (None): on SmolLM2's default
-    plan the filler cost 1.65x the wall time (bench/bench_answer_phases.py), beyond the 5% a default may
-    cost, and the task's filler before the question moved SmolLM2's accuracy from 53% to 2-33% by its
-    length (docs/sweep.md), which the answer's residue would carry as an effect of its own."""
-    if not asked:  # off by default: the task's filler before the question moves a real model's accuracy
+    PlanError when asked for a plan that cannot take it. Not by default (None) yet: turning it on
+    changes the default plan, so the committed example folder and its claims must be regenerated with
+    it (the pad and its cost: docs/sweep.md, "Where generation starts")."""
+    if not asked:  # off by default until the committed example is regenerated with answer phases
         return plan
     if info.trained is not None:
         raise PlanError("--answer-phases does not apply to a `kvphase train` model: it learned its questions at "

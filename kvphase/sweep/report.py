@@ -154,13 +154,14 @@ def answer_phase_section(summary: Summary) -> tuple:
         ("verdict of this axis alone", answer.verdict)], columns=["quantity", "value"])
     return ("Per answer residue (where generation starts)",
             "Each target's answer starts at its own residue (answer_pos mod M: the context's length plus the query's "
-            "tokens, 0 to M - 1 filler tokens before the question included), every residue equally often in every "
+            "tokens, a pad of 0 to M - 1 tokens before the question included), every residue equally often in every "
             "context and crossed with the target's residue. Accuracy in percent with a 95% Wilson interval; the "
             "answer's residue is tested as the target's is, stratified by context, and the three accuracy tests are "
-            "read together with Holm's step-down rule (family-wise error 5%). The filler is part of what the model "
-            "reads, and its length goes with the answer's residue: a model that reads its question worse after "
-            "more filler shows that on this axis too, so an effect here is the engine's only where the same plan "
-            "through another engine (a reference, an unpatched build) shows none.",
+            "read together with Holm's step-down rule (family-wise error 5%). The pad (a space, or spaces and the "
+            "context's last token) is part of what the model reads, and its length goes with the answer's residue: "
+            "a model that reads its question worse after a longer pad shows that on this axis too, so an effect "
+            "here is the engine's only where the same plan through another engine (a reference, an unpatched "
+            "build) shows none.",
             markdown_table(overview), markdown_table(pd.DataFrame(answer.per_residue)), markdown_table(tests),
             figure_link(ANSWER_FIGURE_FILE, "accuracy by the answer's residue"))
 
@@ -288,8 +289,8 @@ def render_markdown(plan: SweepPlan, summary: Summary, manifest: dict, shifts: t
 
 def _query_start(plan: SweepPlan) -> str:
     return _context_end(plan) + (  # folders without answer phases read as they did
-        f"; each answer starts at its own residue mod {plan.modulus} (0 to {plan.modulus - 1} filler tokens before "
-        "its question)" if plan.answer_phases else "")
+        f"; each answer starts at its own residue mod {plan.modulus} (a pad of 0 to {plan.modulus - 1} tokens "
+        "before its question)" if plan.answer_phases else "")
 
 
 def _context_end(plan: SweepPlan) -> str:

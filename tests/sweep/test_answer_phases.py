@@ -80,15 +80,18 @@ def planned(llama_backend):
 def test_answers_start_at_every_residue_in_every_context_crossed_with_the_targets(llama_backend, planned):
     fixed, varied = planned
     maker = RecordMaker(load_task("records"), llama_backend)
-    filler = llama_backend.tokenize(load_task("records").filler_text)
+    space, newline = llama_backend.tokenize(" "), llama_backend.tokenize("\n")
+    assert len(space) == len(newline) == 1
     assert [c.tokens for c in fixed] == [c.tokens for c in varied]  # the contexts, every target, unchanged
     pairs = Counter()
     for context in varied:
         starts = Counter()
         for target in context.targets:
             question = maker.make(target.key, target.answer).query.prompt
-            assert 0 <= target.filler < M
-            assert target.query.prompt == tuple(filler[:target.filler]) + tuple(question)  # filler, then the question
+            assert 0 <= target.filler < M and context.tokens[-1:] == tuple(newline)
+            # a space, or spaces and a newline, then the question: it follows a newline as without a pad
+            pad = space * target.filler if target.filler < 2 else space * (target.filler - 1) + newline
+            assert target.query.prompt == tuple(pad) + tuple(question) and target.query.pad == target.filler
             answer_residue = (len(context.tokens) + len(target.query.prompt)) % M
             starts[answer_residue] += 1
             pairs[target.residue, answer_residue] += 1
@@ -102,6 +105,26 @@ def test_the_fingerprint_of_a_plan_without_answer_phases_is_unchanged(planned):
     fixed, varied = planned
     assert all(t.filler == 0 for c in fixed for t in c.targets)
     assert plan_fingerprint(fixed) != plan_fingerprint(varied)  # its queries are others: so is its sum
+
+
+def test_queries_that_share_a_pad_decode_it_once_and_score_as_if_each_decoded_its_own(llama_backend, planned):
+    """llama.cpp decodes a pad once for the queries of a context that start with it (`Query.pad`): that
+    spends exactly the repeated pads' tokens less (a hand count), and scores every query as when each
+    query decodes its whole prompt."""
+    context = planned[1][0]
+    queries = [t.query for t in context.targets]
+    llama_backend.score(context.tokens, queries[:1])  # the context decoded before anything is counted
+
+    def spent(batch):
+        before = llama_backend.tokens_evaluated
+        return llama_backend.score(context.tokens, batch), llama_backend.tokens_evaluated - before
+
+    shared, spent_shared = spent(queries)
+    alone, spent_alone = spent([q._replace(pad=0) for q in queries])
+    pads = {q.prompt[:q.pad] for q in queries}
+    assert len(pads) == M and spent_alone - spent_shared == sum(q.pad for q in queries) - sum(map(len, pads))
+    assert [s.correct for s in shared] == [s.correct for s in alone]
+    assert [s.logprob for s in shared] == pytest.approx([s.logprob for s in alone], rel=1e-4, abs=1e-3)
 
 
 @pytest.fixture(scope="module")
@@ -191,14 +214,14 @@ def test_a_folder_from_before_answer_phases_reads_as_not_planned(tmp_path):
     assert (folder / "report.md").read_text() == (EXAMPLE / "report.md").read_text()
 
 
-def test_answer_phases_are_planned_only_when_asked(info, tiny_deepseek4):
+def test_answer_phases_are_planned_when_asked_wherever_the_contexts_balance(info, tiny_deepseek4):
     asked = dict(stride=None, modulus=None, per_residue=None, padding="prefix", task="records", seed=0,
-                 targets_per_context="auto", answer_phases=None)
-    assert not make_plan(info, context=1024, **asked).answer_phases
-    assert make_plan(info, context=1024, **{**asked, "answer_phases": True}).answer_phases
-    compressed = read_model_info(tiny_deepseek4)
-    assert not make_plan(compressed, context=512, **asked).answer_phases
-    assert make_plan(compressed, context=512, **{**asked, "answer_phases": True}).answer_phases
+                 targets_per_context="auto", answer_phases=True)
+    assert make_plan(info, context=1024, **asked).answer_phases  # a control run included
+    assert not make_plan(info, context=1024, **{**asked, "answer_phases": None}).answer_phases  # not yet the default
+    assert make_plan(read_model_info(tiny_deepseek4), context=512, **asked).answer_phases
+    with pytest.raises(PlanError, match="--no-answer-phases"):
+        make_plan(info, context=256, **{**asked, "per_residue": 8, "targets_per_context": "task"})
 
 
 def _default_design():
