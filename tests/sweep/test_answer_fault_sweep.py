@@ -4,8 +4,8 @@ llama-server behind a proxy that spoils every answer starting at 3 mod 4
 asked to start at 3 mod 4, scores every one of them wrong, and headlines the fault naming where
 generation starts; the same sweep through the plain server names no effect.
 
-The sweeps ask for answer phases (not yet the default) and a small plan (16 contexts of 8
-targets at 512 tokens: 128 targets, 32 of them spoiled) and one thread. One llama-server serves both."""
+The sweeps ask for answer phases (not yet the default) and a small plan (32 contexts of 8
+targets at 512 tokens: 256 targets, 64 of them spoiled; at 16 contexts the run reads "too few targets") and one thread. One llama-server serves both."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kvphase.sweep.run import load_results
 from tests.helpers.answer_fault_proxy import AnswerFaultProxy
 
 pytestmark = pytest.mark.slow
-SMALL = ["--answer-phases", "--context", "512", "--targets-per-context", "8", "--contexts", "16", "--threads", "1", "-q"]
+SMALL = ["--answer-phases", "--context", "512", "--targets-per-context", "8", "--contexts", "32", "--threads", "1", "-q"]
 
 
 @pytest.fixture(scope="module")
