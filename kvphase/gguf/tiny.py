@@ -43,7 +43,7 @@ class ReleasedShape(NamedTuple):
     """A released model's indexer and window settings, written over a tiny model's (same tensors)."""
 
     arch: str
-    keys: dict[str, object]  # keys without the architecture prefix
+    keys: dict[str, object]  # keys of `kvphase.gguf.keys.Keys`, `{arch}` filled by `TinySpec.key`
     source: str  # where the values come from
 
 

@@ -6,7 +6,7 @@ llama-family layouts the numpy reference model runs. `kvphase.gguf.tiny` fills a
 
 Keys and tensor names follow `src/llama-arch.cpp`; shapes follow `load_arch_hparams` /
 `load_arch_tensors` in `src/models/{glm5-next,minimax-m3,deepseek4}.cpp`. The PyPI gguf
-package does not know these architectures, so every key is written by its string.
+package does not know these architectures, so their keys are named in `kvphase.gguf.keys`, as gguf-py names its own.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class TinySpec:
     tensors: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)  # (name, ne, init)
 
     def key(self, name: str, value: object) -> None:
+        """Set a key of this architecture (`Keys.LLM.BLOCK_COUNT`: its `{arch}` filled)."""
         self.keys[name.format(arch=self.arch)] = value
 
     def tensor(self, name: str, ne: tuple[int, ...], init: str = "w") -> None:

@@ -48,11 +48,11 @@ class GGUFTensors:
         return tensor_array(self._data, self._by_name[name])
 
     def key(self, name: str, default: Any = None) -> Any:
-        """`<arch>.<name>` from the metadata, `default` when absent (None: required, refused by name)."""
+        """Key `name` (`Keys.X`, its `{arch}` filled) from the metadata, `default` when absent (None: required, refused by name)."""
         return self.meta.get(name.format(arch=self.arch), default, "a value")
 
     def optional(self, name: str) -> Any:
-        """`<arch>.<name>`, or None where the file does not declare it."""
+        """Key `name` (its `{arch}` filled), or None where the file does not declare it."""
         return self.meta.fields.get(name.format(arch=self.arch))
 
     def integer(self, name: str, default: int | None = None) -> int:
