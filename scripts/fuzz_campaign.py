@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from kvphase.defaults import default_model_path  # noqa: E402
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.remote import REQUEST_DEADLINE  # noqa: E402
 from kvphase.gguf.tiny import TINY_ARCHS, write_tiny_model  # noqa: E402
 from tests.helpers.gguf_corpus import (ARRAY, FLOAT32, STRING, UINT32, crafted_files, layout, patched,  # noqa: E402
@@ -277,17 +278,17 @@ class Campaign:
                      for _ in range(self.rng.randint(1, 8))]
             cases.append(self.smol_case(f"flips {[(o, b.hex()) for o, b in flips]}", flips))
         targets = {
-            "llama.block_count": [0, 1, 513, 2**31, 2**32 - 1],
-            "llama.context_length": [0, 1, 2**32 - 1],
-            "llama.embedding_length": [0, 3, 2**32 - 1],
-            "llama.attention.head_count": [0, 7, 2**32 - 1],
-            "llama.attention.head_count_kv": [0, 5, 2**32 - 1],
-            "llama.feed_forward_length": [0, 2**32 - 1],
-            "llama.rope.dimension_count": [0, 2**32 - 1],
-            "llama.vocab_size": [0, 2**32 - 1],
-            "tokenizer.ggml.bos_token_id": [2**32 - 1, 10**6],
-            "tokenizer.ggml.eos_token_id": [2**32 - 1, 10**6],
-            "general.file_type": [2**32 - 1],
+            Keys.LLM.BLOCK_COUNT.format(arch='llama'): [0, 1, 513, 2**31, 2**32 - 1],
+            Keys.LLM.CONTEXT_LENGTH.format(arch='llama'): [0, 1, 2**32 - 1],
+            Keys.LLM.EMBEDDING_LENGTH.format(arch='llama'): [0, 3, 2**32 - 1],
+            Keys.Attention.HEAD_COUNT.format(arch='llama'): [0, 7, 2**32 - 1],
+            Keys.Attention.HEAD_COUNT_KV.format(arch='llama'): [0, 5, 2**32 - 1],
+            Keys.LLM.FEED_FORWARD_LENGTH.format(arch='llama'): [0, 2**32 - 1],
+            Keys.Rope.DIMENSION_COUNT.format(arch='llama'): [0, 2**32 - 1],
+            Keys.LLM.VOCAB_SIZE.format(arch='llama'): [0, 2**32 - 1],
+            Keys.Tokenizer.BOS_ID: [2**32 - 1, 10**6],
+            Keys.Tokenizer.EOS_ID: [2**32 - 1, 10**6],
+            Keys.General.FILE_TYPE: [2**32 - 1],
         }
         for key, values in targets.items():
             at = self.seed_fields.get(key)
@@ -303,7 +304,7 @@ class Campaign:
                             ("metadata count 0", (16, struct.pack("<Q", 0))),
                             ("tensor count 0", (8, struct.pack("<Q", 0)))]:
             cases.append(self.smol_case(label, [edit]))
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "general.architecture", "tokenizer.ggml.model"):
+        for key in (Keys.Tokenizer.LIST, Keys.Tokenizer.MERGES, Keys.General.ARCHITECTURE, Keys.Tokenizer.MODEL):
             at = self.seed_fields.get(key)
             if at is not None:
                 length_at = at.value_offset + (4 if at.value_type == ARRAY else 0)
@@ -318,9 +319,9 @@ class Campaign:
         llama = self.work / "tiny-llama.gguf"
         write_tiny_model("llama", llama, seed=0)
         fields, _ = layout(llama)
-        for key, v in [("llama.block_count", 0), ("llama.block_count", 513), ("llama.attention.head_count", 0),
-                       ("llama.attention.head_count_kv", 0), ("llama.embedding_length", 0),
-                       ("llama.context_length", 2**32 - 1)]:
+        for key, v in [(Keys.LLM.BLOCK_COUNT.format(arch='llama'), 0), (Keys.LLM.BLOCK_COUNT.format(arch='llama'), 513), (Keys.Attention.HEAD_COUNT.format(arch='llama'), 0),
+                       (Keys.Attention.HEAD_COUNT_KV.format(arch='llama'), 0), (Keys.LLM.EMBEDDING_LENGTH.format(arch='llama'), 0),
+                       (Keys.LLM.CONTEXT_LENGTH.format(arch='llama'), 2**32 - 1)]:
             if key in fields and fields[key].value_type == UINT32:
                 edit = [(fields[key].value_offset, u32(v))]
                 cases.append(self.model_case("crafted", f"tiny llama {key} = {v}",
@@ -463,7 +464,7 @@ class Campaign:
             spec = deepseek4_spec()
             for key, value in keys.items():
                 if value is None:
-                    spec.keys.pop(f"deepseek4.{key}", None)
+                    spec.keys.pop(key.format(arch='deepseek4'), None)
                 else:
                     spec.key(key, value)
             rng = np.random.default_rng(0)
@@ -471,16 +472,16 @@ class Campaign:
             return path
 
         files = {
-            "intact": {}, "indexer top_k missing": {"attention.indexer.top_k": None},
-            "indexer top_k 0": {"attention.indexer.top_k": 0}, "indexer heads missing": {"attention.indexer.head_count": None},
-            "compress_ratios short": {"attention.compress_ratios": [0, 4]},
-            "two HCA ratios": {"attention.compress_ratios": [4, 64, 128]}, "ratio 1": {"attention.compress_ratios": [1, 4, 128]},
-            "compress_ratios a string": {"attention.compress_ratios": "4"},
-            "hash layers": {"hash_layer_count": 1}, "hash layers 99": {"hash_layer_count": 99},
-            "per-layer clamps differ": {"swiglu_clamp_exp": [10.0, 7.0, 10.0]}, "sliding_window 0": {"attention.sliding_window": 0},
-            "value length differs": {"attention.value_length": 32}, "two KV heads": {"attention.head_count_kv": 2},
-            "gating function 3": {"expert_gating_func": 3}, "rope dims above head": {"rope.dimension_count": 999},
-            "YaRN scaling": {"rope.scaling.type": "yarn"}, "two shared experts": {"expert_shared_count": 2},
+            "intact": {}, "indexer top_k missing": {Keys.Attention.Indexer.TOP_K: None},
+            "indexer top_k 0": {Keys.Attention.Indexer.TOP_K: 0}, "indexer heads missing": {Keys.Attention.Indexer.HEAD_COUNT: None},
+            "compress_ratios short": {Keys.Attention.COMPRESS_RATIOS: [0, 4]},
+            "two HCA ratios": {Keys.Attention.COMPRESS_RATIOS: [4, 64, 128]}, "ratio 1": {Keys.Attention.COMPRESS_RATIOS: [1, 4, 128]},
+            "compress_ratios a string": {Keys.Attention.COMPRESS_RATIOS: "4"},
+            "hash layers": {Keys.LLM.HASH_LAYER_COUNT: 1}, "hash layers 99": {Keys.LLM.HASH_LAYER_COUNT: 99},
+            "per-layer clamps differ": {Keys.LLM.SWIGLU_CLAMP_EXP: [10.0, 7.0, 10.0]}, "sliding_window 0": {Keys.Attention.SLIDING_WINDOW: 0},
+            "value length differs": {Keys.Attention.VALUE_LENGTH: 32}, "two KV heads": {Keys.Attention.HEAD_COUNT_KV: 2},
+            "gating function 3": {Keys.LLM.EXPERT_GATING_FUNC: 3}, "rope dims above head": {Keys.Rope.DIMENSION_COUNT: 999},
+            "YaRN scaling": {Keys.Rope.SCALING_TYPE: "yarn"}, "two shared experts": {Keys.LLM.EXPERT_SHARED_COUNT: 2},
         }
         cases = []
         for label, keys in files.items():
@@ -534,11 +535,11 @@ class Campaign:
     # -- validate on damaged tiny compressed models
     def validate(self) -> list[Case]:
         edits = {
-            "glm5-next": {"attention.indexer.kpool": [0, 1, 3], "attention.indexer.top_k": [0, 5],
-                          "hyper_connection.count": [3], "block_count": [0, 513]},
-            "deepseek4": {"block_count": [0, 513, 9], "hyper_connection.count": [0], "attention.indexer.top_k": [0]},
-            "minimax-m3": {"attention.indexer.block_size": [0, 2**32 - 1], "attention.indexer.top_k": [0],
-                           "block_count": [0, 513], "attention.indexer.local_blocks": [2**32 - 1]},
+            "glm5-next": {Keys.Attention.Indexer.KPOOL: [0, 1, 3], Keys.Attention.Indexer.TOP_K: [0, 5],
+                          Keys.HyperConnection.COUNT: [3], Keys.LLM.BLOCK_COUNT: [0, 513]},
+            "deepseek4": {Keys.LLM.BLOCK_COUNT: [0, 513, 9], Keys.HyperConnection.COUNT: [0], Keys.Attention.Indexer.TOP_K: [0]},
+            "minimax-m3": {Keys.Attention.Indexer.BLOCK_SIZE: [0, 2**32 - 1], Keys.Attention.Indexer.TOP_K: [0],
+                           Keys.LLM.BLOCK_COUNT: [0, 513], Keys.Attention.Indexer.LOCAL_BLOCKS: [2**32 - 1]},
         }
         cases = []
         for arch in TINY_ARCHS:
@@ -553,13 +554,13 @@ class Campaign:
                 flips = [(self.rng.randrange(8, end), bytes([self.rng.randrange(256)])) for _ in range(3)]
                 variants.append((f"{arch} flips {[(o, b.hex()) for o, b in flips]}", flips, None))
             for name, values in edits.get(arch, {}).items():
-                at = fields.get(f"{arch}.{name}")
+                at = fields.get(name.format(arch=arch))
                 if at is None or at.value_type != UINT32:
                     continue
-                variants += [(f"{arch}.{name} = {v}", [(at.value_offset, u32(v))], None) for v in values]
-                variants.append((f"{arch}.{name} as float32 NaN", [(at.type_offset, u32(FLOAT32)),
+                variants += [(f'{name.format(arch=arch)} = {v}', [(at.value_offset, u32(v))], None) for v in values]
+                variants.append((f'{name.format(arch=arch)} as float32 NaN', [(at.type_offset, u32(FLOAT32)),
                                                                    (at.value_offset, struct.pack("<f", math.nan))], None))
-            ratios = fields.get(f"{arch}.attention.compress_ratios")
+            ratios = fields.get(Keys.Attention.COMPRESS_RATIOS.format(arch=arch))
             if ratios is not None and ratios.value_type == ARRAY:
                 variants += [(f"{arch} compress_ratios of length {n}", [(ratios.value_offset + 4, struct.pack("<Q", n))],
                               None) for n in (1, 2**40)]

@@ -33,6 +33,7 @@ from typing import Protocol, Sequence
 from kvphase.backends.base import Query, Score
 from kvphase.backends.transport import Http, Retry
 from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.keys import Keys
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,9 @@ class ModelFacts:
 
         first = model.header if isinstance(model, ModelInfo) else read_gguf_header(model, partial=True)
         tensors = [t for shard in [first, *map(read_gguf_header, other_shards(first))] for t in shard.tensors]
-        arch = first.fields.get("general.architecture")
-        numbers = {"n_vocab": n_vocab, "n_ctx_train": first.fields.get(f"{arch}.context_length"),
-                   "n_embd": first.fields.get(f"{arch}.embedding_length"),
+        arch = first.fields.get(Keys.General.ARCHITECTURE)
+        numbers = {"n_vocab": n_vocab, "n_ctx_train": first.fields.get(Keys.LLM.CONTEXT_LENGTH.format(arch=arch)),
+                   "n_embd": first.fields.get(Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)),
                    "n_params": sum(t.n_elements for t in tensors), "size": sum(t.n_bytes for t in tensors)}
         return cls(first.path.name, {k: v for k, v in numbers.items() if isinstance(v, int)},
                    weights=None if _without_weights(first) else Path(first.path), no_weights=_without_weights(first))

@@ -34,6 +34,7 @@ from kvphase.backends.base import Query, Score, cut_at, log_softmax_rows, score_
 from kvphase.defaults import default_threads
 from kvphase.engines import llamacpp as engine
 from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
 CONTEXT_SEQ, QUERY_SEQ, PAD_SEQ = 0, 1, 2
@@ -72,7 +73,7 @@ class LlamaCppBackend:
         # n_seq_max 3: the context, a copy of it holding a pad, and the query scored on a copy of either; an architecture whose
         # sparse attention needs one KV stream scores the query on the context's own sequence and
         # removes it again (rollback: its cache is attention only)
-        self.architecture = engine.model_meta(self._model, "general.architecture")
+        self.architecture = engine.model_meta(self._model, Keys.General.ARCHITECTURE)
         self.one_sequence = self.architecture in engine.SPARSE_NEEDS_FLASH_ONE_STREAM
         self.flash_attn = flash_attn or self.one_sequence
         self.n_threads = n_threads or default_threads()  # recorded in a run's manifest

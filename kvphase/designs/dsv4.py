@@ -55,6 +55,7 @@ from kvphase.designs.windows import (WindowLayout, ambiguous_top_k, check_cache_
                                      check_positive, check_shape, local_mask, prefix_mask, round_to_cache, rows_to_mask,
                                      softmax, top_k_indices)
 from kvphase.errors import PlanError
+from kvphase.gguf.keys import Keys
 
 CSA_RATIO = 4  # llama.cpp: the overlapped compressor with an indexer exists only at ratio 4
 HCA_RATIO = 128
@@ -381,12 +382,12 @@ def dsv4_rope_scaling(fields: dict, arch: str):
     params): freq_scale = 1/rope.scaling.factor unless the type is "none"; for "yarn" the
     ramp is on (ext_factor 1, betas 32 and 1, the original context length) and
     `dsv4_rope_attn_factor` cancels the magnitude correction. Returns (freq_scale, Yarn or None)."""
-    kind = str(fields.get(f"{arch}.rope.scaling.type", "linear")).lower()
-    factor = np.float32(fields.get(f"{arch}.rope.scaling.factor", 0.0) or 0.0)
+    kind = str(fields.get(Keys.Rope.SCALING_TYPE.format(arch=arch), "linear")).lower()
+    factor = np.float32(fields.get(Keys.Rope.SCALING_FACTOR.format(arch=arch), 0.0) or 0.0)
     freq_scale = float(np.float32(1) / factor) if factor != 0 and kind != "none" else 1.0
     if kind != "yarn":
         return freq_scale, None
-    n_ctx_orig = int(fields.get(f"{arch}.rope.scaling.original_context_length", 0)
-                     or fields.get(f"{arch}.context_length", 0))
+    n_ctx_orig = int(fields.get(Keys.Rope.SCALING_ORIG_CTX_LEN.format(arch=arch), 0)
+                     or fields.get(Keys.LLM.CONTEXT_LENGTH.format(arch=arch), 0))
     attn_factor = np.float32(1) / Yarn.boost(freq_scale)  # dsv4_rope_attn_factor
     return freq_scale, Yarn(ext_factor=1.0, n_ctx_orig=n_ctx_orig, attn_factor=float(attn_factor))

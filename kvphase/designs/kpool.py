@@ -19,15 +19,18 @@ src/llama-memory-hybrid-idx.cpp (llama.cpp vendored in llama-cpp-python 0.3.36):
    `indexer_sel_idx` on llama.cpp's gather path).
 
 A query that completes a pool has no tail: its own pool must win a top-k slot to be seen.
+
+`PostHocKPool` runs the same selection on any model's own queries and keys (the reference backend's
+"kpool" design): equal indexer weights, a uniform pooling gate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvphase.designs.base import default_query_positions
+from kvphase.designs.base import CompressedKV, default_query_positions
 from kvphase.designs.windows import (WindowLayout, ambiguous_top_k, check_cache_dtype, check_non_negative,
                                      check_positive, check_shape, prefix_mask, round_to_cache, rows_to_mask, softmax,
                                      tail_positions, top_k_indices)
@@ -211,3 +214,39 @@ class KPool:
             visible=self.visible(selected, positions, n_keys),
             ambiguous=ambiguous_top_k(scores, self.n_top_pools),
         )
+
+
+@dataclass(frozen=True)
+class PostHocKPool:
+    """GLM5's k-pool selection driven by the model's own attention (no trained indexer).
+
+    The KV head's query heads act as the indexer heads with equal weights, its keys as the
+    indexer keys, and the pooling gate is uniform (zero gate and zero ape), so a pool's key
+    is the mean of its keys. Selection, tail and prefix follow `designs.kpool.KPool`.
+    """
+
+    kpool: KPool
+
+    @classmethod
+    def of(cls, **options) -> PostHocKPool:
+        """The post-hoc k-pool of `KPool(**options)`, in float32 (no cache to round to)."""
+        return cls(KPool(cache_dtype="f32", **options))
+
+    @property
+    def start(self) -> int:
+        return self.kpool.start
+
+    def with_start(self, start: int) -> PostHocKPool:
+        return PostHocKPool(replace(self.kpool, start=start))
+
+    def compress(self, queries, keys, values, query_positions=None) -> CompressedKV:
+        n_query, n_group, head_dim = queries.shape  # queries of one KV head: (n_query, n_group, head_dim)
+        n_keys = keys.shape[0]
+        if keys.shape[1] != 1:
+            raise ValueError(f"PostHocKPool: expected the keys of one KV head, got {keys.shape[1]} heads")
+        weights = KPool.scale_weights(np.ones((n_query, n_group), np.float32), head_dim)  # (n_query, n_group)
+        zeros = np.zeros((n_keys, head_dim), np.float32)  # (n_keys, head_dim)
+        ape = np.zeros((self.kpool.kpool, head_dim), np.float32)  # (kpool, head_dim)
+        selection = self.kpool.forward(queries, weights, keys[:, 0], zeros, ape, query_positions)
+        positions = np.arange(n_keys)  # (n_keys,)
+        return CompressedKV(keys, values, selection.visible, positions, positions)

@@ -26,6 +26,7 @@ from kvphase.defaults import default_threads
 from kvphase.engines.llamacpp import SPARSE_NEEDS_FLASH_ONE_STREAM, extra_buffers_safe
 from kvphase.errors import BackendError, ModelFileError
 from kvphase.gguf.header import read_gguf_header
+from kvphase.gguf.keys import Keys
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_llama_server.sh"
 
@@ -61,7 +62,7 @@ def server_command(binary: Path, model: Path, port: int, *, slots: int = 1, n_ct
 def _flash_attention(model: Path) -> str:
     """"on" where the model's sparse attention needs it (else llama.cpp runs it dense), else "off"."""
     try:
-        architecture = read_gguf_header(model).fields.get("general.architecture")
+        architecture = read_gguf_header(model).fields.get(Keys.General.ARCHITECTURE)
     except ModelFileError:  # no file to read (a test's command line): the server reports it itself
         return "off"
     return "on" if architecture in SPARSE_NEEDS_FLASH_ONE_STREAM else "off"

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.errors import BackendError, PlanError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.limits import check_llama_limits
 from kvphase.gguf.header_only import require_weights
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
@@ -171,7 +172,7 @@ class Vocab:
 
     @property
     def architecture(self) -> str:
-        return model_meta(self._model, "general.architecture")
+        return model_meta(self._model, Keys.General.ARCHITECTURE)
 
     @property
     def prefix_ids(self) -> list[int]:

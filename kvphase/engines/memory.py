@@ -22,6 +22,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 
@@ -61,16 +62,16 @@ def memory_need(model: str | Path | ModelInfo, n_ctx: int, n_batch: int = 512, c
     """The estimate of the module docstring for `model` at `n_ctx` tokens."""
     header = as_model_info(model).header
     meta = Metadata(header)
-    arch = meta.text("general.architecture", "unknown")
-    n_layer = meta.integer(f"{arch}.block_count", 0)
-    n_head = max(meta.integers(f"{arch}.attention.head_count", [0]) or [0])
-    n_embd = meta.integer(f"{arch}.embedding_length", 0)
+    arch = meta.text(Keys.General.ARCHITECTURE, "unknown")
+    n_layer = meta.integer(Keys.LLM.BLOCK_COUNT.format(arch=arch), 0)
+    n_head = max(meta.integers(Keys.Attention.HEAD_COUNT.format(arch=arch), [0]) or [0])
+    n_embd = meta.integer(Keys.LLM.EMBEDDING_LENGTH.format(arch=arch), 0)
     head_dim = n_embd // n_head if n_head else 0
-    kv_heads = _per_layer(meta.integers(f"{arch}.attention.head_count_kv", [n_head]), n_layer)
-    width = meta.integer(f"{arch}.attention.key_length", head_dim) + meta.integer(f"{arch}.attention.value_length",
+    kv_heads = _per_layer(meta.integers(Keys.Attention.HEAD_COUNT_KV.format(arch=arch), [n_head]), n_layer)
+    width = meta.integer(Keys.Attention.KEY_LENGTH.format(arch=arch), head_dim) + meta.integer(Keys.Attention.VALUE_LENGTH.format(arch=arch),
                                                                                   head_dim)
     kv = sum(kv_heads) * width * n_ctx * bytes_per_value(cache_type)
-    vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
+    vocab = meta.integer(Keys.Tokenizer.LIST_COUNT, 0) or meta.integer(Keys.LLM.VOCAB_SIZE.format(arch=arch), 0)
     batch = min(n_batch, n_ctx)
     compute = 4 * batch * (n_ctx * n_head + vocab) + RUNTIME
     return MemoryNeed(header.source_size or header.file_size, int(kv), int(compute))

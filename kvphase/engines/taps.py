@@ -41,6 +41,7 @@ from kvphase.engines.capture import (
     GgmlTensor, callback_error, numpy_to_tensor, op_name, source_chain, split_name, tensor_name, tensor_to_numpy,
 )
 from kvphase.errors import BackendError
+from kvphase.gguf.keys import Keys
 
 # the eval callback as llama.cpp calls it, the tensor as a plain address: cheaper per call than a
 # pointer object, and the callback runs for every node of every decode
@@ -64,7 +65,7 @@ class GateSoftmax(NamedTuple):
 GATE_SOFTMAX = {
     "glm5-next": GateSoftmax(re.compile(r"blk\.(?P<layer>\d+)\.(?P<source>indexer_compressor_ape)\.weight"),
                              ("indexer_compressor_ape",), completed_last=True,
-                             channels_key="glm5-next.attention.indexer.key_length"),
+                             channels_key=Keys.Attention.Indexer.KEY_LENGTH.format(arch='glm5-next')),
     "deepseek4": GateSoftmax(re.compile(r"(?P<source>csa|lid)_state_compress-(?P<layer>\d+)"), ("csa", "lid"),
                              completed_last=False),
 }

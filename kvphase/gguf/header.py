@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, NamedTuple
 
 from kvphase.errors import GGUFError, ModelFileError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.remote import RemoteFile, Url, is_url
 
 GGUF_MAGIC = b"GGUF"
@@ -353,14 +354,13 @@ class _Parser:
 
     def alignment(self) -> int:
         """general.alignment as llama.cpp requires it: a uint32 power of two."""
-        if "general.alignment" not in self.fields:
+        if Keys.General.ALIGNMENT not in self.fields:
             return DEFAULT_ALIGNMENT
-        value, value_type = self.fields["general.alignment"], self.types["general.alignment"]
+        value, value_type = self.fields[Keys.General.ALIGNMENT], self.types[Keys.General.ALIGNMENT]
         if value_type != _UINT32:
-            raise GGUFError(f"corrupt GGUF file: {self.path} (general.alignment must be a uint32, "
-                            f"found {_TYPE_NAMES.get(value_type, value_type)})")
+            raise GGUFError(f'corrupt GGUF file: {self.path} ({Keys.General.ALIGNMENT} must be a uint32, found {_TYPE_NAMES.get(value_type, value_type)})')
         if value == 0 or value & (value - 1):
-            raise GGUFError(f"corrupt GGUF file: {self.path} (general.alignment must be a power of two, found {value})")
+            raise GGUFError(f'corrupt GGUF file: {self.path} ({Keys.General.ALIGNMENT} must be a power of two, found {value})')
         return value
 
     def tensor_record(self) -> tuple[str, tuple[int, ...], int, int, int]:

@@ -26,10 +26,11 @@ from typing import NamedTuple
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.header import (DEFAULT_ALIGNMENT, GGUF_MAGIC, LISTED_TENSORS, SOURCE_SIZE, GGUFHeader, TensorInfo,
                                  model_location, open_model_file, parse_gguf_header, read_gguf_header)
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.remote import Url
 from kvphase.runfolder.files import save_atomic
 
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+SPLIT_KEYS = (Keys.Split.LLM_KV_SPLIT_NO, Keys.Split.LLM_KV_SPLIT_COUNT, Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT)
 SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")  # llama.cpp's llama_split_path
 GGUF_STRING, GGUF_ARRAY, GGUF_UINT64 = 8, 9, 10
 SERVES = "it serves `inspect`, `sweep --dry-run` and `sweep --backend server`"
@@ -64,7 +65,7 @@ def write_header_only(source: str | Path, out: str | Path) -> HeaderOnly:
     listed = [f"{t.type_id} {','.join(str(d) for d in t.shape)} {t.name}" for t in tensors]
     body = (GGUF_MAGIC + struct.pack("<IQQ", header.version, 0, len(kept) + 2) + b"".join(records)
             + _string_array(LISTED_TENSORS, listed) + _uint64(SOURCE_SIZE, source_size))
-    alignment = header.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+    alignment = header.fields.get(Keys.General.ALIGNMENT, DEFAULT_ALIGNMENT)
     data = body + bytes(-len(body) % alignment)  # an empty data section, aligned as llama.cpp seeks to it
     save_atomic(out, lambda tmp: tmp.write_bytes(data))
     return HeaderOnly(out, len(data), source_size, len(tensors), len(shards))
@@ -73,12 +74,12 @@ def write_header_only(source: str | Path, out: str | Path) -> HeaderOnly:
 def other_shards(header: GGUFHeader) -> list[Path | Url]:
     """The shards after the first of a split model, beside it (at a URL: beside it on the server);
     PlanError when one is missing or `header` is not a first shard."""
-    count = header.fields.get("split.count", 1)
+    count = header.fields.get(Keys.Split.LLM_KV_SPLIT_COUNT, 1)
     if not isinstance(count, int) or count <= 1:
         return []
     match = SHARD_NAME.search(header.path.name)
-    if header.fields.get("split.no") != 0 or not match:
-        raise PlanError(f"{header.path} is shard {header.fields.get('split.no', '?')} of a split model; "
+    if header.fields.get(Keys.Split.LLM_KV_SPLIT_NO) != 0 or not match:
+        raise PlanError(f"{header.path} is shard {header.fields.get(Keys.Split.LLM_KV_SPLIT_NO, '?')} of a split model; "
                         f"give its first shard (NAME-00001-of-{count:05d}.gguf)")
     stem = header.path.name[:match.start()]
     paths = [header.path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(2, count + 1)]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvphase.gguf.header import GGUFHeader, TensorInfo, read_gguf_header
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 
 from kvphase.gguf.trained import GLM5_REFERENCE_DESIGNS, TRAINED_PREFIX, TrainedSpec, read_trained_spec
@@ -92,23 +93,23 @@ def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
     header = read_gguf_header(path, partial=partial)
     path = header.path
     meta, tensors = Metadata(header), header.tensors
-    arch = meta.text("general.architecture", "unknown")
-    vocab = meta.integer("tokenizer.ggml.tokens_count", 0) or meta.integer(f"{arch}.vocab_size", 0)
-    n_layer = meta.integer(f"{arch}.block_count", 0)
+    arch = meta.text(Keys.General.ARCHITECTURE, "unknown")
+    vocab = meta.integer(Keys.Tokenizer.LIST_COUNT, 0) or meta.integer(Keys.LLM.VOCAB_SIZE.format(arch=arch), 0)
+    n_layer = meta.integer(Keys.LLM.BLOCK_COUNT.format(arch=arch), 0)
     return ModelInfo(
         path=path,
         file_size=header.file_size,
         architecture=arch,
-        name=meta.text("general.name", path.stem),
+        name=meta.text(Keys.General.NAME, path.stem),
         n_params=sum(t.n_elements for t in tensors),
         quantization=_quantization(meta, tensors),
-        context_length=meta.integer(f"{arch}.context_length", 0),
+        context_length=meta.integer(Keys.LLM.CONTEXT_LENGTH.format(arch=arch), 0),
         n_layer=n_layer,
-        tokenizer_model=meta.text("tokenizer.ggml.model", "unknown"),
+        tokenizer_model=meta.text(Keys.Tokenizer.MODEL, "unknown"),
         vocab_size=vocab,
         compression=compression_spec(arch, meta, [t.name for t in tensors], n_layer),
         header=header,
-        trained=read_trained_spec(meta, n_layer, meta.integer(f"{arch}.attention.head_count", 0)),
+        trained=read_trained_spec(meta, n_layer, meta.integer(Keys.Attention.HEAD_COUNT.format(arch=arch), 0)),
         weights_size=header.source_size,
         needed_size=header.needed_size,
     )
@@ -117,11 +118,11 @@ def read_model_info(path: str | Path, partial: bool = False) -> ModelInfo:
 def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer: int) -> CompressionSpec:
     """The compression an architecture declares; `none` for architectures without one."""
     if arch == "glm5-next":
-        kpool = meta.integer(f"{arch}.attention.indexer.kpool", 0)
+        kpool = meta.integer(Keys.Attention.Indexer.KPOOL.format(arch=arch), 0)
         if meta.fields.get(TRAINED_PREFIX + "design") in GLM5_REFERENCE_DESIGNS:  # llama.cpp would run its k-pool keys
             return CompressionSpec(
                 family="trained-glm-msa", stride=kpool, layers=_layers_with(tensor_names, "indexer_compressor_ape"),
-                params={"block_size": kpool, "top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0) // max(kpool, 1),
+                params={"block_size": kpool, "top_k": meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=arch), 0) // max(kpool, 1),
                         "local_blocks": 1, "runs_in": "the reference only"})
         return CompressionSpec(
             family="kpool",
@@ -129,12 +130,12 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
             layers=_layers_with(tensor_names, "indexer_compressor_ape"),
             params={
                 "kpool": kpool,
-                "top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0),
-                "select_tail": meta.flag(f"{arch}.attention.indexer.kpool_select_tail", False),
+                "top_k": meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=arch), 0),
+                "select_tail": meta.flag(Keys.Attention.Indexer.KPOOL_SELECT_TAIL.format(arch=arch), False),
             },
         )
     if arch == "deepseek4":
-        ratios = meta.integers(f"{arch}.attention.compress_ratios", [])
+        ratios = meta.integers(Keys.Attention.COMPRESS_RATIOS.format(arch=arch), [])
         if len(ratios) == 1 and n_layer > 1:
             ratios = ratios * n_layer
         compressed = sorted({r for r in ratios if r > 1})
@@ -143,22 +144,22 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
             stride=compressed[0] if compressed else None,
             layers=tuple(i for i, r in enumerate(ratios) if r > 1),
             params={"compress_ratios": _runs(ratios), "strides": compressed,
-                    "indexer_top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0),
-                    "sliding_window": meta.integer(f"{arch}.attention.sliding_window", 0)},
+                    "indexer_top_k": meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=arch), 0),
+                    "sliding_window": meta.integer(Keys.Attention.SLIDING_WINDOW.format(arch=arch), 0)},
         )
     if arch == "minimax-m3":
-        block = meta.integer(f"{arch}.attention.indexer.block_size", 0)
+        block = meta.integer(Keys.Attention.Indexer.BLOCK_SIZE.format(arch=arch), 0)
         return CompressionSpec(
             family="msa",
             stride=block,
             layers=_layers_with(tensor_names, "msa") or _layers_with(tensor_names, "indexer"),
             params={
                 "block_size": block,
-                "top_k": meta.integer(f"{arch}.attention.indexer.top_k", 0),
-                "local_blocks": meta.integer(f"{arch}.attention.indexer.local_blocks", 0),
+                "top_k": meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=arch), 0),
+                "local_blocks": meta.integer(Keys.Attention.Indexer.LOCAL_BLOCKS.format(arch=arch), 0),
             },
         )
-    trained = read_trained_spec(meta, n_layer, meta.integer(f"{arch}.attention.head_count", 0))
+    trained = read_trained_spec(meta, n_layer, meta.integer(Keys.Attention.HEAD_COUNT.format(arch=arch), 0))
     if trained is not None and trained.design != "dense":
         params = {"design": trained.design, "local_window": trained.local_window, "offsets": trained.offsets,
                   "starts": [list(layer) for layer in trained.starts]}
@@ -168,7 +169,7 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
         if trained.design == "cowa":
             # CoWA's mask repeats every heads x L positions (which head owns a slice), so that period is
             # the stride a sweep groups by: residue mod L is the slot in a slice, residue // L its head
-            n_head = meta.integer(f"{arch}.attention.head_count", 0)
+            n_head = meta.integer(Keys.Attention.HEAD_COUNT.format(arch=arch), 0)
             params |= {"slice_length": trained.stride, "heads": n_head}
             stride = n_head * trained.stride
         return CompressionSpec(family=f"trained-{trained.design}", stride=stride,
@@ -179,7 +180,7 @@ def compression_spec(arch: str, meta: Metadata, tensor_names: list[str], n_layer
 def _quantization(meta: Metadata, tensors: list[TensorInfo]) -> str:
     from gguf import GGMLQuantizationType, LlamaFileType
 
-    file_type = meta.fields.get("general.file_type")
+    file_type = meta.fields.get(Keys.General.FILE_TYPE)
     if isinstance(file_type, int):
         try:
             return LlamaFileType(file_type).name.removeprefix("MOSTLY_")

@@ -32,6 +32,7 @@ import functools
 from typing import Collection, NamedTuple, Optional
 
 from kvphase.errors import GGUFError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import _ranges  # one writer of layer ranges
 
 QUARTER = 4  # a measuring length keeps at most 1/QUARTER of what the indexer could select (docs/sweep.md)
@@ -134,6 +135,12 @@ class Reach(NamedTuple):
                          f"{s.units} ({100 * s.kept_share(tokens):.0f}%)" for s in self.selection)
 
 
+# each family's params (`CompressionSpec.params`) by the GGUF key they are read from
+GLM5_KEYS = {"kpool": Keys.Attention.Indexer.KPOOL, "top_k": Keys.Attention.Indexer.TOP_K,
+             "select_tail": Keys.Attention.Indexer.KPOOL_SELECT_TAIL}
+MSA_KEYS = {"block_size": Keys.Attention.Indexer.BLOCK_SIZE, "top_k": Keys.Attention.Indexer.TOP_K,
+            "local_blocks": Keys.Attention.Indexer.LOCAL_BLOCKS}
+DSV4_KEYS = {"sliding_window": Keys.Attention.SLIDING_WINDOW, "indexer_top_k": Keys.Attention.Indexer.TOP_K}
 MSA_CONDITION = ("llama.cpp runs MiniMax-M3's block indexer only under flash attention with one sequence or "
                  "per-sequence caches; otherwise every layer is dense")
 
@@ -145,7 +152,7 @@ def reach_of(compression, declared: Collection[str] | None = None) -> Reach:
     params, family = compression.params, compression.family
     _positive = functools.partial(_positive_of, declared=declared)
     if family == "kpool":
-        key = _key_namer(compression, "glm5-next.attention.indexer.")
+        key = _key_namer(compression, "glm5-next", GLM5_KEYS)
         kpool, top_k = _positive(params, "kpool", key("kpool")), params.get("top_k", 0)
         _positive(params, "top_k", key("top_k"))
         if top_k % kpool:
@@ -154,11 +161,11 @@ def reach_of(compression, declared: Collection[str] | None = None) -> Reach:
         return Reach("glm5-next", selection=(Selection("the k-pool indexer", "pool", kpool, top_k // kpool,
                                                        compression.layers),),
                      raw_window=kpool - 1 if params.get("select_tail") else 0, raw_window_name="tail pool",
-                     raw_window_key=key("select_tail", "kpool_select_tail"))
+                     raw_window_key=key("select_tail"))
     if family == "dsv4":
         return _deepseek4_reach(compression, _positive)
     if family == "msa":
-        key = _key_namer(compression, "minimax-m3.attention.indexer.")
+        key = _key_namer(compression, "minimax-m3", MSA_KEYS)
         block = _positive(params, "block_size", key("block_size"))
         top_k = _positive(params, "top_k", key("top_k"))
         local = params.get("local_blocks", 0)
@@ -173,7 +180,7 @@ def reach_of(compression, declared: Collection[str] | None = None) -> Reach:
 
 
 def _deepseek4_reach(compression, _positive) -> Reach:
-    params, key = compression.params, _key_namer(compression, "deepseek4.attention.")
+    params, key = compression.params, _key_namer(compression, "deepseek4", DSV4_KEYS)
     ratios = _expand_runs(params.get("compress_ratios", ""))
     window = params.get("sliding_window")
     if window is not None and window < 1:
@@ -183,16 +190,16 @@ def _deepseek4_reach(compression, _positive) -> Reach:
     csa_layers = tuple(i for i, x in enumerate(ratios) if x == 4)
     selection = ()
     if csa_layers:
-        top_k = _positive(params, "indexer_top_k", key("indexer_top_k", "indexer.top_k"))
+        top_k = _positive(params, "indexer_top_k", key("indexer_top_k"))
         selection = (Selection("the lightning indexer", "entry", 4, top_k, csa_layers),)
     return Reach("deepseek4", pooling=pooling, selection=selection, raw_window=window or 0,
                  raw_window_name="sliding window", raw_window_key=key("sliding_window"))
 
 
-def _key_namer(compression, gguf_prefix: str):
+def _key_namer(compression, arch: str, gguf_keys: dict[str, str]):
     """The name of a param's key in the model's own file: config.json's (an HF checkpoint's `keys`), else
-    the GGUF key (`gguf_prefix` + its GGUF name, the param's name unless given)."""
-    return lambda name, gguf_name=None: compression.keys.get(name) or gguf_prefix + (gguf_name or name)
+    its GGUF key (`gguf_keys`) for `arch`."""
+    return lambda name: compression.keys.get(name) or gguf_keys[name].format(arch=arch)
 
 
 def _positive_of(params: dict, name: str, key: str, declared: Collection[str] | None = None) -> int:

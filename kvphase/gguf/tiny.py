@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvphase.errors import ModelFileError, PlanError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.limits import INT32_MAX
 from kvphase.gguf.tiny_archs import (  # noqa: F401  (the architectures' names, where callers import them)
     DENSE_TINY_ARCHS, TINY_ARCHS, TINY_CONTEXT, TINY_VOCAB, DSV4Layout, Glm5Layout, TinySpec, deepseek4_spec,
@@ -42,7 +43,7 @@ class ReleasedShape(NamedTuple):
     """A released model's indexer and window settings, written over a tiny model's (same tensors)."""
 
     arch: str
-    keys: dict[str, object]  # keys without the architecture prefix
+    keys: dict[str, object]  # keys of `kvphase.gguf.keys.Keys`, `{arch}` filled by `TinySpec.key`
     source: str  # where the values come from
 
 
@@ -50,13 +51,13 @@ class ReleasedShape(NamedTuple):
 # (vendor/llama.cpp/conversion/glm.py:496-498, deepseek.py:665-680, minimax.py:184-189).
 RELEASED_SHAPES: dict[str, ReleasedShape] = {
     "glm-5.3-flash": ReleasedShape("glm5-next", {
-        "attention.indexer.top_k": 2048, "attention.indexer.kpool": 4, "attention.indexer.kpool_select_tail": True},
+        Keys.Attention.Indexer.TOP_K: 2048, Keys.Attention.Indexer.KPOOL: 4, Keys.Attention.Indexer.KPOOL_SELECT_TAIL: True},
         "GLM-5.3-Flash's config: index_topk 2048, index_kpool 4, the tail pool always selected"),
     "deepseek-v4-flash": ReleasedShape("deepseek4", {
-        "attention.indexer.top_k": 512, "attention.sliding_window": 128},
+        Keys.Attention.Indexer.TOP_K: 512, Keys.Attention.SLIDING_WINDOW: 128},
         "DeepSeek-V4-Flash's config: index_topk 512, sliding_window 128 (ratio-4 and ratio-128 layers)"),
     "minimax-m3": ReleasedShape("minimax-m3", {
-        "attention.indexer.top_k": 16, "attention.indexer.block_size": 128, "attention.indexer.local_blocks": 1},
+        Keys.Attention.Indexer.TOP_K: 16, Keys.Attention.Indexer.BLOCK_SIZE: 128, Keys.Attention.Indexer.LOCAL_BLOCKS: 1},
         "MiniMax-M3's sparse_attention_config: sparse_topk_blocks 16, sparse_block_size 128, sparse_local_block 1"),
 }
 SHAPED_CONTEXT = 16384  # a shaped file's declared context: room for the plans that reach its indexer
@@ -73,12 +74,12 @@ def _take_tokenizer(spec: TinySpec, donor: Path) -> None:
     from kvphase.gguf.header import read_gguf_header
 
     header = read_gguf_header(donor, in_full=(TOKENIZER_PREFIX,))  # a damaged donor: one GGUFError
-    if "tokenizer.ggml.tokens_count" not in header.fields:
+    if Keys.Tokenizer.LIST_COUNT not in header.fields:
         raise PlanError(f"{donor} has no tokenizer to give")
     keys = {name: header.fields[name] for name in header.types if name.startswith(TOKENIZER_PREFIX)}
-    n_vocab = len(keys["tokenizer.ggml.tokens"])
+    n_vocab = len(keys[Keys.Tokenizer.LIST])
     spec.keys.update(keys)
-    spec.key("vocab_size", n_vocab)
+    spec.key(Keys.LLM.VOCAB_SIZE, n_vocab)
     vocab_rows = ("token_embd.weight", "output.weight")
     spec.tensors = [(name, ne[:-1] + (n_vocab,) if name in vocab_rows else ne, kind) for name, ne, kind in spec.tensors]
 
@@ -120,20 +121,20 @@ def write_tiny_model(arch: str, path: str | Path, seed: int = 0, yarn_factor: fl
     if not 1 <= context_length <= INT32_MAX:
         raise PlanError(f"a tiny model's context must be from 1 to {INT32_MAX} tokens, got {context_length}")
     spec = specs[arch]()
-    spec.key("context_length", int(context_length))
+    spec.key(Keys.LLM.CONTEXT_LENGTH, int(context_length))
     for name, value in (released.keys if released else {}).items():
         spec.key(name, value)
     if top_k is not None:
         if arch not in TINY_ARCHS or not 1 <= top_k <= INT32_MAX:
             raise PlanError(f"--top-k applies to {', '.join(TINY_ARCHS)}, as a whole number from 1 to {INT32_MAX}; "
                             f"got {top_k} for {arch}")
-        spec.key("attention.indexer.top_k", int(top_k))
+        spec.key(Keys.Attention.Indexer.TOP_K, int(top_k))
     if tokenizer_from is not None:
         _take_tokenizer(spec, Path(tokenizer_from))
     if yarn_factor:
-        spec.key("rope.scaling.type", "yarn")
-        spec.key("rope.scaling.factor", float(yarn_factor))
-        spec.key("rope.scaling.original_context_length", YARN_ORIGINAL_CONTEXT)
+        spec.key(Keys.Rope.SCALING_TYPE, "yarn")
+        spec.key(Keys.Rope.SCALING_FACTOR, float(yarn_factor))
+        spec.key(Keys.Rope.SCALING_ORIG_CTX_LEN, YARN_ORIGINAL_CONTEXT)
     path = Path(path)
     rng = np.random.default_rng(seed)
     try:

@@ -6,13 +6,15 @@ llama-family layouts the numpy reference model runs. `kvphase.gguf.tiny` fills a
 
 Keys and tensor names follow `src/llama-arch.cpp`; shapes follow `load_arch_hparams` /
 `load_arch_tensors` in `src/models/{glm5-next,minimax-m3,deepseek4}.cpp`. The PyPI gguf
-package does not know these architectures, so every key is written by its string.
+package does not know these architectures, so their keys are named in `kvphase.gguf.keys`, as gguf-py names its own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable
+
+from kvphase.gguf.keys import Keys
 
 TINY_VOCAB = 64
 TINY_CONTEXT = 1024
@@ -27,7 +29,8 @@ class TinySpec:
     tensors: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)  # (name, ne, init)
 
     def key(self, name: str, value: object) -> None:
-        self.keys[f"{self.arch}.{name}"] = value
+        """Set a key of this architecture (`Keys.LLM.BLOCK_COUNT`: its `{arch}` filled)."""
+        self.keys[name.format(arch=self.arch)] = value
 
     def tensor(self, name: str, ne: tuple[int, ...], init: str = "w") -> None:
         self.tensors.append((name, tuple(int(d) for d in ne), init))
@@ -37,13 +40,13 @@ class TinySpec:
 
 
 def _common(spec: TinySpec, n_embd: int, n_layer: int) -> None:
-    spec.keys["general.name"] = f"tiny-{spec.arch}"
-    spec.keys["tokenizer.ggml.model"] = "none"
-    spec.key("vocab_size", TINY_VOCAB)
-    spec.key("context_length", TINY_CONTEXT)
-    spec.key("embedding_length", n_embd)
-    spec.key("block_count", n_layer)
-    spec.key("attention.layer_norm_rms_epsilon", 1e-6)
+    spec.keys[Keys.General.NAME] = f"tiny-{spec.arch}"
+    spec.keys[Keys.Tokenizer.MODEL] = "none"
+    spec.key(Keys.LLM.VOCAB_SIZE, TINY_VOCAB)
+    spec.key(Keys.LLM.CONTEXT_LENGTH, TINY_CONTEXT)
+    spec.key(Keys.LLM.EMBEDDING_LENGTH, n_embd)
+    spec.key(Keys.LLM.BLOCK_COUNT, n_layer)
+    spec.key(Keys.Attention.LAYERNORM_RMS_EPS, 1e-6)
     spec.tensor("token_embd.weight", (n_embd, TINY_VOCAB), "embd")
     spec.tensor("output_norm.weight", (n_embd,), "ones")
     spec.tensor("output.weight", (n_embd, TINY_VOCAB))
@@ -112,30 +115,30 @@ def glm5_next_spec(layout: Glm5Layout = Glm5Layout()) -> TinySpec:
     q_lora, kv_lora, k_mla, v_mla, kda_dim, d_conv = L.q_lora, L.kv_lora, L.k_mla, L.v_mla, L.kda_dim, L.d_conv
     n_idx_head, n_idx, kpool = L.n_idx_head, L.n_idx, L.kpool
     _common(s, n_embd, len(kinds))
-    s.key("attention.layer_norm_epsilon", 1e-5)
-    s.key("feed_forward_length", L.n_ff)
-    s.key("leading_dense_block_count", len(kinds))
-    s.key("expert_feed_forward_length", 16)
-    s.key("expert_shared_count", 1)
-    s.key("attention.head_count", n_head)
-    s.key("attention.head_count_kv", [1 if k == "dsa" else 0 for k in kinds])  # one latent per MLA layer; 0 marks KDA
-    s.key("attention.key_length", kv_lora)  # the MLA cache holds the latent
-    s.key("attention.value_length", kv_lora)
-    s.key("attention.key_length_mla", k_mla)
-    s.key("attention.value_length_mla", v_mla)
-    s.key("attention.q_lora_rank", q_lora)
-    s.key("attention.kv_lora_rank", kv_lora)
-    s.key("rope.dimension_count", 0)  # nope-only MLA
-    s.key("ssm.conv_kernel", d_conv)
-    s.key("kda.head_dim", kda_dim)
-    s.key("attention.indexer.head_count", n_idx_head)
-    s.key("attention.indexer.key_length", n_idx)
-    s.key("attention.indexer.top_k", L.top_k)
-    s.key("attention.indexer.kpool", kpool)
-    s.key("attention.indexer.kpool_select_tail", True)
-    s.key("hyper_connection.count", hc)
-    s.key("hyper_connection.sinkhorn_iterations", 3)
-    s.key("hyper_connection.epsilon", 1e-6)
+    s.key(Keys.Attention.LAYERNORM_EPS, 1e-5)
+    s.key(Keys.LLM.FEED_FORWARD_LENGTH, L.n_ff)
+    s.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, len(kinds))
+    s.key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 16)
+    s.key(Keys.LLM.EXPERT_SHARED_COUNT, 1)
+    s.key(Keys.Attention.HEAD_COUNT, n_head)
+    s.key(Keys.Attention.HEAD_COUNT_KV, [1 if k == "dsa" else 0 for k in kinds])  # one latent per MLA layer; 0 marks KDA
+    s.key(Keys.Attention.KEY_LENGTH, kv_lora)  # the MLA cache holds the latent
+    s.key(Keys.Attention.VALUE_LENGTH, kv_lora)
+    s.key(Keys.Attention.KEY_LENGTH_MLA, k_mla)
+    s.key(Keys.Attention.VALUE_LENGTH_MLA, v_mla)
+    s.key(Keys.Attention.Q_LORA_RANK, q_lora)
+    s.key(Keys.Attention.KV_LORA_RANK, kv_lora)
+    s.key(Keys.Rope.DIMENSION_COUNT, 0)  # nope-only MLA
+    s.key(Keys.SSM.CONV_KERNEL, d_conv)
+    s.key(Keys.KDA.HEAD_DIM, kda_dim)
+    s.key(Keys.Attention.Indexer.HEAD_COUNT, n_idx_head)
+    s.key(Keys.Attention.Indexer.KEY_LENGTH, n_idx)
+    s.key(Keys.Attention.Indexer.TOP_K, L.top_k)
+    s.key(Keys.Attention.Indexer.KPOOL, kpool)
+    s.key(Keys.Attention.Indexer.KPOOL_SELECT_TAIL, True)
+    s.key(Keys.HyperConnection.COUNT, hc)
+    s.key(Keys.HyperConnection.SINKHORN_ITERATIONS, 3)
+    s.key(Keys.HyperConnection.EPSILON, 1e-6)
     d_inner = kda_dim * n_head
     for i, kind in enumerate(kinds):
         s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
@@ -188,26 +191,26 @@ def minimax_m3_spec() -> TinySpec:
     n_expert, n_used, n_ff_exp = 4, 2, 16
     n_layer, n_dense = 3, 1
     _common(s, n_embd, n_layer)
-    s.key("feed_forward_length", 32)
-    s.key("leading_dense_block_count", n_dense)
-    s.key("expert_count", n_expert)
-    s.key("expert_used_count", n_used)
-    s.key("expert_feed_forward_length", n_ff_exp)
-    s.key("expert_shared_count", 1)
-    s.key("expert_gating_func", 2)  # sigmoid
-    s.key("expert_weights_norm", True)
-    s.key("expert_weights_scale", 1.0)
-    s.key("attention.head_count", n_head)
-    s.key("attention.head_count_kv", n_head_kv)
-    s.key("attention.key_length", head_dim)
-    s.key("attention.value_length", head_dim)
-    s.key("rope.dimension_count", n_rot)
-    s.key("rope.freq_base", 10000.0)
-    s.key("attention.indexer.head_count", n_head_kv)
-    s.key("attention.indexer.key_length", head_dim)
-    s.key("attention.indexer.top_k", 3)
-    s.key("attention.indexer.block_size", 4)
-    s.key("attention.indexer.local_blocks", 1)
+    s.key(Keys.LLM.FEED_FORWARD_LENGTH, 32)
+    s.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, n_dense)
+    s.key(Keys.LLM.EXPERT_COUNT, n_expert)
+    s.key(Keys.LLM.EXPERT_USED_COUNT, n_used)
+    s.key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff_exp)
+    s.key(Keys.LLM.EXPERT_SHARED_COUNT, 1)
+    s.key(Keys.LLM.EXPERT_GATING_FUNC, 2)  # sigmoid
+    s.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True)
+    s.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0)
+    s.key(Keys.Attention.HEAD_COUNT, n_head)
+    s.key(Keys.Attention.HEAD_COUNT_KV, n_head_kv)
+    s.key(Keys.Attention.KEY_LENGTH, head_dim)
+    s.key(Keys.Attention.VALUE_LENGTH, head_dim)
+    s.key(Keys.Rope.DIMENSION_COUNT, n_rot)
+    s.key(Keys.Rope.FREQ_BASE, 10000.0)
+    s.key(Keys.Attention.Indexer.HEAD_COUNT, n_head_kv)
+    s.key(Keys.Attention.Indexer.KEY_LENGTH, head_dim)
+    s.key(Keys.Attention.Indexer.TOP_K, 3)
+    s.key(Keys.Attention.Indexer.BLOCK_SIZE, 4)
+    s.key(Keys.Attention.Indexer.LOCAL_BLOCKS, 1)
     for i in range(n_layer):
         s.tensor(f"blk.{i}.attn_norm.weight", (n_embd,), "ones")
         s.tensor(f"blk.{i}.ffn_norm.weight", (n_embd,), "ones")
@@ -270,33 +273,33 @@ def deepseek4_spec(layout: DSV4Layout = DSV4Layout()) -> TinySpec:
     s = TinySpec("deepseek4")
     L, hc = layout, 4
     _common(s, L.n_embd, len(L.ratios))
-    s.key("attention.head_count", L.n_head)
-    s.key("attention.head_count_kv", 1)
-    s.key("attention.key_length", L.head_dim)
-    s.key("attention.value_length", L.head_dim)
-    s.key("rope.dimension_count", L.n_rot)
-    s.key("rope.freq_base", L.rope_base)
-    s.key("attention.q_lora_rank", L.q_lora)
-    s.key("attention.sliding_window", L.sliding_window)
-    s.key("attention.output_group_count", L.o_groups)
-    s.key("attention.output_lora_rank", L.o_lora)
-    s.key("attention.compress_rope_freq_base", L.compress_rope_base)
-    s.key("attention.compress_ratios", list(L.ratios))
-    s.key("attention.indexer.head_count", L.n_idx_head)
-    s.key("attention.indexer.key_length", L.n_idx)
-    s.key("attention.indexer.top_k", L.idx_top_k)
-    s.key("expert_count", L.n_expert)
-    s.key("expert_used_count", L.n_used)
-    s.key("expert_feed_forward_length", L.n_ff_exp)
-    s.key("expert_shared_count", 1)
-    s.key("expert_gating_func", 4)  # sqrt-softplus, the only one the loader accepts
-    s.key("expert_weights_norm", True)
-    s.key("expert_weights_scale", L.expert_weights_scale)
-    s.key("swiglu_clamp_exp", L.swiglu_clamp)
-    s.key("hyper_connection.count", hc)
-    s.key("hyper_connection.sinkhorn_iterations", L.hc_iterations)
-    s.key("hyper_connection.epsilon", L.hc_eps)
-    s.key("hash_layer_count", 0)
+    s.key(Keys.Attention.HEAD_COUNT, L.n_head)
+    s.key(Keys.Attention.HEAD_COUNT_KV, 1)
+    s.key(Keys.Attention.KEY_LENGTH, L.head_dim)
+    s.key(Keys.Attention.VALUE_LENGTH, L.head_dim)
+    s.key(Keys.Rope.DIMENSION_COUNT, L.n_rot)
+    s.key(Keys.Rope.FREQ_BASE, L.rope_base)
+    s.key(Keys.Attention.Q_LORA_RANK, L.q_lora)
+    s.key(Keys.Attention.SLIDING_WINDOW, L.sliding_window)
+    s.key(Keys.Attention.OUTPUT_GROUP_COUNT, L.o_groups)
+    s.key(Keys.Attention.OUTPUT_LORA_RANK, L.o_lora)
+    s.key(Keys.Attention.COMPRESS_ROPE_FREQ_BASE, L.compress_rope_base)
+    s.key(Keys.Attention.COMPRESS_RATIOS, list(L.ratios))
+    s.key(Keys.Attention.Indexer.HEAD_COUNT, L.n_idx_head)
+    s.key(Keys.Attention.Indexer.KEY_LENGTH, L.n_idx)
+    s.key(Keys.Attention.Indexer.TOP_K, L.idx_top_k)
+    s.key(Keys.LLM.EXPERT_COUNT, L.n_expert)
+    s.key(Keys.LLM.EXPERT_USED_COUNT, L.n_used)
+    s.key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, L.n_ff_exp)
+    s.key(Keys.LLM.EXPERT_SHARED_COUNT, 1)
+    s.key(Keys.LLM.EXPERT_GATING_FUNC, 4)  # sqrt-softplus, the only one the loader accepts
+    s.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True)
+    s.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, L.expert_weights_scale)
+    s.key(Keys.LLM.SWIGLU_CLAMP_EXP, L.swiglu_clamp)
+    s.key(Keys.HyperConnection.COUNT, hc)
+    s.key(Keys.HyperConnection.SINKHORN_ITERATIONS, L.hc_iterations)
+    s.key(Keys.HyperConnection.EPSILON, L.hc_eps)
+    s.key(Keys.LLM.HASH_LAYER_COUNT, 0)
     s.tensor("output_hc_fn.weight", (hc * L.n_embd, hc))
     s.tensor("output_hc_base.weight", (hc,), "small")
     s.tensor("output_hc_scale.weight", (1,), "ones")
@@ -357,15 +360,15 @@ def _dense_spec(arch: str, head_dim: int, qkv_bias: bool = False, qk_norm: bool 
     if rope_freqs:
         s.tensor("rope_freqs.weight", (head_dim // 2,), "freq")
     if linear_rope:
-        s.key("rope.scaling.type", "linear")
-        s.key("rope.scaling.factor", linear_rope)
-    s.key("attention.head_count", n_head)
-    s.key("attention.head_count_kv", n_kv)
-    s.key("attention.key_length", head_dim)
-    s.key("attention.value_length", head_dim)
-    s.key("feed_forward_length", n_ff)
-    s.key("rope.dimension_count", head_dim)
-    s.key("rope.freq_base", 10000.0)
+        s.key(Keys.Rope.SCALING_TYPE, "linear")
+        s.key(Keys.Rope.SCALING_FACTOR, linear_rope)
+    s.key(Keys.Attention.HEAD_COUNT, n_head)
+    s.key(Keys.Attention.HEAD_COUNT_KV, n_kv)
+    s.key(Keys.Attention.KEY_LENGTH, head_dim)
+    s.key(Keys.Attention.VALUE_LENGTH, head_dim)
+    s.key(Keys.LLM.FEED_FORWARD_LENGTH, n_ff)
+    s.key(Keys.Rope.DIMENSION_COUNT, head_dim)
+    s.key(Keys.Rope.FREQ_BASE, 10000.0)
     for i in range(n_layer):
         p = f"blk.{i}."
         s.tensor(p + "attn_norm.weight", (n_embd,), "ape")

@@ -12,6 +12,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from kvphase.gguf.keys import Keys
 from kvphase.runfolder.files import save_atomic
 
 
@@ -96,12 +97,12 @@ def _rewrite(src: str | Path, dst: str | Path, file_type, convert) -> None:
     from gguf.quants import dequantize
 
     reader = GGUFReader(src)
-    arch = str(reader.fields["general.architecture"].contents())
+    arch = str(reader.fields[Keys.General.ARCHITECTURE].contents())
 
     def write(tmp: Path) -> None:
         writer = GGUFWriter(str(tmp), arch)
         for field in reader.fields.values():
-            if field.name.startswith("GGUF.") or field.name in ("general.architecture", "general.file_type"):
+            if field.name.startswith("GGUF.") or field.name in (Keys.General.ARCHITECTURE, Keys.General.FILE_TYPE):
                 continue
             kind = field.types[0]
             sub_type = field.types[-1] if kind == GGUFValueType.ARRAY else None

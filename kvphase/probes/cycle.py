@@ -23,6 +23,7 @@ import pandas as pd
 
 from kvphase.backends.base import Backend
 from kvphase.errors import ModelFileError, PlanError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.gguf.tensors import tensor_array
 from kvphase.gguf.writer import overwrite_tensor
@@ -103,7 +104,7 @@ def run_cycle(plan: SweepPlan, k: int, run_dir: Path, open_model: Callable[[Mode
         with open_model(swept) as backend:
             execute_sweep(replace(plan, model=str(swept.path)), backend, run_dir / name, swept)
     write_json(run_dir / MANIFEST_FILE, folder.manifest(
-        model, str(info.header.fields.get("general.architecture", "unknown")), time.time() - started,
+        model, str(info.header.fields.get(Keys.General.ARCHITECTURE, "unknown")), time.time() - started,
         rolled_tensors=tensors, rolled_model=rolled.name))
     return build_report(run_dir)
 

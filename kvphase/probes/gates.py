@@ -35,6 +35,7 @@ import pandas as pd
 
 from kvphase.errors import ModelFileError, PlanError
 from kvphase.gguf.header import GGUFHeader, TensorInfo, read_gguf_header
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.tensors import tensor_array
 from kvphase.runfolder import MANIFEST_FILE, ReportPage, figure, markdown_table, write_csv, write_json
 
@@ -62,7 +63,7 @@ def find_sources(header: GGUFHeader) -> list[GateSource]:
     """The per-phase biases a file declares, in layer order, from its metadata; PlanError when
     it declares none, ModelFileError when a declared bias tensor is missing."""
     fields = header.fields
-    arch = str(fields.get("general.architecture", "unknown"))
+    arch = str(fields.get(Keys.General.ARCHITECTURE, "unknown"))
     if arch == "glm5-next":
         sources = _kpool_sources(fields)
     elif arch == "deepseek4":
@@ -92,18 +93,18 @@ def _per_layer(fields: dict, key: str, n_layer: int) -> list[int]:
 
 def _kpool_sources(fields: dict) -> list[GateSource]:
     """glm5-next: every MLA layer (head_count_kv > 0; 0 marks KDA) has the k-pool indexer."""
-    n_layer = int(fields.get("glm5-next.block_count", 0))
-    kpool = int(fields.get("glm5-next.attention.indexer.kpool", 0))
-    kv_heads = _per_layer(fields, "glm5-next.attention.head_count_kv", n_layer)
+    n_layer = int(fields.get(Keys.LLM.BLOCK_COUNT.format(arch='glm5-next'), 0))
+    kpool = int(fields.get(Keys.Attention.Indexer.KPOOL.format(arch='glm5-next'), 0))
+    kv_heads = _per_layer(fields, Keys.Attention.HEAD_COUNT_KV.format(arch='glm5-next'), n_layer)
     return [GateSource(i, "kpool-indexer", f"blk.{i}.indexer_compressor_ape.weight", kpool)
             for i in range(n_layer) if kv_heads[i] > 0]
 
 
 def _dsv4_sources(fields: dict) -> list[GateSource]:
     """deepseek4: a compressor on every layer with ratio > 1, and the indexer's on ratio-4 (CSA) layers."""
-    n_layer = int(fields.get("deepseek4.block_count", 0))
+    n_layer = int(fields.get(Keys.LLM.BLOCK_COUNT.format(arch='deepseek4'), 0))
     sources = []
-    for i, ratio in enumerate(_per_layer(fields, "deepseek4.attention.compress_ratios", n_layer)):
+    for i, ratio in enumerate(_per_layer(fields, Keys.Attention.COMPRESS_RATIOS.format(arch='deepseek4'), n_layer)):
         if ratio <= 1:
             continue
         csa = ratio == CSA_RATIO
@@ -120,7 +121,7 @@ def _trained_sources(fields: dict) -> list[GateSource]:
     if design not in ("gated", "kpool"):
         return []
     stride = int(fields.get(TRAINED + "stride", 0))
-    n_layer, n_head = int(fields.get("gpt2.block_count", 0)), int(fields.get("gpt2.attention.head_count", 0))
+    n_layer, n_head = int(fields.get(Keys.LLM.BLOCK_COUNT.format(arch='gpt2'), 0)), int(fields.get(Keys.Attention.HEAD_COUNT.format(arch='gpt2'), 0))
     starts = [int(s) for s in np.atleast_1d(fields.get(TRAINED + "starts", []))]
     if str(fields.get(TRAINED + "offsets", "fixed")) == "random" or len(starts) != n_layer * n_head:
         starts = [0] * (n_layer * n_head)  # offsets drawn per context: slots are phases relative to the window
@@ -196,7 +197,7 @@ def measure_gates(path: str | Path, layers: list[int] | None = None) -> tuple[li
         channel_rows.append(_channel_frame(source, shares))
         phase_rows.append(_phase_frame(source, shares))
     return sources, GateTables(pd.concat(channel_rows, ignore_index=True), pd.concat(phase_rows, ignore_index=True),
-                               digest.hexdigest(), str(header.fields.get("general.architecture", "unknown")))
+                               digest.hexdigest(), str(header.fields.get(Keys.General.ARCHITECTURE, "unknown")))
 
 
 def _channel_frame(source: GateSource, shares: np.ndarray) -> pd.DataFrame:

@@ -1,5 +1,6 @@
 """A readable numpy reference transformer for llama-family GGUF weights, with pluggable attention."""
 
+from kvphase.gguf.keys import Keys
 from kvphase.reference.model import Config, DenseAttention, KVCache, Transformer, load
 from kvphase.reference.policy import CompressedAttention, PostHocKPool, make_policy
 
@@ -17,7 +18,7 @@ def open_model(model, policy=None):
     from kvphase.reference.trained import trained_policy
 
     info = as_model_info(model)
-    arch = info.header.fields.get("general.architecture")
+    arch = info.header.fields.get(Keys.General.ARCHITECTURE)
     if arch == "deepseek4":
         return DeepSeek4.from_gguf(info, policy=policy)
     if arch == "glm5-next":

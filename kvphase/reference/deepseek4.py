@@ -24,6 +24,7 @@ from kvphase.designs.dsv4 import CSA_RATIO, DSV4, HCA_RATIO, rms_norm, rope
 from kvphase.designs.windows import softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import GGUFHeader
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
@@ -49,29 +50,28 @@ class DSV4Config:
 
     @classmethod
     def from_meta(cls, meta: Metadata) -> DSV4Config:
-        n_layer = meta.integer(f"{ARCH}.block_count", low=1)
-        ratios = meta.integers(f"{ARCH}.attention.compress_ratios", [])
+        n_layer = meta.integer(Keys.LLM.BLOCK_COUNT.format(arch=ARCH), low=1)
+        ratios = meta.integers(Keys.Attention.COMPRESS_RATIOS.format(arch=ARCH), [])
         ratios = ratios * n_layer if len(ratios) == 1 else ratios[:n_layer]
         if any(r not in (0, CSA_RATIO, HCA_RATIO) for r in ratios):
             raise ModelFileError(f"the reference runs deepseek4 layers at compress ratio 0, 4 or 128, found {ratios}")
-        if meta.get(f"{ARCH}.rope.scaling.type", "none") not in ("none",):
+        if meta.get(Keys.Rope.SCALING_TYPE.format(arch=ARCH), "none") not in ("none",):
             raise ModelFileError("the deepseek4 reference runs files without RoPE scaling")
-        for key, want in (("expert_count", 1), ("attention.output_group_count", 1), ("attention.head_count_kv", 1),
-                          ("expert_weights_scale", 1.0), ("swiglu_clamp_exp", 0.0), ("hyper_connection.epsilon", 0.0)):
-            if meta.get(f"{ARCH}.{key}") != want:
-                raise ModelFileError(f"the deepseek4 reference needs {ARCH}.{key} = {want} (the minimal configuration "
-                                     f"kvphase train exports), found {meta.get(f'{ARCH}.{key}')}")
+        for key, want in ((Keys.LLM.EXPERT_COUNT, 1), (Keys.Attention.OUTPUT_GROUP_COUNT, 1), (Keys.Attention.HEAD_COUNT_KV, 1),
+                          (Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0), (Keys.LLM.SWIGLU_CLAMP_EXP, 0.0), (Keys.HyperConnection.EPSILON, 0.0)):
+            if meta.get(key.format(arch=ARCH)) != want:
+                raise ModelFileError(f'the deepseek4 reference needs {key.format(arch=ARCH)} = {want} (the minimal configuration kvphase train exports), found {meta.get(key.format(arch=ARCH))}')
         return cls(
-            n_layer=n_layer, n_head=meta.integer(f"{ARCH}.attention.head_count", low=1),
-            head_dim=meta.integer(f"{ARCH}.attention.key_length", low=1),
-            n_rot=meta.integer(f"{ARCH}.rope.dimension_count", 0),
-            n_swa=meta.integer(f"{ARCH}.attention.sliding_window", low=1), ratios=tuple(ratios),
-            rope_base=meta.number(f"{ARCH}.rope.freq_base", 10000.0),
-            compress_rope_base=meta.number(f"{ARCH}.attention.compress_rope_freq_base"),
-            norm_eps=meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon"),
-            n_ctx_train=meta.integer(f"{ARCH}.context_length", low=1),
-            top_k=meta.integer(f"{ARCH}.attention.indexer.top_k", low=1),
-            n_idx_head=meta.integer(f"{ARCH}.attention.indexer.head_count", low=1),
+            n_layer=n_layer, n_head=meta.integer(Keys.Attention.HEAD_COUNT.format(arch=ARCH), low=1),
+            head_dim=meta.integer(Keys.Attention.KEY_LENGTH.format(arch=ARCH), low=1),
+            n_rot=meta.integer(Keys.Rope.DIMENSION_COUNT.format(arch=ARCH), 0),
+            n_swa=meta.integer(Keys.Attention.SLIDING_WINDOW.format(arch=ARCH), low=1), ratios=tuple(ratios),
+            rope_base=meta.number(Keys.Rope.FREQ_BASE.format(arch=ARCH), 10000.0),
+            compress_rope_base=meta.number(Keys.Attention.COMPRESS_ROPE_FREQ_BASE.format(arch=ARCH)),
+            norm_eps=meta.number(Keys.Attention.LAYERNORM_RMS_EPS.format(arch=ARCH)),
+            n_ctx_train=meta.integer(Keys.LLM.CONTEXT_LENGTH.format(arch=ARCH), low=1),
+            top_k=meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=ARCH), low=1),
+            n_idx_head=meta.integer(Keys.Attention.Indexer.HEAD_COUNT.format(arch=ARCH), low=1),
         )
 
 
@@ -95,7 +95,7 @@ def hyper_connected_weights(header: GGUFHeader, arch: str, config_type):
     """(config, weights) of a file of `arch`, whose hyper-connections must be the identity (glm5-next
     shares deepseek4's); ModelFileError for a file of another architecture."""
     meta = Metadata(header)
-    if meta.text("general.architecture") != arch:
+    if meta.text(Keys.General.ARCHITECTURE) != arch:
         raise ModelFileError(f"{header.path} is not a {arch} file")
     config = config_type.from_meta(meta)  # a configuration the reference cannot run is refused before the weights
     raw = np.memmap(header.path, dtype=np.uint8, mode="r")

@@ -22,6 +22,7 @@ import numpy as np
 from kvphase.designs.dsv4 import rms_norm
 from kvphase.designs.kpool import KPool
 from kvphase.designs.msa import MSA
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.trained import GLM5_REFERENCE_DESIGNS, TRAINED_PREFIX
 from kvphase.designs.windows import causal_mask, softmax
 from kvphase.errors import ModelFileError
@@ -50,26 +51,26 @@ class Glm5Config:
 
     @classmethod
     def from_meta(cls, meta: Metadata) -> Glm5Config:
-        n_layer = meta.integer(f"{ARCH}.block_count", low=1)
-        kv_heads = meta.integers(f"{ARCH}.attention.head_count_kv")
-        if len(kv_heads) != n_layer or meta.integer(f"{ARCH}.leading_dense_block_count", 0) < n_layer:
+        n_layer = meta.integer(Keys.LLM.BLOCK_COUNT.format(arch=ARCH), low=1)
+        kv_heads = meta.integers(Keys.Attention.HEAD_COUNT_KV.format(arch=ARCH))
+        if len(kv_heads) != n_layer or meta.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT.format(arch=ARCH), 0) < n_layer:
             raise ModelFileError(f"the glm5-next reference runs dense feed-forwards on every layer and needs a head_count_kv "
                                  f"per layer (the minimal configuration kvphase train exports)")
-        if f"{ARCH}.kda.gate_lower_bound" in meta.fields:
+        if Keys.KDA.GATE_LOWER_BOUND.format(arch=ARCH) in meta.fields:
             raise ModelFileError("the glm5-next reference runs KDA without a gate lower bound")
-        if not meta.get(f"{ARCH}.attention.indexer.kpool_select_tail", False):
+        if not meta.get(Keys.Attention.Indexer.KPOOL_SELECT_TAIL.format(arch=ARCH), False):
             raise ModelFileError("the glm5-next reference reads each query's pool tail: kpool_select_tail must be true")
         return cls(
             n_layer=n_layer, mla_layers=tuple(h > 0 for h in kv_heads),
-            n_head=meta.integer(f"{ARCH}.attention.head_count", low=1),
-            k_mla=meta.integer(f"{ARCH}.attention.key_length_mla", low=1),
-            kda_dim=meta.integer(f"{ARCH}.kda.head_dim", low=1),
-            kpool=meta.integer(f"{ARCH}.attention.indexer.kpool", low=2),
-            top_k=meta.integer(f"{ARCH}.attention.indexer.top_k", low=1),
-            n_idx_head=meta.integer(f"{ARCH}.attention.indexer.head_count", low=1),
-            norm_eps=meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon"),
-            ln_eps=meta.number(f"{ARCH}.attention.layer_norm_epsilon"),
-            n_ctx_train=meta.integer(f"{ARCH}.context_length", low=1),
+            n_head=meta.integer(Keys.Attention.HEAD_COUNT.format(arch=ARCH), low=1),
+            k_mla=meta.integer(Keys.Attention.KEY_LENGTH_MLA.format(arch=ARCH), low=1),
+            kda_dim=meta.integer(Keys.KDA.HEAD_DIM.format(arch=ARCH), low=1),
+            kpool=meta.integer(Keys.Attention.Indexer.KPOOL.format(arch=ARCH), low=2),
+            top_k=meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=ARCH), low=1),
+            n_idx_head=meta.integer(Keys.Attention.Indexer.HEAD_COUNT.format(arch=ARCH), low=1),
+            norm_eps=meta.number(Keys.Attention.LAYERNORM_RMS_EPS.format(arch=ARCH)),
+            ln_eps=meta.number(Keys.Attention.LAYERNORM_EPS.format(arch=ARCH)),
+            n_ctx_train=meta.integer(Keys.LLM.CONTEXT_LENGTH.format(arch=ARCH), low=1),
             msa=meta.get(TRAINED_PREFIX + "design", "") in GLM5_REFERENCE_DESIGNS,
         )
 

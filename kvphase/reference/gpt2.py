@@ -20,6 +20,7 @@ import numpy as np
 
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import GGUFHeader
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
 from kvphase.reference.model import AttentionPolicy, DenseAttention, KVCache, hidden_rows, per_file
@@ -52,22 +53,22 @@ class GPT2Config:
     @classmethod
     def from_gguf(cls, fields: dict, tensors: dict) -> GPT2Config:
         def key(name: str):
-            if f"gpt2.{name}" not in fields:
-                raise ModelFileError(f"GGUF metadata lacks gpt2.{name}")
-            return fields[f"gpt2.{name}"]
+            if name.format(arch='gpt2') not in fields:
+                raise ModelFileError(f"GGUF metadata lacks {name.format(arch='gpt2')}")
+            return fields[name.format(arch='gpt2')]
 
-        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+        n_embd, n_head = int(key(Keys.LLM.EMBEDDING_LENGTH)), int(key(Keys.Attention.HEAD_COUNT))
         if n_head < 1 or n_embd % n_head:
             raise ModelFileError(f"gpt2: embedding_length {n_embd} does not split into {n_head} heads")
         return cls(
             arch="gpt2",
             n_vocab=int(tensors["token_embd.weight"].shape[1]),
             n_embd=n_embd,
-            n_layer=int(key("block_count")),
+            n_layer=int(key(Keys.LLM.BLOCK_COUNT)),
             n_head=n_head,
             head_dim=n_embd // n_head,
-            n_ff=int(key("feed_forward_length")),
-            norm_eps=float(key("attention.layer_norm_epsilon")),
+            n_ff=int(key(Keys.LLM.FEED_FORWARD_LENGTH)),
+            norm_eps=float(key(Keys.Attention.LAYERNORM_EPS)),
             n_ctx_train=int(tensors["position_embd.weight"].shape[1]),
         )
 

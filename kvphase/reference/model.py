@@ -30,6 +30,7 @@ import numpy as np
 from kvphase.designs.windows import masked_softmax
 from kvphase.errors import ModelFileError
 from kvphase.gguf.header import GGUFHeader, TensorInfo
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.limits import LLAMA_MAX_LAYERS
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
@@ -71,27 +72,27 @@ class Config:
     @classmethod
     def from_gguf(cls, header: GGUFHeader, tensors: dict[str, TensorInfo]) -> Config:
         meta = Metadata(header)
-        arch = meta.text("general.architecture", "unknown")
+        arch = meta.text(Keys.General.ARCHITECTURE, "unknown")
         if arch not in ROPE_NEOX:
             raise ModelFileError(f"the reference model runs {sorted(ROPE_NEOX)} architectures, found {arch!r}")
 
         def count(name: str, default: int | None = None) -> int:
-            return meta.integer(f"{arch}.{name}", default, low=1)
+            return meta.integer(name.format(arch=arch), default, low=1)
 
         def number(name: str, default: float | None = None) -> float:
-            return meta.number(f"{arch}.{name}", default)
+            return meta.number(name.format(arch=arch), default)
 
-        scaling = meta.text(f"{arch}.rope.scaling.type", "linear")
+        scaling = meta.text(Keys.Rope.SCALING_TYPE.format(arch=arch), "linear")
         if scaling not in ("none", "linear"):
             raise ModelFileError(f"the reference model supports linear RoPE scaling only, found {scaling!r}")
-        factor = number("rope.scaling.factor", 0.0) if scaling == "linear" else 0.0
-        n_embd, n_head = count("embedding_length"), count("attention.head_count")
-        head_dim = count("attention.key_length", max(1, n_embd // n_head))
-        n_head_kv = meta.integers(f"{arch}.attention.head_count_kv", [n_head], low=1, high=n_head)
+        factor = number(Keys.Rope.SCALING_FACTOR, 0.0) if scaling == "linear" else 0.0
+        n_embd, n_head = count(Keys.LLM.EMBEDDING_LENGTH), count(Keys.Attention.HEAD_COUNT)
+        head_dim = count(Keys.Attention.KEY_LENGTH, max(1, n_embd // n_head))
+        n_head_kv = meta.integers(Keys.Attention.HEAD_COUNT_KV.format(arch=arch), [n_head], low=1, high=n_head)
         if len(set(n_head_kv)) != 1:  # per-layer list in some files; the reference needs one value
             raise ModelFileError(f"per-layer KV head counts are not supported: {n_head_kv}")
         if n_head % n_head_kv[0]:
-            raise meta.bad(f"{arch}.attention.head_count_kv", n_head_kv[0], f"a divisor of the {n_head} query heads")
+            raise meta.bad(Keys.Attention.HEAD_COUNT_KV.format(arch=arch), n_head_kv[0], f"a divisor of the {n_head} query heads")
         embd = tensors.get("token_embd.weight")
         if embd is None or len(embd.shape) != 2:
             raise ModelFileError(f"{header.path.name} has no two-dimensional token_embd.weight")
@@ -99,21 +100,21 @@ class Config:
             arch=arch,
             n_vocab=int(embd.shape[1]),
             n_embd=n_embd,
-            n_layer=meta.integer(f"{arch}.block_count", low=1, high=LLAMA_MAX_LAYERS),
+            n_layer=meta.integer(Keys.LLM.BLOCK_COUNT.format(arch=arch), low=1, high=LLAMA_MAX_LAYERS),
             n_head=n_head,
             n_head_kv=n_head_kv[0],
             head_dim=head_dim,
-            n_rot=count("rope.dimension_count", head_dim),
-            n_ff=count("feed_forward_length"),
-            norm_eps=number("attention.layer_norm_rms_epsilon"),
-            rope_base=number("rope.freq_base", 10000.0),
+            n_rot=count(Keys.Rope.DIMENSION_COUNT, head_dim),
+            n_ff=count(Keys.LLM.FEED_FORWARD_LENGTH),
+            norm_eps=number(Keys.Attention.LAYERNORM_RMS_EPS),
+            rope_base=number(Keys.Rope.FREQ_BASE, 10000.0),
             rope_scale=1.0 / factor if factor else 1.0,
             rope_neox=ROPE_NEOX[arch],
-            attn_scale=number("attention.scale", 0.0) or 1.0 / float(np.sqrt(head_dim)),
+            attn_scale=number(Keys.Attention.SCALE, 0.0) or 1.0 / float(np.sqrt(head_dim)),
             qk_norm="blk.0.attn_q_norm.weight" in tensors,
             qkv_bias="blk.0.attn_q.bias" in tensors,
             tied_output="output.weight" not in tensors,
-            n_ctx_train=meta.integer(f"{arch}.context_length", 0),
+            n_ctx_train=meta.integer(Keys.LLM.CONTEXT_LENGTH.format(arch=arch), 0),
         )
 
 

@@ -13,49 +13,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import zlib
-from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from kvphase.designs import DESIGNS, BlockTopK, CompressedKV, KPool, MeanPool
+from kvphase.designs import DESIGNS
+from kvphase.designs.kpool import PostHocKPool
 from kvphase.designs.windows import check_non_negative
 from kvphase.designs.windows import masked_softmax
 from kvphase.errors import PlanError
 from kvphase.reference.model import AttentionPolicy, DenseAttention
 
 STAGGER_MODES = ("none", "layer", "head", "layer_head")
-
-
-@dataclass(frozen=True)
-class PostHocKPool:
-    """GLM5's k-pool selection driven by the model's own attention (no trained indexer).
-
-    The KV head's query heads act as the indexer heads with equal weights, its keys as the
-    indexer keys, and the pooling gate is uniform (zero gate and zero ape), so a pool's key
-    is the mean of its keys. Selection, tail and prefix follow `designs.kpool.KPool`.
-    """
-
-    kpool: KPool
-
-    @property
-    def start(self) -> int:
-        return self.kpool.start
-
-    def with_start(self, start: int) -> PostHocKPool:
-        return PostHocKPool(dataclasses.replace(self.kpool, start=start))
-
-    def compress(self, queries, keys, values, query_positions=None) -> CompressedKV:
-        n_query, n_group, head_dim = queries.shape  # queries of one KV head: (n_query, n_group, head_dim)
-        n_keys = keys.shape[0]
-        if keys.shape[1] != 1:
-            raise ValueError(f"PostHocKPool: expected the keys of one KV head, got {keys.shape[1]} heads")
-        weights = KPool.scale_weights(np.ones((n_query, n_group), np.float32), head_dim)  # (n_query, n_group)
-        zeros = np.zeros((n_keys, head_dim), np.float32)  # (n_keys, head_dim)
-        ape = np.zeros((self.kpool.kpool, head_dim), np.float32)  # (kpool, head_dim)
-        selection = self.kpool.forward(queries, weights, keys[:, 0], zeros, ape, query_positions)
-        positions = np.arange(n_keys)  # (n_keys,)
-        return CompressedKV(keys, values, selection.visible, positions, positions)
 
 
 def design_stride(design) -> int:
@@ -212,12 +181,6 @@ class CompressedAttention:
         return out
 
 
-# design name -> (constructor, its option names)
-POLICY_DESIGNS = {
-    "meanpool": (MeanPool, ("window", "stride", "local_window", "start")),
-    "blocktopk": (BlockTopK, ("block_size", "top_k", "local_window", "start")),
-    "kpool": (lambda **kw: PostHocKPool(KPool(cache_dtype="f32", **kw)), ("kpool", "top_k", "select_tail", "start")),
-}
 POLICY_OPTIONS = ("stagger", "stagger_step", "randomize", "seed", "layers")
 
 
@@ -231,9 +194,9 @@ def check_policy_layers(policy, n_layer: int) -> None:
 def make_policy(design: str = "dense", **options):
     """Build an attention policy by design name, for `kvphase sweep --backend reference --design NAME`.
 
-    Designs: "dense" (no options); "meanpool" (window, stride, local_window=0, start=0);
-    "blocktopk" (block_size, top_k, local_window=0, start=0); "kpool" (kpool, top_k,
-    select_tail=True, start=0; the model's own queries act as the indexer).
+    Designs: "dense" (no options), and each post-hoc design of `kvphase.designs.DESIGNS`: "meanpool" (window,
+    stride, local_window=0, start=0); "blocktopk" (block_size, top_k, local_window=0, start=0); "kpool" (kpool,
+    top_k, select_tail=True, start=0; the model's own queries act as the indexer).
     Offset fixes for every design: stagger="none"|"layer"|"head"|"layer_head",
     stagger_step=1, randomize=False, seed=0; layers=None (all) or the layers to compress.
     Raises PlanError for an unknown design or option, or a value the design rejects.
@@ -242,16 +205,17 @@ def make_policy(design: str = "dense", **options):
         if options:
             raise PlanError(f"design 'dense' takes no options, got {sorted(options)}")
         return DenseAttention()
-    if design not in POLICY_DESIGNS:
-        known = ["dense", *POLICY_DESIGNS]
-        hint = " (it needs weights a llama-family model lacks)" if design in DESIGNS else ""
+    entry = DESIGNS.get(design)
+    if entry is None or not entry.post_hoc:
+        known = ["dense", *(name for name, registered in DESIGNS.items() if registered.post_hoc)]
+        hint = f" ({entry.refusal})" if entry is not None else ""
         raise PlanError(f"the reference backend runs designs {known}, got {design!r}{hint}")
-    build, names = POLICY_DESIGNS[design]
+    names = entry.option_names
     unknown = sorted(set(options) - set(names) - set(POLICY_OPTIONS))
     if unknown:
         raise PlanError(f"design {design!r} takes {list(names) + list(POLICY_OPTIONS)}, got unknown {unknown}")
     try:
-        made = build(**{k: v for k, v in options.items() if k in names})
+        made = entry.make(**{k: v for k, v in options.items() if k in names})
         return CompressedAttention(made, **{k: v for k, v in options.items() if k in POLICY_OPTIONS})
     except (TypeError, ValueError) as exc:
         raise PlanError(f"design {design!r}: {exc}") from None

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvphase.designs import CoWindow, GatedPool, GatedTopK, MeanPool
 from kvphase.errors import ModelFileError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo, as_model_info
 from kvphase.gguf.trained import GATED_DESIGNS, TrainedSpec, read_trained_spec, window_step
@@ -65,7 +66,7 @@ def trained_policy(model: str | Path | ModelInfo, seed: int = 0):
     header = as_model_info(model).header
     path = header.path
     meta = Metadata(header)
-    n_layer, n_head = meta.integer("gpt2.block_count", 0), meta.integer("gpt2.attention.head_count", 0)
+    n_layer, n_head = meta.integer(Keys.LLM.BLOCK_COUNT.format(arch='gpt2'), 0), meta.integer(Keys.Attention.HEAD_COUNT.format(arch='gpt2'), 0)
     spec = read_trained_spec(meta, n_layer, n_head)
     if spec is None:
         return None

@@ -18,7 +18,6 @@ from kvphase.options_check import check_choices, check_record
 from kvphase.sweep.notices import Notice, Say, log_notice
 from kvphase.sweep.plan import SweepPlan, query_room
 
-REFERENCE_TOP_K = 16  # blocks (or pools) a query may select, by default, under a reference design
 SERVER_ENGINES = ("llama-server", "openai", "sglang")  # llama-server, an OpenAI-compatible engine (vLLM), SGLang's native API
 
 
@@ -115,12 +114,13 @@ def with_gpu_layers(plan: SweepPlan, settings: BackendSettings, say: Say = log_n
 
 
 def with_reference_design(plan: SweepPlan, design: str, options: dict, n_layer: int) -> SweepPlan:
-    """The plan with the reference design filled in: its stride defaults to the sweep's."""
+    """The plan with the reference design filled in: its options for the sweep's stride (`Design.for_stride`),
+    the sweep's own over them."""
+    from kvphase.designs import DESIGNS
     from kvphase.reference.policy import check_policy_layers, make_policy
 
-    defaults = {"meanpool": {"window": plan.stride, "stride": plan.stride},
-                "blocktopk": {"block_size": plan.stride, "top_k": REFERENCE_TOP_K},
-                "kpool": {"kpool": plan.stride, "top_k": REFERENCE_TOP_K * plan.stride}}.get(design, {})
+    registered = DESIGNS.get(design)
+    defaults = registered.for_stride(plan.stride) if registered is not None and registered.post_hoc else {}
     options = {**defaults, **options}
     if design == "trained":
         if options:

@@ -13,6 +13,7 @@ import numpy as np
 
 from kvphase.backends.base import Tokenizer
 from kvphase.errors import PlanError, RecordLayoutError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.reach import reach_of
 from kvphase.sweep.contexts import build_contexts, check_density
 from kvphase.sweep.layout import Layout
@@ -204,8 +205,7 @@ def make_plan(info, *, stride: Optional[int], modulus: Optional[int], context: i
     from kvphase.engines.llamacpp import Vocab  # llama_cpp: loaded when a plan is made, not at import
 
     if info.tokenizer_model in ("none", "unknown"):
-        raise PlanError(f"{info.path.name} has no tokenizer (tokenizer.ggml.model = {info.tokenizer_model}), so no "
-                        "prompt can be built; random-weight models from make-tiny are for `kvphase validate`")
+        raise PlanError(f'{info.path.name} has no tokenizer ({Keys.Tokenizer.MODEL} = {info.tokenizer_model}), so no prompt can be built; random-weight models from make-tiny are for `kvphase validate`')
     control = not info.compression.compressed
     stride, modulus = stride_and_modulus(info, stride, modulus)
     room = query_room(info)

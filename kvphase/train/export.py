@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.writer import write_gguf
 from kvphase.train.config import TrainConfig
 from kvphase.train.export_common import shared_metadata
@@ -26,13 +27,13 @@ from kvphase.train.vocab import WordVocab
 def metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
     """Architecture, tokenizer and compressor keys of a trained gpt2 model."""
     return {
-        "gpt2.context_length": config.n_positions,
-        "gpt2.embedding_length": config.d_model,
-        "gpt2.feed_forward_length": 4 * config.d_model,
-        "gpt2.block_count": config.layers,
-        "gpt2.attention.head_count": config.heads,
-        "gpt2.attention.head_count_kv": config.heads,
-        "gpt2.attention.layer_norm_epsilon": LN_EPS,
+        Keys.LLM.CONTEXT_LENGTH.format(arch='gpt2'): config.n_positions,
+        Keys.LLM.EMBEDDING_LENGTH.format(arch='gpt2'): config.d_model,
+        Keys.LLM.FEED_FORWARD_LENGTH.format(arch='gpt2'): 4 * config.d_model,
+        Keys.LLM.BLOCK_COUNT.format(arch='gpt2'): config.layers,
+        Keys.Attention.HEAD_COUNT.format(arch='gpt2'): config.heads,
+        Keys.Attention.HEAD_COUNT_KV.format(arch='gpt2'): config.heads,
+        Keys.Attention.LAYERNORM_EPS.format(arch='gpt2'): LN_EPS,
         **shared_metadata(config, vocab, step),
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.trained import TRAINED_PREFIX
 from kvphase.train.config import TrainConfig
 from kvphase.train.vocab import WordVocab
@@ -16,15 +17,15 @@ from kvphase.train.vocab import WordVocab
 def shared_metadata(config: TrainConfig, vocab: WordVocab, step: int) -> dict:
     """The keys every layout's export writes: name, word-level tokenizer, `kvphase.trained.*`."""
     return {
-        "general.name": f"kvphase-{config.design}-S{config.stride}-seed{config.seed}",
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "gpt-2",
-        "tokenizer.ggml.tokens": list(vocab.tokens),
-        "tokenizer.ggml.token_type": [3] + [1] * (len(vocab) - 1),  # BOS is a control token
-        "tokenizer.ggml.merges": list(vocab.merges),
-        "tokenizer.ggml.bos_token_id": vocab.bos_id,
-        "tokenizer.ggml.eos_token_id": vocab.bos_id,
-        "tokenizer.ggml.add_bos_token": True,
+        Keys.General.NAME: f"kvphase-{config.design}-S{config.stride}-seed{config.seed}",
+        Keys.Tokenizer.MODEL: "gpt2",
+        Keys.Tokenizer.PRE: "gpt-2",
+        Keys.Tokenizer.LIST: list(vocab.tokens),
+        Keys.Tokenizer.TOKEN_TYPE: [3] + [1] * (len(vocab) - 1),  # BOS is a control token
+        Keys.Tokenizer.MERGES: list(vocab.merges),
+        Keys.Tokenizer.BOS_ID: vocab.bos_id,
+        Keys.Tokenizer.EOS_ID: vocab.bos_id,
+        Keys.Tokenizer.ADD_BOS: True,
         TRAINED_PREFIX + "design": config.design,
         TRAINED_PREFIX + "stride": config.stride,
         TRAINED_PREFIX + "local_window": config.local_window,

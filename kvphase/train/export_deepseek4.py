@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.tiny import DSV4Layout, deepseek4_spec
 from kvphase.reference.deepseek4 import identity_hc_base
 from kvphase.train.config import TrainConfig
@@ -92,8 +93,8 @@ def deepseek4_file(params: dict, config: TrainConfig, vocab: WordVocab, step: in
     for i, block in enumerate(params["blocks"]):
         trained.update(_block_weights(i, block, config))
     keys = {**spec.keys, **shared_metadata(config, vocab, step)}
-    keys["deepseek4.vocab_size"] = len(vocab)
-    keys["deepseek4.context_length"] = config.n_positions
-    keys["deepseek4.attention.layer_norm_rms_epsilon"] = RMS_EPS
+    keys[Keys.LLM.VOCAB_SIZE.format(arch='deepseek4')] = len(vocab)
+    keys[Keys.LLM.CONTEXT_LENGTH.format(arch='deepseek4')] = config.n_positions
+    keys[Keys.Attention.LAYERNORM_RMS_EPS.format(arch='deepseek4')] = RMS_EPS
     tensors = fill_spec(spec, trained, lambda name, ne, kind: _identity_weight(name, tuple(reversed(ne))), len(vocab))
     return "deepseek4", keys, tensors

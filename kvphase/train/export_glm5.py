@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.trained import TRAINED_PREFIX
 from kvphase.gguf.tiny import Glm5Layout, glm5_next_spec, init_tensor
 from kvphase.reference.deepseek4 import identity_hc_base
@@ -107,11 +108,11 @@ def glm5_file(params: dict, config: TrainConfig, vocab: WordVocab, step: int):
     if "kda" in params:
         trained.update(_kda_weights(params["kda"]))
     keys = {**spec.keys, **shared_metadata(config, vocab, step)}
-    keys["glm5-next.vocab_size"] = len(vocab)
-    keys["glm5-next.context_length"] = config.n_positions
-    keys["glm5-next.attention.layer_norm_rms_epsilon"] = RMS_EPS
-    keys["glm5-next.attention.layer_norm_epsilon"] = LN_EPS
-    keys[TRAINED_PREFIX + "starts"] = [0] * (len(spec.keys["glm5-next.attention.head_count_kv"]) * config.heads)  # the KDA
+    keys[Keys.LLM.VOCAB_SIZE.format(arch='glm5-next')] = len(vocab)
+    keys[Keys.LLM.CONTEXT_LENGTH.format(arch='glm5-next')] = config.n_positions
+    keys[Keys.Attention.LAYERNORM_RMS_EPS.format(arch='glm5-next')] = RMS_EPS
+    keys[Keys.Attention.LAYERNORM_EPS.format(arch='glm5-next')] = LN_EPS
+    keys[TRAINED_PREFIX + "starts"] = [0] * (len(spec.keys[Keys.Attention.HEAD_COUNT_KV.format(arch='glm5-next')]) * config.heads)  # the KDA
     # layer's too: every pool of every layer starts at the sequence's first position
     rng = np.random.default_rng([config.seed, 5])
     tensors = fill_spec(spec, trained, lambda name, ne, kind: _untrained_weight(name, ne, kind, kda_layer(config), rng),

@@ -8,6 +8,7 @@ import numpy as np
 
 from kvphase.designs.dsv4 import dsv4_rope_scaling, hadamard_rotate
 from kvphase.engines.capture import CaptureRun
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import read_model_tensor
 from kvphase.validate.common import FamilyCheck, compare_scores, first_capture, live_scores, captured_rows, set_agreement
@@ -61,21 +62,21 @@ class DSV4Check(FamilyCheck):
 
         fields = info.header.fields
         arch = info.architecture
-        ratios = [int(r) for r in np.atleast_1d(fields.get(f"{arch}.attention.compress_ratios", []))]
+        ratios = [int(r) for r in np.atleast_1d(fields.get(Keys.Attention.COMPRESS_RATIOS.format(arch=arch), []))]
         if len(ratios) == 1:
             ratios = ratios * info.n_layer
         self.model = info
         self.ape_roll = ape_roll  # a deliberately wrong reference: every per-phase bias rolled by this many offsets
-        self.eps = float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6))
-        self.n_rot = int(fields.get(f"{arch}.rope.dimension_count", 0))
-        self.rope_base = float(fields.get(f"{arch}.attention.compress_rope_freq_base", 10000.0))
+        self.eps = float(fields.get(Keys.Attention.LAYERNORM_RMS_EPS.format(arch=arch), 1e-6))
+        self.n_rot = int(fields.get(Keys.Rope.DIMENSION_COUNT.format(arch=arch), 0))
+        self.rope_base = float(fields.get(Keys.Attention.COMPRESS_ROPE_FREQ_BASE.format(arch=arch), 10000.0))
         self.freq_scale, self.yarn = dsv4_rope_scaling(fields, arch)
-        n_swa = int(fields.get(f"{arch}.attention.sliding_window", 0))
-        top_k = int(fields.get(f"{arch}.attention.indexer.top_k", 512))
+        n_swa = int(fields.get(Keys.Attention.SLIDING_WINDOW.format(arch=arch), 0))
+        top_k = int(fields.get(Keys.Attention.Indexer.TOP_K.format(arch=arch), 512))
         # llama_kv_cache: every cache of a deepseek4 whose head is as wide as its indexer's
         # is Hadamard-rotated (attn_rot_k); F32/F16 caches are not rotated otherwise
-        head_dim = fields.get(f"{arch}.attention.key_length")
-        self.rotated = head_dim is not None and head_dim == fields.get(f"{arch}.attention.indexer.key_length")
+        head_dim = fields.get(Keys.Attention.KEY_LENGTH.format(arch=arch))
+        self.rotated = head_dim is not None and head_dim == fields.get(Keys.Attention.Indexer.KEY_LENGTH.format(arch=arch))
         self.designs = {
             i: DSV4(ratio=r, n_swa=n_swa, top_k=top_k, cache_dtype=cache_dtype) for i, r in enumerate(ratios) if r > 1
         }

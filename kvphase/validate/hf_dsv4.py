@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from kvphase.designs.dsv4 import CSA_RATIO, DSV4
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
@@ -57,15 +58,15 @@ class _Layers:
 
     def __init__(self, info: ModelInfo):
         meta = Metadata(info.header)
-        self.n_layer = meta.integer(f"{ARCH}.block_count", low=1)
-        ratios = meta.integers(f"{ARCH}.attention.compress_ratios")
+        self.n_layer = meta.integer(Keys.LLM.BLOCK_COUNT.format(arch=ARCH), low=1)
+        ratios = meta.integers(Keys.Attention.COMPRESS_RATIOS.format(arch=ARCH))
         self.ratios = ratios * self.n_layer if len(ratios) == 1 else ratios
-        self.n_rot = meta.integer(f"{ARCH}.rope.dimension_count")
-        self.base = meta.number(f"{ARCH}.attention.compress_rope_freq_base")
-        self.eps = meta.number(f"{ARCH}.attention.layer_norm_rms_epsilon")
-        self.n_swa = meta.integer(f"{ARCH}.attention.sliding_window", low=1)
-        self.top_k = meta.integer(f"{ARCH}.attention.indexer.top_k", low=1)
-        self.n_idx_head = meta.integer(f"{ARCH}.attention.indexer.head_count", low=1)
+        self.n_rot = meta.integer(Keys.Rope.DIMENSION_COUNT.format(arch=ARCH))
+        self.base = meta.number(Keys.Attention.COMPRESS_ROPE_FREQ_BASE.format(arch=ARCH))
+        self.eps = meta.number(Keys.Attention.LAYERNORM_RMS_EPS.format(arch=ARCH))
+        self.n_swa = meta.integer(Keys.Attention.SLIDING_WINDOW.format(arch=ARCH), low=1)
+        self.top_k = meta.integer(Keys.Attention.Indexer.TOP_K.format(arch=ARCH), low=1)
+        self.n_idx_head = meta.integer(Keys.Attention.Indexer.HEAD_COUNT.format(arch=ARCH), low=1)
         raw = np.memmap(info.path, dtype=np.uint8, mode="r")
         self.w = {t.name: tensor_array(raw, t) for t in info.header.tensors if t.name.startswith("blk.")}
 

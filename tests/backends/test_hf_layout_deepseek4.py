@@ -145,7 +145,7 @@ def _deepseek4_file(path: Path, **keys) -> Path:
         if value is None:
             del spec.keys[f"deepseek4.{name}"]
         else:
-            spec.key(name, value)
+            spec.keys[f"deepseek4.{name}"] = value
     rng = np.random.default_rng(0)
     write_gguf(path, "deepseek4", spec.keys, ((n, init_tensor(rng, ne, kind)) for n, ne, kind in spec.tensors))
     return path

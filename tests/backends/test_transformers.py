@@ -32,7 +32,7 @@ def _plain_tiny_llama(path: Path, tokenizer_from: Path) -> Path:
     """The tiny llama without rope_freqs.weight (Llama-3 RoPE divisors, which transformers' GGUF reader
     drops: export-hf refuses that file), with SmolLM2's tokenizer."""
     spec = _dense_spec("llama", head_dim=8, tied=True)
-    spec.key("context_length", 1024)
+    spec.keys["llama.context_length"] = 1024
     _take_tokenizer(spec, tokenizer_from)
     rng = np.random.default_rng(0)
     write_gguf(path, "llama", spec.keys, ((name, init_tensor(rng, ne, kind)) for name, ne, kind in spec.tensors))

@@ -402,10 +402,19 @@ def test_gated_pool_needs_its_weights():
 
 def test_registry_lists_frozen_dataclasses_with_a_start():
     assert set(DESIGNS) == {"kpool", "dsv4", "msa", "meanpool", "blocktopk", "gatedpool", "gatedtopk", "cowindow"}
-    for cls in DESIGNS.values():
+    for cls in (registered.cls for registered in DESIGNS.values()):
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
         # CoWA's heads share one partition: its boundaries move by per-head offsets, not one start
         assert {"start", "offsets"} & {f.name for f in dataclasses.fields(cls)}
+
+
+def test_the_post_hoc_designs_take_the_sweeps_stride():
+    """`for_stride`: a window or block of the stride, 16 blocks (or 16 pools of tokens) selected."""
+    assert [name for name, registered in DESIGNS.items() if registered.post_hoc] == ["meanpool", "blocktopk", "kpool"]
+    assert DESIGNS["meanpool"].for_stride(8) == {"window": 8, "stride": 8}
+    assert DESIGNS["blocktopk"].for_stride(8) == {"block_size": 8, "top_k": 16}
+    assert DESIGNS["kpool"].for_stride(8) == {"kpool": 8, "top_k": 128}
+    assert DESIGNS["meanpool"].option_names == ("window", "stride", "local_window", "start")
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import numpy as np
 
 from kvphase.errors import ModelFileError
 from kvphase.gguf.checkpoint import TRAINED_KEYS
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
@@ -47,18 +48,18 @@ class GGUFTensors:
         return tensor_array(self._data, self._by_name[name])
 
     def key(self, name: str, default: Any = None) -> Any:
-        """`<arch>.<name>` from the metadata, `default` when absent (None: required, refused by name)."""
-        return self.meta.get(f"{self.arch}.{name}", default, "a value")
+        """Key `name` (`Keys.X`, its `{arch}` filled) from the metadata, `default` when absent (None: required, refused by name)."""
+        return self.meta.get(name.format(arch=self.arch), default, "a value")
 
     def optional(self, name: str) -> Any:
-        """`<arch>.<name>`, or None where the file does not declare it."""
-        return self.meta.fields.get(f"{self.arch}.{name}")
+        """Key `name` (its `{arch}` filled), or None where the file does not declare it."""
+        return self.meta.fields.get(name.format(arch=self.arch))
 
     def integer(self, name: str, default: int | None = None) -> int:
-        return self.meta.integer(f"{self.arch}.{name}", default)
+        return self.meta.integer(name.format(arch=self.arch), default)
 
     def number(self, name: str, default: float | None = None) -> float:
-        return self.meta.number(f"{self.arch}.{name}", default)
+        return self.meta.number(name.format(arch=self.arch), default)
 
 
 def write_checkpoint_files(folder: Path, config: dict, tensors: dict[str, np.ndarray], info: ModelInfo) -> None:
@@ -84,22 +85,22 @@ def gguf_tokenizer(info: ModelInfo):
     llama.cpp's "gpt2" model with the "gpt-2" pre-tokenizer is GPT-2's regex split, byte symbols and
     merges by rank; `add_bos_token` puts BOS before every text, which the post-processor repeats."""
     fields = info.header.fields
-    model = fields.get("tokenizer.ggml.model", "none")
+    model = fields.get(Keys.Tokenizer.MODEL, "none")
     if model == "none":
         return None
     if model != "gpt2":
-        raise ModelFileError(f"{info.path.name}: tokenizer.ggml.model {model!r}; export-hf writes gpt2 vocabularies")
+        raise ModelFileError(f'{info.path.name}: {Keys.Tokenizer.MODEL} {model!r}; export-hf writes gpt2 vocabularies')
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-    tokens = list(fields["tokenizer.ggml.tokens"])
-    merges = [tuple(m.split(" ", 1)) for m in fields.get("tokenizer.ggml.merges", [])]
+    tokens = list(fields[Keys.Tokenizer.LIST])
+    merges = [tuple(m.split(" ", 1)) for m in fields.get(Keys.Tokenizer.MERGES, [])]
     tokenizer = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
-    specials = [tokens[i] for i, kind in enumerate(fields.get("tokenizer.ggml.token_type", [])) if kind == 3]
+    specials = [tokens[i] for i, kind in enumerate(fields.get(Keys.Tokenizer.TOKEN_TYPE, [])) if kind == 3]
     tokenizer.add_special_tokens(specials)
-    bos = fields.get("tokenizer.ggml.bos_token_id")
-    if bos is not None and fields.get("tokenizer.ggml.add_bos_token", False):
+    bos = fields.get(Keys.Tokenizer.BOS_ID)
+    if bos is not None and fields.get(Keys.Tokenizer.ADD_BOS, False):
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A $B", special_tokens=[(tokens[bos], bos)])
     return tokenizer

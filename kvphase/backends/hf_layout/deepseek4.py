@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from kvphase.errors import ModelFileError, PlanError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.metadata import Metadata
 from kvphase.gguf.modelinfo import ModelInfo
 from kvphase.gguf.tensors import tensor_array
@@ -112,62 +113,62 @@ def checkpoint_tensors(info: ModelInfo) -> dict[str, np.ndarray]:
 def checkpoint_config(info: ModelInfo) -> dict:
     """config.json for transformers' DeepseekV4Config; a GGUF key transformers cannot express is refused by name."""
     meta = Metadata(info.header)
-    key = lambda name: f"{ARCH}.{name}"  # noqa: E731
-    n_layer = meta.integer(key("block_count"), low=1)
-    head_dim = meta.integer(key("attention.key_length"), low=1)
-    if meta.integer(key("attention.value_length"), head_dim) != head_dim:
-        raise meta.bad(key("attention.value_length"), meta.get(key("attention.value_length")),
+    key = lambda name: name.format(arch=ARCH)  # noqa: E731
+    n_layer = meta.integer(key(Keys.LLM.BLOCK_COUNT), low=1)
+    head_dim = meta.integer(key(Keys.Attention.KEY_LENGTH), low=1)
+    if meta.integer(key(Keys.Attention.VALUE_LENGTH), head_dim) != head_dim:
+        raise meta.bad(key(Keys.Attention.VALUE_LENGTH), meta.get(key(Keys.Attention.VALUE_LENGTH)),
                        f"{head_dim}, the key length (DeepSeek-V4 reads one K = V head)")
-    if meta.integer(key("attention.head_count_kv"), 1) != 1:
-        raise meta.bad(key("attention.head_count_kv"), meta.get(key("attention.head_count_kv")), "1 (one K = V head)")
-    if meta.get(key("rope.scaling.type"), "none") != "none":
-        raise PlanError(f"{info.path.name}: {key('rope.scaling.type')} is {meta.get(key('rope.scaling.type'))!r}; "
+    if meta.integer(key(Keys.Attention.HEAD_COUNT_KV), 1) != 1:
+        raise meta.bad(key(Keys.Attention.HEAD_COUNT_KV), meta.get(key(Keys.Attention.HEAD_COUNT_KV)), "1 (one K = V head)")
+    if meta.get(key(Keys.Rope.SCALING_TYPE), "none") != "none":
+        raise PlanError(f"{info.path.name}: {key(Keys.Rope.SCALING_TYPE)} is {meta.get(key(Keys.Rope.SCALING_TYPE))!r}; "
                         "export-hf writes deepseek4 files without RoPE scaling")
     layer_types, rates = _layer_types(meta, n_layer)
-    gating = meta.integer(key("expert_gating_func"), 4)
+    gating = meta.integer(key(Keys.LLM.EXPERT_GATING_FUNC), 4)
     if gating not in GATING:
-        raise meta.bad(key("expert_gating_func"), gating, f"one of {GATING} (llama.cpp's gating functions)")
-    n_rot = meta.integer(key("rope.dimension_count"), low=0, high=head_dim)
-    bos = meta.integer("tokenizer.ggml.bos_token_id", 0)
+        raise meta.bad(key(Keys.LLM.EXPERT_GATING_FUNC), gating, f"one of {GATING} (llama.cpp's gating functions)")
+    n_rot = meta.integer(key(Keys.Rope.DIMENSION_COUNT), low=0, high=head_dim)
+    bos = meta.integer(Keys.Tokenizer.BOS_ID, 0)
     return {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
-        "vocab_size": int(info.vocab_size or meta.integer(key("vocab_size"), low=1)),
-        "hidden_size": meta.integer(key("embedding_length"), low=1),
+        "vocab_size": int(info.vocab_size or meta.integer(key(Keys.LLM.VOCAB_SIZE), low=1)),
+        "hidden_size": meta.integer(key(Keys.LLM.EMBEDDING_LENGTH), low=1),
         "num_hidden_layers": n_layer,
-        "num_attention_heads": meta.integer(key("attention.head_count"), low=1),
+        "num_attention_heads": meta.integer(key(Keys.Attention.HEAD_COUNT), low=1),
         "num_key_value_heads": 1,
         "head_dim": head_dim,
         "partial_rotary_factor": n_rot / head_dim,
-        "q_lora_rank": meta.integer(key("attention.q_lora_rank"), low=1),
-        "max_position_embeddings": meta.integer(key("context_length"), low=1),
-        "rms_norm_eps": meta.number(key("attention.layer_norm_rms_epsilon")),
-        "rope_theta": meta.number(key("rope.freq_base"), 10000.0),
-        "compress_rope_theta": meta.number(key("attention.compress_rope_freq_base")),
+        "q_lora_rank": meta.integer(key(Keys.Attention.Q_LORA_RANK), low=1),
+        "max_position_embeddings": meta.integer(key(Keys.LLM.CONTEXT_LENGTH), low=1),
+        "rms_norm_eps": meta.number(key(Keys.Attention.LAYERNORM_RMS_EPS)),
+        "rope_theta": meta.number(key(Keys.Rope.FREQ_BASE), 10000.0),
+        "compress_rope_theta": meta.number(key(Keys.Attention.COMPRESS_ROPE_FREQ_BASE)),
         "layer_types": layer_types,
         "compress_rates": rates,
-        "sliding_window": meta.integer(key("attention.sliding_window"), low=1),
-        "index_n_heads": meta.integer(key("attention.indexer.head_count"), low=1),
-        "index_head_dim": meta.integer(key("attention.indexer.key_length"), low=1),
-        "index_topk": meta.integer(key("attention.indexer.top_k"), low=1),
-        "o_groups": meta.integer(key("attention.output_group_count"), low=1),
-        "o_lora_rank": meta.integer(key("attention.output_lora_rank"), low=1),
-        "n_routed_experts": meta.integer(key("expert_count"), low=1),
-        "num_experts_per_tok": meta.integer(key("expert_used_count"), low=1),
-        "moe_intermediate_size": meta.integer(key("expert_feed_forward_length"), low=1),
+        "sliding_window": meta.integer(key(Keys.Attention.SLIDING_WINDOW), low=1),
+        "index_n_heads": meta.integer(key(Keys.Attention.Indexer.HEAD_COUNT), low=1),
+        "index_head_dim": meta.integer(key(Keys.Attention.Indexer.KEY_LENGTH), low=1),
+        "index_topk": meta.integer(key(Keys.Attention.Indexer.TOP_K), low=1),
+        "o_groups": meta.integer(key(Keys.Attention.OUTPUT_GROUP_COUNT), low=1),
+        "o_lora_rank": meta.integer(key(Keys.Attention.OUTPUT_LORA_RANK), low=1),
+        "n_routed_experts": meta.integer(key(Keys.LLM.EXPERT_COUNT), low=1),
+        "num_experts_per_tok": meta.integer(key(Keys.LLM.EXPERT_USED_COUNT), low=1),
+        "moe_intermediate_size": meta.integer(key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), low=1),
         "n_shared_experts": _one_shared_expert(meta),
         "scoring_func": GATING[gating],
-        "norm_topk_prob": bool(meta.get(key("expert_weights_norm"), True)),
-        "routed_scaling_factor": meta.number(key("expert_weights_scale"), 1.0),
+        "norm_topk_prob": bool(meta.get(key(Keys.LLM.EXPERT_WEIGHTS_NORM), True)),
+        "routed_scaling_factor": meta.number(key(Keys.LLM.EXPERT_WEIGHTS_SCALE), 1.0),
         "swiglu_limit": _swiglu_limit(meta, n_layer),
-        "hc_mult": meta.integer(key("hyper_connection.count"), low=1),
-        "hc_sinkhorn_iters": meta.integer(key("hyper_connection.sinkhorn_iterations"), low=1),
-        "hc_eps": meta.number(key("hyper_connection.epsilon")),
+        "hc_mult": meta.integer(key(Keys.HyperConnection.COUNT), low=1),
+        "hc_sinkhorn_iters": meta.integer(key(Keys.HyperConnection.SINKHORN_ITERATIONS), low=1),
+        "hc_eps": meta.number(key(Keys.HyperConnection.EPSILON)),
         "mlp_layer_types": _mlp_layer_types(meta, n_layer),
         "num_nextn_predict_layers": 0,
         "tie_word_embeddings": False,
         "bos_token_id": bos,
-        "eos_token_id": meta.integer("tokenizer.ggml.eos_token_id", bos),
+        "eos_token_id": meta.integer(Keys.Tokenizer.EOS_ID, bos),
         "torch_dtype": "float32",
         **trained_keys(info),
     }
@@ -185,7 +186,7 @@ def trained_keys(info: ModelInfo) -> dict:
 
 def _layer_types(meta: Metadata, n_layer: int) -> tuple[list[str], dict[str, int]]:
     """llama.cpp's per-layer compress ratios as transformers' layer types and their rates."""
-    name = f"{ARCH}.attention.compress_ratios"
+    name = Keys.Attention.COMPRESS_RATIOS.format(arch=ARCH)
     ratios = meta.integers(name, low=0)
     ratios = ratios * n_layer if len(ratios) == 1 else ratios
     if len(ratios) != n_layer:
@@ -200,7 +201,7 @@ def _layer_types(meta: Metadata, n_layer: int) -> tuple[list[str], dict[str, int
 
 
 def _swiglu_limit(meta: Metadata, n_layer: int) -> float:
-    name = f"{ARCH}.swiglu_clamp_exp"
+    name = Keys.LLM.SWIGLU_CLAMP_EXP.format(arch=ARCH)
     value = meta.get(name, [0.0])
     values = value if isinstance(value, list) else [value]
     if len(set(float(v) for v in values)) != 1:
@@ -210,14 +211,14 @@ def _swiglu_limit(meta: Metadata, n_layer: int) -> float:
 
 
 def _one_shared_expert(meta: Metadata) -> int:
-    name = f"{ARCH}.expert_shared_count"
+    name = Keys.LLM.EXPERT_SHARED_COUNT.format(arch=ARCH)
     if meta.integer(name, 1) != 1:
         raise meta.bad(name, meta.get(name), "1 (transformers builds one shared expert)")
     return 1
 
 
 def _mlp_layer_types(meta: Metadata, n_layer: int) -> list[str]:
-    name = f"{ARCH}.hash_layer_count"
+    name = Keys.LLM.HASH_LAYER_COUNT.format(arch=ARCH)
     n_hash = meta.integer(name, 0, high=n_layer)
     if n_hash:
         raise meta.bad(name, n_hash, "0: hash-routed layers need the checkpoint's tid2eid table, which the "

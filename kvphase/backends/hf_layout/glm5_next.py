@@ -32,6 +32,7 @@ import numpy as np
 
 from kvphase.backends.hf_layout.common import GGUFTensors, write_checkpoint_files
 from kvphase.errors import ModelFileError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo
 
 PREFIX = "model.language_model."
@@ -128,64 +129,61 @@ def _kv_b(g: GGUFTensors, i: int, text: dict) -> np.ndarray:
 
 def glm5_next_config(g: GGUFTensors) -> dict:
     """config.json from the GGUF's keys, each the inverse of glm.py's `set_gguf_parameters` line for it."""
-    n_layer = g.integer("block_count")
-    kv_heads = g.key("attention.head_count_kv")
+    n_layer = g.integer(Keys.LLM.BLOCK_COUNT)
+    kv_heads = g.key(Keys.Attention.HEAD_COUNT_KV)
     kv_heads = kv_heads if isinstance(kv_heads, list) else [kv_heads] * n_layer
     layer_types = ["linear_attention" if n == 0 else "indexed_attention" for n in kv_heads]  # glm.py:458
-    n_dense = g.integer("leading_dense_block_count", 0)
+    n_dense = g.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0)
     if n_dense < n_layer:  # no reference has one: refused rather than written untried
-        raise ModelFileError(f"{g.info.path.name}: layers {n_dense}..{n_layer - 1} are MoE "
-                             f"({g.arch}.leading_dense_block_count {n_dense}); export-hf writes dense glm5-next files")
-    if g.integer("rope.dimension_count", 0) != 0:
-        raise ModelFileError(f"{g.info.path.name}: {g.arch}.rope.dimension_count is not 0; transformers' glm5_next "
-                             "is NoPE-only MLA")  # configuration_glm5_next.py validate_architecture
-    n_head = g.integer("attention.head_count")
-    clamp = g.key("swiglu_clamp_exp", [])
+        raise ModelFileError(f'{g.info.path.name}: layers {n_dense}..{n_layer - 1} are MoE ({Keys.LLM.LEADING_DENSE_BLOCK_COUNT.format(arch=g.arch)} {n_dense}); export-hf writes dense glm5-next files')
+    if g.integer(Keys.Rope.DIMENSION_COUNT, 0) != 0:
+        raise ModelFileError(f"{g.info.path.name}: {Keys.Rope.DIMENSION_COUNT.format(arch=g.arch)} is not 0; transformers' glm5_next is NoPE-only MLA")  # configuration_glm5_next.py validate_architecture
+    n_head = g.integer(Keys.Attention.HEAD_COUNT)
+    clamp = g.key(Keys.LLM.SWIGLU_CLAMP_EXP, [])
     clamps = set(clamp if isinstance(clamp, list) else [clamp])
     if len(clamps) > 1:
-        raise ModelFileError(f"{g.info.path.name}: {g.arch}.swiglu_clamp_exp differs between layers; "
-                             "transformers' swiglu_limit is one number")
-    select_tail = g.key("attention.indexer.kpool_select_tail", True)
-    indexer_types = g.optional("attention.indexer.types")  # glm.py:494-495
+        raise ModelFileError(f"{g.info.path.name}: {Keys.LLM.SWIGLU_CLAMP_EXP.format(arch=g.arch)} differs between layers; transformers' swiglu_limit is one number")
+    select_tail = g.key(Keys.Attention.Indexer.KPOOL_SELECT_TAIL, True)
+    indexer_types = g.optional(Keys.Attention.Indexer.TYPES)  # glm.py:494-495
     text = {
         "model_type": "glm5_next_text",
-        "vocab_size": g.integer("vocab_size"),
-        "hidden_size": g.integer("embedding_length"),
-        "intermediate_size": g.integer("feed_forward_length"),
-        "moe_intermediate_size": g.integer("expert_feed_forward_length", 1),
+        "vocab_size": g.integer(Keys.LLM.VOCAB_SIZE),
+        "hidden_size": g.integer(Keys.LLM.EMBEDDING_LENGTH),
+        "intermediate_size": g.integer(Keys.LLM.FEED_FORWARD_LENGTH),
+        "moe_intermediate_size": g.integer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, 1),
         "num_hidden_layers": n_layer,
         "num_attention_heads": n_head,
         "num_key_value_heads": n_head,  # MLA: transformers requires them equal (validate_architecture)
-        "n_shared_experts": g.integer("expert_shared_count", 1),
-        "n_routed_experts": g.integer("expert_count", 1),
-        "num_experts_per_tok": g.integer("expert_used_count", 1),
-        "routed_scaling_factor": g.number("expert_weights_scale", 1.0),
-        "norm_topk_prob": bool(g.key("expert_weights_norm", True)),
-        "kv_lora_rank": g.integer("attention.kv_lora_rank"),  # glm.py:476
-        "q_lora_rank": g.integer("attention.q_lora_rank"),  # glm.py:475
+        "n_shared_experts": g.integer(Keys.LLM.EXPERT_SHARED_COUNT, 1),
+        "n_routed_experts": g.integer(Keys.LLM.EXPERT_COUNT, 1),
+        "num_experts_per_tok": g.integer(Keys.LLM.EXPERT_USED_COUNT, 1),
+        "routed_scaling_factor": g.number(Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0),
+        "norm_topk_prob": bool(g.key(Keys.LLM.EXPERT_WEIGHTS_NORM, True)),
+        "kv_lora_rank": g.integer(Keys.Attention.KV_LORA_RANK),  # glm.py:476
+        "q_lora_rank": g.integer(Keys.Attention.Q_LORA_RANK),  # glm.py:475
         "qk_rope_head_dim": 0,
-        "qk_nope_head_dim": g.integer("attention.key_length_mla"),  # glm.py:480
-        "v_head_dim": g.integer("attention.value_length_mla"),  # glm.py:481
-        "index_n_heads": g.integer("attention.indexer.head_count"),  # glm.py:484
-        "index_head_dim": g.integer("attention.indexer.key_length"),  # glm.py:485
-        "index_topk": g.integer("attention.indexer.top_k"),  # glm.py:486
-        "index_kpool": g.integer("attention.indexer.kpool"),  # glm.py:487
+        "qk_nope_head_dim": g.integer(Keys.Attention.KEY_LENGTH_MLA),  # glm.py:480
+        "v_head_dim": g.integer(Keys.Attention.VALUE_LENGTH_MLA),  # glm.py:481
+        "index_n_heads": g.integer(Keys.Attention.Indexer.HEAD_COUNT),  # glm.py:484
+        "index_head_dim": g.integer(Keys.Attention.Indexer.KEY_LENGTH),  # glm.py:485
+        "index_topk": g.integer(Keys.Attention.Indexer.TOP_K),  # glm.py:486
+        "index_kpool": g.integer(Keys.Attention.Indexer.KPOOL),  # glm.py:487
         "index_kpool_always_select_tail": bool(select_tail),  # glm.py:488
         "indexer_types": (["full" if full else "shared" for full in indexer_types] if indexer_types is not None
                           else ["full"] * n_layer),  # llama.cpp: every layer full when the key is absent
         "layer_types": layer_types,
         "mlp_layer_types": ["dense"] * n_layer,
-        "linear_head_dim": g.integer("kda.head_dim"),  # glm.py:469
+        "linear_head_dim": g.integer(Keys.KDA.HEAD_DIM),  # glm.py:469
         "linear_num_heads": n_head,  # glm.py:467 asserts the KDA heads are the attention heads
-        "linear_conv_kernel_dim": g.integer("ssm.conv_kernel"),  # glm.py:468
-        "linear_lower_bound": (g.number("kda.gate_lower_bound") if g.optional("kda.gate_lower_bound") is not None
+        "linear_conv_kernel_dim": g.integer(Keys.SSM.CONV_KERNEL),  # glm.py:468
+        "linear_lower_bound": (g.number(Keys.KDA.GATE_LOWER_BOUND) if g.optional(Keys.KDA.GATE_LOWER_BOUND) is not None
                                else None),  # glm.py:470-471: absent means the softplus decay
-        "hc_mult": g.integer("hyper_connection.count"),  # glm.py:498
-        "hc_sinkhorn_iters": g.integer("hyper_connection.sinkhorn_iterations"),  # glm.py:499
-        "hc_eps": g.number("hyper_connection.epsilon"),  # glm.py:500
-        "rms_norm_eps": g.number("attention.layer_norm_rms_epsilon"),
+        "hc_mult": g.integer(Keys.HyperConnection.COUNT),  # glm.py:498
+        "hc_sinkhorn_iters": g.integer(Keys.HyperConnection.SINKHORN_ITERATIONS),  # glm.py:499
+        "hc_eps": g.number(Keys.HyperConnection.EPSILON),  # glm.py:500
+        "rms_norm_eps": g.number(Keys.Attention.LAYERNORM_RMS_EPS),
         "swiglu_limit": float(clamps.pop()) if clamps else NO_CLAMP,  # glm.py:511-513
-        "max_position_embeddings": g.integer("context_length"),
+        "max_position_embeddings": g.integer(Keys.LLM.CONTEXT_LENGTH),
         "tie_word_embeddings": "output.weight" not in g,
         "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
     }
@@ -197,7 +195,7 @@ def glm5_next_config(g: GGUFTensors) -> dict:
 
 def indexer_epsilon_note(info: ModelInfo) -> str | None:
     """The finding when the file's indexer LayerNorm epsilon is not the one transformers fixes."""
-    eps = info.header.fields.get(f"{info.architecture}.attention.layer_norm_epsilon")
+    eps = info.header.fields.get(Keys.Attention.LAYERNORM_EPS.format(arch=info.architecture))
     if eps is None or abs(float(eps) - TRANSFORMERS_INDEXER_LN_EPS) <= 1e-12:
         return None
     return (f"{info.path.name} declares attention.layer_norm_epsilon {float(eps):.3g} (llama.cpp's indexer key "

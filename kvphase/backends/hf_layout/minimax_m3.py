@@ -29,6 +29,7 @@ import numpy as np
 
 from kvphase.backends.hf_layout.common import GGUFTensors, write_checkpoint_files
 from kvphase.errors import ModelFileError
+from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # llama-graph.cpp:1910-1911 (LLM_FFN_SWIGLU_OAI_MOE)
@@ -91,52 +92,49 @@ def _gate_up(g: GGUFTensors, i: int, suffix: str) -> np.ndarray:
 
 def minimax_m3_config(g: GGUFTensors) -> dict:
     """config.json from the GGUF's keys, each the inverse of minimax.py's `set_gguf_parameters` line for it."""
-    n_layer = g.integer("block_count")
-    n_dense = g.integer("leading_dense_block_count", 0)
-    if g.integer("expert_gating_func") != SIGMOID_GATING:
-        raise ModelFileError(f"{g.info.path.name}: {g.arch}.expert_gating_func is not sigmoid (2), the only "
-                             "routing transformers' minimax_m3_vl has")
-    if not g.key("expert_weights_norm", False):
-        raise ModelFileError(f"{g.info.path.name}: {g.arch}.expert_weights_norm is false; transformers' "
-                             "minimax_m3_vl always normalises the routing weights (minimax.py:179 writes true)")
-    n_ff_exp = g.integer("expert_feed_forward_length")
-    n_kv = g.integer("attention.head_count_kv")
-    if g.integer("attention.indexer.head_count") != n_kv:
-        raise ModelFileError(f"{g.info.path.name}: {g.arch}.attention.indexer.head_count differs from head_count_kv; "
-                             "MSA keeps one indexer head per KV head")
-    head_dim, n_rot = g.integer("attention.key_length"), g.integer("rope.dimension_count")
+    n_layer = g.integer(Keys.LLM.BLOCK_COUNT)
+    n_dense = g.integer(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0)
+    if g.integer(Keys.LLM.EXPERT_GATING_FUNC) != SIGMOID_GATING:
+        raise ModelFileError(f"{g.info.path.name}: {Keys.LLM.EXPERT_GATING_FUNC.format(arch=g.arch)} is not sigmoid (2), the only routing transformers' minimax_m3_vl has")
+    if not g.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False):
+        raise ModelFileError(f"{g.info.path.name}: {Keys.LLM.EXPERT_WEIGHTS_NORM.format(arch=g.arch)} is false; transformers' minimax_m3_vl always normalises the routing weights (minimax.py:179 writes true)")
+    n_ff_exp = g.integer(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
+    n_kv = g.integer(Keys.Attention.HEAD_COUNT_KV)
+    if g.integer(Keys.Attention.Indexer.HEAD_COUNT) != n_kv:
+        raise ModelFileError(f'{g.info.path.name}: {Keys.Attention.Indexer.HEAD_COUNT.format(arch=g.arch)} differs from head_count_kv; MSA keeps one indexer head per KV head')
+    head_dim, n_rot = g.integer(Keys.Attention.KEY_LENGTH), g.integer(Keys.Rope.DIMENSION_COUNT)
     return {
         "architectures": ["MiniMaxM3VLForCausalLM"],
         "model_type": "minimax_m3_vl_text",
-        "vocab_size": g.integer("vocab_size"),
-        "hidden_size": g.integer("embedding_length"),
+        "vocab_size": g.integer(Keys.LLM.VOCAB_SIZE),
+        "hidden_size": g.integer(Keys.LLM.EMBEDDING_LENGTH),
         "intermediate_size": n_ff_exp,  # minimax.py:130 (expert width)
-        "dense_intermediate_size": g.integer("feed_forward_length"),
-        "shared_intermediate_size": n_ff_exp * g.integer("expert_shared_count"),  # minimax.py:177
+        "dense_intermediate_size": g.integer(Keys.LLM.FEED_FORWARD_LENGTH),
+        "shared_intermediate_size": n_ff_exp * g.integer(Keys.LLM.EXPERT_SHARED_COUNT),  # minimax.py:177
         "num_hidden_layers": n_layer,
-        "num_attention_heads": g.integer("attention.head_count"),
+        "num_attention_heads": g.integer(Keys.Attention.HEAD_COUNT),
         "num_key_value_heads": n_kv,
         "head_dim": head_dim,
         "rotary_dim": n_rot,  # minimax.py:131
         # transformers' rotary embedding reads partial_rotary_factor, not rotary_dim (which alone rotates the
         # whole head: MiniMaxM3VLRotaryEmbedding.compute_default_rope_parameters)
-        "rope_parameters": {"rope_type": "default", "rope_theta": g.number("rope.freq_base"),
+        "rope_parameters": {"rope_type": "default", "rope_theta": g.number(Keys.Rope.FREQ_BASE),
                             "partial_rotary_factor": n_rot / head_dim},
-        "num_local_experts": g.integer("expert_count"),
-        "num_experts_per_tok": g.integer("expert_used_count"),
-        "routed_scaling_factor": g.number("expert_weights_scale", 1.0),  # minimax.py:178
+        "num_local_experts": g.integer(Keys.LLM.EXPERT_COUNT),
+        "num_experts_per_tok": g.integer(Keys.LLM.EXPERT_USED_COUNT),
+        "routed_scaling_factor": g.number(Keys.LLM.EXPERT_WEIGHTS_SCALE, 1.0),  # minimax.py:178
         "mlp_layer_types": ["dense" if i < n_dense else "sparse" for i in range(n_layer)],  # minimax.py:190-196
         # llama.cpp's MSA runs on the layers that hold an indexer (minimax-m3.cpp load_arch_tensors: the MoE ones)
         "layer_types": ["minimax_m3_sparse" if f"blk.{i}.indexer.q_proj.weight" in g else "full_attention"
                         for i in range(n_layer)],
         "index_n_heads": n_kv,  # minimax.py:183
-        "index_head_dim": g.integer("attention.indexer.key_length"),  # minimax.py:184
-        "index_topk_blocks": g.integer("attention.indexer.top_k"),  # minimax.py:185
-        "index_block_size": g.integer("attention.indexer.block_size"),  # minimax.py:186
-        "index_local_blocks": g.integer("attention.indexer.local_blocks"),  # minimax.py:187
-        "rms_norm_eps": g.number("attention.layer_norm_rms_epsilon"),
+        "index_head_dim": g.integer(Keys.Attention.Indexer.KEY_LENGTH),  # minimax.py:184
+        "index_topk_blocks": g.integer(Keys.Attention.Indexer.TOP_K),  # minimax.py:185
+        "index_block_size": g.integer(Keys.Attention.Indexer.BLOCK_SIZE),  # minimax.py:186
+        "index_local_blocks": g.integer(Keys.Attention.Indexer.LOCAL_BLOCKS),  # minimax.py:187
+        "rms_norm_eps": g.number(Keys.Attention.LAYERNORM_RMS_EPS),
         "swiglu_alpha": SWIGLU_ALPHA, "swiglu_limit": SWIGLU_LIMIT,
-        "max_position_embeddings": g.integer("context_length"),
+        "max_position_embeddings": g.integer(Keys.LLM.CONTEXT_LENGTH),
         "tie_word_embeddings": False,
         "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
     }
