@@ -66,6 +66,16 @@ def tiny_deepseek4(default_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_compressed(default_model, tmp_path_factory):
+    """A folder of `make-tiny ARCH --vocab-from MODEL` files, ARCH.gguf for glm5-next, deepseek4 and
+    minimax-m3 (tests/helpers/tiny_models.py), made once for every module that sweeps or taps them.
+    Copy a file before changing it."""
+    from tests.helpers.tiny_models import made_by_make_tiny
+
+    return made_by_make_tiny(tmp_path_factory.mktemp("tiny-compressed"), default_model)
+
+
+@pytest.fixture(scope="session")
 def default_sweep(tmp_path_factory):
     """`kvphase sweep` with no options, resuming the committed example (tests/helpers/default_sweep.py):
     one real model's full run folder for every module that needs one. Copy it before changing it."""

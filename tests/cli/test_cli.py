@@ -328,3 +328,18 @@ def test_make_tiny_takes_the_bundled_models_tokenizer_by_the_name_default(defaul
     monkeypatch.chdir(tmp_path)
     assert runner.invoke(app, ["make-tiny", "llama", "bundled.gguf", "--vocab-from", "default"]).exit_code == 0
     assert read_model_info(Path("bundled.gguf")).vocab_size == read_model_info(default_model).vocab_size
+
+
+# What every `kvphase` command pays before it runs: the command line's own imports. These libraries are
+# imported where a command uses them (a sweep's statistics, its figure, training, the transformers
+# backend, llama.cpp at model load), so `--help`, a refusal or an inspect never load them (issue 71:
+# 0.4-1.0 CPU-s each, paid by every process the tests start).
+NOT_AT_START = ("scipy", "matplotlib", "torch", "transformers", "jax", "llama_cpp")
+
+
+def test_starting_the_command_line_imports_no_heavy_library():
+    code = f"import sys, kvphase.cli; print(sorted(set({NOT_AT_START!r}) & {{m.split('.')[0] for m in sys.modules}}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", f"`import kvphase.cli` imports {done.stdout.strip()}"

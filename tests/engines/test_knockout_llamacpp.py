@@ -113,23 +113,14 @@ HEAD_LAYERS = {"glm5-next": [0, 2], "minimax-m3": [0, 1, 2], "deepseek4": [0, 1,
 N_HEAD = {"glm5-next": 2, "minimax-m3": 4, "deepseek4": 2}
 
 
-@pytest.fixture(scope="module")
-def tiny_models(default_model, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny")
-    for arch in OUTPUT_READERS:
-        made = runner.invoke(app, ["make-tiny", arch, str(folder / f"{arch}.gguf"), "--vocab-from", str(default_model)])
-        assert made.exit_code == 0, made.output
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(OUTPUT_READERS))
-def test_a_head_nothing_reads_is_a_known_zero_in_each_compressed_architecture(arch, tiny_models, tmp_path):
+def test_a_head_nothing_reads_is_a_known_zero_in_each_compressed_architecture(arch, tiny_compressed, tmp_path):
     """Through llama.cpp's own glm5-next, deepseek4 and minimax-m3 graphs: with the output
     projection's slice for head 1 of the first layer zeroed, knocking that head out changes no
     log-probability, while its neighbour's knockout does (the tap writes where the projection reads)."""
     model = tmp_path / f"{arch}.gguf"
-    shutil.copy(tiny_models / f"{arch}.gguf", model)
+    shutil.copy(tiny_compressed / f"{arch}.gguf", model)
     tensor, axis, width = OUTPUT_READERS[arch]
     first = HEAD_LAYERS[arch][0]
     _silence(model, f"blk.{first}.{tensor}", head=1, head_width=width, axis=axis)
@@ -151,12 +142,12 @@ def test_a_head_nothing_reads_is_a_known_zero_in_each_compressed_architecture(ar
 
 
 @pytest.mark.slow
-def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
-    glm = tiny_models / "glm5-next.gguf"
+def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_compressed, tmp_path):
+    glm = tiny_compressed / "glm5-next.gguf"
     cases = [
         (["knockout", str(glm), "--layer", "1"], "--layer must be one of 0, 2 (the layers with attention heads), got [1]"),
         (["knockout", str(glm), "--slots", "--layer", "1"], "--layer must be one of 0, 2 (the layers with a per-phase gate)"),
-        (["knockout", str(tiny_models / "minimax-m3.gguf"), "--slots"], "minimax-m3 has none"),
+        (["knockout", str(tiny_compressed / "minimax-m3.gguf"), "--slots"], "minimax-m3 has none"),
         (["knockout", str(glm), "--backend", "vllm"], "unknown backend 'vllm'"),
         (["knockout", str(glm), "--threads", "0"], "--threads must be from 1"),
         (["knockout", str(TRAINED / "gated.gguf"), "--backend", "llama.cpp"], "which llama.cpp cannot run"),
@@ -169,13 +160,13 @@ def test_bad_knockout_input_on_llama_cpp_is_one_line(tiny_models, tmp_path):
 
 
 @pytest.mark.slow
-def test_glm5_next_gate_slots_held_at_their_mean_change_nothing_when_the_gate_ignores_content(tiny_models, tmp_path):
+def test_glm5_next_gate_slots_held_at_their_mean_change_nothing_when_the_gate_ignores_content(tiny_compressed, tmp_path):
     """glm5-next's k-pool gate inside llama.cpp: with the content gate zeroed, every pool's
     weights are softmax(ape) per channel, so the calibration means are exactly that (read from
     the file, row p = phase p) and holding any phase at its mean changes no log-probability;
     holding one at the wrong slot would. With the random content gate, slots do matter."""
     model = tmp_path / "glm5-next.gguf"
-    shutil.copy(tiny_models / "glm5-next.gguf", model)
+    shutil.copy(tiny_compressed / "glm5-next.gguf", model)
     tensors = {t.name: t for t in read_gguf_header(model).tensors}
     data = np.memmap(model, dtype=np.uint8, mode="r")
     apes = {layer: tensor_array(data, tensors[f"blk.{layer}.indexer_compressor_ape.weight"]) for layer in (0, 2)}
@@ -196,7 +187,7 @@ def test_glm5_next_gate_slots_held_at_their_mean_change_nothing_when_the_gate_ig
     assert (effects.d_correct == 0).all() and effects.d_logprob.abs().max() < 1e-4, _diff(effects.d_logprob, 0)
 
     random_gate = tmp_path / "random"
-    result = runner.invoke(app, ["knockout", str(tiny_models / "glm5-next.gguf"), "--slots", "--layer", "0",
+    result = runner.invoke(app, ["knockout", str(tiny_compressed / "glm5-next.gguf"), "--slots", "--layer", "0",
                                  "--context", "256", "--per-residue", "1", "--threads", "1", "--out", str(random_gate)])
     assert result.exit_code == 0, result.output
     assert pd.read_csv(random_gate / "effects.csv").d_logprob.abs().max() > 1e-3
@@ -211,7 +202,7 @@ GATE_BIASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(GATE_BIASES))
-def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(arch, tiny_models, tmp_path):
+def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(arch, tiny_compressed, tmp_path):
     """Holding phase p's gate weight at 1 in every window of a layer, context and queries, is
     what llama.cpp computes itself when the file's per-phase biases make phase p take every
     window (+100 on its row: exp(-100) is 0 in float32, and at 100 float32 still resolves
@@ -224,7 +215,7 @@ def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(arch, tiny_
     from kvphase.engines.taps import GATE_SOFTMAX
     from kvphase.probes.knockout_hooks import GateSlotKnockout
 
-    source = tiny_models / f"{arch}.gguf"
+    source = tiny_compressed / f"{arch}.gguf"
     layer, biases, channels = GATE_BIASES[arch]
     tensors = {t.name: t for t in read_gguf_header(source).tensors}
     apes = {name: tensor_array(np.memmap(source, dtype=np.uint8, mode="r"), tensors[name]) for name in biases.values()}
@@ -249,7 +240,7 @@ def test_a_slot_held_at_one_equals_a_gate_bias_that_picks_that_phase(arch, tiny_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(GATE_BIASES))
-def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tiny_models):
+def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tiny_compressed):
     """The slot recorder's per-phase means over one context and a query after it (the query's
     decode completes one more window: glm5-next pools it last, after the copied sequence's
     pools, deepseek4 first, before a snapshot of a partial block) equal those of the same
@@ -265,7 +256,7 @@ def test_recorded_gate_means_equal_the_pooling_kvphase_validate_proves(arch, tin
     from kvphase.probes.gates import find_sources, sum_by_phase
     from kvphase.probes.knockout_hooks import GateSlotRecorder
 
-    model = tiny_models / f"{arch}.gguf"
+    model = tiny_compressed / f"{arch}.gguf"
     layer, biases, channels = GATE_BIASES[arch]
     rng = np.random.default_rng(2)
     context, query = rng.integers(1000, 20000, 150).tolist(), Query(rng.integers(1000, 20000, 3).tolist(), [1500, 1600])

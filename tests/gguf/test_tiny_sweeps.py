@@ -16,20 +16,10 @@ runner = CliRunner()
 SPEC_STRIDES = {"glm5-next": 4, "deepseek4": 4, "minimax-m3": 4}  # kpool, smallest compress ratio, block size in tiny.py
 
 
-@pytest.fixture(scope="module")
-def tiny_models(default_model, tmp_path_factory):
-    """Each architecture made once by the command; the tests read the files, never change them."""
-    folder = tmp_path_factory.mktemp("tiny")
-    for arch in SPEC_STRIDES:
-        made = runner.invoke(app, ["make-tiny", arch, str(folder / f"{arch}.gguf"), "--vocab-from", str(default_model)])
-        assert made.exit_code == 0, made.output
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(SPEC_STRIDES))
-def test_compressed_tiny_model_sweeps_through_llama_cpp(arch, tiny_models, tmp_path):
-    model, out = tiny_models / f"{arch}.gguf", tmp_path / "run"
+def test_compressed_tiny_model_sweeps_through_llama_cpp(arch, tiny_compressed, tmp_path):
+    model, out = tiny_compressed / f"{arch}.gguf", tmp_path / "run"
     info = read_model_info(model)
     assert info.compression.stride == SPEC_STRIDES[arch] and info.vocab_size > 10_000
     result = runner.invoke(app, ["sweep", str(model), "--context", "256", "--per-residue", "1", "--quiet",
@@ -42,10 +32,10 @@ def test_compressed_tiny_model_sweeps_through_llama_cpp(arch, tiny_models, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", sorted(SPEC_STRIDES))
-def test_probes_run_through_llama_cpps_compressed_attention(arch, tiny_models, tmp_path):
+def test_probes_run_through_llama_cpps_compressed_attention(arch, tiny_compressed, tmp_path):
     """flip on every compressed architecture, and cycle where the model has a per-phase gate
     bias (glm5-next, deepseek4): both through llama.cpp, the stride from the spec."""
-    model = tiny_models / f"{arch}.gguf"
+    model = tiny_compressed / f"{arch}.gguf"
     flip = runner.invoke(app, ["flip", str(model), "--context", "256", "--targets", "2", "--cycles", "1",
                                "--threads", "1", "--out", str(tmp_path / "flip")])
     assert flip.exit_code == 0, flip.output
