@@ -1266,6 +1266,91 @@ def bench_table(output: Path) -> str:
     return "\n".join([next(line for line in lines if "runs per row" in line), "", *rows]) + "\n"
 
 
+# transformers' own modeling code against llama.cpp on the same plans (reports/study-transformers.md): (label, the
+# folder under reports/, the engine and weights it ran)
+TRANSFORMERS_SWEEPS = [
+    ("csa-disjoint", "trained/engine/csa-disjoint-seed0/sweep", "llama.cpp, the GGUF (F32)"),
+    ("csa-disjoint", "transformers/csa-disjoint-seed0", "transformers, its HF copy (export-hf)"),
+    ("glm-kpool-top4", "trained/engine/glm-kpool-top4-seed0/sweep", "llama.cpp, the GGUF (F32)"),
+    ("glm-kpool-top4", "transformers/glm-kpool-top4-seed0", "transformers, its HF copy (export-hf)"),
+]
+# (what differs, the baseline folder, the other folder): each pair scored the same plan
+TRANSFORMERS_PAIRS = [
+    ("csa-disjoint: the implementation", "trained/engine/csa-disjoint-seed0/sweep", "transformers/csa-disjoint-seed0"),
+    ("glm-kpool-top4: the implementation", "trained/engine/glm-kpool-top4-seed0/sweep",
+     "transformers/glm-kpool-top4-seed0"),
+]
+TRANSFORMERS_CONFORM = "transformers/conform"  # `kvphase conform --backend transformers --contexts 0`
+
+
+def _targets_per_second(folder: Path) -> str:
+    manifest, rows = _read(folder, "manifest.json"), sum(1 for _ in open(folder / "results.csv")) - 1
+    return f"{fixed(rows / manifest['wall_time_s'])}"
+
+
+def transformers_sweeps() -> str:
+    """Each sweep of TRANSFORMERS_SWEEPS: its engine, whether its plan is the first row's of its model (the
+    manifests' plan fingerprints), mean (CI), gap (CI), p, verdict, targets a second and threads."""
+    rows, first = [], {}
+    for label, relative, engine in TRANSFORMERS_SWEEPS:
+        folder = ROOT / "reports" / relative
+        s, manifest = _read(folder, "summary.json"), _read(folder, "manifest.json")
+        plan = first.setdefault(label, manifest["plan_sha256"])
+        rows.append([_link(label, folder, ROOT / "reports"), engine, "yes" if manifest["plan_sha256"] == plan else "no",
+                     _mean(s), _gap(s), _p(s["test"]["p_value"]), verdict(s), _targets_per_second(folder),
+                     str(manifest["machine"]["threads"])])
+    return _table(["model", "engine, weights", "plan fingerprint as the first row's", "mean % (95% CI)",
+                   "gap (95% CI)", "p", "verdict", "targets / s", "threads"], rows)
+
+
+def transformers_pairs() -> str:
+    """Each pair of TRANSFORMERS_PAIRS target by target: flags that differ, the paired accuracy difference
+    (other minus baseline, 95% interval with contexts the sampled units) and the log-probability difference."""
+    from kvphase.statistics.intervals import paired_difference
+
+    rows = []
+    for label, baseline, other in TRANSFORMERS_PAIRS:
+        ours, theirs = _by_target(ROOT / "reports" / baseline, ROOT / "reports" / other)
+        difference, low, high = paired_difference(theirs["correct"].to_numpy(), ours["correct"].to_numpy(),
+                                                  ours["residue"].to_numpy(), ours["context"].to_numpy())
+        moved = (ours["logprob"] - theirs["logprob"]).abs()
+        rows.append([label, str(len(ours)), str(int((ours["correct"] != theirs["correct"]).sum())),
+                     f"{difference:+.1f} ({low:+.1f} to {high:+.1f})", f"{moved.max():.2g}", f"{moved.median():.2g}"])
+    return _table(["what differs", "targets", "flags differing", "accuracy difference, points (95% CI, paired)",
+                   "largest log-prob difference (nats)", "median"], rows)
+
+
+def _conform_model(name: str) -> dict:
+    run = _read(ROOT / "reports" / TRANSFORMERS_CONFORM, "conform.json")
+    return next(m for m in run["models"] if m["name"] == name)
+
+
+def transformers_conform() -> str:
+    """`kvphase conform --backend transformers` over every reference: each model's verdict, targets, flags
+    differing, largest log-probability difference, and the moved targets an indexer tie explains."""
+    run = _read(ROOT / "reports" / TRANSFORMERS_CONFORM, "conform.json")
+    rows = []
+    for m in run["models"]:
+        c, ties = m["check"], m.get("ties")
+        rows.append([m["name"], m["status"], c["check"] if c else "-", str(c["targets"]) if c else "-",
+                     str(c["flags_differing"]) if c else "-", f"{c['max_logprob_difference']:.2g}" if c else "-",
+                     f"{ties['explained']} of {ties['moved']}" if ties else "-",
+                     ", ".join(f"{p['path']} {p['status']}" for p in m["paths"]) or "-"])
+    return _table(["reference", "verdict", "check", "targets", "flags differing", "largest log-prob difference",
+                   "moved targets after an indexer tie", "engine paths (transformers against itself)"], rows)
+
+
+def conform_tie(name: str) -> str:
+    """The first tie the conform run names for a reference: "N of M <moved>: at position P in layer L ..."."""
+    m = _conform_model(name)
+    ties = m["ties"]
+    first = ties["first"]
+    return (f"{ties['explained']} of {ties['moved']}; the first, target {first['target_id']}: at position "
+            f"{first['position']} in layer {first['layer']} llama.cpp kept pools {first['kept']} and transformers "
+            f"{first['path_kept']}, tied within {first['margin']:.2g} (the engines' scores agree within "
+            f"{first['agreement']:.2g} up to there)")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "power-table": lambda: bench_table(BENCH_POWER),
     "fixes-seeds": lambda: fixes_table([("csa-disjoint-seed0", "csa-disjoint seed 0 (tests/data)"), *SEEDS_FIXED],
@@ -1324,6 +1409,13 @@ TABLES: dict[str, Callable[[], str]] = {
     "conform-csa-disjoint": lambda: sweep_reading("trained/engine/csa-disjoint-seed0/sweep"),
     "conform-csa-top4": lambda: sweep_reading("trained/ds4-ablation/ctx128-top4-seed0/sweep"),
     "conform-glm-kpool-top4": lambda: sweep_reading("trained/engine/glm-kpool-top4-seed0/sweep"),
+    "transformers-sweeps": transformers_sweeps,
+    "transformers-pairs": transformers_pairs,
+    "transformers-conform": transformers_conform,
+    "transformers-glm-kpool-top4-ties": lambda: conform_tie("glm-kpool-top4"),
+    "transformers-glm5-next-random-ties": lambda: conform_tie("glm5-next-random"),
+    "transformers-csa-disjoint": lambda: sweep_reading("transformers/csa-disjoint-seed0"),
+    "transformers-glm-kpool-top4": lambda: sweep_reading("transformers/glm-kpool-top4-seed0"),
     "ds4-stride128-density": lambda: density_phrase("trained/ds4-ablation/ctx768-hca-from512-seed0/strides/"
                                                     "ctx768-hca-from512-seed0-pairs-S128-L768"),
     "verdict-class-count": verdict_class_count,

@@ -191,6 +191,12 @@ class TransformersBackend:
         cache = getattr(out, "cache", None)
         return logits.float().cpu().numpy(), cache if cache is not None else out.past_key_values
 
+    @property
+    def records_indexer(self) -> bool:
+        """Whether `validate.transformers_indexer.indexer_selections` reads this model's indexer (glm5-next's
+        k-pool): `conform.ties` then decides a moved answer's tie as it does through llama.cpp's graph tap."""
+        return self.info.architecture == "glm5-next"
+
     def engine_info(self) -> dict:
         """The manifest's account of it: versions, the device torch chose, how queries reuse the context."""
         import transformers

@@ -10,7 +10,9 @@ The folder is written beside OUT and renamed into place: a failure leaves no hal
 
 The architectures transformers' GGUF reader lacks (deepseek4, ...) are written by their own layout
 (`kvphase.backends.hf_layout.LAYOUTS`): llama.cpp's converter read backwards, tensor by tensor, with the
-config.json the converter would have read; the same staging folder and rename.
+config.json the converter would have read; the same staging folder and rename, and before the rename
+the folder is read back as `inspect` and `sweep` read a checkpoint (its indexer keys checked), so a
+file whose keys contradict each other leaves no OUT either.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import NamedTuple
 from kvphase.backends.hf import HF_EXTRA, load_transformers_model
 from kvphase.backends.hf_layout import LAYOUTS
 from kvphase.errors import ModelFileError, PlanError
-from kvphase.gguf.modelinfo import ModelInfo, as_model_info
+from kvphase.gguf.modelinfo import ModelInfo, as_model_info, read_model_info
 
 EXPORTED = ("llama",) + tuple(LAYOUTS)
 
@@ -51,7 +53,12 @@ def export_hf(model: str | Path | ModelInfo, out: str | Path) -> Exported:
             import transformers  # noqa: F401
         except ImportError:
             raise PlanError(f"export-hf needs the hf extra: {HF_EXTRA}") from None
-        n_params = _written(out, lambda staging: LAYOUTS[info.architecture](info, staging) or info.n_params)
+        def write_layout(staging: Path) -> int:
+            n_params = LAYOUTS[info.architecture](info, staging) or info.n_params
+            read_model_info(staging)  # config.json read back as inspect and sweep read it: a key they refuse, no OUT
+            return n_params
+
+        n_params = _written(out, write_layout)
         return Exported(out, info.architecture, n_params, tuple(sorted(p.name for p in out.iterdir())))
     if any(t.name == "rope_freqs.weight" for t in info.header.tensors):
         raise PlanError(f"{info.path.name} holds rope_freqs.weight (llama.cpp's RoPE frequency divisors), which "

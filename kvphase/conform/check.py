@@ -19,6 +19,7 @@ import pandas as pd
 
 from kvphase.backends.base import ServerFleet
 from kvphase.conform.compare import DEFAULT_LOGPROB_TOLERANCE, DEFAULT_MARGIN, ModelCheck, compare_rows, paired_rows
+from kvphase.conform.engine_ties import TieAccount
 from kvphase.conform.paths import (MIN_ANSWER_MODULUS, SERVER_PATHS, PathCheck, cannot_run, large_blocks,
                                    model_paths, server_paths)
 from kvphase.conform.references import ROOT, Reference
@@ -78,16 +79,18 @@ class Outcome:
     """One line of the table: PASS, FAIL or cannot run, and what was measured."""
 
     name: str
-    status: str  # "PASS", "FAIL" or "cannot run"
+    status: str  # "PASS", "FAIL", "UNDECIDED" (every moved target after an indexer tie) or "cannot run"
     reason: str
     seconds: float
     check: Optional[ModelCheck] = None
     rows: Optional[pd.DataFrame] = None  # the engine's rows (results.csv columns)
     paths: tuple[PathCheck, ...] = ()  # each engine path against one prompt (kvphase.conform.paths)
+    ties: Optional[TieAccount] = None  # through transformers: the moved targets an indexer tie explains
 
     def to_json(self) -> dict:
         return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2),
-                "check": self.check.to_json() if self.check else None, "paths": [p.to_json() for p in self.paths]}
+                "check": self.check.to_json() if self.check else None, "paths": [p.to_json() for p in self.paths],
+                "ties": self.ties.to_json() if self.ties else None}
 
 
 def prepare(reference: Reference, choice: EngineChoice) -> Prepared:
@@ -208,11 +211,33 @@ def run_reference(prepared: Prepared, choice: EngineChoice, advance: Callable[[i
         except NonFiniteScore as exc:  # an engine that answers NaN fails the check; it is not a server gone away
             return Outcome(name, "FAIL", str(exc), time.monotonic() - started)
         paths = engine_paths(backend, prepared, choice)
-    engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
-    check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,
-                         choice.margin, choice.logprob_tolerance, seed=prepared.plan.seed)
-    reason = check.reason + answer_start_note(check, prepared, engine)
-    return Outcome(name, check.verdict, reason, time.monotonic() - started, check, engine, tuple(paths))
+        engine = pd.DataFrame(rows, columns=RESULT_COLUMNS).sort_values("target_id", ignore_index=True)
+        check = compare_rows(name, prepared.reference.check, prepared.committed, engine, prepared.committed_cis,
+                             choice.margin, choice.logprob_tolerance, seed=prepared.plan.seed)
+        ties = tie_account(backend, prepared, choice, check, engine)
+    status, reason = check.verdict, check.reason
+    if ties is not None and status == "FAIL" and ties.every_one:  # each engine right by its own tie-break
+        status = "UNDECIDED"
+    if status == "FAIL":
+        reason += answer_start_note(check, prepared, engine)
+    if ties is not None:
+        what = ("flags that differ" if check.check == "profile" else
+                "targets whose log-probability moved beyond the tolerance")
+        reason += ("; " if reason else "") + ties.phrase(what)
+    return Outcome(name, status, reason, time.monotonic() - started, check, engine, tuple(paths), ties)
+
+
+def tie_account(backend, prepared: Prepared, choice: EngineChoice, check: ModelCheck, engine: pd.DataFrame):
+    """Through transformers, how many of the targets that moved from the llama.cpp folder an indexer tie
+    explains (`conform.engine_ties`); None through another engine or when nothing moved."""
+    from kvphase.conform.engine_ties import engine_ties, moved_targets
+
+    if choice.backend != "transformers":
+        return None
+    moved = moved_targets(paired_rows(prepared.committed, engine), check.check, choice.logprob_tolerance)
+    if not moved:
+        return None
+    return engine_ties(prepared.info, backend, prepared.contexts, moved, choice.threads)
 
 
 def answer_start_note(check: ModelCheck, prepared: Prepared, engine: pd.DataFrame) -> str:

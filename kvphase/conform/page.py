@@ -8,8 +8,10 @@ from kvphase.runfolder import ReportPage, markdown_table
 
 
 def headline(run) -> str:
-    counts = {status: sum(o.status == status for o in run.outcomes) for status in ("PASS", "FAIL", "cannot run")}
-    said = f"{run.engine}: {counts['PASS']} PASS, {counts['FAIL']} FAIL, {counts['cannot run']} cannot run"
+    counts = {status: sum(o.status == status for o in run.outcomes)
+              for status in ("PASS", "FAIL", "UNDECIDED", "cannot run")}
+    said = (f"{run.engine}: {counts['PASS']} PASS, {counts['FAIL']} FAIL, "
+            + (f"{counts['UNDECIDED']} UNDECIDED, " if counts["UNDECIDED"] else "") + f"{counts['cannot run']} cannot run")
     # a path's FAIL fails the run: the line says so even when every model's own check passed, before
     # the models' reasons (long ones, which the console cuts)
     paths = [f"{o.name}'s {p.path} ({p.moved})" for o in run.outcomes for p in o.paths if p.status == "FAIL"]
@@ -17,8 +19,9 @@ def headline(run) -> str:
     failed = [f"{o.name} ({o.reason})" for o in run.outcomes if o.status == "FAIL"]
     said += f"; {'; '.join(failed)}" if failed else ""
     undecided = [f"{o.name}'s {p.path}" for o in run.outcomes for p in o.paths if p.status == "UNDECIDED"]
+    undecided += [f"{o.name} (every target that moved from the folder)" for o in run.outcomes if o.status == "UNDECIDED"]
     if undecided:
-        said += (f"; UNDECIDED (an indexer tie llama.cpp broke the other way, no engine defect shown): "
+        said += (f"; UNDECIDED (an indexer tie broken another way, no engine defect shown): "
                  f"{', '.join(undecided)}")
     return said + "."
 
@@ -68,6 +71,11 @@ def conform_page(run, choice) -> ReportPage:
                "(two one-sided tests at 5%); a random-weight model (check: logprobs) passes when no target's answer "
                f"log-probability moved more than {choice.logprob_tolerance:g} nats. cannot run: the engine lacks the "
                "architecture; such a model is not counted as passing."
+               + (" Through transformers, each target that moved from the folder is scored again as one prompt by "
+                  "both engines with their indexer selections recorded; a model is UNDECIDED when every one of them "
+                  "moved after a token whose indexer scores tied at the edge of the kept pools, where the two engines "
+                  "kept different tied pools (torch.topk and llama.cpp's partial sort break ties their own ways)."
+                  if any(o.ties for o in run.outcomes) else "")
                + (" An engine path passes when its answers' log-probabilities stay within its tolerance of the same "
                   "text scored as one prompt; it is UNDECIDED when it moved only after a token whose indexer scores "
                   "tied at the edge of the kept pools, where llama.cpp kept another of the tied pools (neither side "

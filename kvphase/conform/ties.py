@@ -15,9 +15,14 @@ within `SCORE_ROUNDING` of each token's largest score (at least 1; trained index
 and there the pools one run kept and the other did not must score within
 twice that token's difference of the edge of the kept set (what rounding can swap; 0 for an exact tie). Then
 the two runs saw the same scores and broke a tie differently, and neither engine path is shown
-wrong. Anything else (no token's pools differ, a token sees another number of pools, scores that
+wrong. Anything else (no token's pools differ, a token sees or keeps another number of pools, scores that
 moved before the first difference, pools swapped across a clear margin) is not a tie: the path's
 FAIL stands.
+
+Through transformers the same decision is made on its own paths: `torch.topk`'s order among equal
+scores depends on the row's length (the pools a forward holds), so a forward of another length, as a
+micro-batch cut or a query after the context's cache makes, may keep other tied pools. Its indexer's
+scores and kept pools are read by hooks on its indexer modules (`validate.transformers_indexer`).
 """
 
 from __future__ import annotations
@@ -50,9 +55,9 @@ class IndexerTie:
     kept: tuple[int, ...]  # the pools (units from the sequence's first) one prompt kept, ascending
     path_kept: tuple[int, ...]
 
-    def phrase(self) -> str:
-        return (f"at position {self.position} in layer {self.layer} the indexer kept pools {list(self.kept)} as one "
-                f"prompt and {list(self.path_kept)} on the path, tied within {self.margin:.2g} (both runs' scores "
+    def phrase(self, one: str = "as one prompt", other: str = "on the path") -> str:
+        return (f"at position {self.position} in layer {self.layer} the indexer kept pools {list(self.kept)} {one} "
+                f"and {list(self.path_kept)} {other}, tied within {self.margin:.2g} (both runs' scores "
                 f"agree within {self.agreement:.2g} up to there)")
 
     def to_json(self) -> dict:
@@ -72,6 +77,8 @@ def first_tie(one: Selections, other: Selections, rounding: float = SCORE_ROUNDI
             return None
         agreement = max(agreement, difference)
         if not np.array_equal(kept, other_kept):
+            if len(kept) != len(other_kept):  # a tie swaps pools; it keeps as many
+                return None
             margin = swap_margin(scores, kept, other_kept)
             if margin > 2 * difference:  # rounding cannot swap pools this far apart: a top-k gone wrong
                 return None
@@ -89,7 +96,12 @@ def swap_margin(scores: np.ndarray, kept: np.ndarray, other_kept: np.ndarray) ->
 
 
 def recorded(backend, run: Callable) -> tuple[np.ndarray, Selections]:
-    """`run(backend)`'s result and the indexer selections of every token it decoded."""
+    """`run(backend)`'s result and the indexer selections of every token it decoded: through llama.cpp's
+    graph tap, or, for transformers (`records_indexer`), hooks on its indexer modules."""
+    if getattr(backend, "records_indexer", False):
+        from kvphase.validate.transformers_indexer import indexer_selections
+
+        return indexer_selections(backend, run)
     from kvphase.engines.selection import IndexerRowsTap
 
     point = backend.tap_point
@@ -103,10 +115,14 @@ def recorded(backend, run: Callable) -> tuple[np.ndarray, Selections]:
 
 @contextmanager
 def tapped(backend) -> Iterator:
-    """The llama.cpp backend with a graph tap (itself, or a twin opened with one and closed after),
-    or None for a backend or architecture without an indexer kvphase reads."""
+    """The llama.cpp backend with a graph tap (itself, or a twin opened with one and closed after), the
+    transformers backend whose indexer it hooks (`records_indexer`), or None for a backend or architecture
+    without an indexer kvphase reads."""
     from kvphase.engines.selection import INDEXER_NODES
 
+    if getattr(backend, "records_indexer", False):
+        yield backend
+        return
     if not isinstance(backend, TapsGraph) or backend.architecture not in INDEXER_NODES:
         yield None
         return

@@ -163,29 +163,49 @@ def basic_interval(samples: np.ndarray, observed: float, level: float = 0.95) ->
     return 2 * observed - high, 2 * observed - low
 
 
+def mean_over_residues(values: np.ndarray, stratification: Stratification,
+                       contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over residues of each of R rows of per-target `values` (R, N), and its variance with whole
+    contexts as the sampled units (each context's share of every residue's deviation, squared and summed:
+    what a bootstrap over contexts estimates), widened for few contexts: ((R,), (R,))."""
+    from scipy import sparse
+
+    values = np.atleast_2d(np.asarray(values, dtype=float))  # (R, N)
+    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
+    n_contexts, n_targets = context_codes.max() + 1, values.shape[1]
+    cells = context_codes.ravel() * stratification.n_groups + stratification.groups  # (N,)
+    member = sparse.csr_matrix((np.ones(n_targets), (np.arange(n_targets), cells)),
+                               shape=(n_targets, n_contexts * stratification.n_groups))  # (N, H*G)
+    hits = np.asarray((member.T @ values.T).T).reshape(len(values), n_contexts, stratification.n_groups)  # (R, H, G)
+    sizes = np.asarray(member.sum(axis=0)).reshape(n_contexts, stratification.n_groups)  # (H, G)
+    per_group = sizes.sum(axis=0)  # (G,)
+    mean = hits.sum(axis=1) / per_group  # (R, G)
+    share = ((hits - sizes * mean[:, None, :]) / per_group).mean(axis=2)  # (R, H) each context's part of the mean
+    return mean.mean(axis=1), (share**2).sum(axis=1) * small_sample_widening(n_contexts) ** 2
+
+
+def paired_difference(correct: np.ndarray, baseline: np.ndarray, residues: np.ndarray,
+                      contexts: np.ndarray) -> tuple[float, float, float]:
+    """(difference, low, high) in points: the mean accuracy over residues of `correct` minus `baseline`'s,
+    the same targets scored twice (N,), with a 95% normal interval of the paired mean whose variance has
+    whole contexts as the sampled units (`mean_over_residues`), widened for few contexts."""
+    difference = np.asarray(correct, dtype=float) - np.asarray(baseline, dtype=float)  # (N,) -1, 0 or 1
+    mean, variance = mean_over_residues(difference, Stratification.of(residues, contexts), contexts)
+    half = Z_95 * math.sqrt(float(variance[0]))
+    return 100 * float(mean[0]), 100 * (float(mean[0]) - half), 100 * (float(mean[0]) + half)
+
+
 def mean_intervals(correct: np.ndarray, stratification: Stratification, contexts: np.ndarray) -> np.ndarray:
     """The mean accuracy's 95% interval (%) of each of R runs on one design, (R, 2) from `correct` (R, N):
     Wilson's score interval at the effective number of targets (n p (1 - p) / variance, at most n), the
     variance that of the mean over residues with whole contexts as the sampled units (each context's
     share of every residue's deviation, squared and summed: what a bootstrap over contexts estimates),
     widened for few contexts. It stays within 0-100 and, unlike a symmetric interval, covers near them."""
-    from scipy import sparse
-
     correct = np.atleast_2d(np.asarray(correct, dtype=float))  # (R, N)
-    _, context_codes = np.unique(np.asarray(contexts), return_inverse=True)
-    n_contexts, n_targets = context_codes.max() + 1, correct.shape[1]
-    if n_contexts < 2:
+    n_targets = correct.shape[1]
+    if len(np.unique(np.asarray(contexts))) < 2:
         return np.tile([0.0, 100.0], (len(correct), 1))  # one context: the mean's interval is unknown
-    cells = context_codes.ravel() * stratification.n_groups + stratification.groups  # (N,)
-    member = sparse.csr_matrix((np.ones(n_targets), (np.arange(n_targets), cells)),
-                               shape=(n_targets, n_contexts * stratification.n_groups))  # (N, H*G)
-    hits = np.asarray((member.T @ correct.T).T).reshape(len(correct), n_contexts, stratification.n_groups)  # (R, H, G)
-    sizes = np.asarray(member.sum(axis=0)).reshape(n_contexts, stratification.n_groups)  # (H, G)
-    per_group = sizes.sum(axis=0)  # (G,)
-    accuracy = hits.sum(axis=1) / per_group  # (R, G)
-    share = ((hits - sizes * accuracy[:, None, :]) / per_group).mean(axis=2)  # (R, H) each context's part of the mean
-    p = accuracy.mean(axis=1)  # (R,)
-    variance = (share**2).sum(axis=1) * small_sample_widening(n_contexts) ** 2  # (R,)
+    p, variance = mean_over_residues(correct, stratification, contexts)
     settled = (variance == 0) | (p <= 0) | (p >= 1)
     effective = np.where(settled, n_targets, np.minimum(n_targets, p * (1 - p) / np.where(settled, 1, variance)))
     low, high = wilson_interval(p * effective, effective)

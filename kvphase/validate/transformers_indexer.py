@@ -54,18 +54,48 @@ def validate_checkpoint(model: str | Path | ModelInfo, n_tokens: int | None = No
     model_, _ = load_transformers_model(info)
     tokens = np.random.default_rng(seed).integers(0, max(info.vocab_size, 2), size=n)
     checker = CHECKERS[family](info)
-    captured: dict[int, dict] = {}
-    hooks = [module.register_forward_hook(checker.hook(captured, layer), with_kwargs=True)
-             for layer, module in checker.indexers(model_)]
-    try:
+
+    def forward():
         with torch.inference_mode():
             model_(input_ids=torch.tensor([tokens.tolist()]), use_cache=False)
+
+    _, captured = hooked(model_, checker, forward)
+    checks = {layer: checker.compare(forwards[0], LayerCheck(layer)) for layer, forwards in sorted(captured.items())}
+    return ValidationReport(model=info.path, architecture=info.architecture, family=family, n_tokens=n,
+                            splits=[[n]], tolerances=tolerances, layers=list(checks.values()))
+
+
+def hooked(model, checker, run):
+    """`run()`'s result and what `checker`'s hook captured of every indexer layer in the forwards it made
+    (layer -> one dict a forward, in order, of the quantities the design takes)."""
+    captured: dict[int, list[dict]] = {}
+    hooks = [module.register_forward_hook(checker.hook(captured, layer), with_kwargs=True)
+             for layer, module in checker.indexers(model)]
+    try:
+        return run(), captured
     finally:
         for hook in hooks:
             hook.remove()
-    checks = {layer: checker.compare(c, LayerCheck(layer)) for layer, c in sorted(captured.items())}
-    return ValidationReport(model=info.path, architecture=info.architecture, family=family, n_tokens=n,
-                            splits=[[n]], tolerances=tolerances, layers=list(checks.values()))
+
+
+def indexer_selections(backend, run):
+    """`run(backend)`'s result through a `backends.hf.TransformersBackend` of a glm5-next checkpoint and
+    every token's selection in every indexer layer of the forwards it made, cached ones included
+    (`conform.ties.Selections`: (position, layer) -> the visible pools' scores in pool order, the pools
+    transformers kept), as `engines.selection.IndexerRowsTap` reads llama.cpp's: a later forward of a
+    position (a query on another copy of the context's cache) replaces an earlier one's."""
+    checker = KPoolTransformers(backend.info)
+    result, captured = hooked(backend.model, checker, lambda: run(backend))
+    return result, {(position, layer): selection for layer, forwards in captured.items() for c in forwards
+                    for position, selection in checker.selections(c).items()}
+
+
+def indexer_modules(layers):
+    """(layer, indexer module) for every block whose attention holds an indexer."""
+    for layer, block in enumerate(layers):
+        indexer = getattr(block.self_attn, "indexer", None)
+        if indexer is not None:
+            yield layer, indexer
 
 
 def _numpy(t) -> np.ndarray:
@@ -83,10 +113,7 @@ class KPoolTransformers:
 
     @staticmethod
     def indexers(model):
-        for layer, block in enumerate(model.model.language_model.layers):
-            indexer = getattr(block.self_attn, "indexer", None)
-            if indexer is not None:
-                yield layer, indexer
+        return indexer_modules(model.model.language_model.layers)
 
     @staticmethod
     def hook(captured: dict, layer: int):
@@ -94,33 +121,55 @@ class KPoolTransformers:
             import torch
             import torch.nn.functional as F
 
-            h, q_resid = kwargs["hidden_states"], kwargs["q_resid"]
+            h, q_resid, cache = kwargs["hidden_states"], kwargs["q_resid"], kwargs.get("cache")
             batch, seq = h.shape[:2]
-            keys = m.k_norm(m.wk(h))  # (1, n, d)
-            gates = F.linear(h, m.index_kpool_compress_gate)  # (1, n, d)
-            valid = torch.ones_like(keys[..., :1])
-            pooled, _, _ = m.get_pooled_states(torch.cat([keys, gates, valid], dim=-1))  # (1, n_pool, d)
+            if cache is not None:  # every token's packed keys, gates and validity, this forward's appended
+                packed = cache.layers[m.layer_idx].indexer_keys  # (1, n_keys, 2 d + 1)
+            else:
+                keys = m.k_norm(m.wk(h))  # (1, n, d)
+                packed = torch.cat([keys, F.linear(h, m.index_kpool_compress_gate), torch.ones_like(keys[..., :1])],
+                                   dim=-1)
+            pooled, _, _ = m.get_pooled_states(packed)  # (1, n_pool, d)
+            d = m.head_dim
             # relu(q.k / sqrt(d)) * w / sqrt(H) = relu(q.k) * w / sqrt(d * H): the design's scaled weights
             weights = m.weights_proj(h).float() * (m.n_heads ** -0.5) * m.softmax_scale
-            captured[layer] = dict(q=_numpy(m.wq_b(q_resid).view(batch, seq, -1, m.head_dim)[0]), k=_numpy(keys[0]),
-                                   gates=_numpy(gates[0]), weights=_numpy(weights[0]), pooled=_numpy(pooled[0]),
-                                   ape=_numpy(m.index_kpool_compress_ape), kept=out[0].cpu().numpy())
+            captured.setdefault(layer, []).append(dict(
+                q=_numpy(m.wq_b(q_resid).view(batch, seq, -1, d)[0]), k=_numpy(packed[0, :, :d]),
+                gates=_numpy(packed[0, :, d:2 * d]), weights=_numpy(weights[0]), pooled=_numpy(pooled[0]),
+                ape=_numpy(m.index_kpool_compress_ape), kept=out[0].cpu().numpy()))
         return after
+
+    def scored(self, c: dict):
+        """(the design's selection from transformers' intermediates, transformers' pool scores (n_query, n_pool),
+        -inf where the design's causal pool mask hides a pool); the forward's queries are the last positions."""
+        ref = self.design.forward(c["q"], c["weights"], c["k"], c["gates"], c["ape"])
+        n_pool = len(ref.pool_keys)
+        got_scores = np.einsum("thd,pd->thp", c["q"], c["pooled"][:n_pool])  # transformers' pooled keys scored
+        got_scores = np.sum(np.maximum(got_scores, 0) * c["weights"][:, :, None], axis=1)
+        return ref, np.where(np.isfinite(ref.scores), got_scores, -np.inf)
+
+    def kept_pools(self, c: dict, t: int) -> set[int]:
+        """The complete pools transformers let the forward's query `t` read (its own incomplete pool, the
+        tail, left out)."""
+        position = len(c["k"]) - len(c["q"]) + t
+        tail_start = self.design.layout.n_complete(position + 1) * self.design.kpool
+        return {int(i) // self.design.kpool for i in c["kept"][t] if 0 <= i < tail_start}
+
+    def selections(self, c: dict) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """position -> (transformers' scores of the pools visible to it, in pool order; the pools it kept)."""
+        _, scores = self.scored(c)
+        first = len(c["k"]) - len(c["q"])
+        return {first + t: (row[np.isfinite(row)], np.array(sorted(self.kept_pools(c, t)), np.int64))
+                for t, row in enumerate(scores)}
 
     def compare(self, c: dict, check: LayerCheck) -> LayerCheck:
         kp, n = self.design, len(c["k"])
-        positions = np.arange(n)
-        ref = kp.forward(c["q"], c["weights"], c["k"], c["gates"], c["ape"], positions)
-        n_pool = len(ref.pool_keys)
-        check.keys.add(c["pooled"][:n_pool], ref.pool_keys)
-        got_scores = np.einsum("thd,pd->thp", c["q"], c["pooled"][:n_pool])  # transformers' pooled keys scored
-        got_scores = np.sum(np.maximum(got_scores, 0) * c["weights"][:, :, None], axis=1)
-        got_scores = np.where(np.isfinite(ref.scores), got_scores, -np.inf)  # the design's causal pool mask
+        ref, got_scores = self.scored(c)
+        check.keys.add(c["pooled"][:len(ref.pool_keys)], ref.pool_keys)
         compare_scores(check, got_scores, ref.scores)
         for t in range(n):
             kept = {int(i) for i in c["kept"][t] if i >= 0}
-            tail_start = kp.layout.n_complete(t + 1) * kp.kpool
-            ours = {i // kp.kpool for i in kept if i < tail_start}
+            ours = self.kept_pools(c, t)
             theirs = {int(p) for p in ref.top_pools[t] if p >= 0}
             tokens_equal = kept == set(np.flatnonzero(ref.visible[t]).tolist())
             verdict = set_agreement(ours, theirs, ref.scores[t], kp.n_top_pools)
@@ -139,10 +188,7 @@ class MSATransformers:
 
     @staticmethod
     def indexers(model):
-        for layer, block in enumerate(model.model.layers):
-            indexer = getattr(block.self_attn, "indexer", None)
-            if indexer is not None:
-                yield layer, indexer
+        return indexer_modules(model.model.layers)
 
     @staticmethod
     def hook(captured: dict, layer: int):
@@ -153,7 +199,8 @@ class MSATransformers:
             q = m.q_norm(m.q_proj(h).view(batch, seq, -1, m.head_dim)).transpose(1, 2)  # (1, H, n, d)
             k = m.k_norm(m.k_proj(h).view(batch, seq, 1, m.head_dim)).transpose(1, 2)  # (1, 1, n, d)
             q, k = rope(q, k, cos[..., : m.head_dim], sin[..., : m.head_dim])
-            captured[layer] = dict(q=_numpy(q[0].transpose(0, 1)), k=_numpy(k[0, 0]), kept=out[0].cpu().numpy())
+            captured.setdefault(layer, []).append(dict(q=_numpy(q[0].transpose(0, 1)), k=_numpy(k[0, 0]),
+                                                       kept=out[0].cpu().numpy()))
         return after
 
     def compare(self, c: dict, check: LayerCheck) -> LayerCheck:

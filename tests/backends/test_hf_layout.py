@@ -145,3 +145,17 @@ def test_a_trained_files_declarations_travel_with_its_checkpoint(exported, tmp_p
     config["kvphase_trained"]["kvphase.trained.context"] = "many"
     (folder / "config.json").write_text(json.dumps(config))
     one_line_error(runner.invoke(app, ["inspect", str(folder)]), "kvphase_trained", "context")
+
+
+def test_contradictory_indexer_keys_leave_no_folder(tmp_path):
+    """A top-k of 9 tokens over pools of 4: the config.json export-hf would write is read back before the
+    rename, as inspect and sweep read it, and refused by name; no OUT is left."""
+    spec = glm5_next_spec()
+    spec.keys["glm5-next.attention.indexer.top_k"] = 2 * spec.keys["glm5-next.attention.indexer.kpool"] + 1
+    rng = np.random.default_rng(0)
+    gguf = tmp_path / "bad-top-k.gguf"
+    write_gguf(gguf, "glm5-next", spec.keys, ((name, init_tensor(rng, ne, kind)) for name, ne, kind in spec.tensors))
+    out = tmp_path / "out"
+    one_line_error(runner.invoke(app, ["export-hf", str(gguf), str(out)]), "index_topk is 9",
+                   "multiple of index_kpool (4)")
+    assert not out.exists() and not any(p.name.startswith(".out") for p in tmp_path.iterdir())

@@ -204,3 +204,43 @@ def test_weights_that_are_not_the_configs_model_are_refused_before_loading(check
     result = runner.invoke(app, ["sweep", str(folder), *PLAN, "--out", str(tmp_path / "r")])
     last_line_error(result, "hold 6 parameters", "the weights are not this model's")
     assert not (tmp_path / "r" / "results.csv").exists()
+
+
+def test_conform_through_transformers_runs_glm5_next_and_minimax_m3(tmp_path):
+    """Both random references exported by their layouts and scored by transformers: minimax-m3 matches
+    llama.cpp's folder (2.7e-3 nats was measured at 48 tokens); glm5-next's targets move after indexer
+    ties (ReLU scores exactly 0 at the edge of the kept pools), which torch.topk and llama.cpp's partial
+    sort break their own ways: UNDECIDED with the tie named, and so are transformers' own paths."""
+    result = runner.invoke(app, ["conform", "--backend", "transformers", "--model", "glm5-next-random", "--model",
+                                 "minimax-m3-random", "--contexts", "8", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    models = {m["name"]: m for m in json.loads((tmp_path / "c" / "conform.json").read_text())["models"]}
+    assert models["minimax-m3-random"]["status"] == "PASS", models["minimax-m3-random"]["reason"]
+    glm = models["glm5-next-random"]
+    assert glm["status"] == "UNDECIDED" and glm["ties"]["moved"] > 0, glm["reason"]
+    assert glm["ties"]["explained"] == glm["ties"]["moved"] and glm["ties"]["first"]["margin"] < 1e-3
+    assert "an indexer tie explains" in glm["reason"]
+    assert {p["status"] for p in glm["paths"]} <= {"PASS", "UNDECIDED"}
+
+
+def test_a_wrong_top_k_through_transformers_is_no_tie(tmp_path, monkeypatch):
+    """The HF copy conform reuses, damaged: index_topk 4 (one pool kept) where the file keeps two. The
+    engines keep different numbers of pools, which no tie does: FAIL, exit 1."""
+    import shutil
+
+    from kvphase.conform import check
+    from kvphase.conform.references import DEFAULT_REFERENCES
+
+    reference = next(r for r in DEFAULT_REFERENCES if r.name == "glm5-next-random")
+    copy = tmp_path / "copies" / f"{reference.model.stem}-{reference.sha256[:16]}"
+    assert runner.invoke(app, ["export-hf", str(reference.model), str(copy)]).exit_code == 0
+    config = json.loads((copy / "config.json").read_text())
+    config["text_config"]["index_topk"] = 4
+    (copy / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(check, "HF_COPIES", tmp_path / "copies")
+    result = runner.invoke(app, ["conform", "--backend", "transformers", "--model", "glm5-next-random",
+                                 "--contexts", "8", "--out", str(tmp_path / "c")])
+    assert result.exit_code == 1, result.output
+    glm = json.loads((tmp_path / "c" / "conform.json").read_text())["models"][0]
+    assert glm["status"] == "FAIL" and glm["ties"]["explained"] < glm["ties"]["moved"], glm["reason"]
+    shutil.rmtree(copy)

@@ -29,6 +29,20 @@ from kvphase.gguf.tensors import tensor_array
 from kvphase.gguf.trained import TRAINED_PREFIX
 
 
+# the per-block tensors every layout of a transformer block names alike: llama.cpp's name -> transformers'
+# (under the block's prefix); tensor_mapping.py lines
+BLOCK_NORMS = {
+    "attn_norm.weight": "input_layernorm.weight",  # ATTN_NORM, tensor_mapping.py:186
+    "ffn_norm.weight": "post_attention_layernorm.weight",  # FFN_NORM, tensor_mapping.py:400
+}
+ATTENTION_PROJECTIONS = {
+    "attn_q.weight": "self_attn.q_proj.weight",  # tensor_mapping.py:257
+    "attn_k.weight": "self_attn.k_proj.weight",  # tensor_mapping.py:278
+    "attn_v.weight": "self_attn.v_proj.weight",  # tensor_mapping.py:300
+    "attn_output.weight": "self_attn.o_proj.weight",  # tensor_mapping.py:326
+}
+
+
 class GGUFTensors:
     """A GGUF file's tensors by name, as float32 numpy arrays (ggml's ne reversed, as torch lays them out)."""
 

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvphase.backends.hf_layout.common import GGUFTensors, write_checkpoint_files
+from kvphase.backends.hf_layout.common import (ATTENTION_PROJECTIONS, BLOCK_NORMS, GGUFTensors,
+                                               write_checkpoint_files)
 from kvphase.errors import ModelFileError
 from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo
@@ -44,8 +45,7 @@ TINY_VISION = {"depth": 1, "hidden_size": 8, "num_heads": 1, "intermediate_size"
 
 # GGUF name (per block) -> HF name under `model.language_model.layers.N.`; tensor_mapping.py lines
 DENSE_BLOCK = {
-    "attn_norm.weight": "input_layernorm.weight",  # ATTN_NORM, tensor_mapping.py:186
-    "ffn_norm.weight": "post_attention_layernorm.weight",  # FFN_NORM, tensor_mapping.py:400
+    **BLOCK_NORMS,
     "ffn_gate.weight": "mlp.gate_proj.weight",  # tensor_mapping.py:573
     "ffn_up.weight": "mlp.up_proj.weight",  # tensor_mapping.py:502
     "ffn_down.weight": "mlp.down_proj.weight",  # tensor_mapping.py:637
@@ -54,10 +54,7 @@ DENSE_BLOCK = {
     "hc_ffn_fn.weight": "hc_ffn_fn", "hc_ffn_base.weight": "hc_ffn_base", "hc_ffn_scale.weight": "hc_ffn_scale",
 }
 KDA_BLOCK = {
-    "attn_q.weight": "self_attn.q_proj.weight",  # tensor_mapping.py:257
-    "attn_k.weight": "self_attn.k_proj.weight",  # tensor_mapping.py:278
-    "attn_v.weight": "self_attn.v_proj.weight",  # tensor_mapping.py:300
-    "attn_output.weight": "self_attn.o_proj.weight",  # tensor_mapping.py:326
+    **ATTENTION_PROJECTIONS,
     "ssm_f_a.weight": "self_attn.f_a_proj.weight",  # tensor_mapping.py:921
     "ssm_f_b.weight": "self_attn.f_b_proj.weight",  # tensor_mapping.py:924
     "ssm_beta.weight": "self_attn.b_proj.weight",  # tensor_mapping.py:928
@@ -72,7 +69,7 @@ MLA_BLOCK = {
     "attn_q_b.weight": "self_attn.q_b_proj.weight",  # tensor_mapping.py:1127
     "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",  # tensor_mapping.py:1133
     "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",  # tensor_mapping.py:1162
-    "attn_output.weight": "self_attn.o_proj.weight",  # tensor_mapping.py:326
+    "attn_output.weight": ATTENTION_PROJECTIONS["attn_output.weight"],
     "indexer.k_norm.weight": "self_attn.indexer.k_norm.weight",  # tensor_mapping.py:1306
     "indexer.k_norm.bias": "self_attn.indexer.k_norm.bias",  # tensor_mapping.py:1306
     "indexer.proj.weight": "self_attn.indexer.weights_proj.weight",  # tensor_mapping.py:1311

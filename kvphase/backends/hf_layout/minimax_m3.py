@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvphase.backends.hf_layout.common import GGUFTensors, write_checkpoint_files
+from kvphase.backends.hf_layout.common import (ATTENTION_PROJECTIONS, BLOCK_NORMS, GGUFTensors,
+                                               write_checkpoint_files)
 from kvphase.errors import ModelFileError
 from kvphase.gguf.keys import Keys
 from kvphase.gguf.modelinfo import ModelInfo
@@ -37,12 +38,8 @@ SIGMOID_GATING = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID: transformers' MiniM
 
 # GGUF name (per block) -> HF name under `model.layers.N.`; the norms (1 + w) are shifted back by 1
 BLOCK = {
-    "attn_norm.weight": "input_layernorm.weight",  # tensor_mapping.py:186
-    "ffn_norm.weight": "post_attention_layernorm.weight",  # tensor_mapping.py:400
-    "attn_q.weight": "self_attn.q_proj.weight",  # tensor_mapping.py:257
-    "attn_k.weight": "self_attn.k_proj.weight",  # tensor_mapping.py:278
-    "attn_v.weight": "self_attn.v_proj.weight",  # tensor_mapping.py:300
-    "attn_output.weight": "self_attn.o_proj.weight",  # tensor_mapping.py:326
+    **BLOCK_NORMS,
+    **ATTENTION_PROJECTIONS,
     "attn_q_norm.weight": "self_attn.q_norm.weight",  # tensor_mapping.py:703
     "attn_k_norm.weight": "self_attn.k_norm.weight",  # tensor_mapping.py:720
 }
