@@ -1273,12 +1273,19 @@ TRANSFORMERS_SWEEPS = [
     ("csa-disjoint", "transformers/csa-disjoint-seed0", "transformers, its HF copy (export-hf)"),
     ("glm-kpool-top4", "trained/engine/glm-kpool-top4-seed0/sweep", "llama.cpp, the GGUF (F32)"),
     ("glm-kpool-top4", "transformers/glm-kpool-top4-seed0", "transformers, its HF copy (export-hf)"),
+    ("SmolLM2", "transformers/SmolLM2-records-S4-L1024-llamacpp-Q4_1", "llama.cpp, the GGUF (Q4_1)"),
+    ("SmolLM2", "transformers/SmolLM2-records-S4-L1024-llamacpp-F32", "llama.cpp, the GGUF dequantized (F32)"),
+    ("SmolLM2", "transformers/SmolLM2-records-S4-L1024-transformers", "transformers, its HF copy (export-hf)"),
 ]
 # (what differs, the baseline folder, the other folder): each pair scored the same plan
 TRANSFORMERS_PAIRS = [
     ("csa-disjoint: the implementation", "trained/engine/csa-disjoint-seed0/sweep", "transformers/csa-disjoint-seed0"),
     ("glm-kpool-top4: the implementation", "trained/engine/glm-kpool-top4-seed0/sweep",
      "transformers/glm-kpool-top4-seed0"),
+    ("SmolLM2: the weights (Q4_1 to F32)", "transformers/SmolLM2-records-S4-L1024-llamacpp-Q4_1",
+     "transformers/SmolLM2-records-S4-L1024-llamacpp-F32"),
+    ("SmolLM2: the implementation", "transformers/SmolLM2-records-S4-L1024-llamacpp-F32",
+     "transformers/SmolLM2-records-S4-L1024-transformers"),
 ]
 TRANSFORMERS_CONFORM = "transformers/conform"  # `kvphase conform --backend transformers --contexts 0`
 
