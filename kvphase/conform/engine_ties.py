@@ -13,8 +13,9 @@ by both engines with every token's indexer selection recorded: llama.cpp's throu
 (`validate.transformers_indexer.indexer_selections`). `conform.ties.first_tie` decides as it does for
 an engine path: up to the first token whose kept pools differ both engines' scores agree within
 rounding, and there the pools one kept and the other did not score within rounding of the kept set's
-edge. A target is explained when that token comes before the answer's last scored row. glm5-next only
-(the k-pool indexer both engines expose); for another architecture nothing is explained.
+edge. A target is explained when that token comes before the answer's last scored row. Only where the
+transformers backend reads its indexer (`records_indexer`: glm5-next's k-pool, which both engines expose);
+for another architecture nothing is explained.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from typing import Optional, Sequence
 import numpy as np
 
 from kvphase.conform.ties import IndexerTie, first_tie, recorded
-
-TIE_ARCHITECTURES = ("glm5-next",)
 
 
 @dataclass(frozen=True)
@@ -65,14 +64,15 @@ def engine_ties(info, transformers_backend, contexts: Sequence, moved: Sequence[
     moved = sorted(int(t) for t in moved)
     if not moved:
         return TieAccount(0, 0)
-    if info.architecture not in TIE_ARCHITECTURES:
+    if not transformers_backend.records_indexer:
         return TieAccount(len(moved), 0, looked=False)
     from kvphase.backends.base import Query
     from kvphase.backends.llamacpp import LlamaCppBackend
     from kvphase.validate.transformers_indexer import indexer_selections
 
+    wanted = set(moved)
     texts = {t.target_id: (tuple(c.tokens) + tuple(t.query.prompt), tuple(t.query.answer))
-             for c in contexts for t in c.targets if t.target_id in set(moved)}
+             for c in contexts for t in c.targets if t.target_id in wanted}
     n_ctx = max(len(p) + len(a) for p, a in texts.values()) + 16
     llama = LlamaCppBackend(info, n_ctx=n_ctx, n_threads=threads, head_tap=True)
     explained, first = 0, None
