@@ -154,10 +154,13 @@ class _Durations:
         DURATIONS.write_text(json.dumps(dict(sorted(kept.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
 
 
-# A test that hangs fails instead (SIGALRM in pytest's main thread, where every test runs): the
-# default is far above the slowest test's minutes on a loaded machine; `@pytest.mark.time_limit(S)`
-# sets a test's own, seconds for the ones that wait on servers
-DEFAULT_TIME_LIMIT_S = 1800.0
+# A test that hangs fails instead (SIGALRM in pytest's main thread, where every test and fixture runs), in
+# its setup (a module's server or sweep), its call and its teardown alike, each phase timed on its own: a
+# hang anywhere would otherwise eat the CI run's whole budget and print nothing. The default is far above
+# the slowest phase's minutes on a loaded machine (a module fixture's two server sweeps: 4 min here);
+# `@pytest.mark.time_limit(S)` sets a test call's own, seconds for the ones that wait on servers;
+# KVPHASE_TEST_TIME_LIMIT_S the default (tests/project/test_time_limits.py)
+DEFAULT_TIME_LIMIT_S = float(os.environ.get("KVPHASE_TEST_TIME_LIMIT_S", "1200"))
 
 
 def pytest_configure(config):
@@ -166,14 +169,14 @@ def pytest_configure(config):
         config.pluginmanager.register(_Durations(config.rootpath), "kvphase-durations")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
+def _time_limited(item, phase: str):
+    """Run one phase of `item` under its time limit (a generator for a hookwrapper)."""
     marker = item.get_closest_marker("time_limit")
-    seconds = float(marker.args[0]) if marker else DEFAULT_TIME_LIMIT_S
+    seconds = float(marker.args[0]) if marker and phase == "call" else DEFAULT_TIME_LIMIT_S
 
     def over(signum, frame):
         faulthandler.dump_traceback(all_threads=True)  # where it hung, every thread
-        pytest.fail(f"over its time limit of {seconds:g} s", pytrace=False)
+        pytest.fail(f"{phase} over its time limit of {seconds:g} s", pytrace=False)
 
     previous = signal.signal(signal.SIGALRM, over)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -182,3 +185,18 @@ def pytest_runtest_call(item):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _time_limited(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _time_limited(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield from _time_limited(item, "teardown")

@@ -1,6 +1,8 @@
 """The suite's run order is measured, not hand-kept: `--store-durations` writes each module's seconds
 into tests/durations.json, and tests/conftest.py runs the modules longest first by it, the ones it
-has not measured last. Checked on a copy of the conftest in a folder of three trivial modules."""
+has not measured last. And a phase that hangs (a fixture's setup, a test, a teardown) fails in its time
+limit instead of eating the CI run's budget. Checked on a copy of the conftest in a folder of trivial
+modules."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+
+import pytest
 
 from tests.helpers.paths import REPO
 
@@ -24,11 +29,11 @@ def _suite(tmp_path):
     return tmp_path / "tests" / "durations.json"
 
 
-def _pytest(tmp_path, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _pytest(tmp_path, *args, env: dict | None = None, passes: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=tmp_path,
                             env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.returncode == 0) == passes, result.stdout + result.stderr
     return result
 
 
@@ -47,3 +52,34 @@ def test_modules_run_longest_first_and_the_unmeasured_last(tmp_path):
     listed = _pytest(tmp_path, "-p", "no:xdist", "--collect-only").stdout.splitlines()
     modules = [line.split("::")[0] for line in listed if "::" in line]
     assert modules == ["tests/test_b.py"] * 2 + ["tests/test_a.py"] * 2 + ["tests/test_0.py"] * 2, listed
+
+
+HANGING = """import time
+
+import pytest
+
+
+@pytest.fixture
+def {phase}_hangs():
+    if "{phase}" == "setup":
+        time.sleep(60)
+    yield
+    if "{phase}" == "teardown":
+        time.sleep(60)
+
+
+def test_hangs({phase}_hangs):
+    if "{phase}" == "call":
+        time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("phase", ["setup", "call", "teardown"])
+def test_a_phase_that_hangs_fails_in_its_time_limit_naming_the_phase(tmp_path, phase):
+    _suite(tmp_path)
+    (tmp_path / "tests" / "test_hang.py").write_text(HANGING.format(phase=phase))
+    started = time.monotonic()
+    result = _pytest(tmp_path, "-p", "no:xdist", "tests/test_hang.py", env={"KVPHASE_TEST_TIME_LIMIT_S": "2"},
+                     passes=False)
+    assert f"{phase} over its time limit of 2 s" in result.stdout, result.stdout
+    assert time.monotonic() - started < 45, "the phase ran its whole minute"
