@@ -160,7 +160,7 @@ class _Durations:
 # the slowest phase's minutes on a loaded machine (a module fixture's two server sweeps: 4 min here);
 # `@pytest.mark.time_limit(S)` sets a test call's own, seconds for the ones that wait on servers;
 # KVPHASE_TEST_TIME_LIMIT_S the default (tests/project/test_time_limits.py)
-DEFAULT_TIME_LIMIT_S = float(os.environ.get("KVPHASE_TEST_TIME_LIMIT_S", "1200"))
+DEFAULT_TIME_LIMIT_S = float(os.environ.get("KVPHASE_TEST_TIME_LIMIT_S", "900"))
 
 
 def pytest_configure(config):
