@@ -159,7 +159,7 @@ class _Durations:
 # hang anywhere would otherwise eat the CI run's whole budget and print nothing. The default is far above
 # the slowest phase's minutes on a loaded machine (a module fixture's two server sweeps: 4 min here);
 # `@pytest.mark.time_limit(S)` sets a test call's own, seconds for the ones that wait on servers;
-# KVPHASE_TEST_TIME_LIMIT_S the default (tests/project/test_time_limits.py)
+# KVPHASE_TEST_TIME_LIMIT_S the default (tests/project/test_run_order.py plants a hang in each phase)
 DEFAULT_TIME_LIMIT_S = float(os.environ.get("KVPHASE_TEST_TIME_LIMIT_S", "900"))
 
 
