@@ -83,3 +83,26 @@ def test_a_phase_that_hangs_fails_in_its_time_limit_naming_the_phase(tmp_path, p
                      passes=False)
     assert f"{phase} over its time limit of 2 s" in result.stdout, result.stdout
     assert time.monotonic() - started < 45, "the phase ran its whole minute"
+
+
+SLOW_SETUP = """import time
+
+import pytest
+
+pytestmark = pytest.mark.time_limit(1)
+
+
+@pytest.fixture
+def slow_start():
+    time.sleep(3)
+
+
+def test_quick_call(slow_start):
+    pass
+"""
+
+
+def test_a_tight_call_limit_does_not_cut_its_fixtures_setup(tmp_path):
+    _suite(tmp_path)
+    (tmp_path / "tests" / "test_slow_setup.py").write_text(SLOW_SETUP)
+    _pytest(tmp_path, "-p", "no:xdist", "tests/test_slow_setup.py", env={"KVPHASE_TEST_TIME_LIMIT_S": "20"})
